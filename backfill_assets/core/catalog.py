@@ -1,0 +1,249 @@
+"""Read-only inspection of the source and target: engine, columns, types, grain constraint.
+
+Every identifier in the spec is checked against the catalog here, before any SQL that
+uses it exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+import sqlalchemy
+from psycopg import sql
+
+from backfill_assets.core import sqlbuild
+from backfill_assets.core.errors import SpecError
+from backfill_assets.core.spec import PartitionKind, Spec, TableRef
+
+MIN_SERVER_VERSION = 120000
+
+_SERVER = sql.SQL(
+    "SELECT current_setting('server_version'), current_setting('server_version_num')::int, "
+    "current_setting('server_encoding')"
+)
+
+_COLUMNS = sql.SQL(
+    "SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typcategory, "
+    "coalesce(nullif(t.typcollation, 0), nullif(b.typcollation, 0)) IS NOT NULL, b.typname, "
+    "c.relkind "
+    "FROM pg_catalog.pg_class AS c "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "JOIN pg_catalog.pg_attribute AS a ON a.attrelid = c.oid "
+    "JOIN pg_catalog.pg_type AS t ON t.oid = a.atttypid "
+    "JOIN pg_catalog.pg_type AS b ON b.oid = coalesce(nullif(t.typbasetype, 0), t.oid) "
+    "WHERE n.nspname = %(schema)s AND c.relname = %(name)s AND a.attnum > 0 "
+    "AND NOT a.attisdropped ORDER BY a.attnum"
+)
+
+_TABLE_EXISTS = sql.SQL(
+    "SELECT c.relkind FROM pg_catalog.pg_class AS c "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = %(schema)s AND c.relname = %(name)s"
+)
+
+_PARTITION_KINDS: dict[str, PartitionKind] = {
+    "date": "date", "int2": "integer", "int4": "integer", "int8": "integer",
+    "text": "text", "varchar": "text", "bpchar": "text",
+}
+_EXACT_NUMERIC = {"int2", "int4", "int8", "numeric"}
+_TABLE_KINDS = {"r": "table", "p": "partitioned table"}
+_READABLE_KINDS = {"r", "p", "v", "m", "f"}
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    """A column as the catalog describes it."""
+
+    name: str
+    type_name: str  # format_type(): the exact type, with modifiers, as hashed in the preamble
+    category: str  # pg_type.typcategory
+    collatable: bool
+    base_type: str  # pg_type.typname of the base type (domains resolved)
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    engine: str
+    version: str
+    version_num: int
+    encoding: str
+
+
+@dataclass
+class Inspection:
+    """What the catalog says about a spec's tables, and every problem found."""
+
+    server: ServerInfo
+    source_columns: list[ColumnInfo]
+    target_columns: list[ColumnInfo]
+    target_unique_keys: list[tuple[str, list[str]]]
+    partition_kind: PartitionKind | None
+    grain_columns: list[str]
+    grain_ddl: str | None
+    problems: list[str] = field(default_factory=list)
+
+    def column(self, name: str) -> ColumnInfo:
+        """A target column by name."""
+        return next(c for c in self.target_columns if c.name == name)
+
+    def spec_target_columns(self, spec: Spec) -> list[ColumnInfo]:
+        """The spec's columns, in the spec's order, with the target's types."""
+        return [self.column(c) for c in spec.columns]
+
+    def require_plannable(self) -> PartitionKind:
+        """Raise SpecError naming every problem; return the partition kind."""
+        if self.problems:
+            raise SpecError("; ".join(self.problems))
+        assert self.partition_kind is not None
+        return self.partition_kind
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "engine": self.server.engine, "version": self.server.version,
+            "encoding": self.server.encoding,
+            "source_columns": [[c.name, c.type_name] for c in self.source_columns],
+            "target_columns": [[c.name, c.type_name] for c in self.target_columns],
+            "target_unique_keys": [{"name": n, "columns": cols} for n, cols in self.target_unique_keys],
+            "partition_kind": self.partition_kind, "grain_columns": self.grain_columns,
+            "grain_ddl": self.grain_ddl, "problems": self.problems,
+        }
+
+
+def server_info(conn: psycopg.Connection) -> ServerInfo:
+    """Engine, version and encoding of the server."""
+    row = conn.execute(_SERVER).fetchone()
+    assert row is not None
+    return ServerInfo("PostgreSQL", row[0], int(row[1]), row[2])
+
+
+def table_kind(conn: psycopg.Connection, ref: TableRef) -> str | None:
+    """pg_class.relkind of a table, or None when it does not exist."""
+    row = conn.execute(_TABLE_EXISTS, {"schema": ref.schema, "name": ref.name}).fetchone()
+    return None if row is None else row[0]
+
+
+def table_columns(conn: psycopg.Connection, ref: TableRef) -> list[ColumnInfo]:
+    """The live columns of a table, in attribute order (empty when it does not exist)."""
+    rows = conn.execute(_COLUMNS, {"schema": ref.schema, "name": ref.name}).fetchall()
+    return [ColumnInfo(r[0], r[1], r[2], bool(r[3]), r[4]) for r in rows]
+
+
+def unique_keys(conn_factory, ref: TableRef) -> list[tuple[str, list[str]]]:
+    """Primary key, unique constraints and plain unique indexes of a table, via SQLAlchemy.
+
+    Partial and expression indexes do not count: they do not guarantee the grain.
+    """
+    engine = sqlalchemy.create_engine(
+        "postgresql+psycopg://", creator=conn_factory, poolclass=sqlalchemy.pool.NullPool
+    )
+    try:
+        insp = sqlalchemy.inspect(engine)
+        keys: list[tuple[str, list[str]]] = []
+        pk = insp.get_pk_constraint(ref.name, schema=ref.schema)
+        if pk and pk.get("constrained_columns"):
+            keys.append((pk.get("name") or "primary key", list(pk["constrained_columns"])))
+        for uc in insp.get_unique_constraints(ref.name, schema=ref.schema):
+            keys.append((uc["name"] or "unique", list(uc["column_names"])))
+        for ix in insp.get_indexes(ref.name, schema=ref.schema):
+            options = ix.get("dialect_options", {})
+            if not ix.get("unique") or options.get("postgresql_where") is not None:
+                continue
+            if any(c is None for c in ix["column_names"]) or ix.get("expressions"):
+                continue
+            keys.append((ix["name"] or "unique index", list(ix["column_names"])))
+        # A unique constraint is also listed as its index: keep each (name, columns) once.
+        return [(n, list(c)) for n, c in dict.fromkeys((n, tuple(c)) for n, c in keys)]
+    finally:
+        engine.dispose()
+
+
+def _grain_name(target: TableRef, columns: Sequence[str]) -> str:
+    name = "_".join([target.name, *columns, "key"])
+    while len(name.encode("utf-8")) > 63:
+        name = name[:-1]
+    return name
+
+
+def inspect_tables(conn: psycopg.Connection, conn_factory, spec: Spec) -> Inspection:
+    """Inspect source and target read-only and collect every problem with the spec.
+
+    Args:
+        conn: a pinned connection.
+        conn_factory: opens another connection (SQLAlchemy's inspector uses its own).
+        spec: the declared backfill.
+    """
+    problems: list[str] = []
+    server = server_info(conn)
+    if server.version_num < MIN_SERVER_VERSION:
+        problems.append(f"PostgreSQL {server.version} is too old; version 12 or newer is needed")
+    src, tgt = spec.source_ref, spec.target_ref
+    source_kind, target_kind = table_kind(conn, src), table_kind(conn, tgt)
+    source_cols = table_columns(conn, src) if source_kind else []
+    target_cols = table_columns(conn, tgt) if target_kind else []
+    if source_kind is None:
+        problems.append(f"source table {src} does not exist")
+    elif source_kind not in _READABLE_KINDS:
+        problems.append(f"source {src} is not a table or view")
+    if target_kind is None:
+        problems.append(f"target table {tgt} does not exist")
+    elif target_kind not in _TABLE_KINDS:
+        problems.append(f"target {tgt} is not a table (a view or other relation cannot be replaced)")
+
+    tnames = {c.name: c for c in target_cols}
+    snames = {c.name: c for c in source_cols}
+    partition_kind: PartitionKind | None = None
+    if target_kind:
+        missing = [c for c in spec.columns if c not in tnames]
+        if missing:
+            problems.append(f"target {tgt} has no column(s) {', '.join(missing)}")
+    if source_kind:
+        if spec.partition_key not in snames:
+            problems.append(f"source {src} has no partition_key column {spec.partition_key}")
+        if spec.transform_sql is None:
+            missing = [c for c in spec.input_columns if c not in snames]
+            if missing:
+                problems.append(f"source {src} has no column(s) {', '.join(missing)}")
+        clash = [c for c in spec.input_columns if c.startswith("__backfill") or c.startswith("__v")]
+        if clash:
+            problems.append(f"column names starting with '__backfill' or '__v' are reserved: {clash}")
+    if spec.partition_key in tnames:
+        base = tnames[spec.partition_key].base_type
+        partition_kind = _PARTITION_KINDS.get(base)
+        if partition_kind is None:
+            problems.append(
+                f"partition_key {spec.partition_key} has type {tnames[spec.partition_key].type_name}; "
+                "use a date, integer or text partition key"
+            )
+        elif spec.partition_key in snames:
+            src_kind = _PARTITION_KINDS.get(snames[spec.partition_key].base_type)
+            if src_kind != partition_kind:
+                problems.append(
+                    f"partition_key {spec.partition_key} is {snames[spec.partition_key].type_name} "
+                    f"in the source but {tnames[spec.partition_key].type_name} in the target"
+                )
+    if spec.total is not None and spec.total in tnames and tnames[spec.total].base_type not in _EXACT_NUMERIC:
+        problems.append(
+            f"total {spec.total} has type {tnames[spec.total].type_name}; an additive total must "
+            "be exact (integer or numeric)"
+        )
+
+    grain = list(spec.business_key) if spec.records_can_move else [spec.partition_key, *spec.business_key]
+    keys: list[tuple[str, list[str]]] = []
+    grain_ddl = None
+    if target_kind in _TABLE_KINDS and not any(c not in tnames for c in grain):
+        keys = unique_keys(conn_factory, tgt)
+        # A unique key over a subset of the grain columns guarantees the grain too.
+        if not any(set(cols) <= set(grain) for _, cols in keys):
+            grain_ddl = sqlbuild.add_unique_constraint(tgt, _grain_name(tgt, grain), grain).as_string(conn) + ";"
+            why = "records can move, so the business key must be unique across the table" if spec.records_can_move else "the target grain must be enforced"
+            problems.append(
+                f"target {tgt} has no UNIQUE ({', '.join(grain)}) or equivalent constraint ({why}); "
+                f"add it with: {grain_ddl}"
+            )
+    return Inspection(
+        server=server, source_columns=source_cols, target_columns=target_cols,
+        target_unique_keys=keys, partition_kind=partition_kind, grain_columns=grain,
+        grain_ddl=grain_ddl, problems=problems,
+    )

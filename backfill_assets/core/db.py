@@ -1,0 +1,167 @@
+"""Connections: the URL comes from a named environment variable and never leaves this module.
+
+Every connection is pinned to the session settings that the canonical fingerprint depends on
+(docs/fingerprint.md), so the same rows give the same digest in any session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from backfill_assets.core.errors import ConnectionConfigError, TransientDatabaseError
+
+# The settings a digest depends on. extra_float_digits=1 is PostgreSQL's shortest exact form.
+PINNED_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("TimeZone", "UTC"),
+    ("DateStyle", "ISO, YMD"),
+    ("IntervalStyle", "postgres"),
+    ("extra_float_digits", "1"),
+    ("bytea_output", "hex"),
+    ("client_encoding", "UTF8"),
+)
+
+_SET_CONFIG = sql.SQL("SELECT set_config(%(name)s, %(value)s, false)")
+
+ConnectionFactory = Callable[[], psycopg.Connection]
+
+
+class DatabaseUrl:
+    """A connection URL that does not print itself.
+
+    ``str()`` and ``repr()`` say which variable it came from, never the value.
+    """
+
+    __slots__ = ("_value", "source")
+
+    def __init__(self, value: str, source: str) -> None:
+        self._value = value
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"DatabaseUrl(from {self.source}, value hidden)"
+
+    __str__ = __repr__
+
+    def reveal(self) -> str:
+        """The URL itself, for the driver only."""
+        return self._value
+
+    def redact(self, text: str) -> str:
+        """Remove the URL, its password and its user info from ``text``."""
+        secrets = {self._value}
+        try:
+            params = conninfo_to_dict(self._value)
+        except psycopg.ProgrammingError:
+            params = {}
+        password = params.get("password")
+        if password:
+            secrets.add(str(password))
+        for secret in sorted(secrets, key=len, reverse=True):
+            if secret:
+                text = text.replace(secret, "[redacted]")
+        return text
+
+
+def url_from_env(name: str, environ: Mapping[str, str] | None = None) -> DatabaseUrl:
+    """Read the connection URL from the environment variable ``name``.
+
+    Raises:
+        ConnectionConfigError: the variable is unset or empty.
+    """
+    environ = os.environ if environ is None else environ
+    value = environ.get(name, "")
+    if not value.strip():
+        raise ConnectionConfigError(
+            f"environment variable {name} is not set; export it with the PostgreSQL URL "
+            f"(for example postgresql://user@host:5432/db), or pass --embedded to use the "
+            f"project's own PostgreSQL"
+        )
+    return DatabaseUrl(value, source=f"${name}")
+
+
+def pin_session(conn: psycopg.Connection) -> None:
+    """Set the session settings every fingerprint depends on."""
+    with conn.cursor() as cur:
+        for name, value in PINNED_SETTINGS:
+            cur.execute(_SET_CONFIG, {"name": name, "value": value})
+
+
+def connect(url: DatabaseUrl, *, application_name: str = "backfill_assets") -> psycopg.Connection:
+    """Open a pinned connection; a failure is a one-line error without the URL or password.
+
+    Raises:
+        ConnectionConfigError: the server is unreachable, refuses the credential, or the
+            URL is malformed.
+    """
+    try:
+        conn = psycopg.connect(
+            url.reveal(), autocommit=True, application_name=application_name, connect_timeout=10
+        )
+    except psycopg.ProgrammingError as err:
+        raise ConnectionConfigError(
+            f"the URL in {url.source} is malformed: {_one_line(url.redact(str(err)))}"
+        ) from None
+    except psycopg.OperationalError as err:
+        raise ConnectionConfigError(
+            f"cannot connect to the database in {url.source}: {_one_line(url.redact(str(err)))}"
+        ) from None
+    pin_session(conn)
+    return conn
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def connection_factory(url: DatabaseUrl, application_name: str = "backfill_assets") -> ConnectionFactory:
+    """A zero-argument callable opening a new pinned connection each time."""
+    return lambda: connect(url, application_name=application_name)
+
+
+T = TypeVar("T")
+
+_TRANSIENT = (
+    pg_errors.LockNotAvailable,
+    pg_errors.QueryCanceled,
+    pg_errors.SerializationFailure,
+    pg_errors.DeadlockDetected,
+)
+
+
+@contextlib.contextmanager
+def transient_errors(what: str) -> Iterator[None]:
+    """Map lock timeouts, statement timeouts, serialization failures and deadlocks onto
+    :class:`TransientDatabaseError` (retryable by class)."""
+    try:
+        yield
+    except _TRANSIENT as err:
+        raise TransientDatabaseError(
+            f"{what}: {err.__class__.__name__}: {_one_line(str(err))}"
+        ) from err
+
+
+@contextlib.contextmanager
+def advisory_session_lock(conn: psycopg.Connection, key: str, what: str) -> Iterator[None]:
+    """Hold a session-level advisory lock on ``key`` or refuse at once."""
+    from backfill_assets.core.errors import ConcurrentRunError
+
+    got = conn.execute(
+        sql.SQL("SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))"), {"key": key}
+    ).fetchone()
+    if not got or not got[0]:
+        raise ConcurrentRunError(f"{what} is already running in another session; wait for it")
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            conn.execute(
+                sql.SQL("SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0))"), {"key": key}
+            )

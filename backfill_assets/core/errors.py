@@ -1,0 +1,101 @@
+"""The error hierarchy of backfill_assets.
+
+Every error the core raises on purpose is a :class:`BackfillError`. Each family has an
+``exit_code`` used by the command line, and a ``retryable`` flag: callers decide what to retry
+by class, never by parsing a message. Messages are built from fields and never contain a
+connection string or a password.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class BackfillError(Exception):
+    """Root of every error raised on purpose by backfill_assets."""
+
+    exit_code = 1
+    retryable = False
+
+
+class SpecError(BackfillError):
+    """The spec, the command line or the catalog disagree: nothing was written."""
+
+    exit_code = 2
+
+
+class ConnectionConfigError(BackfillError):
+    """The database cannot be reached or the credential is missing or wrong."""
+
+    exit_code = 3
+
+
+class SourceDataError(BackfillError):
+    """The source data cannot be backfilled safely as declared (ties, NULL ordering values)."""
+
+    exit_code = 4
+
+    def __init__(self, problem: str, hint: str, examples: Sequence[str] = ()) -> None:
+        self.problem = problem
+        self.hint = hint
+        self.examples = tuple(examples)
+        text = problem
+        if self.examples:
+            text += " (for example " + "; ".join(self.examples) + ")"
+        super().__init__(f"{text}. {hint}")
+
+
+class SnapshotError(BackfillError):
+    """The source changed under a snapshot that was pinned as immutable."""
+
+    exit_code = 4
+
+
+class DeterminismError(BackfillError):
+    """The two independent stage builds disagree, or break the target grain."""
+
+    exit_code = 5
+
+    def __init__(self, plan_id: str, problems: Sequence[str]) -> None:
+        self.plan_id = plan_id
+        self.problems = tuple(problems)
+        super().__init__(
+            f"plan {plan_id[:16]} is refused: " + "; ".join(self.problems)
+            + ". Nothing was written to the target and the plan cannot be approved; "
+            "fix the transform or the ordering and plan again."
+        )
+
+
+class ApprovalError(BackfillError):
+    """An approval is missing, or does not match the plan or the current stages."""
+
+    exit_code = 6
+
+
+class VerificationError(BackfillError):
+    """A fingerprint read back does not equal the one expected."""
+
+    exit_code = 7
+
+    def __init__(self, partition: str, step: str, expected: object, actual: object) -> None:
+        self.partition = partition
+        self.step = step
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"partition {partition}: {step} failed: expected {expected}, got {actual}"
+        )
+
+
+class TransientDatabaseError(BackfillError):
+    """A lock or statement timeout, a serialization failure or a deadlock: safe to retry."""
+
+    exit_code = 8
+    retryable = True
+
+
+class ConcurrentRunError(BackfillError):
+    """Another run holds the lock this one needs."""
+
+    exit_code = 8
+    retryable = True

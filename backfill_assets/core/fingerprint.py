@@ -1,0 +1,172 @@
+"""Canonical fingerprints of a partition (the byte format is docs/fingerprint.md).
+
+The content hash is SHA-256 over a preamble naming the columns and their types, then one
+record per row in business-key order: a 2-byte column count, then per column a 4-byte signed
+length (-1 for NULL) and the UTF-8 bytes of the value's PostgreSQL text form. Integers are
+big-endian. This is exactly PostgreSQL's binary COPY row format for text columns, so the
+server builds the bytes and we stream them into hashlib without decoding a value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import psycopg
+
+from backfill_assets.core import sqlbuild
+from backfill_assets.core.catalog import ColumnInfo
+from backfill_assets.core.errors import BackfillError
+from backfill_assets.core.spec import TableRef
+
+FORMAT_TAG = b"backfill-assets/fingerprint/v1\n"
+
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+_COPY_HEADER = len(_COPY_SIGNATURE) + 8  # signature, int32 flags, int32 extension length
+_COPY_TRAILER = b"\xff\xff"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """The readings of one partition of one relation."""
+
+    row_count: int
+    null_key_count: int
+    duplicate_key_count: int
+    total: str | None
+    content_hash: str
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def differences(self, other: Fingerprint) -> list[str]:
+        """Names of the readings that differ."""
+        mine, theirs = self.as_dict(), other.as_dict()
+        return [k for k in mine if mine[k] != theirs[k]]
+
+
+def _int16(n: int) -> bytes:
+    return struct.pack("!h", n)
+
+
+def _field(value: bytes | None) -> bytes:
+    if value is None:
+        return struct.pack("!i", -1)
+    return struct.pack("!i", len(value)) + value
+
+
+def preamble(columns: Sequence[tuple[str, str]]) -> bytes:
+    """The bytes hashed before the rows: format tag, then (name, type) of each column."""
+    out = [FORMAT_TAG, _int16(len(columns))]
+    for name, type_name in columns:
+        out.append(_field(name.encode("utf-8")))
+        out.append(_field(type_name.encode("utf-8")))
+    return b"".join(out)
+
+
+def encode_row(values: Sequence[str | None]) -> bytes:
+    """One row record from the values' text forms (None is SQL NULL)."""
+    return _int16(len(values)) + b"".join(
+        _field(None if v is None else v.encode("utf-8")) for v in values
+    )
+
+
+def reference_digest(
+    columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[str | None]]
+) -> str:
+    """The content hash computed in plain Python from text values already in key order.
+
+    This is the specification the streaming path must agree with; tests pin both.
+    """
+    h = hashlib.sha256(preamble(columns))
+    for row in rows:
+        h.update(encode_row(row))
+    return h.hexdigest()
+
+
+class CopyFormatError(BackfillError):
+    """The server sent a binary COPY stream this module does not understand."""
+
+
+def _hash_copy_stream(chunks: Iterable[bytes | memoryview], h: hashlib._Hash) -> None:
+    """Feed the row records of a binary COPY stream into ``h``, skipping header and trailer.
+
+    The last chunk is held back by one step so that its 2-byte trailer can be cut off
+    without copying every chunk.
+    """
+    head = b""
+    pending: memoryview | None = None
+    started = False
+    for chunk in chunks:
+        if not started:
+            head += bytes(chunk)
+            if len(head) < _COPY_HEADER:
+                continue
+            if head[: len(_COPY_SIGNATURE)] != _COPY_SIGNATURE:
+                raise CopyFormatError("binary COPY stream has an unknown signature")
+            extension = struct.unpack("!i", head[len(_COPY_SIGNATURE) + 4 : _COPY_HEADER])[0]
+            if len(head) < _COPY_HEADER + extension:
+                continue
+            chunk = head[_COPY_HEADER + extension :]
+            started = True
+        if pending is not None:
+            h.update(pending)
+        pending = memoryview(chunk)
+    if pending is None or bytes(pending[-2:]) != _COPY_TRAILER:
+        raise CopyFormatError("binary COPY stream ended without its trailer")
+    h.update(pending[:-2])
+
+
+def content_hash(
+    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo],
+    partition_key: str, order: Sequence[sqlbuild.OrderKey], partition: object,
+) -> str:
+    """Stream one partition of ``rel`` through the canonical encoding into SHA-256.
+
+    Runs in the caller's transaction; the connection must be pinned (see db.pin_session).
+    """
+    h = hashlib.sha256(preamble([(c.name, c.type_name) for c in columns]))
+    query, params = sqlbuild.copy_canonical_stream(
+        rel, [c.name for c in columns], partition_key, order, partition
+    )
+    with conn.cursor() as cur, cur.copy(query, params) as copy:
+        _hash_copy_stream(copy, h)
+    return h.hexdigest()
+
+
+def business_key_order(columns: Sequence[ColumnInfo], business_key: Sequence[str]) -> list[sqlbuild.OrderKey]:
+    """Ascending business-key order; collatable columns by bytes (locale-independent)."""
+    by_name = {c.name: c for c in columns}
+    return [sqlbuild.OrderKey(k, collate_c=by_name[k].collatable) for k in business_key]
+
+
+def all_columns_order(columns: Sequence[ColumnInfo]) -> list[sqlbuild.OrderKey]:
+    """A total order of rows with no key: every column's text form, by bytes.
+
+    Rows equal in every text form encode identically, so their relative order is moot.
+    """
+    return [sqlbuild.OrderKey(c.name, as_text=True, nulls="last") for c in columns]
+
+
+def fingerprint_partition(
+    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo],
+    partition_key: str, business_key: Sequence[str], total: str | None, partition: object,
+) -> Fingerprint:
+    """All readings of one partition of a stage or target, in the caller's transaction.
+
+    Call it inside one REPEATABLE READ transaction (or the writing transaction itself) so
+    that the counts and the hash describe the same rows.
+    """
+    query, params = sqlbuild.partition_readings(rel, partition_key, business_key, total, partition)
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    row_count, null_keys, total_text, duplicates = row
+    digest = content_hash(
+        conn, rel, columns, partition_key, business_key_order(columns, business_key), partition
+    )
+    return Fingerprint(
+        row_count=int(row_count), null_key_count=int(null_keys),
+        duplicate_key_count=int(duplicates), total=total_text, content_hash=digest,
+    )

@@ -1,0 +1,449 @@
+"""The plan side of a backfill: inspect, snapshot, build twice, fingerprint, compare, record.
+
+Nothing here writes to the target. The plan is stored in the control schema; its id is a
+SHA-256 over the canonical JSON of everything an approver approves, so the same source,
+spec and partitions always give the same plan id.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from backfill_assets.core import control, sqlbuild
+from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables
+from backfill_assets.core.db import ConnectionFactory, advisory_session_lock, transient_errors
+from backfill_assets.core.errors import SnapshotError, SourceDataError
+from backfill_assets.core.fingerprint import (
+    Fingerprint, all_columns_order, business_key_order, content_hash, fingerprint_partition,
+)
+from backfill_assets.core.spec import (
+    PartitionRequest, PartitionValue, Spec, TableRef, partition_label,
+)
+from backfill_assets.core.transform import validate_transform_in_catalog, validate_transform_text
+
+PLAN_FORMAT = "backfill-assets/plan/v1"
+SNAPSHOT_FORMAT = "backfill-assets/snapshot/v1"
+
+Clock = Callable[[], dt.datetime]
+Progress = Callable[[str], None]
+
+_BEGIN_RR = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+_SET_LOCAL = sql.SQL("SELECT set_config(%(name)s, %(value)s, true)")
+
+
+def utc_now() -> dt.datetime:
+    """The default clock; only metadata timestamps read it, never a build."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, no spaces, UTF-8: the bytes plan and snapshot ids are hashed from."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _set_timeouts(conn: psycopg.Connection, spec: Spec) -> None:
+    conn.execute(_SET_LOCAL, {"name": "statement_timeout", "value": f"{spec.statement_timeout_ms}ms"})
+    conn.execute(_SET_LOCAL, {"name": "lock_timeout", "value": f"{spec.lock_timeout_ms}ms"})
+
+
+# --- the resolved context of one plan ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Context:
+    """A spec checked against the catalog, with its partitions and transform resolved."""
+
+    spec: Spec
+    inspection: Inspection
+    partitions: list[PartitionValue]
+    transform: str | None  # the re-printed, validated transform_sql
+
+    @property
+    def labels(self) -> list[str]:
+        return [partition_label(p) for p in self.partitions]
+
+    @property
+    def target_columns(self) -> list[ColumnInfo]:
+        return self.inspection.spec_target_columns(self.spec)
+
+    @property
+    def source_column_names(self) -> list[str]:
+        return [c.name for c in self.inspection.source_columns]
+
+    def input_relation(self, base: TableRef, *, filtered: bool) -> sql.Composed:
+        return sqlbuild.input_relation(
+            base, self.source_column_names, self.spec.partition_key, self.spec.input_columns,
+            self.transform, filtered=filtered,
+        )
+
+    def ordering_keys(self) -> list[sqlbuild.OrderKey]:
+        """The declared newest-wins order; collatable columns sort by bytes."""
+        collatable = {c.name: c.collatable for c in self.inspection.source_columns}
+        return [
+            sqlbuild.OrderKey(o.column, o.direction, o.nulls, collate_c=collatable.get(o.column, False))
+            for o in self.spec.ordering
+        ]
+
+    def stage(self, variant: str) -> TableRef:
+        return TableRef(self.spec.control_schema, f"{self.spec.name}__stage_{variant}")
+
+
+def resolve(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, request: PartitionRequest) -> Context:
+    """Inspect read-only and validate everything about the spec before any write.
+
+    Raises:
+        SpecError: the catalog disagrees with the spec, the partitions are malformed, or
+            the transform is refused.
+    """
+    if spec.transform_sql is not None:
+        transform = validate_transform_text(spec.transform_sql)  # the parser first: no I/O
+    else:
+        transform = None
+    inspection = inspect_tables(conn, factory, spec)
+    kind = inspection.require_plannable()
+    partitions = request.resolve(kind)
+    if transform is not None:
+        validate_transform_in_catalog(
+            conn, spec.source_ref, [c.name for c in inspection.source_columns],
+            spec.partition_key, spec.input_columns, transform,
+        )
+    return Context(spec, inspection, partitions, transform)
+
+
+# --- snapshot ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A fixed source: a copied table (``copy``) or the live source pinned by fingerprint."""
+
+    snapshot_id: str
+    mode: Literal["copy", "immutable"]
+    relation: TableRef
+    filtered: bool  # True when the relation is the live source, read for the partitions only
+    fingerprint: str
+    partitions: dict[str, dict[str, Any]]  # label -> {"row_count", "content_hash"}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint}
+
+
+def source_fingerprints(conn: psycopg.Connection, ctx: Context, rel: TableRef) -> dict[str, dict[str, Any]]:
+    """Row count and content hash of every declared partition of a source-shaped relation,
+    ordered by every column's text form (a source has no key to order by)."""
+    cols = ctx.inspection.source_columns
+    query, params = sqlbuild.partition_counts(rel, ctx.spec.partition_key, ctx.partitions)
+    counts = {partition_label(p): int(n) for p, n in conn.execute(query, params).fetchall()}
+    order = all_columns_order(cols)
+    return {
+        label: {
+            "row_count": counts.get(label, 0),
+            "content_hash": content_hash(conn, rel, cols, ctx.spec.partition_key, order, p),
+        }
+        for p, label in zip(ctx.partitions, ctx.labels)
+    }
+
+
+def _snapshot_identity(ctx: Context, parts: dict[str, dict[str, Any]]) -> tuple[str, str]:
+    doc = {
+        "format": SNAPSHOT_FORMAT, "source": str(ctx.spec.source_ref),
+        "partition_key": ctx.spec.partition_key,
+        "columns": [[c.name, c.type_name] for c in ctx.inspection.source_columns],
+        "partitions": [{"partition": k, **parts[k]} for k in ctx.labels],
+    }
+    fingerprint = sha256_hex(canonical_json(doc))
+    return f"{ctx.spec.source.snapshot}-{fingerprint[:16]}", fingerprint
+
+
+def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed, params: dict[str, Any]) -> None:
+    """Refuse source data whose newest-wins order is not total, or that a transform moves
+    out of the declared partitions.
+
+    Raises:
+        SourceDataError: NULLs in an ordering column without declared NULL placement, ties
+            on every ordering column between rows that differ, rows outside the partitions.
+    """
+    spec = ctx.spec
+    ordering = [o.column for o in spec.ordering]
+    query, qp = sqlbuild.ordering_null_counts(input_rel, spec.business_key, ordering, params)
+    counts = conn.execute(query, qp).fetchone() or ()
+    undeclared = [
+        f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, counts) if n and o.nulls is None
+    ]
+    if undeclared:
+        raise SourceDataError(
+            "ordering columns have NULL values and no declared NULL placement",
+            "Declare where NULLs sort with `nulls: first` or `nulls: last` on that ordering "
+            "column, or fix the source",
+            undeclared,
+        )
+    others = [c for c in spec.columns if c not in {spec.partition_key, *spec.business_key, *ordering}]
+    query, qp = sqlbuild.ordering_ties(input_rel, spec.partition_key, spec.business_key, ordering, others, params)
+    ties = conn.execute(query, qp).fetchall()
+    if ties:
+        width = 1 + len(spec.business_key)
+        examples = []
+        for row in ties:
+            key = ", ".join(f"{c}={v}" for c, v in zip(spec.business_key, row[1:width]))
+            examples.append(f"partition {row[0]}, key ({key}): {row[width]} different rows")
+        raise SourceDataError(
+            f"{ties[0][width + 1]} key(s) have rows that tie on every ordering column "
+            f"({', '.join(ordering)}) but differ, so newest-wins would pick one by chance",
+            "Add a final tiebreak column to `ordering` (run `backfill-assets profile` to find "
+            "one); do not guess",
+            examples,
+        )
+    if ctx.transform is not None:
+        query, qp = sqlbuild.rows_outside_partitions(input_rel, spec.partition_key, params)
+        row = conn.execute(query, qp).fetchone()
+        if row and row[0]:
+            raise SourceDataError(
+                f"transform_sql puts {row[0]} row(s) outside the declared partitions or in a "
+                f"NULL partition",
+                "A transform must keep every row in its source partition",
+            )
+
+
+def take_snapshot(conn: psycopg.Connection, ctx: Context, clock: Clock, progress: Progress) -> Snapshot:
+    """Fingerprint the declared source partitions, check the data, and fix the source.
+
+    All of it happens in one REPEATABLE READ transaction: ``copy`` copies exactly the rows
+    that were fingerprinted and checked; ``immutable`` pins their fingerprint. The snapshot
+    id is derived from the content, so an unchanged source gives the same id (and reuses
+    the copy). A refused source rolls back everything, the control schema included.
+    """
+    spec = ctx.spec
+    src = spec.source_ref
+    params = {"partitions": ctx.partitions}
+    with transient_errors("taking the snapshot"), conn.transaction():
+        conn.execute(_BEGIN_RR)
+        _set_timeouts(conn, spec)
+        progress(f"snapshot: fingerprinting {len(ctx.partitions)} source partition(s) of {src}")
+        parts = source_fingerprints(conn, ctx, src)
+        check_source(conn, ctx, ctx.input_relation(src, filtered=True), params)
+        snapshot_id, fingerprint = _snapshot_identity(ctx, parts)
+        control.ensure_control_schema(conn, spec.control_schema)
+        if spec.source.snapshot == "immutable":
+            relation, filtered = src, True
+        else:
+            relation = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}")
+            filtered = False
+            found = control.find_snapshot(conn, spec.control_schema, snapshot_id)
+            if found is None:
+                progress(f"snapshot: copying {sum(p['row_count'] for p in parts.values())} row(s) into {relation}")
+                names = ctx.source_column_names
+                conn.execute(sqlbuild.drop_table(relation))
+                conn.execute(sqlbuild.create_empty_copy(relation, src, names, unlogged=False))
+                conn.execute(*sqlbuild.copy_partitions(relation, src, names, spec.partition_key, ctx.partitions))
+                conn.execute(sqlbuild.create_index(relation, [sqlbuild.OrderKey(spec.partition_key)]))
+            else:
+                progress(f"snapshot: {snapshot_id} already exists; reusing it")
+        control.record_snapshot(
+            conn, spec.control_schema, snapshot_id=snapshot_id, source_table=str(src),
+            mode=spec.source.snapshot, snapshot_table=None if filtered else str(relation),
+            partition_key=spec.partition_key,
+            partitions=[{"partition": k, **parts[k]} for k in ctx.labels],
+            fingerprint=fingerprint, created_at=clock(),
+        )
+    return Snapshot(snapshot_id, spec.source.snapshot, relation, filtered, fingerprint, parts)
+
+
+# --- the two builds ----------------------------------------------------------------------
+
+
+def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableRef:
+    """Create the stage table (unlogged, the target's column types, an index in business-key
+    order); recreate it if the target's columns changed since it was made."""
+    from backfill_assets.core.catalog import table_columns
+
+    stage = ctx.stage(variant)
+    expected = [(c.name, c.type_name) for c in ctx.target_columns]
+    with conn.transaction():
+        current = [(c.name, c.type_name) for c in table_columns(conn, stage)]
+        if current != expected:
+            conn.execute(sqlbuild.drop_table(stage))
+            conn.execute(sqlbuild.create_empty_copy(stage, ctx.spec.target_ref, ctx.spec.columns, unlogged=True))
+            keys = [sqlbuild.OrderKey(ctx.spec.partition_key)] + business_key_order(ctx.target_columns, ctx.spec.business_key)
+            conn.execute(sqlbuild.create_index(stage, keys))
+    return stage
+
+
+def build_partition(
+    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
+    partition: PartitionValue,
+) -> Fingerprint:
+    """Rebuild one partition of one stage and fingerprint it, in one transaction."""
+    spec = ctx.spec
+    stage = ctx.stage(variant)
+    input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
+    with transient_errors(f"building stage {variant} of partition {partition_label(partition)}"), conn.transaction():
+        _set_timeouts(conn, spec)
+        conn.execute(*sqlbuild.delete_partition(stage, spec.partition_key, partition))
+        conn.execute(*sqlbuild.build_stage(
+            variant, stage, input_rel, spec.columns, spec.partition_key, spec.business_key,
+            ctx.ordering_keys(), {"partitions": ctx.partitions}, partition,
+        ))
+        return fingerprint_partition(
+            conn, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, partition
+        )
+
+
+def build_stage(
+    factory: ConnectionFactory, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
+    progress: Progress,
+) -> dict[str, Fingerprint]:
+    """Build every partition of one stage on its own connection."""
+    out: dict[str, Fingerprint] = {}
+    with factory() as conn:
+        ensure_stage(conn, ctx, variant)
+        for n, (p, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
+            out[label] = build_partition(conn, ctx, snapshot, variant, p)
+            progress(f"stage {variant}: {n}/{len(ctx.partitions)} {label}: {out[label].row_count} row(s)")
+    return out
+
+
+def _input_reports(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> dict[str, tuple[int, int]]:
+    input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
+    query, params = sqlbuild.input_report(input_rel, ctx.spec.partition_key, ctx.spec.business_key, {"partitions": ctx.partitions})
+    return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in conn.execute(query, params).fetchall()}
+
+
+# --- the plan ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A fingerprinted plan. ``document`` is what an approver approves; ``plan_id`` its hash."""
+
+    plan_id: str
+    status: Literal["ready", "refused"]
+    problems: tuple[str, ...]
+    document: dict[str, Any] = field(repr=False)
+
+    def as_json(self) -> dict[str, Any]:
+        """The plan as printed by ``plan --json``: one object."""
+        return {"plan_id": self.plan_id, "status": self.status, "problems": list(self.problems), **self.document}
+
+
+def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
+             reports: dict[str, tuple[int, int]]) -> Plan:
+    """Compare the stages on every reading and build the plan document and id."""
+    spec = ctx.spec
+    problems: list[str] = []
+    partitions = []
+    for label in ctx.labels:
+        fa, fb = a[label], b[label]
+        diffs = fa.differences(fb)
+        if diffs:
+            problems.append(f"partition {label}: stages A and B differ on {', '.join(diffs)}")
+        for side, fp in (("A", fa), ("B", fb)):
+            if fp.null_key_count or fp.duplicate_key_count:
+                problems.append(
+                    f"partition {label}: stage {side} has {fp.null_key_count} NULL and "
+                    f"{fp.duplicate_key_count} duplicate business key(s)"
+                )
+        rows_read, null_keys = reports.get(label, (0, 0))
+        partitions.append({
+            "partition": label,
+            "match": not diffs,
+            "stage_a": fa.as_dict(),
+            "stage_b": fb.as_dict(),
+            "source": {
+                "rows_read": rows_read,
+                "null_key_rows_dropped": null_keys,
+                "duplicates_collapsed": rows_read - null_keys - fa.row_count,
+                "snapshot_rows": snapshot.partitions[label]["row_count"],
+                "snapshot_hash": snapshot.partitions[label]["content_hash"],
+            },
+        })
+    document = {
+        "format": PLAN_FORMAT,
+        "spec": spec.name,
+        "target": str(spec.target_ref),
+        "source": str(spec.source_ref),
+        "partition_key": spec.partition_key,
+        "business_key": list(spec.business_key),
+        "ordering": [o.model_dump() for o in spec.ordering],
+        "columns": [[c.name, c.type_name] for c in ctx.target_columns],
+        "total": spec.total,
+        "records_can_move": spec.records_can_move,
+        "snapshot": snapshot.as_dict(),
+        "transform_version": spec.transform_version,
+        "transform_sql_sha256": None if ctx.transform is None else sha256_hex(ctx.transform.encode("utf-8")),
+        "partitions": partitions,
+    }
+    plan_id = sha256_hex(canonical_json(document))
+    return Plan(plan_id, "refused" if problems else "ready", tuple(problems), document)
+
+
+def make_plan(
+    spec: Spec, request: PartitionRequest, factory: ConnectionFactory, *,
+    clock: Clock = utc_now, progress: Progress = _quiet,
+) -> Plan:
+    """Plan a backfill: steps 1 to 3 of the process. Never writes to the target.
+
+    Returns the plan, stored in the control schema, with status ``ready`` or ``refused``;
+    a refused plan's differing stage partitions are deleted so nothing can apply them.
+
+    Raises:
+        SpecError, ConnectionConfigError, SourceDataError, SnapshotError,
+        TransientDatabaseError, ConcurrentRunError.
+    """
+    with factory() as conn, advisory_session_lock(
+        conn, f"backfill_assets:plan:{spec.control_schema}:{spec.name}", f"a plan for {spec.name}"
+    ):
+        progress(f"inspect: {spec.source_ref} -> {spec.target_ref}")
+        ctx = resolve(conn, factory, spec, request)
+        snapshot = take_snapshot(conn, ctx, clock, progress)
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
+            futures = {v: pool.submit(build_stage, factory, ctx, snapshot, v, progress) for v in ("a", "b")}
+            built = {v: f.result() for v, f in futures.items()}
+        reports = _input_reports(conn, ctx, snapshot)
+        if snapshot.mode == "immutable":
+            recheck_immutable_source(conn, ctx, snapshot)
+        plan = assemble(ctx, snapshot, built["a"], built["b"], reports)
+        with conn.transaction():
+            control.record_plan(
+                conn, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name,
+                target_table=str(spec.target_ref), status=plan.status,
+                snapshot_id=snapshot.snapshot_id, plan=plan.as_json(), created_at=clock(),
+            )
+            if plan.status == "refused":
+                for entry in plan.document["partitions"]:
+                    if not entry["match"]:
+                        value = ctx.partitions[ctx.labels.index(entry["partition"])]
+                        for v in ("a", "b"):
+                            conn.execute(*sqlbuild.delete_partition(ctx.stage(v), spec.partition_key, value))
+        progress(f"plan {plan.plan_id[:16]}: {plan.status}")
+        return plan
+
+
+def recheck_immutable_source(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> None:
+    """Raise SnapshotError if a source pinned as immutable changed since it was pinned."""
+    with conn.transaction():
+        conn.execute(_BEGIN_RR)
+        now = source_fingerprints(conn, ctx, ctx.spec.source_ref)
+    changed = [k for k in ctx.labels if now[k] != snapshot.partitions[k]]
+    if changed:
+        raise SnapshotError(
+            f"source {ctx.spec.source_ref} was declared immutable but changed during the plan "
+            f"in partition(s) {', '.join(changed)}; use `snapshot: copy` or stop the writers, "
+            "then plan again"
+        )

@@ -1,0 +1,295 @@
+"""The declared backfill: a YAML spec validated by pydantic, and the partitions to rebuild.
+
+Nothing here touches a database. Identifiers are checked for shape only (non-empty, no NUL,
+at most 63 bytes); :mod:`backfill_assets.core.catalog` checks that they exist.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import pydantic
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from backfill_assets.core.errors import SpecError
+
+# PostgreSQL silently truncates longer identifiers to NAMEDATALEN - 1 bytes.
+MAX_IDENTIFIER_BYTES = 63
+# Staging objects are named "<name>__stage_a" and "<name>__snap_<16 hex>" in the control schema.
+MAX_SPEC_NAME = 40
+MAX_PARTITIONS = 100_000
+
+
+def check_identifier(value: str) -> str:
+    """Return ``value`` if it can be a PostgreSQL identifier, else raise ValueError."""
+    if not value:
+        raise ValueError("an identifier may not be empty")
+    if "\x00" in value:
+        raise ValueError("an identifier may not contain a NUL character")
+    if len(value.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
+        raise ValueError(
+            f"identifier is longer than {MAX_IDENTIFIER_BYTES} bytes; "
+            "PostgreSQL would silently truncate it"
+        )
+    return value
+
+
+Identifier = Annotated[str, AfterValidator(check_identifier)]
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """A schema-qualified table name, always used as ``sql.Identifier(schema, name)``."""
+
+    schema: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def parse_table_name(text: str) -> TableRef:
+    """Split ``schema.table`` (or ``table``, meaning ``public.table``) into a :class:`TableRef`."""
+    parts = text.split(".")
+    if len(parts) == 1:
+        parts = ["public", parts[0]]
+    if len(parts) != 2:
+        raise ValueError("a table is written as schema.table (one dot)")
+    return TableRef(check_identifier(parts[0]), check_identifier(parts[1]))
+
+
+def _check_table(value: str) -> str:
+    parse_table_name(value)
+    return value
+
+
+TableName = Annotated[str, AfterValidator(_check_table)]
+
+
+def _check_env_name(value: str) -> str:
+    # Never echo the value: someone may have pasted the URL itself here.
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError(
+            "must be the NAME of an environment variable (like DATABASE_URL), not the URL itself"
+        )
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceSpec(_Strict):
+    table: TableName
+    snapshot: Literal["copy", "immutable"]
+
+    @property
+    def ref(self) -> TableRef:
+        return parse_table_name(self.table)
+
+
+class TargetSpec(_Strict):
+    table: TableName
+
+    @property
+    def ref(self) -> TableRef:
+        return parse_table_name(self.table)
+
+
+class OrderingColumn(_Strict):
+    """One newest-wins ordering column. ``nulls`` must be declared if the column has NULLs."""
+
+    column: Identifier
+    direction: Literal["asc", "desc"]
+    nulls: Literal["first", "last"] | None = None
+
+
+class Spec(_Strict):
+    """A declared backfill. See README.md, "Configuration reference"."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=MAX_SPEC_NAME)]
+    database_url_env: Annotated[str, AfterValidator(_check_env_name)]
+    source: SourceSpec
+    target: TargetSpec
+    partition_key: Identifier
+    business_key: Annotated[list[Identifier], Field(min_length=1)]
+    ordering: Annotated[list[OrderingColumn], Field(min_length=1)]
+    columns: Annotated[list[Identifier], Field(min_length=1)]
+    total: Identifier | None = None
+    records_can_move: bool = False
+    transform_version: Annotated[str, Field(min_length=1, max_length=200)]
+    transform_sql: str | None = None
+    control_schema: Identifier = "backfill_control"
+    lock_timeout_ms: Annotated[int, Field(gt=0, le=3_600_000)] = 5_000
+    statement_timeout_ms: Annotated[int, Field(gt=0, le=86_400_000)] = 600_000
+
+    @pydantic.model_validator(mode="after")
+    def _columns_agree(self) -> Spec:
+        problems = []
+        if len(set(self.columns)) != len(self.columns):
+            problems.append("columns lists a column twice")
+        if self.partition_key not in self.columns:
+            problems.append(f"partition_key {self.partition_key!r} must be one of columns")
+        if len(set(self.business_key)) != len(self.business_key):
+            problems.append("business_key lists a column twice")
+        if self.partition_key in self.business_key:
+            problems.append(
+                "business_key must not include partition_key: the grain is "
+                "(partition_key, business_key)"
+            )
+        missing = [c for c in self.business_key if c not in self.columns]
+        if missing:
+            problems.append(f"business_key columns {missing} must be in columns")
+        ordering = [o.column for o in self.ordering]
+        if len(set(ordering)) != len(ordering):
+            problems.append("ordering lists a column twice")
+        in_key = [c for c in ordering if c in self.business_key or c == self.partition_key]
+        if in_key:
+            problems.append(f"ordering columns {in_key} are part of the key and cannot order it")
+        if self.total is not None and self.total not in self.columns:
+            problems.append(f"total {self.total!r} must be one of columns")
+        if self.transform_sql is not None and not self.transform_sql.strip():
+            problems.append("transform_sql is empty; remove it or write a SELECT")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def source_ref(self) -> TableRef:
+        return self.source.ref
+
+    @property
+    def target_ref(self) -> TableRef:
+        return self.target.ref
+
+    @property
+    def input_columns(self) -> list[str]:
+        """Columns the newest-wins step reads: the target columns, then ordering-only ones."""
+        extra = [o.column for o in self.ordering if o.column not in self.columns]
+        return [*self.columns, *extra]
+
+
+def _format_validation_error(err: pydantic.ValidationError) -> str:
+    # Only the location and the message: pydantic's default text echoes the input value.
+    lines = []
+    for item in err.errors(include_input=False, include_url=False):
+        loc = ".".join(str(p) for p in item["loc"]) or "spec"
+        msg = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}")
+    return "; ".join(lines)
+
+
+def spec_from_mapping(data: object, origin: str = "spec") -> Spec:
+    """Validate a parsed spec mapping; raise :class:`SpecError` naming every problem."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{origin}: the spec must be a YAML mapping of keys to values")
+    try:
+        return Spec.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise SpecError(f"{origin} is invalid: {_format_validation_error(err)}") from None
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec file.
+
+    Raises:
+        SpecError: the file is missing, is not YAML, or does not validate.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"spec file {path} does not exist; pass --spec with a YAML spec") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(f"spec file {path} cannot be read: {err.__class__.__name__}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "malformed YAML"
+        raise SpecError(f"spec file {path} is not valid YAML{where}: {problem}") from None
+    return spec_from_mapping(data, origin=f"spec file {path}")
+
+
+# --- partitions -------------------------------------------------------------------------
+
+PartitionKind = Literal["date", "integer", "text"]
+PartitionValue = dt.date | int | str
+
+
+@dataclass(frozen=True)
+class PartitionRequest:
+    """Partitions as written on the command line, before the key's type is known."""
+
+    text: str
+
+    def resolve(self, kind: PartitionKind) -> list[PartitionValue]:
+        """Turn the request into sorted, distinct typed values for a key of ``kind``.
+
+        ``a..b`` is an inclusive range (dates and integers); ``a,b,c`` is a list.
+        """
+        items = [item.strip() for item in self.text.split(",")]
+        if not self.text.strip() or any(not item for item in items):
+            raise SpecError(
+                "--partitions is empty or has an empty item; write 2024-01-01..2024-01-31 "
+                "or a comma list like 2024-01-01,2024-01-03"
+            )
+        values: set[PartitionValue] = set()
+        for item in items:
+            if ".." in item:
+                lo_text, _, hi_text = item.partition("..")
+                if kind == "text":
+                    raise SpecError(
+                        f"partition range {item!r}: ranges need a date or integer partition "
+                        "key; list text partitions with commas"
+                    )
+                lo, hi = _parse_value(lo_text.strip(), kind), _parse_value(hi_text.strip(), kind)
+                if lo > hi:  # type: ignore[operator]
+                    raise SpecError(f"partition range {item!r} ends before it starts")
+                values.update(_expand(lo, hi))
+            else:
+                values.add(_parse_value(item, kind))
+            if len(values) > MAX_PARTITIONS:
+                raise SpecError(f"--partitions names more than {MAX_PARTITIONS} partitions")
+        return sorted(values)  # type: ignore[type-var]
+
+
+def _parse_value(text: str, kind: PartitionKind) -> PartitionValue:
+    if kind == "date":
+        try:
+            return dt.date.fromisoformat(text)
+        except ValueError:
+            raise SpecError(
+                f"partition {text!r} is not a date; the partition key is a date, "
+                "write partitions as YYYY-MM-DD"
+            ) from None
+    if kind == "integer":
+        if not re.fullmatch(r"[+-]?[0-9]+", text):
+            raise SpecError(f"partition {text!r} is not an integer; the partition key is an integer")
+        return int(text)
+    if "\x00" in text:
+        raise SpecError("a partition value may not contain a NUL character")
+    return text
+
+
+def _expand(lo: PartitionValue, hi: PartitionValue) -> list[PartitionValue]:
+    if isinstance(lo, dt.date) and isinstance(hi, dt.date):
+        days = (hi - lo).days
+        if days >= MAX_PARTITIONS:
+            raise SpecError(f"a partition range may span at most {MAX_PARTITIONS} partitions")
+        return [lo + dt.timedelta(days=i) for i in range(days + 1)]
+    assert isinstance(lo, int) and isinstance(hi, int)
+    if hi - lo >= MAX_PARTITIONS:
+        raise SpecError(f"a partition range may span at most {MAX_PARTITIONS} partitions")
+    return list(range(lo, hi + 1))
+
+
+def partition_label(value: PartitionValue) -> str:
+    """The string form of a partition used in plans, ledgers and JSON (ISO for dates)."""
+    return value.isoformat() if isinstance(value, dt.date) else str(value)

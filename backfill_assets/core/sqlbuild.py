@@ -1,0 +1,388 @@
+"""SQL builders: pure functions returning ``(Composed, params)``.
+
+Identifiers are always ``sql.Identifier`` (two parts for tables), values always bound
+parameters. Templates are module-level literals. No statement selects ``*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from psycopg import sql
+
+from backfill_assets.core.spec import TableRef
+
+Query = tuple[sql.Composed, dict[str, Any]]
+
+# The window-function rank column of build B; checked not to collide with a spec column.
+RANK_COLUMN = "__backfill_rank"
+# The CTE a transform_sql reads the snapshot through.
+SOURCE_CTE = "source"
+
+
+def table(ref: TableRef) -> sql.Identifier:
+    """A schema-qualified table as a two-part identifier."""
+    return sql.Identifier(ref.schema, ref.name)
+
+
+@dataclass(frozen=True)
+class OrderKey:
+    """One ORDER BY item over a column of the relation aliased ``alias``.
+
+    ``collate_c`` sorts a collatable column by bytes, so the order does not depend on the
+    server's locale; ``as_text`` sorts the column's text form instead of its typed value.
+    """
+
+    column: str
+    direction: Literal["asc", "desc"] = "asc"
+    nulls: Literal["first", "last"] | None = None
+    collate_c: bool = False
+    as_text: bool = False
+
+
+def _col(alias: str, column: str) -> sql.Identifier:
+    return sql.Identifier(alias, column)
+
+
+def _cols(alias: str, columns: Sequence[str]) -> sql.Composed:
+    return sql.SQL(", ").join(_col(alias, c) for c in columns)
+
+
+def _order_by(alias: str, keys: Sequence[OrderKey]) -> sql.Composed:
+    items = []
+    for key in keys:
+        parts: list[sql.Composable] = [_col(alias, key.column)]
+        if key.as_text:
+            parts = [sql.SQL("{}::text").format(_col(alias, key.column))]
+        if key.collate_c or key.as_text:
+            parts.append(sql.SQL('COLLATE "C"'))
+        parts.append(sql.SQL("DESC") if key.direction == "desc" else sql.SQL("ASC"))
+        if key.nulls == "first":
+            parts.append(sql.SQL("NULLS FIRST"))
+        elif key.nulls == "last":
+            parts.append(sql.SQL("NULLS LAST"))
+        items.append(sql.SQL(" ").join(parts))
+    return sql.SQL(", ").join(items)
+
+
+def _key_not_null(alias: str, key: Sequence[str]) -> sql.Composed:
+    return sql.SQL(" AND ").join(
+        sql.SQL("{} IS NOT NULL").format(_col(alias, c)) for c in key
+    )
+
+
+def _key_is_null(alias: str, key: Sequence[str]) -> sql.Composed:
+    return sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(_col(alias, c)) for c in key)
+
+
+# --- fingerprints --------------------------------------------------------------------------
+
+_COPY_STREAM = sql.SQL(
+    "COPY (SELECT {text_cols} FROM {rel} AS t WHERE {pk} = %(partition)s ORDER BY {order}) "
+    "TO STDOUT (FORMAT binary)"
+)
+
+
+def copy_canonical_stream(
+    rel: TableRef, columns: Sequence[str], partition_key: str, order: Sequence[OrderKey],
+    partition: object,
+) -> Query:
+    """Binary COPY of one partition with every column cast to text, in ``order``.
+
+    The ORDER BY names the table alias, never the text output column (a text sort would
+    give another order and another digest).
+    """
+    text_cols = sql.SQL(", ").join(sql.SQL("{}::text").format(_col("t", c)) for c in columns)
+    query = _COPY_STREAM.format(
+        text_cols=text_cols, rel=table(rel), pk=_col("t", partition_key),
+        order=_order_by("t", order),
+    )
+    return query, {"partition": partition}
+
+
+_READINGS = sql.SQL(
+    "SELECT count(*), count(*) FILTER (WHERE {key_null}), {total}, "
+    "(SELECT coalesce(sum(g.n - 1), 0) FROM "
+    "(SELECT count(*) AS n FROM {rel} AS d WHERE {d_pk} = %(partition)s AND {d_key_not_null} "
+    "GROUP BY {d_key} HAVING count(*) > 1) AS g) "
+    "FROM {rel} AS t WHERE {pk} = %(partition)s"
+)
+
+
+def partition_readings(
+    rel: TableRef, partition_key: str, business_key: Sequence[str], total: str | None,
+    partition: object,
+) -> Query:
+    """Row count, NULL-key count, exact total (text) and duplicate-key count of a partition."""
+    total_expr = (
+        sql.SQL("coalesce(sum({}), 0)::text").format(_col("t", total))
+        if total is not None else sql.SQL("NULL::text")
+    )
+    query = _READINGS.format(
+        key_null=_key_is_null("t", business_key), total=total_expr, rel=table(rel),
+        d_pk=_col("d", partition_key), d_key_not_null=_key_not_null("d", business_key),
+        d_key=_cols("d", business_key), pk=_col("t", partition_key),
+    )
+    return query, {"partition": partition}
+
+
+# --- the input relation: snapshot rows, optionally through transform_sql ------------------
+
+_BASE_ALL = sql.SQL("SELECT {cols} FROM {base} AS s")
+_BASE_FILTERED = sql.SQL("SELECT {cols} FROM {base} AS s WHERE {pk} = ANY(%(partitions)s)")
+_WITH_TRANSFORM = sql.SQL("WITH {cte} AS ({base}) SELECT {out} FROM ({transform}) AS i")
+
+
+def input_relation(
+    base: TableRef, base_columns: Sequence[str], partition_key: str,
+    output_columns: Sequence[str], transform_sql: str | None, *, filtered: bool,
+    escape_percent: bool = True,
+) -> sql.Composed:
+    """The rows the newest-wins step reads.
+
+    Without a transform: the output columns of ``base``. With one: the transform's output
+    columns, the transform reading ``base`` (all its columns) as the CTE ``source``.
+    ``filtered`` restricts ``base`` to ``%(partitions)s`` (a live source); a snapshot table
+    holds only the snapshot's partitions already.
+
+    ``transform_sql`` must be the validated, re-printed statement from
+    :func:`backfill_assets.core.transform.validate_transform_text`. psycopg reads ``%`` as a
+    placeholder marker when parameters are passed, so the transform's own ``%`` signs are
+    doubled unless ``escape_percent`` is false (a statement executed without parameters).
+    """
+    template = _BASE_FILTERED if filtered else _BASE_ALL
+    if transform_sql is None:
+        return template.format(
+            cols=_cols("s", output_columns), base=table(base), pk=_col("s", partition_key)
+        )
+    base_q = template.format(
+        cols=_cols("s", base_columns), base=table(base), pk=_col("s", partition_key)
+    )
+    text = transform_sql.replace("%", "%%") if escape_percent else transform_sql
+    transform = sql.SQL(text)  # type: ignore[arg-type]
+    return _WITH_TRANSFORM.format(
+        cte=sql.Identifier(SOURCE_CTE), base=base_q, out=_cols("i", output_columns),
+        transform=transform,
+    )
+
+
+# --- stage builds -----------------------------------------------------------------------
+
+_DELETE_PARTITION = sql.SQL("DELETE FROM {rel} WHERE {pk} = %(partition)s")
+
+_BUILD_DISTINCT_ON = sql.SQL(
+    "INSERT INTO {stage} ({cols}) "
+    "SELECT DISTINCT ON ({i_key}) {i_cols} FROM ({input}) AS i "
+    "WHERE {i_pk} = %(partition)s AND {i_key_not_null} "
+    "ORDER BY {i_key}, {ordering}"
+)
+
+_BUILD_WINDOW = sql.SQL(
+    "INSERT INTO {stage} ({cols}) "
+    "SELECT {r_cols} FROM (SELECT {i_cols}, row_number() OVER "
+    "(PARTITION BY {i_bk} ORDER BY {ordering}) AS {rank} FROM ({input}) AS i "
+    "WHERE {i_pk} = %(partition)s AND {i_key_not_null}) AS r WHERE {r_rank} = 1"
+)
+
+
+def delete_partition(rel: TableRef, partition_key: str, partition: object) -> Query:
+    """Delete one partition's rows."""
+    return _DELETE_PARTITION.format(rel=table(rel), pk=sql.Identifier(partition_key)), {
+        "partition": partition
+    }
+
+
+def build_stage(
+    variant: Literal["a", "b"], stage: TableRef, input_rel: sql.Composed,
+    columns: Sequence[str], partition_key: str, business_key: Sequence[str],
+    ordering: Sequence[OrderKey], params: Mapping[str, Any], partition: object,
+) -> Query:
+    """Insert the newest row per non-null business key of one partition into a stage.
+
+    Variant ``a`` uses DISTINCT ON, variant ``b`` a row_number() window: two physical
+    plans, so a result that depends on physical row order shows up as a difference.
+    """
+    common = dict(
+        stage=table(stage), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        i_cols=_cols("i", columns), input=input_rel, i_pk=_col("i", partition_key),
+        i_key_not_null=_key_not_null("i", business_key), ordering=_order_by("i", ordering),
+    )
+    if variant == "a":
+        query = _BUILD_DISTINCT_ON.format(
+            i_key=_cols("i", [partition_key, *business_key]), **common
+        )
+    else:
+        query = _BUILD_WINDOW.format(
+            r_cols=_cols("r", columns), i_bk=_cols("i", business_key),
+            rank=sql.Identifier(RANK_COLUMN), r_rank=_col("r", RANK_COLUMN), **common,
+        )
+    return query, {**params, "partition": partition}
+
+
+# --- source checks ------------------------------------------------------------------------
+
+_ORDERING_NULLS = sql.SQL(
+    "SELECT {counts} FROM ({input}) AS i WHERE {i_key_not_null}"
+)
+
+_TIES = sql.SQL(
+    "SELECT {g_key_text}, count(*) AS n, count(*) OVER () AS groups FROM "
+    "(SELECT DISTINCT {i_key_ord}{i_rest} FROM ({input}) AS i WHERE {i_key_not_null}) AS g "
+    "GROUP BY {g_key_ord} HAVING count(*) > 1 ORDER BY {g_key_ord} LIMIT 3"
+)
+
+_INPUT_REPORT = sql.SQL(
+    "SELECT {i_pk}, count(*), count(*) FILTER (WHERE {i_key_null}) "
+    "FROM ({input}) AS i GROUP BY {i_pk}"
+)
+
+_OUTSIDE = sql.SQL(
+    "SELECT count(*) FROM ({input}) AS i "
+    "WHERE {i_pk} IS NULL OR NOT ({i_pk} = ANY(%(partitions)s))"
+)
+
+
+def ordering_null_counts(
+    input_rel: sql.Composed, business_key: Sequence[str], ordering_columns: Sequence[str],
+    params: Mapping[str, Any],
+) -> Query:
+    """How many keyed input rows have NULL in each ordering column."""
+    counts = sql.SQL(", ").join(
+        sql.SQL("count(*) FILTER (WHERE {} IS NULL)").format(_col("i", c))
+        for c in ordering_columns
+    )
+    return _ORDERING_NULLS.format(
+        counts=counts, input=input_rel, i_key_not_null=_key_not_null("i", business_key)
+    ), dict(params)
+
+
+def ordering_ties(
+    input_rel: sql.Composed, partition_key: str, business_key: Sequence[str],
+    ordering_columns: Sequence[str], other_columns: Sequence[str], params: Mapping[str, Any],
+) -> Query:
+    """Up to three (partition, key, ordering) groups whose rows tie on every ordering column
+    yet differ in some output column, with each group's row count and the number of groups.
+
+    Rows equal in every output column are not a tie: whichever wins, the result is the same.
+    """
+    key_ord = [partition_key, *business_key, *ordering_columns]
+    rest = sql.SQL("").join(
+        sql.SQL(", {}::text AS {}").format(_col("i", c), sql.Identifier(f"__v{n}"))
+        for n, c in enumerate(other_columns)
+    )
+    g_key_text = sql.SQL(", ").join(
+        sql.SQL("{}::text").format(_col("g", c)) for c in [partition_key, *business_key]
+    )
+    return _TIES.format(
+        g_key_text=g_key_text, i_key_ord=_cols("i", key_ord), i_rest=rest, input=input_rel,
+        i_key_not_null=_key_not_null("i", business_key), g_key_ord=_cols("g", key_ord),
+    ), dict(params)
+
+
+def input_report(
+    input_rel: sql.Composed, partition_key: str, business_key: Sequence[str],
+    params: Mapping[str, Any],
+) -> Query:
+    """Per partition of the input: rows read and rows with a NULL business key."""
+    return _INPUT_REPORT.format(
+        i_pk=_col("i", partition_key), i_key_null=_key_is_null("i", business_key),
+        input=input_rel,
+    ), dict(params)
+
+
+def rows_outside_partitions(
+    input_rel: sql.Composed, partition_key: str, params: Mapping[str, Any]
+) -> Query:
+    """Input rows whose partition is NULL or not one of ``%(partitions)s``."""
+    return _OUTSIDE.format(input=input_rel, i_pk=_col("i", partition_key)), dict(params)
+
+
+# --- snapshots and stages -----------------------------------------------------------------
+
+_CREATE_COPY_OF = sql.SQL("CREATE {unlogged}TABLE {new} AS SELECT {cols} FROM {rel} AS s WITH NO DATA")
+_INSERT_PARTITIONS = sql.SQL(
+    "INSERT INTO {new} ({cols}) SELECT {s_cols} FROM {rel} AS s WHERE {pk} = ANY(%(partitions)s)"
+)
+_CREATE_INDEX = sql.SQL("CREATE INDEX ON {rel} ({items})")
+_DROP_TABLE = sql.SQL("DROP TABLE IF EXISTS {rel}")
+
+
+def create_empty_copy(new: TableRef, rel: TableRef, columns: Sequence[str], *, unlogged: bool) -> sql.Composed:
+    """A new empty table with ``columns`` of ``rel``, in that order and with their types."""
+    return _CREATE_COPY_OF.format(
+        unlogged=sql.SQL("UNLOGGED ") if unlogged else sql.SQL(""), new=table(new),
+        cols=_cols("s", columns), rel=table(rel),
+    )
+
+
+def copy_partitions(new: TableRef, rel: TableRef, columns: Sequence[str], partition_key: str, partitions: list) -> Query:
+    """Copy the rows of ``partitions`` from ``rel`` into ``new``."""
+    return _INSERT_PARTITIONS.format(
+        new=table(new), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        s_cols=_cols("s", columns), rel=table(rel), pk=_col("s", partition_key),
+    ), {"partitions": partitions}
+
+
+def create_index(rel: TableRef, keys: Sequence[OrderKey]) -> sql.Composed:
+    """An index whose order serves the given ORDER BY (``COLLATE "C"`` where asked)."""
+    items = sql.SQL(", ").join(
+        sql.SQL(" ").join(
+            [sql.Identifier(k.column), *([sql.SQL('COLLATE "C"')] if k.collate_c else [])]
+        )
+        for k in keys
+    )
+    return _CREATE_INDEX.format(rel=table(rel), items=items)
+
+
+def drop_table(rel: TableRef) -> sql.Composed:
+    """Drop a table if it exists."""
+    return _DROP_TABLE.format(rel=table(rel))
+
+
+_ADD_UNIQUE = sql.SQL("ALTER TABLE {rel} ADD CONSTRAINT {name} UNIQUE ({cols})")
+
+
+def add_unique_constraint(rel: TableRef, name: str, columns: Sequence[str]) -> sql.Composed:
+    """The DDL a user runs to give the target its grain constraint."""
+    return _ADD_UNIQUE.format(
+        rel=table(rel), name=sql.Identifier(name),
+        cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+    )
+
+
+_PARTITION_COUNTS = sql.SQL(
+    "SELECT {pk}, count(*) FROM {rel} AS s WHERE {pk} = ANY(%(partitions)s) GROUP BY {pk}"
+)
+
+
+def partition_counts(rel: TableRef, partition_key: str, partitions: list) -> Query:
+    """Row count per partition of ``rel`` among ``partitions`` (absent partitions: no row)."""
+    return _PARTITION_COUNTS.format(pk=_col("s", partition_key), rel=table(rel)), {
+        "partitions": partitions
+    }
+
+
+_COLUMN_PROFILE = sql.SQL(
+    "SELECT (SELECT count(*) FROM {rel} AS s WHERE {pk} = ANY(%(partitions)s) AND {c} IS NULL), "
+    "(SELECT count(*) FROM (SELECT DISTINCT {pk}, {c} FROM {rel} AS s "
+    "WHERE {pk} = ANY(%(partitions)s) AND {c} IS NOT NULL) AS d)"
+)
+
+
+def column_profile(rel: TableRef, partition_key: str, column: str, partitions: list) -> Query:
+    """NULL count of a column, and how many distinct (partition, value) pairs it has."""
+    return _COLUMN_PROFILE.format(
+        rel=table(rel), pk=_col("s", partition_key), c=_col("s", column)
+    ), {"partitions": partitions}
+
+
+_DISTINCT_PARTITIONS = sql.SQL(
+    "SELECT DISTINCT {pk} FROM {rel} AS s WHERE {pk} IS NOT NULL ORDER BY {pk} LIMIT %(limit)s"
+)
+
+
+def distinct_partitions(rel: TableRef, partition_key: str, limit: int) -> Query:
+    """The first ``limit`` partition values present in ``rel``."""
+    return _DISTINCT_PARTITIONS.format(pk=_col("s", partition_key), rel=table(rel)), {"limit": limit}

@@ -37,8 +37,9 @@ EXIT_CODES = """exit codes:
 class Output:
     """stdout for results, stderr for progress; progress is silent with --quiet or --json."""
 
-    def __init__(self, *, json_mode: bool, quiet: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr):
-        self.json_mode, self.quiet, self.out, self.err = json_mode, quiet, out, err
+    def __init__(self, *, json_mode: bool, quiet: bool, out: TextIO | None = None, err: TextIO | None = None):
+        self.json_mode, self.quiet = json_mode, quiet
+        self.out, self.err = out or sys.stdout, err or sys.stderr
         self._lock = threading.Lock()  # the two stage builds report from two threads
 
     def progress(self, message: str) -> None:

@@ -94,7 +94,8 @@ def _hash_copy_stream(chunks: Iterable[bytes | memoryview], h: hashlib._Hash) ->
     """Feed the row records of a binary COPY stream into ``h``, skipping header and trailer.
 
     The last chunk is held back by one step so that its 2-byte trailer can be cut off
-    without copying every chunk.
+    without copying every chunk. (PostgreSQL sends one message per row and the trailer in
+    a message of its own, but nothing here relies on that.)
     """
     head = b""
     pending: memoryview | None = None
@@ -111,9 +112,13 @@ def _hash_copy_stream(chunks: Iterable[bytes | memoryview], h: hashlib._Hash) ->
                 continue
             chunk = head[_COPY_HEADER + extension :]
             started = True
-        if pending is not None:
+        if pending is None:
+            pending = memoryview(chunk)
+        elif len(chunk) >= len(_COPY_TRAILER):
             h.update(pending)
-        pending = memoryview(chunk)
+            pending = memoryview(chunk)
+        else:  # a tiny chunk: keep enough bytes back to hold the whole trailer
+            pending = memoryview(bytes(pending) + bytes(chunk))
     if pending is None or bytes(pending[-2:]) != _COPY_TRAILER:
         raise CopyFormatError("binary COPY stream ended without its trailer")
     h.update(pending[:-2])

@@ -1,0 +1,19 @@
+# The two commands of the README: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+
+.PHONY: demo test clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/backfill-assets demo
+
+test: $(VENV)/.installed
+	$(VENV)/bin/pytest
+
+clean:
+	rm -rf $(VENV) .backfill_assets .pytest_cache .hypothesis

@@ -1,0 +1,108 @@
+"""Fixtures: a real PostgreSQL for every test.
+
+By default the embedded server (pgserver) is started once per test session in a temporary
+folder. Set BACKFILL_TEST_DATABASE_URL to an admin URL (a role that may CREATE DATABASE)
+to run the suite against another server instead. Each test gets its own fresh database.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from backfill_assets.core import embedded
+from backfill_assets.core.db import DatabaseUrl, connect, connection_factory
+from backfill_assets.core.spec import Spec, spec_from_mapping
+
+ADMIN_URL_ENV = "BACKFILL_TEST_DATABASE_URL"
+URL_ENV = "BFA_TEST_DATABASE_URL"  # the variable the test specs name
+
+settings.register_profile(
+    "ci", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+settings.register_profile(
+    "slow", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An admin URL of a running PostgreSQL server."""
+    if os.environ.get(ADMIN_URL_ENV):
+        return os.environ[ADMIN_URL_ENV]
+    return embedded.server_url(tmp_path_factory.mktemp("pg") / "pgdata")
+
+
+@pytest.fixture
+def db_url(admin_url: str) -> Iterator[DatabaseUrl]:
+    """A fresh, empty database for one test, dropped afterwards."""
+    name = f"bfa_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    info = conninfo_to_dict(admin_url)
+    info["dbname"] = name
+    yield DatabaseUrl(make_conninfo(**info), source="the test database")
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def factory(db_url: DatabaseUrl):
+    return connection_factory(db_url)
+
+
+@pytest.fixture
+def conn(db_url: DatabaseUrl) -> Iterator[psycopg.Connection]:
+    with connect(db_url) as c:
+        yield c
+
+
+@pytest.fixture
+def url_env(db_url: DatabaseUrl, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Export the test database URL under the name the test specs use."""
+    monkeypatch.setenv(URL_ENV, db_url.reveal())
+    return URL_ENV
+
+
+DEMO_SPEC = {
+    "name": "orders_daily",
+    "database_url_env": URL_ENV,
+    "source": {"table": "public.orders_raw", "snapshot": "copy"},
+    "target": {"table": "public.orders_daily"},
+    "partition_key": "order_date",
+    "business_key": ["order_id"],
+    "ordering": [
+        {"column": "updated_at", "direction": "desc"},
+        {"column": "ingest_seq", "direction": "desc"},
+    ],
+    "columns": ["order_date", "order_id", "customer_id", "updated_at", "ingest_seq", "amount", "status", "note"],
+    "total": "amount",
+    "transform_version": "v1",
+}
+
+
+def make_spec(**changes: object) -> Spec:
+    """The demo spec with some keys changed (None removes a key)."""
+    data = {**DEMO_SPEC, **changes}
+    return spec_from_mapping({k: v for k, v in data.items() if v is not None})
+
+
+@pytest.fixture
+def demo_db(conn: psycopg.Connection) -> psycopg.Connection:
+    """The test database loaded with the demo source and stale target."""
+    from backfill_assets import demo
+
+    demo.load(conn)
+    return conn
+
+
+REPO = Path(__file__).resolve().parents[1]

@@ -1,0 +1,281 @@
+"""The plan against a real PostgreSQL: snapshot, two builds, fingerprints, the stored plan."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from decimal import Decimal
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from backfill_assets import demo
+from backfill_assets.core.catalog import table_columns
+from backfill_assets.core.control import load_plan
+from backfill_assets.core.errors import (
+    ConcurrentRunError, SnapshotError, SourceDataError, SpecError,
+)
+from backfill_assets.core.fingerprint import business_key_order, content_hash, reference_digest
+from backfill_assets.core.plan import make_plan
+from backfill_assets.core.spec import PartitionRequest, TableRef
+from backfill_assets_tests.conftest import make_spec
+
+ALL_DAYS = PartitionRequest("2024-01-01..2024-01-07")
+TARGET = TableRef("public", "orders_daily")
+
+
+def pg_text(value: object) -> str | None:
+    """PostgreSQL's text form of the demo's Python values, under the pinned settings."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S+00")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value.quantize(Decimal("0.01")))
+    return str(value)
+
+
+def newest_wins(rows: list[tuple]) -> dict[dt.date, list[tuple]]:
+    """An independent newest-wins: per (day, order_id), the max of (updated_at, ingest_seq)."""
+    best: dict[tuple, tuple] = {}
+    for row in rows:
+        day, order_id, _, updated_at, seq = row[:5]
+        if order_id is None:
+            continue
+        key = (day, order_id)
+        if key not in best or (updated_at, seq) > best[key][3:5]:
+            best[key] = row
+    out: dict[dt.date, list[tuple]] = {d: [] for d in demo.DEMO_DAYS}
+    for (day, _), row in sorted(best.items()):
+        out[day].append(row)
+    return out
+
+
+def expected_hash(conn: psycopg.Connection, rows: list[tuple]) -> str:
+    cols = table_columns(conn, TARGET)
+    return reference_digest([(c.name, c.type_name) for c in cols], [[pg_text(v) for v in r] for r in rows])
+
+
+def target_hashes(conn: psycopg.Connection) -> dict[str, str]:
+    cols = table_columns(conn, TARGET)
+    order = business_key_order(cols, ["order_id"])
+    return {d.isoformat(): content_hash(conn, TARGET, cols, "order_date", order, d) for d in demo.DEMO_DAYS}
+
+
+def control_schema_exists(conn: psycopg.Connection) -> bool:
+    return conn.execute("SELECT to_regnamespace('backfill_control') IS NOT NULL").fetchone()[0]
+
+
+def test_plan_builds_both_stages_equal_to_an_independent_newest_wins(demo_db, factory):
+    before = target_hashes(demo_db)
+    plan = make_plan(make_spec(), ALL_DAYS, factory)
+    assert plan.status == "ready" and plan.problems == ()
+    expected = newest_wins(demo.source_rows())
+    by_day = {p["partition"]: p for p in plan.document["partitions"]}
+    assert list(by_day) == [d.isoformat() for d in demo.DEMO_DAYS]
+    for day in demo.DEMO_DAYS:
+        entry = by_day[day.isoformat()]
+        assert entry["match"] and entry["stage_a"] == entry["stage_b"]
+        assert entry["stage_a"]["content_hash"] == expected_hash(demo_db, expected[day])
+        assert entry["stage_a"]["row_count"] == len(expected[day])
+        assert entry["stage_a"]["total"] == str(sum((r[5] for r in expected[day]), Decimal("0.00"))) \
+            or (not expected[day] and entry["stage_a"]["total"] == "0")
+        assert entry["stage_a"]["null_key_count"] == entry["stage_a"]["duplicate_key_count"] == 0
+    # The source side: every row read is kept, dropped for a NULL key, or collapsed.
+    day1 = by_day["2024-01-01"]["source"]
+    raw = [r for r in demo.source_rows() if r[0] == dt.date(2024, 1, 1)]
+    assert day1["rows_read"] == len(raw)
+    assert day1["null_key_rows_dropped"] == sum(1 for r in raw if r[1] is None)
+    assert day1["duplicates_collapsed"] == len(raw) - day1["null_key_rows_dropped"] - len(expected[dt.date(2024, 1, 1)])
+    # Plan never writes to the target.
+    assert target_hashes(demo_db) == before
+
+
+def test_empty_partition_is_planned_as_empty(demo_db, factory):
+    plan = make_plan(make_spec(), PartitionRequest(demo.EMPTY_DAY.isoformat()), factory)
+    (entry,) = plan.document["partitions"]
+    assert entry["stage_a"]["row_count"] == 0 and entry["stage_a"]["total"] == "0"
+    assert entry["stage_a"]["content_hash"] == expected_hash(demo_db, [])
+
+
+def test_second_plan_gives_the_same_plan_id_and_reuses_the_snapshot(demo_db, factory):
+    first = make_plan(make_spec(), ALL_DAYS, factory)
+    second = make_plan(make_spec(), ALL_DAYS, factory)
+    assert first.plan_id == second.plan_id and first.document == second.document
+    assert demo_db.execute("SELECT count(*) FROM backfill_control.plans").fetchone()[0] == 1
+    assert demo_db.execute("SELECT count(*) FROM backfill_control.snapshots").fetchone()[0] == 1
+    status, stored = load_plan(demo_db, "backfill_control", first.plan_id)
+    assert status == "ready" and stored["plan_id"] == first.plan_id
+
+
+def test_plan_id_changes_with_the_source_and_the_transform_version(demo_db, factory):
+    base = make_plan(make_spec(), ALL_DAYS, factory)
+    assert make_plan(make_spec(transform_version="v2"), ALL_DAYS, factory).plan_id != base.plan_id
+    demo_db.execute("UPDATE public.orders_raw SET note = 'changed' WHERE order_id = %s", (dt.date(2024, 1, 2).toordinal() * 1000,))
+    changed = make_plan(make_spec(), ALL_DAYS, factory)
+    assert changed.plan_id != base.plan_id
+    assert changed.document["snapshot"]["id"] != base.document["snapshot"]["id"]
+    moved = {p["partition"] for p, q in zip(changed.document["partitions"], base.document["partitions"]) if p != q}
+    assert moved == {"2024-01-02"}
+
+
+def test_the_snapshot_copy_isolates_the_builds_from_later_source_changes(demo_db, factory):
+    plan = make_plan(make_spec(), ALL_DAYS, factory)
+    snap = plan.document["snapshot"]["fingerprint"][:16]
+    demo_db.execute("DELETE FROM public.orders_raw")
+    rows = demo_db.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier("backfill_control", f"snap_{snap}"))
+    ).fetchone()[0]
+    assert rows == len([r for r in demo.source_rows()])
+
+
+def test_ties_on_every_ordering_column_are_refused_and_nothing_is_written(demo_db, factory):
+    order_id = dt.date(2024, 1, 3).toordinal() * 1000 + 5
+    demo_db.execute(
+        "INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note) "
+        "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount + 1, 'tie', note "
+        "FROM public.orders_raw WHERE order_id = %s ORDER BY ingest_seq DESC LIMIT 1", (order_id,)
+    )
+    with pytest.raises(SourceDataError) as err:
+        make_plan(make_spec(), ALL_DAYS, factory)
+    assert f"order_id={order_id}" in str(err.value) and "2024-01-03" in str(err.value)
+    assert "tiebreak" in str(err.value)
+    assert not control_schema_exists(demo_db)
+
+
+def test_exact_duplicate_rows_are_not_ties(demo_db, factory):
+    # The demo already re-ingests exact duplicates (same ingest_seq); add one more.
+    demo_db.execute(
+        "INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note) "
+        "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note "
+        "FROM public.orders_raw WHERE order_id IS NOT NULL ORDER BY ingest_seq LIMIT 1"
+    )
+    assert make_plan(make_spec(), ALL_DAYS, factory).status == "ready"
+
+
+def test_nulls_in_an_ordering_column_need_a_declared_placement(demo_db, factory):
+    demo_db.execute("ALTER TABLE public.orders_raw ALTER COLUMN updated_at DROP NOT NULL")
+    demo_db.execute("UPDATE public.orders_raw SET updated_at = NULL WHERE ingest_seq = 7")
+    with pytest.raises(SourceDataError, match="updated_at: 1 row"):
+        make_plan(make_spec(), ALL_DAYS, factory)
+    assert not control_schema_exists(demo_db)
+    declared = make_spec(ordering=[
+        {"column": "updated_at", "direction": "desc", "nulls": "last"},
+        {"column": "ingest_seq", "direction": "desc"},
+    ])
+    assert make_plan(declared, ALL_DAYS, factory).status == "ready"
+
+
+@pytest.mark.parametrize(
+    "changes, partitions, message",
+    [
+        ({"source": {"table": "public.missing", "snapshot": "copy"}}, "2024-01-01", "does not exist"),
+        ({"transform_sql": "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
+                           "status, note || now()::text AS note FROM source"}, "2024-01-01", "not IMMUTABLE"),
+        ({}, "2024-02-30", "is not a date"),
+        ({}, "yesterday", "is not a date"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_written(demo_db, factory, changes, partitions, message):
+    with pytest.raises(SpecError, match=message):
+        make_plan(make_spec(**changes), PartitionRequest(partitions), factory)
+    assert not control_schema_exists(demo_db)
+
+
+def test_missing_grain_constraint_is_refused_before_anything_is_written(demo_db, factory):
+    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_grain")
+    with pytest.raises(SpecError, match='ADD CONSTRAINT "orders_daily_order_date_order_id_key"'):
+        make_plan(make_spec(), ALL_DAYS, factory)
+    assert not control_schema_exists(demo_db)
+
+
+def test_a_transform_is_applied_to_both_stages(demo_db, factory):
+    transform = ("SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
+                 "upper(status) AS status, note FROM source WHERE status <> 'draft'")
+    plan = make_plan(make_spec(transform_sql=transform, transform_version="upper-v1"), ALL_DAYS, factory)
+    assert plan.status == "ready"
+    statuses = {r[0] for r in demo_db.execute(
+        "SELECT DISTINCT status FROM backfill_control.orders_daily__stage_a").fetchall()}
+    assert statuses <= {"PLACED", "CORRECTED", "SHIPPED"} and "PLACED" in statuses
+    assert plan.document["transform_sql_sha256"] is not None
+
+
+def test_builds_that_disagree_refuse_the_plan_and_leave_nothing_to_apply(demo_db, factory):
+    # A function that lies about being IMMUTABLE passes the catalog; building twice catches it.
+    demo_db.execute(
+        "CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
+        "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$"
+    )
+    transform = ("SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, "
+                 "ingest_seq, amount, status, note FROM source")
+    plan = make_plan(make_spec(transform_sql=transform), PartitionRequest("2024-01-01,2024-01-05"), factory)
+    assert plan.status == "refused"
+    assert any("2024-01-01: stages A and B differ on content_hash" in p for p in plan.problems)
+    by_day = {p["partition"]: p for p in plan.document["partitions"]}
+    assert not by_day["2024-01-01"]["match"] and by_day["2024-01-05"]["match"]
+    left = demo_db.execute(
+        "SELECT count(*) FROM backfill_control.orders_daily__stage_a WHERE order_date = '2024-01-01'"
+    ).fetchone()[0]
+    assert left == 0
+    assert load_plan(demo_db, "backfill_control", plan.plan_id)[0] == "refused"
+
+
+def test_immutable_source_changed_during_the_plan_is_refused(demo_db, factory, db_url):
+    spec = make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"})
+    writer = psycopg.connect(db_url.reveal(), autocommit=True)
+    changed = threading.Event()
+
+    def progress(message: str) -> None:
+        # A writer sneaks in after the source was pinned, while the stages are built.
+        if message.startswith("stage") and not changed.is_set():
+            changed.set()
+            writer.execute("UPDATE public.orders_raw SET amount = amount + 1 WHERE order_date = '2024-01-02'")
+
+    with writer, pytest.raises(SnapshotError, match="changed during the plan in partition.s. 2024-01-02"):
+        make_plan(spec, ALL_DAYS, factory, progress=progress)
+
+
+def test_immutable_source_plan_reads_the_source_directly(demo_db, factory):
+    spec = make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"})
+    plan = make_plan(spec, ALL_DAYS, factory)
+    copy_plan = make_plan(make_spec(), ALL_DAYS, factory)
+    assert plan.status == "ready" and plan.document["snapshot"]["mode"] == "immutable"
+    assert [p["stage_a"] for p in plan.document["partitions"]] == [p["stage_a"] for p in copy_plan.document["partitions"]]
+    tables = demo_db.execute(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill_control' AND tablename ~ '^snap_[0-9a-f]{16}$'"
+    ).fetchone()[0]
+    assert tables == 1  # only the copy plan made a snapshot table
+
+
+def test_a_second_concurrent_plan_of_the_same_spec_is_refused(demo_db, factory, db_url):
+    with psycopg.connect(db_url.reveal(), autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))",
+                      ("backfill_assets:plan:backfill_control:orders_daily",))
+        with pytest.raises(ConcurrentRunError, match="already running"):
+            make_plan(make_spec(), ALL_DAYS, factory)
+
+
+def test_integer_and_text_partition_keys(conn, factory):
+    conn.execute("CREATE TABLE public.ev (region text, batch int, k text, v numeric, seq int)")
+    conn.execute("CREATE TABLE public.ev_by_region (region text, k text, v numeric, seq int, UNIQUE (region, k))")
+    conn.execute("CREATE TABLE public.ev_by_batch (batch int, k text, v numeric, seq int, UNIQUE (batch, k))")
+    conn.execute(
+        "INSERT INTO public.ev (region, batch, k, v, seq) VALUES "
+        "('eu', 1, 'a', 1, 1), ('eu', 1, 'a', 2, 2), ('us', 2, 'a', 5, 3), ('eu', 2, 'Z', 1, 4), "
+        "('us', 3, 'é', 1.5, 5)"
+    )
+    common = dict(business_key=["k"], ordering=[{"column": "seq", "direction": "desc"}], total="v")
+    by_region = make_spec(source={"table": "public.ev", "snapshot": "copy"}, target={"table": "public.ev_by_region"},
+                          partition_key="region", columns=["region", "k", "v", "seq"], **common)
+    plan = make_plan(by_region, PartitionRequest("eu,us,none"), factory)
+    assert [(p["partition"], p["stage_a"]["row_count"], p["stage_a"]["total"]) for p in plan.document["partitions"]] == [
+        ("eu", 2, "3"), ("none", 0, "0"), ("us", 2, "6.5")]
+    by_batch = make_spec(name="by_batch", source={"table": "public.ev", "snapshot": "copy"},
+                         target={"table": "public.ev_by_batch"}, partition_key="batch",
+                         columns=["batch", "k", "v", "seq"], **common)
+    plan = make_plan(by_batch, PartitionRequest("1..3"), factory)
+    assert [p["partition"] for p in plan.document["partitions"]] == ["1", "2", "3"]
+    assert all(p["match"] for p in plan.document["partitions"])

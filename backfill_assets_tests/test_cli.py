@@ -1,0 +1,153 @@
+"""The command line: output shapes, exit codes, and no credential in any output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+import yaml
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from backfill_assets.cli import main
+from backfill_assets_tests.conftest import ADMIN_URL_ENV, DEMO_SPEC, REPO, URL_ENV
+
+CANARY = "canary-Pw-7f3e91"
+
+
+def write_spec(tmp_path: Path, **changes: object) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**DEMO_SPEC, **changes}), encoding="utf-8")
+    return path
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_json_is_one_object_with_the_documented_keys(demo_db, url_env, tmp_path, capsys):
+    code, out, err = run(capsys, "plan", "--spec", str(write_spec(tmp_path)),
+                         "--partitions", "2024-01-01..2024-01-07", "--json")
+    assert code == 0, err
+    plan = json.loads(out)  # exactly one JSON document on stdout
+    assert {"plan_id", "target", "snapshot", "transform_version", "partitions"} <= plan.keys()
+    assert {"id", "fingerprint"} <= plan["snapshot"].keys()
+    first = plan["partitions"][0]
+    assert first["partition"] == "2024-01-01" and first["match"] is True
+    for side in ("stage_a", "stage_b"):
+        assert set(first[side]) == {"row_count", "null_key_count", "duplicate_key_count", "total", "content_hash"}
+    assert err == ""  # --json is quiet on stderr too
+
+
+def test_plan_text_shows_fingerprints_and_progress(demo_db, url_env, tmp_path, capsys):
+    code, out, err = run(capsys, "plan", "--spec", str(write_spec(tmp_path)), "--partitions", "2024-01-01,2024-01-05")
+    assert code == 0
+    assert "status:            ready" in out and "2024-01-05" in out and "content hash" in out
+    assert "stage a: 2/2" in err and "snapshot:" in err
+
+
+def test_refused_plan_exits_5(demo_db, url_env, tmp_path, capsys):
+    demo_db.execute("CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
+                    "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$")
+    spec = write_spec(tmp_path, transform_sql="SELECT order_date, order_id, customer_id + jitter() AS customer_id, "
+                      "updated_at, ingest_seq, amount, status, note FROM source")
+    code, out, err = run(capsys, "plan", "--spec", str(spec), "--partitions", "2024-01-01", "--json")
+    assert code == 5 and json.loads(out)["status"] == "refused"
+    assert "stages A and B differ" in err and "Nothing was written" in err
+
+
+def test_ties_exit_4_with_an_example(demo_db, url_env, tmp_path, capsys):
+    spec = write_spec(tmp_path, ordering=[{"column": "updated_at", "direction": "desc"}])
+    code, out, err = run(capsys, "plan", "--spec", str(spec), "--partitions", "2024-01-01")
+    assert code == 4 and "tie on every ordering column" in err and "order_id=" in err
+
+
+def test_bad_spec_exits_2(tmp_path, capsys):
+    code, _, err = run(capsys, "plan", "--spec", str(write_spec(tmp_path, surprise=1)), "--partitions", "2024-01-01")
+    assert code == 2 and "surprise: Extra inputs are not permitted" in err
+
+
+def test_missing_variable_exits_3_naming_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(URL_ENV, raising=False)
+    code, _, err = run(capsys, "inspect", "--spec", str(write_spec(tmp_path)))
+    assert code == 3 and f"environment variable {URL_ENV} is not set" in err
+
+
+def test_unreachable_host_exits_3_without_the_password(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(URL_ENV, f"postgresql://bfa:{CANARY}@127.0.0.1:9/nowhere")
+    code, out, err = run(capsys, "plan", "--spec", str(write_spec(tmp_path)), "--partitions", "2024-01-01")
+    assert code == 3 and "cannot connect" in err and f"${URL_ENV}" in err
+    assert CANARY not in out + err and "postgresql://" not in out + err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def password_role(admin_url: str) -> str:
+    """A role that must log in with a password over the embedded server's socket."""
+    if os.environ.get(ADMIN_URL_ENV):
+        pytest.skip("needs the embedded server, whose pg_hba.conf the test may edit")
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        hba = Path(admin.execute("SHOW hba_file").fetchone()[0])
+        line = "local all bfa_pw scram-sha-256\n"
+        if line not in hba.read_text():
+            hba.write_text(line + hba.read_text())
+            admin.execute("SELECT pg_reload_conf()")
+        if not admin.execute("SELECT 1 FROM pg_roles WHERE rolname = 'bfa_pw'").fetchone():
+            admin.execute(sql.SQL("CREATE ROLE bfa_pw LOGIN PASSWORD {}").format(sql.Literal("right-password")))
+    info = conninfo_to_dict(admin_url)
+    info.update(user="bfa_pw", password=CANARY)
+    return make_conninfo(**info)
+
+
+def test_wrong_password_exits_3_without_the_password(password_role, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(URL_ENV, password_role)
+    code, out, err = run(capsys, "inspect", "--spec", str(write_spec(tmp_path)))
+    assert code == 3 and "password authentication failed" in err
+    assert CANARY not in out + err
+
+
+def test_inspect_reports_a_plannable_spec(demo_db, url_env, tmp_path, capsys):
+    code, out, _ = run(capsys, "inspect", "--spec", str(write_spec(tmp_path)))
+    assert code == 0 and "can be planned" in out and "orders_daily_grain" in out
+    code, out, _ = run(capsys, "inspect", "--spec", str(write_spec(tmp_path)), "--json")
+    assert code == 0 and json.loads(out)["problems"] == []
+
+
+def test_inspect_of_a_broken_target_exits_2_with_the_ddl(demo_db, url_env, tmp_path, capsys):
+    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_grain")
+    code, out, err = run(capsys, "inspect", "--spec", str(write_spec(tmp_path)))
+    assert code == 2 and "ADD CONSTRAINT" in out and "ADD CONSTRAINT" in err
+
+
+def test_profile_json_has_a_proposal(demo_db, url_env, tmp_path, capsys):
+    code, out, _ = run(capsys, "profile", "--spec", str(write_spec(tmp_path)), "--json",
+                       "--partitions", "2024-01-01..2024-01-03")
+    proposal = json.loads(out)["proposal"]
+    assert code == 0 and proposal["business_key"] == ["order_id"]
+    assert [o["column"] for o in proposal["ordering"]] == ["updated_at", "ingest_seq"]
+
+
+def test_help_documents_the_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "exit codes:" in capsys.readouterr().out
+
+
+def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path):
+    env = {**os.environ, "BACKFILL_ASSETS_HOME": str(tmp_path / "home")}
+    env.pop(URL_ENV, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "backfill_assets.cli", "demo"], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "status:            ready" in done.stdout and "(same)" in done.stdout
+    assert "The target was not touched" in done.stdout
+    assert (tmp_path / "home" / "pgdata").is_dir()

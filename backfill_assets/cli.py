@@ -20,7 +20,7 @@ import psycopg
 from backfill_assets.core import embedded
 from backfill_assets.core.db import ConnectionFactory, DatabaseUrl, connection_factory, url_from_env
 from backfill_assets.core.errors import BackfillError
-from backfill_assets.core.plan import Plan, make_plan, resolve
+from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile import Profile, profile_source
 from backfill_assets.core.catalog import inspect_tables
 from backfill_assets.core.spec import PartitionRequest, Spec, load_spec

@@ -9,14 +9,15 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from backfill_assets.core.errors import ConnectionConfigError, TransientDatabaseError
+from backfill_assets.core.errors import (
+    ConcurrentRunError, ConnectionConfigError, TransientDatabaseError,
+)
 
 # The settings a digest depends on. extra_float_digits=1 is PostgreSQL's shortest exact form.
 PINNED_SETTINGS: tuple[tuple[str, str], ...] = (
@@ -126,8 +127,6 @@ def connection_factory(url: DatabaseUrl, application_name: str = "backfill_asset
     return lambda: connect(url, application_name=application_name)
 
 
-T = TypeVar("T")
-
 _TRANSIENT = (
     pg_errors.LockNotAvailable,
     pg_errors.QueryCanceled,
@@ -151,8 +150,6 @@ def transient_errors(what: str) -> Iterator[None]:
 @contextlib.contextmanager
 def advisory_session_lock(conn: psycopg.Connection, key: str, what: str) -> Iterator[None]:
     """Hold a session-level advisory lock on ``key`` or refuse at once."""
-    from backfill_assets.core.errors import ConcurrentRunError
-
     got = conn.execute(
         sql.SQL("SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))"), {"key": key}
     ).fetchone()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
-from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables
+from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables, table_columns
 from backfill_assets.core.db import ConnectionFactory, advisory_session_lock, transient_errors
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint import (
@@ -271,8 +271,6 @@ def take_snapshot(conn: psycopg.Connection, ctx: Context, clock: Clock, progress
 def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableRef:
     """Create the stage table (unlogged, the target's column types, an index in business-key
     order); recreate it if the target's columns changed since it was made."""
-    from backfill_assets.core.catalog import table_columns
-
     stage = ctx.stage(variant)
     expected = [(c.name, c.type_name) for c in ctx.target_columns]
     with conn.transaction():
@@ -437,8 +435,9 @@ def make_plan(
 
 def recheck_immutable_source(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> None:
     """Raise SnapshotError if a source pinned as immutable changed since it was pinned."""
-    with conn.transaction():
+    with transient_errors("rechecking the immutable source"), conn.transaction():
         conn.execute(_BEGIN_RR)
+        _set_timeouts(conn, ctx.spec)
         now = source_fingerprints(conn, ctx, ctx.spec.source_ref)
     changed = [k for k in ctx.labels if now[k] != snapshot.partitions[k]]
     if changed:

@@ -13,6 +13,11 @@ from backfill_assets_tests.conftest import make_spec
 COLS = "order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note"
 
 
+def transform_with(expr: str) -> str:
+    """A transform_sql text (the user's input, validated before use) with one extra column."""
+    return " ".join(["SELECT", COLS + ",", expr, "AS extra FROM source"])
+
+
 def _catalog_check(conn, transform: str) -> None:
     spec = make_spec()
     source_cols = [r[0] for r in conn.execute(
@@ -66,9 +71,8 @@ def test_transform_is_reprinted_as_one_statement():
 def test_non_immutable_functions_are_refused_by_the_catalog(demo_db, expr, function):
     demo_db.execute("CREATE SEQUENCE public.s")
     demo_db.execute("CREATE FUNCTION public.my_volatile(x int) RETURNS int LANGUAGE sql VOLATILE AS 'SELECT x'")
-    transform = f"SELECT {COLS}, {expr} AS extra FROM source"
     with pytest.raises(SpecError, match="not IMMUTABLE") as err:
-        _catalog_check(demo_db, transform)
+        _catalog_check(demo_db, transform_with(expr))
     assert function in str(err.value)
     # Nothing persists: the temporary view was rolled back.
     assert demo_db.execute("SELECT to_regclass('backfill_assets_transform_check')").fetchone()[0] is None
@@ -77,8 +81,8 @@ def test_non_immutable_functions_are_refused_by_the_catalog(demo_db, expr, funct
 def test_immutable_transform_with_percent_and_aggregates_is_accepted(demo_db):
     _catalog_check(
         demo_db,
-        f"SELECT order_date, order_id, customer_id % 7 AS customer_id, updated_at, ingest_seq, "
-        f"round(amount * 1.1, 2) AS amount, upper(status) AS status, note || '%' AS note FROM source",
+        "SELECT order_date, order_id, customer_id % 7 AS customer_id, updated_at, ingest_seq, "
+        "round(amount * 1.1, 2) AS amount, upper(status) AS status, note || '%' AS note FROM source",
     )
 
 
@@ -89,7 +93,7 @@ def test_transform_missing_a_column_is_refused(demo_db):
 
 def test_transform_rejected_by_the_server_is_a_spec_error(demo_db):
     with pytest.raises(SpecError, match="rejected by the server"):
-        _catalog_check(demo_db, f"SELECT {COLS}, no_such_function(1) FROM source")
+        _catalog_check(demo_db, transform_with("no_such_function(1)"))
 
 
 def test_node_tree_reader_finds_functions_operators_and_io_coercions():

@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -19,7 +20,12 @@ import psycopg
 
 from backfill_assets.core import embedded
 from backfill_assets.core.db import ConnectionFactory, DatabaseUrl, connection_factory, url_from_env
-from backfill_assets.core.errors import BackfillError
+from backfill_assets.core.apply import ApplyResult, apply_plan
+from backfill_assets.core.approve import (
+    approve_plan, check_data_unchanged, check_spec_unchanged, find_plan,
+)
+from backfill_assets.core.control import ledger_status
+from backfill_assets.core.errors import ApprovalError, BackfillError
 from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile import Profile, profile_source
 from backfill_assets.core.catalog import inspect_tables
@@ -94,6 +100,11 @@ def render_plan(plan: Plan) -> str:
                 f"  {'  stage B':<12} {'':<4} {b['row_count']:>7} "
                 f"{b['total'] if b['total'] is not None else '-':>14}  {b['content_hash'][:16]}.."
             )
+    for added in doc.get("added_partitions", []):
+        lines.append(f"  added {added['partition']}: " + "; ".join(added["reasons"]))
+    for group in doc.get("replace_groups", []):
+        if len(group) > 1:
+            lines.append(f"  replaced together (a key moves between them): {', '.join(group)}")
     if plan.problems:
         lines += ["", "  problems:"] + [f"    - {p}" for p in plan.problems]
     return "\n".join(lines)
@@ -176,12 +187,99 @@ def cmd_plan(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def render_replacement(plan_doc: dict[str, Any]) -> str:
+    labels = [p["partition"] for p in plan_doc["partitions"]]
+    return (
+        f"Approving will REPLACE {len(labels)} partition(s) of {plan_doc['target']} "
+        f"({', '.join(labels)}) with the stage rows fingerprinted above: every existing row of "
+        "those partitions is deleted. No other partition is touched."
+    )
+
+
+def _confirm(out: Output, args: argparse.Namespace) -> None:
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise ApprovalError("no terminal to confirm on; review the plan above and pass --yes to approve it")
+    answer = input("Type 'yes' to approve this exact plan: ")
+    if answer.strip().lower() != "yes":
+        raise ApprovalError("not approved: the answer was not 'yes'")
+
+
+def cmd_approve(args: argparse.Namespace, out: Output) -> int:
+    spec = load_spec(args.spec)
+    factory = _factory(spec, args)
+    with factory() as conn:
+        stored = find_plan(conn, spec, args.plan)
+        ctx = check_spec_unchanged(conn, factory, spec, stored)
+        check_data_unchanged(conn, ctx, stored)
+        plan = Plan(stored.plan_id, "ready", (), stored.document)
+        if not out.json_mode:
+            out.result(render_plan(plan))
+            out.result("\n" + render_replacement(stored.document))
+        _confirm(out, args)
+        approval_id = approve_plan(conn, factory, spec, stored, args.by)
+    if out.json_mode:
+        out.json({"approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": args.by,
+                  "partitions": stored.labels, "target": stored.document["target"]})
+    else:
+        out.result(f"approved plan {stored.plan_id} as approval {approval_id} by {args.by}")
+    return 0
+
+
+def render_apply(result: ApplyResult) -> str:
+    lines = [f"run {result.run_id} of plan {result.plan_id[:16]} (approval {result.approval_id})"]
+    for p in result.partitions:
+        lines.append(f"  {p['partition']:<12} {p['status']:<26} {p['row_count']:>7} "
+                     f"{p['total'] if p['total'] is not None else '-':>14}  {p['content_hash'][:16]}..")
+    return "\n".join(lines)
+
+
+def cmd_apply(args: argparse.Namespace, out: Output) -> int:
+    spec = load_spec(args.spec)
+    run_id = uuid.uuid4().hex
+    out.progress(f"apply: run {run_id}")
+    result = apply_plan(spec, args.plan, _factory(spec, args), run_id=run_id, progress=out.progress)
+    if out.json_mode:
+        out.json(result.as_json())
+    else:
+        out.result(render_apply(result))
+    return 0
+
+
+def render_status(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no runs recorded yet"
+    lines = [f"  {'partition':<12} {'status':<26} {'rows':>7} {'total':>14}  {'hash':<18} run"]
+    for r in rows:
+        lines.append(
+            f"  {r['partition']:<12} {r['status']:<26} {r['row_count'] if r['row_count'] is not None else '-':>7} "
+            f"{r['total'] if r['total'] is not None else '-':>14}  {(r['content_hash'] or '')[:16]}.. {r['run_id'][:12]}"
+        )
+        if r["error"]:
+            lines.append(f"  {'':<12} error: {r['error']}")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace, out: Output) -> int:
+    spec = load_spec(args.spec)
+    with _factory(spec, args)() as conn:
+        rows = ledger_status(conn, spec)
+    if out.json_mode:
+        out.json({"target": str(spec.target_ref), "partitions": [
+            {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in r.items()} for r in rows
+        ]})
+    else:
+        out.result(f"latest state per partition of {spec.target_ref}")
+        out.result(render_status(rows))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace, out: Output) -> int:
     from backfill_assets import demo
 
     spec = load_spec(args.spec)
-    out.result("== backfill-assets demo, on the embedded PostgreSQL (under "
-               f"{embedded.home()}) ==")
+    out.result(f"== backfill-assets demo, on the embedded PostgreSQL (under {embedded.home()}) ==")
     url = embedded.database_url()
     factory = connection_factory(url, application_name="backfill_assets:demo")
     with factory() as conn:
@@ -198,15 +296,41 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
     out.result(f"\n-- 4. plan {args.partitions}: snapshot, build twice, fingerprint, compare")
     plan = make_plan(spec, request, factory, progress=out.progress)
     out.result(render_plan(plan))
-    out.result("\n-- 5. plan again from the same source: the same plan id")
+    if plan.status != "ready":
+        return 5
+    out.result("\n-- 5. approve that exact plan")
+    with factory() as conn:
+        stored = find_plan(conn, spec, plan.plan_id)
+        out.result(render_replacement(stored.document))
+        approval = approve_plan(conn, factory, spec, stored, "demo")
+    out.result(f"approved as approval {approval} by 'demo' (in real use a person runs "
+               "`backfill-assets approve`, which asks on the terminal)")
+    out.result("\n-- 6. apply: replace and verify one partition (or moved-key group) per transaction")
+    first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    out.result(render_apply(first))
+    out.result("\n-- 7. the ledger")
+    with factory() as conn:
+        out.result(render_status(ledger_status(conn, spec)))
+    out.result("\n-- 8. the same backfill again, from the same source")
     again = make_plan(spec, request, factory, progress=out.progress)
-    out.result(f"plan {again.plan_id} ({'same' if again.plan_id == plan.plan_id else 'DIFFERENT'})")
+    with factory() as conn:
+        approve_plan(conn, factory, spec, find_plan(conn, spec, again.plan_id), "demo")
+    second = apply_plan(spec, again.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    def stages(p: Plan) -> list[tuple[str, str]]:
+        return [(e["partition"], e["stage_a"]["content_hash"]) for e in p.document["partitions"]]
+
+    same = stages(again) == stages(plan)
     out.result(
-        f"\nThe target was not touched. Plan {plan.plan_id[:16]} would replace partitions "
-        f"{', '.join(p['partition'] for p in plan.document['partitions'])} of {spec.target_ref} "
-        "with the rows fingerprinted above; replacing them needs an approval of that exact plan."
+        f"plan {again.plan_id}: "
+        + (f"the same {len(stages(again))} partitions and stage hashes" if same else "OTHER STAGES")
+        + ("; the moved keys are home now, so it records no moves and has another id"
+           if again.plan_id != plan.plan_id else "; the same plan id")
     )
-    return 0 if plan.status == "ready" and again.plan_id == plan.plan_id else 5
+    out.result(render_apply(second))
+    before = {p["partition"]: p["content_hash"] for p in first.partitions}
+    unchanged = [p["content_hash"] == before.get(p["partition"]) for p in second.partitions]
+    out.result(f"target hashes unchanged in {sum(unchanged)} of {len(before)} partition(s)")
+    return 0 if same and len(unchanged) == len(before) and all(unchanged) else 7
 
 
 # --- entry point -------------------------------------------------------------------------
@@ -244,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
             cmd_profile, partitions="")
     command("plan", "Snapshot, build twice, fingerprint and compare; store the plan. Never writes the target.",
             cmd_plan, partitions="required")
+    approve = command("approve", "Show a stored plan and record an approval of exactly that plan.", cmd_approve)
+    approve.add_argument("--plan", required=True, metavar="PLAN_ID", help="the plan id (or a unique prefix)")
+    approve.add_argument("--by", required=True, metavar="NAME", help="who approves")
+    approve.add_argument("--yes", action="store_true", help="approve without asking on the terminal")
+    apply_cmd = command("apply", "Replace and verify the partitions of an approved plan, one transaction each.", cmd_apply)
+    apply_cmd.add_argument("--plan", required=True, metavar="PLAN_ID", help="the approved plan id")
+    command("status", "Show the latest ledger state of every partition of the spec's target.", cmd_status)
     command("demo", "Run the whole flow on the embedded PostgreSQL with a messy sample source.",
             cmd_demo, partitions="2024-01-01..2024-01-07", spec_default="backfills/orders_daily.yaml")
     return parser

@@ -2,7 +2,8 @@
 
 Late corrections, exact re-ingested duplicates, ties on ``updated_at`` broken by
 ``ingest_seq``, NULL business keys, unicode and control characters in text, an empty
-partition, and a stale target to be replaced.
+partition, records whose correction moves them to another day (one of them out of the
+demo's range), and a stale target to be replaced.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from psycopg import sql
 
 DEMO_DAYS = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(7)]
 EMPTY_DAY = dt.date(2024, 1, 5)  # no source rows: its target partition will be emptied
+# (order_id, from day, to day): a correction moves the order; the second leaves the range.
+MOVES = (
+    (dt.date(2024, 1, 3).toordinal() * 1000 + 10, dt.date(2024, 1, 3), dt.date(2024, 1, 4)),
+    (dt.date(2024, 1, 7).toordinal() * 1000 + 5, dt.date(2024, 1, 7), dt.date(2024, 1, 8)),
+)
 NOTES = [
     "café ☕", "tab\there", "line\nbreak", "back\\slash", "quote ' and \"", "", None, "NULL",
     "日本語", "emoji 🧾", "carriage\rreturn", "plain",
@@ -32,15 +38,18 @@ _DDL = (
         "CREATE TABLE {tgt} (order_date date NOT NULL, order_id bigint NOT NULL, "
         "customer_id bigint, updated_at timestamptz NOT NULL, ingest_seq bigint NOT NULL, "
         "amount numeric(12,2), status text, note text, "
-        "CONSTRAINT orders_daily_grain UNIQUE (order_date, order_id))"
+        "CONSTRAINT orders_daily_order_key UNIQUE (order_id))"
     ),
 )
 _COLUMNS = ("order_date", "order_id", "customer_id", "updated_at", "ingest_seq", "amount", "status", "note")
 _INSERT = sql.SQL("INSERT INTO {rel} ({cols}) VALUES ({values})")
 
 
-def source_rows(orders_per_day: int = 24, seed: int = 20240101) -> list[tuple]:
-    """The raw source rows, in ingest order (a list, so tests can compute the answer)."""
+def source_rows(orders_per_day: int = 24, seed: int = 20240101, *, moved: bool = True) -> list[tuple]:
+    """The raw source rows, in ingest order (a list, so tests can compute the answer).
+
+    With ``moved``, the orders in MOVES get a later version dated on another day.
+    """
     rng = random.Random(seed)
     rows: list[tuple] = []
     seq = 0
@@ -69,29 +78,42 @@ def source_rows(orders_per_day: int = 24, seed: int = 20240101) -> list[tuple]:
                 seq += 1
                 rows.append((day, order_id, customer, at - dt.timedelta(hours=1), seq,
                              amount - Decimal("1.00"), "draft", None))
+        for order_id, old, new in MOVES if moved else ():
+            if old == day:  # the correction re-dates the order: it moves partition
+                seq += 1
+                at = base + dt.timedelta(days=2)
+                rows.append((new, order_id, 199, at, seq, Decimal("42.00"), "re-dated", "moved"))
         for _ in range(2):  # rows without a business key: dropped
             seq += 1
             rows.append((day, None, rng.randrange(100, 120), base, seq, Decimal("9.99"), "orphan", "no key"))
     return rows
 
 
-def stale_target_rows() -> list[tuple]:
-    """What an earlier, buggy run left in the target: old versions and a row in the empty day."""
+def stale_target_rows(*, moved: bool = True) -> list[tuple]:
+    """What an earlier run left in the target: old versions, rows in the empty day, and the
+    moved orders in their old days."""
     at = dt.datetime(2023, 12, 31, tzinfo=dt.timezone.utc)
     rows = [
         (day, day.toordinal() * 1000 + n, 1, at, 0, Decimal("0.01"), "stale", "from an old run")
         for day in DEMO_DAYS for n in range(3)
     ]
+    rows += [(old, order_id, 1, at, 0, Decimal("0.02"), "stale", "before the move")
+             for order_id, old, _ in (MOVES if moved else ())]
     return rows
 
 
-def load(conn: psycopg.Connection, schema: str = "public", orders_per_day: int = 24) -> None:
-    """(Re)create ``orders_raw`` and ``orders_daily`` in ``schema`` with the demo data."""
+def load(conn: psycopg.Connection, schema: str = "public", orders_per_day: int = 24, *,
+         moved: bool = True) -> None:
+    """(Re)create ``orders_raw`` and ``orders_daily`` in ``schema`` with the demo data.
+
+    The target's key ``UNIQUE (order_id)`` is unique across days, as records that can move
+    need; it also enforces the grain ``(order_date, order_id)``.
+    """
     src, tgt = sql.Identifier(schema, "orders_raw"), sql.Identifier(schema, "orders_daily")
     cols = sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMNS)
     values = sql.SQL(", ").join(sql.Placeholder() for _ in _COLUMNS)
     with conn.transaction(), conn.cursor() as cur:
         for ddl in _DDL:
             cur.execute(ddl.format(src=src, tgt=tgt))
-        cur.executemany(_INSERT.format(rel=src, cols=cols, values=values), source_rows(orders_per_day))
-        cur.executemany(_INSERT.format(rel=tgt, cols=cols, values=values), stale_target_rows())
+        cur.executemany(_INSERT.format(rel=src, cols=cols, values=values), source_rows(orders_per_day, moved=moved))
+        cur.executemany(_INSERT.format(rel=tgt, cols=cols, values=values), stale_target_rows(moved=moved))

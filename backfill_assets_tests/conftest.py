@@ -86,6 +86,7 @@ DEMO_SPEC = {
     ],
     "columns": ["order_date", "order_id", "customer_id", "updated_at", "ingest_seq", "amount", "status", "note"],
     "total": "amount",
+    "records_can_move": True,
     "transform_version": "v1",
 }
 
@@ -98,10 +99,19 @@ def make_spec(**changes: object) -> Spec:
 
 @pytest.fixture
 def demo_db(conn: psycopg.Connection) -> psycopg.Connection:
-    """The test database loaded with the demo source and stale target."""
+    """The test database loaded with the demo source (moved records included) and stale target."""
     from backfill_assets import demo
 
     demo.load(conn)
+    return conn
+
+
+@pytest.fixture
+def unmoved_db(conn: psycopg.Connection) -> psycopg.Connection:
+    """The demo data without moved records, for specs with records_can_move off."""
+    from backfill_assets import demo
+
+    demo.load(conn, moved=False)
     return conn
 
 

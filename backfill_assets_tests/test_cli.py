@@ -56,7 +56,7 @@ def test_plan_text_shows_fingerprints_and_progress(demo_db, url_env, tmp_path, c
 def test_refused_plan_exits_5(demo_db, url_env, tmp_path, capsys):
     demo_db.execute("CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
                     "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$")
-    spec = write_spec(tmp_path, transform_sql="SELECT order_date, order_id, customer_id + jitter() AS customer_id, "
+    spec = write_spec(tmp_path, records_can_move=False, transform_sql="SELECT order_date, order_id, customer_id + jitter() AS customer_id, "
                       "updated_at, ingest_seq, amount, status, note FROM source")
     code, out, err = run(capsys, "plan", "--spec", str(spec), "--partitions", "2024-01-01", "--json")
     assert code == 5 and json.loads(out)["status"] == "refused"
@@ -115,13 +115,13 @@ def test_wrong_password_exits_3_without_the_password(password_role, tmp_path, ca
 
 def test_inspect_reports_a_plannable_spec(demo_db, url_env, tmp_path, capsys):
     code, out, _ = run(capsys, "inspect", "--spec", str(write_spec(tmp_path)))
-    assert code == 0 and "can be planned" in out and "orders_daily_grain" in out
+    assert code == 0 and "can be planned" in out and "orders_daily_order_key (order_id)" in out
     code, out, _ = run(capsys, "inspect", "--spec", str(write_spec(tmp_path)), "--json")
     assert code == 0 and json.loads(out)["problems"] == []
 
 
 def test_inspect_of_a_broken_target_exits_2_with_the_ddl(demo_db, url_env, tmp_path, capsys):
-    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_grain")
+    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_order_key")
     code, out, err = run(capsys, "inspect", "--spec", str(write_spec(tmp_path)))
     assert code == 2 and "ADD CONSTRAINT" in out and "ADD CONSTRAINT" in err
 
@@ -148,6 +148,36 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert "status:            ready" in done.stdout and "(same)" in done.stdout
-    assert "The target was not touched" in done.stdout
+    assert "status:            ready" in done.stdout
+    assert "added 2024-01-08: key (order_id=" in done.stdout
+    assert "the same 8 partitions and stage hashes" in done.stdout
+    assert "target hashes unchanged in 8 of 8 partition(s)" in done.stdout
     assert (tmp_path / "home" / "pgdata").is_dir()
+
+
+def test_approve_apply_and_status_from_the_command_line(demo_db, url_env, tmp_path, capsys, monkeypatch):
+    spec = str(write_spec(tmp_path))
+    code, out, _ = run(capsys, "plan", "--spec", spec, "--partitions", "2024-01-01..2024-01-07", "--json")
+    plan_id = json.loads(out)["plan_id"]
+    code, out, err = run(capsys, "apply", "--spec", spec, "--plan", plan_id)
+    assert code == 6 and "has not been approved" in err
+    # No terminal and no --yes: the approval is refused after showing the plan.
+    monkeypatch.setattr("sys.stdin", open(os.devnull))
+    code, out, err = run(capsys, "approve", "--spec", spec, "--plan", plan_id[:12], "--by", "alice")
+    assert code == 6 and "pass --yes" in err
+    assert "Approving will REPLACE 8 partition(s) of public.orders_daily" in out and "2024-01-08" in out
+    code, out, _ = run(capsys, "approve", "--spec", spec, "--plan", plan_id[:12], "--by", "alice", "--yes", "--json")
+    assert code == 0 and json.loads(out)["approved_by"] == "alice"
+    code, out, _ = run(capsys, "apply", "--spec", spec, "--plan", plan_id, "--json")
+    applied = json.loads(out)
+    assert code == 0 and [p["status"] for p in applied["partitions"]] == ["verified"] * 8
+    code, out, _ = run(capsys, "status", "--spec", spec)
+    assert code == 0 and out.count("verified") == 8 and applied["run_id"][:12] in out
+    code, out, _ = run(capsys, "status", "--spec", spec, "--json")
+    rows = json.loads(out)["partitions"]
+    assert [r["partition"] for r in rows][-1] == "2024-01-08" and rows[0]["last_verified_hash"]
+
+
+def test_status_before_any_run(demo_db, url_env, tmp_path, capsys):
+    code, out, _ = run(capsys, "status", "--spec", str(write_spec(tmp_path)))
+    assert code == 0 and "no runs recorded yet" in out

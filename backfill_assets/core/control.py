@@ -1,4 +1,4 @@
-"""The control schema: snapshots and plans (and, later, approvals and the ledger).
+"""The control schema: snapshots, plans, approvals and the ledger.
 
 It lives in the same database as the target, so a plan, its stages and the target can be
 read in one transaction.
@@ -29,6 +29,23 @@ _DDL = (
         "status text NOT NULL CHECK (status IN ('ready', 'refused')), "
         "snapshot_id text NOT NULL REFERENCES {schema}.snapshots (snapshot_id), "
         "plan jsonb NOT NULL, created_at timestamptz NOT NULL)"
+    ),
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.approvals ("
+        "approval_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+        "plan_id text NOT NULL REFERENCES {schema}.plans (plan_id), spec_name text NOT NULL, "
+        "target_table text NOT NULL, partitions jsonb NOT NULL, approved_by text NOT NULL, "
+        "approved_at timestamptz NOT NULL)"
+    ),
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.ledger ("
+        "run_id text NOT NULL, plan_id text NOT NULL, approval_id bigint NOT NULL, "
+        "snapshot_id text NOT NULL, target_table text NOT NULL, partition text NOT NULL, "
+        "transform_version text NOT NULL, row_count bigint, total text, content_hash text, "
+        "status text NOT NULL CHECK (status IN ('pending', 'started', 'verified', "
+        "'skipped-already-verified', 'failed', 'not-attempted')), "
+        "run_started_at timestamptz NOT NULL, started_at timestamptz, finished_at timestamptz, "
+        "error text, PRIMARY KEY (run_id, partition))"
     ),
 )
 
@@ -87,3 +104,123 @@ def load_plan(conn: psycopg.Connection, schema: str, plan_id: str) -> tuple[str,
         return None
     doc = row[1] if isinstance(row[1], dict) else json.loads(row[1])
     return row[0], doc
+
+
+_PLANS_BY_PREFIX = sql.SQL(
+    "SELECT plan_id, status, plan FROM {schema}.plans WHERE plan_id LIKE %(pattern)s "
+    "ORDER BY plan_id LIMIT 2"
+)
+_SCHEMA_EXISTS = sql.SQL("SELECT to_regclass(%(plans)s) IS NOT NULL")
+
+
+def control_ready(conn: psycopg.Connection, schema: str) -> bool:
+    """Whether the control schema and its plans table exist (a first plan creates them)."""
+    plans = sql.Identifier(schema, "plans").as_string(conn)
+    row = conn.execute(_SCHEMA_EXISTS, {"plans": plans}).fetchone()
+    return bool(row and row[0])
+
+
+def plans_by_prefix(conn: psycopg.Connection, schema: str, prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """Up to two stored plans whose id starts with ``prefix`` (hex, validated by the caller)."""
+    rows = conn.execute(
+        _PLANS_BY_PREFIX.format(schema=sql.Identifier(schema)), {"pattern": prefix + "%"}
+    ).fetchall()
+    return [(r[0], r[1], r[2] if isinstance(r[2], dict) else json.loads(r[2])) for r in rows]
+
+
+_INSERT_APPROVAL = sql.SQL(
+    "INSERT INTO {schema}.approvals (plan_id, spec_name, target_table, partitions, approved_by, "
+    "approved_at) VALUES (%(plan_id)s, %(spec_name)s, %(target_table)s, %(partitions)s, "
+    "%(approved_by)s, %(approved_at)s) RETURNING approval_id"
+)
+_LATEST_APPROVAL = sql.SQL(
+    "SELECT approval_id, approved_by, approved_at FROM {schema}.approvals "
+    "WHERE plan_id = %(plan_id)s ORDER BY approval_id DESC LIMIT 1"
+)
+
+
+def record_approval(conn: psycopg.Connection, schema: str, **fields: Any) -> int:
+    """Record an approval; returns its id."""
+    fields = {**fields, "partitions": Jsonb(fields["partitions"])}
+    row = conn.execute(_INSERT_APPROVAL.format(schema=sql.Identifier(schema)), fields).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def latest_approval(conn: psycopg.Connection, schema: str, plan_id: str) -> tuple[int, str, Any] | None:
+    """(approval_id, approved_by, approved_at) of the newest approval of a plan, or None."""
+    row = conn.execute(
+        _LATEST_APPROVAL.format(schema=sql.Identifier(schema)), {"plan_id": plan_id}
+    ).fetchone()
+    return None if row is None else (int(row[0]), row[1], row[2])
+
+
+_LEDGER_START = sql.SQL(
+    "INSERT INTO {schema}.ledger (run_id, plan_id, approval_id, snapshot_id, target_table, "
+    "partition, transform_version, row_count, total, content_hash, status, run_started_at) "
+    "SELECT %(run_id)s, %(plan_id)s, %(approval_id)s, %(snapshot_id)s, %(target_table)s, "
+    "p.partition, %(transform_version)s, p.row_count, p.total, p.content_hash, 'pending', "
+    "%(run_started_at)s FROM jsonb_to_recordset(%(partitions)s) "
+    "AS p(partition text, row_count bigint, total text, content_hash text)"
+)
+_LEDGER_MARK = sql.SQL(
+    "UPDATE {schema}.ledger SET status = %(status)s, "
+    "started_at = coalesce(started_at, %(at)s), "
+    "finished_at = CASE WHEN %(status)s = 'started' THEN NULL ELSE %(at)s END, "
+    "error = %(error)s WHERE run_id = %(run_id)s AND partition = ANY(%(partitions)s)"
+)
+_LEDGER_LATEST = sql.SQL(
+    "SELECT DISTINCT ON (l.partition) l.partition, l.status, l.run_id, l.plan_id, l.row_count, "
+    "l.total, l.content_hash, l.run_started_at, l.finished_at, l.error, "
+    "(SELECT v.content_hash FROM {schema}.ledger AS v WHERE v.target_table = l.target_table "
+    "AND v.partition = l.partition AND v.status IN ('verified', 'skipped-already-verified') "
+    "ORDER BY v.run_started_at DESC LIMIT 1) "
+    "FROM {schema}.ledger AS l WHERE l.target_table = %(target_table)s "
+    "ORDER BY l.partition, l.run_started_at DESC"
+)
+_LEDGER_RUN = sql.SQL(
+    "SELECT partition, status, row_count, total, content_hash, error FROM {schema}.ledger "
+    "WHERE run_id = %(run_id)s ORDER BY partition"
+)
+
+LEDGER_FIELDS = (
+    "partition", "status", "run_id", "plan_id", "row_count", "total", "content_hash",
+    "run_started_at", "finished_at", "error", "last_verified_hash",
+)
+
+
+def ledger_start(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
+    """One 'pending' row per partition of a run, with the approved readings."""
+    fields = {**fields, "partitions": Jsonb(fields["partitions"])}
+    conn.execute(_LEDGER_START.format(schema=sql.Identifier(schema)), fields)
+
+
+def ledger_mark(conn: psycopg.Connection, schema: str, run_id: str, partitions: list[str],
+                status: str, at: Any, error: str | None = None) -> None:
+    """Move partitions of a run to ``status``."""
+    conn.execute(
+        _LEDGER_MARK.format(schema=sql.Identifier(schema)),
+        {"run_id": run_id, "partitions": partitions, "status": status, "at": at, "error": error},
+    )
+
+
+def ledger_latest(conn: psycopg.Connection, schema: str, target_table: str) -> list[dict[str, Any]]:
+    """The latest ledger row per partition of a target, with its last verified hash."""
+    rows = conn.execute(
+        _LEDGER_LATEST.format(schema=sql.Identifier(schema)), {"target_table": target_table}
+    ).fetchall()
+    return [dict(zip(LEDGER_FIELDS, r)) for r in rows]
+
+
+def ledger_run(conn: psycopg.Connection, schema: str, run_id: str) -> list[tuple]:
+    """(partition, status, row_count, total, content_hash, error) of every row of a run."""
+    return conn.execute(_LEDGER_RUN.format(schema=sql.Identifier(schema)), {"run_id": run_id}).fetchall()
+
+
+def ledger_status(conn: psycopg.Connection, spec: Any) -> list[dict[str, Any]]:
+    """The latest ledger row per partition of the spec's target (empty before any run),
+    integer partitions in numeric order."""
+    if not control_ready(conn, spec.control_schema):
+        return []
+    rows = ledger_latest(conn, spec.control_schema, str(spec.target_ref))
+    return sorted(rows, key=lambda r: (0, int(r["partition"])) if r["partition"].lstrip("-").isdigit() else (1, r["partition"]))

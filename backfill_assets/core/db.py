@@ -30,6 +30,8 @@ PINNED_SETTINGS: tuple[tuple[str, str], ...] = (
 )
 
 _SET_CONFIG = sql.SQL("SELECT set_config(%(name)s, %(value)s, false)")
+_REPEATABLE_READ = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+_REPEATABLE_READ_ONLY = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
 
 ConnectionFactory = Callable[[], psycopg.Connection]
 
@@ -145,6 +147,14 @@ def transient_errors(what: str) -> Iterator[None]:
         raise TransientDatabaseError(
             f"{what}: {err.__class__.__name__}: {_one_line(str(err))}"
         ) from err
+
+
+@contextlib.contextmanager
+def repeatable_read(conn: psycopg.Connection, *, read_only: bool = False) -> Iterator[None]:
+    """A REPEATABLE READ transaction: every statement in it reads the same snapshot."""
+    with conn.transaction():
+        conn.execute(_REPEATABLE_READ_ONLY if read_only else _REPEATABLE_READ)
+        yield
 
 
 @contextlib.contextmanager

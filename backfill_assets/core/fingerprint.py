@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import psycopg
+from psycopg import sql
 
 from backfill_assets.core import sqlbuild
 from backfill_assets.core.catalog import ColumnInfo
@@ -132,10 +133,18 @@ def content_hash(
 
     Runs in the caller's transaction; the connection must be pinned (see db.pin_session).
     """
-    h = hashlib.sha256(preamble([(c.name, c.type_name) for c in columns]))
-    query, params = sqlbuild.copy_canonical_stream(
-        rel, [c.name for c in columns], partition_key, order, partition
+    return content_hash_where(
+        conn, rel, columns, sqlbuild.in_partition(partition_key), order, {"partition": partition}
     )
+
+
+def content_hash_where(
+    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo],
+    where: sql.Composable, order: Sequence[sqlbuild.OrderKey], params: dict[str, object],
+) -> str:
+    """The canonical hash of the rows of ``rel`` (aliased ``t``) matching ``where``."""
+    h = hashlib.sha256(preamble([(c.name, c.type_name) for c in columns]))
+    query, params = sqlbuild.copy_canonical_stream(rel, [c.name for c in columns], where, order, params)
     with conn.cursor() as cur, cur.copy(query, params) as copy:
         _hash_copy_stream(copy, h)
     return h.hexdigest()

@@ -7,6 +7,7 @@ spec and partitions always give the same plan id.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -20,13 +21,17 @@ from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables, table_columns
-from backfill_assets.core.db import ConnectionFactory, advisory_session_lock, transient_errors
+from backfill_assets.core.db import (
+    ConnectionFactory, advisory_session_lock, repeatable_read, transient_errors,
+)
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint import (
-    Fingerprint, all_columns_order, business_key_order, content_hash, fingerprint_partition,
+    Fingerprint, all_columns_order, business_key_order, content_hash, content_hash_where,
+    fingerprint_partition,
 )
+from backfill_assets.core.moves import Scope, close_scope
 from backfill_assets.core.spec import (
-    PartitionRequest, PartitionValue, Spec, TableRef, partition_label,
+    PartitionKind, PartitionRequest, PartitionValue, Spec, TableRef, parse_labels, partition_label,
 )
 from backfill_assets.core.transform import validate_transform_in_catalog, validate_transform_text
 
@@ -36,7 +41,6 @@ SNAPSHOT_FORMAT = "backfill-assets/snapshot/v1"
 Clock = Callable[[], dt.datetime]
 Progress = Callable[[str], None]
 
-_BEGIN_RR = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
 _SET_LOCAL = sql.SQL("SELECT set_config(%(name)s, %(value)s, true)")
 
 
@@ -58,9 +62,19 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _set_timeouts(conn: psycopg.Connection, spec: Spec) -> None:
+def set_timeouts(conn: psycopg.Connection, spec: Spec) -> None:
+    """Finite lock and statement timeouts for the current transaction."""
     conn.execute(_SET_LOCAL, {"name": "statement_timeout", "value": f"{spec.statement_timeout_ms}ms"})
     conn.execute(_SET_LOCAL, {"name": "lock_timeout", "value": f"{spec.lock_timeout_ms}ms"})
+
+
+def spec_lock(conn: psycopg.Connection, spec: Spec):
+    """A session lock per spec: plan and apply of one spec never overlap, so a stage cannot
+    be rebuilt while it is being applied. A second run is refused at once."""
+    return advisory_session_lock(
+        conn, f"backfill_assets:plan:{spec.control_schema}:{spec.name}",
+        f"a plan or apply of spec {spec.name}",
+    )
 
 
 # --- the resolved context of one plan ------------------------------------------------------
@@ -72,8 +86,14 @@ class Context:
 
     spec: Spec
     inspection: Inspection
-    partitions: list[PartitionValue]
+    partitions: list[PartitionValue]  # requested, plus those moved records add
     transform: str | None  # the re-printed, validated transform_sql
+    scope: Scope | None = None  # records_can_move: the added partitions and moves
+
+    @property
+    def kind(self) -> PartitionKind:
+        assert self.inspection.partition_kind is not None
+        return self.inspection.partition_kind
 
     @property
     def labels(self) -> list[str]:
@@ -105,8 +125,13 @@ class Context:
         return TableRef(self.spec.control_schema, f"{self.spec.name}__stage_{variant}")
 
 
-def resolve(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, request: PartitionRequest) -> Context:
+def resolve(
+    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
+    request: PartitionRequest | list[str],
+) -> Context:
     """Inspect read-only and validate everything about the spec before any write.
+
+    ``request`` is the command line's partitions, or the labels stored in a plan.
 
     Raises:
         SpecError: the catalog disagrees with the spec, the partitions are malformed, or
@@ -118,7 +143,10 @@ def resolve(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, re
         transform = None
     inspection = inspect_tables(conn, factory, spec)
     kind = inspection.require_plannable()
-    partitions = request.resolve(kind)
+    if isinstance(request, PartitionRequest):
+        partitions = request.resolve(kind)
+    else:
+        partitions = parse_labels(request, kind)
     if transform is not None:
         validate_transform_in_catalog(
             conn, spec.source_ref, [c.name for c in inspection.source_columns],
@@ -161,13 +189,31 @@ def source_fingerprints(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     }
 
 
-def _snapshot_identity(ctx: Context, parts: dict[str, dict[str, Any]]) -> tuple[str, str]:
+def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -> dict[str, Any]:
+    """Row count and hash of the versions of the scope's keys that lie outside its partitions
+    (records that can move), read from a source-shaped relation."""
+    spec = ctx.spec
+    where = sqlbuild.outside_scope(rel, spec.target_ref, spec.partition_key, spec.business_key)
+    params = {"partitions": ctx.partitions}
+    cols = ctx.inspection.source_columns
+    count = conn.execute(*sqlbuild.count_where(rel, where, params)).fetchone()
+    return {
+        "row_count": int(count[0]) if count else 0,
+        "content_hash": content_hash_where(conn, rel, cols, where, all_columns_order(cols), params),
+    }
+
+
+def _snapshot_identity(
+    ctx: Context, parts: dict[str, dict[str, Any]], outside: dict[str, Any] | None
+) -> tuple[str, str]:
     doc = {
         "format": SNAPSHOT_FORMAT, "source": str(ctx.spec.source_ref),
         "partition_key": ctx.spec.partition_key,
         "columns": [[c.name, c.type_name] for c in ctx.inspection.source_columns],
         "partitions": [{"partition": k, **parts[k]} for k in ctx.labels],
     }
+    if outside is not None:
+        doc["versions_outside"] = outside
     fingerprint = sha256_hex(canonical_json(doc))
     return f"{ctx.spec.source.snapshot}-{fingerprint[:16]}", fingerprint
 
@@ -195,14 +241,20 @@ def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed
             undeclared,
         )
     others = [c for c in spec.columns if c not in {spec.partition_key, *spec.business_key, *ordering}]
-    query, qp = sqlbuild.ordering_ties(input_rel, spec.partition_key, spec.business_key, ordering, others, params)
+    # A key that can move has one newest version across partitions, so ties are per key;
+    # otherwise per (partition, key), and the partition counts among the output columns.
+    scope_key = None if spec.records_can_move else spec.partition_key
+    if scope_key is None:
+        others = [spec.partition_key, *others]
+    query, qp = sqlbuild.ordering_ties(input_rel, scope_key, spec.business_key, ordering, others, params)
     ties = conn.execute(query, qp).fetchall()
     if ties:
         width = 1 + len(spec.business_key)
         examples = []
         for row in ties:
             key = ", ".join(f"{c}={v}" for c, v in zip(spec.business_key, row[1:width]))
-            examples.append(f"partition {row[0]}, key ({key}): {row[width]} different rows")
+            where = f"partition {row[0]}, " if row[0] is not None else ""
+            examples.append(f"{where}key ({key}): {row[width]} different rows")
         raise SourceDataError(
             f"{ties[0][width + 1]} key(s) have rows that tie on every ordering column "
             f"({', '.join(ordering)}) but differ, so newest-wins would pick one by chance",
@@ -221,40 +273,44 @@ def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed
             )
 
 
-def take_snapshot(conn: psycopg.Connection, ctx: Context, clock: Clock, progress: Progress) -> Snapshot:
-    """Fingerprint the declared source partitions, check the data, and fix the source.
+def take_snapshot(
+    conn: psycopg.Connection, ctx: Context, clock: Clock, progress: Progress
+) -> tuple[Snapshot, Context]:
+    """Fix the source: find the scope, fingerprint it, copy or pin it, and check its data.
 
     All of it happens in one REPEATABLE READ transaction: ``copy`` copies exactly the rows
-    that were fingerprinted and checked; ``immutable`` pins their fingerprint. The snapshot
-    id is derived from the content, so an unchanged source gives the same id (and reuses
-    the copy). A refused source rolls back everything, the control schema included.
+    that were fingerprinted and checks the copy; ``immutable`` pins their fingerprint. The
+    snapshot id is derived from the content, so an unchanged source gives the same id (and
+    reuses the copy). A refused source rolls back everything, the control schema included.
+
+    Returns the snapshot and the context, whose partitions now include those that moved
+    records add (with ``records_can_move``).
     """
     spec = ctx.spec
     src = spec.source_ref
-    params = {"partitions": ctx.partitions}
-    with transient_errors("taking the snapshot"), conn.transaction():
-        conn.execute(_BEGIN_RR)
-        _set_timeouts(conn, spec)
+    with transient_errors("taking the snapshot"), repeatable_read(conn):
+        set_timeouts(conn, spec)
+        if spec.records_can_move:
+            scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys())
+            ctx = dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
+            if scope.added:
+                progress(f"moved records add partition(s) {', '.join(scope.added)}")
         progress(f"snapshot: fingerprinting {len(ctx.partitions)} source partition(s) of {src}")
         parts = source_fingerprints(conn, ctx, src)
-        check_source(conn, ctx, ctx.input_relation(src, filtered=True), params)
-        snapshot_id, fingerprint = _snapshot_identity(ctx, parts)
+        outside = outside_fingerprint(conn, ctx, src) if spec.records_can_move else None
+        snapshot_id, fingerprint = _snapshot_identity(ctx, parts, outside)
         control.ensure_control_schema(conn, spec.control_schema)
         if spec.source.snapshot == "immutable":
             relation, filtered = src, True
         else:
-            relation = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}")
-            filtered = False
-            found = control.find_snapshot(conn, spec.control_schema, snapshot_id)
-            if found is None:
-                progress(f"snapshot: copying {sum(p['row_count'] for p in parts.values())} row(s) into {relation}")
-                names = ctx.source_column_names
-                conn.execute(sqlbuild.drop_table(relation))
-                conn.execute(sqlbuild.create_empty_copy(relation, src, names, unlogged=False))
-                conn.execute(*sqlbuild.copy_partitions(relation, src, names, spec.partition_key, ctx.partitions))
-                conn.execute(sqlbuild.create_index(relation, [sqlbuild.OrderKey(spec.partition_key)]))
+            relation, filtered = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}"), False
+            if control.find_snapshot(conn, spec.control_schema, snapshot_id) is None:
+                rows = sum(p["row_count"] for p in parts.values()) + (outside or {}).get("row_count", 0)
+                progress(f"snapshot: copying {rows} row(s) into {relation}")
+                _copy_snapshot(conn, ctx, relation)
             else:
                 progress(f"snapshot: {snapshot_id} already exists; reusing it")
+        check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
         control.record_snapshot(
             conn, spec.control_schema, snapshot_id=snapshot_id, source_table=str(src),
             mode=spec.source.snapshot, snapshot_table=None if filtered else str(relation),
@@ -262,7 +318,22 @@ def take_snapshot(conn: psycopg.Connection, ctx: Context, clock: Clock, progress
             partitions=[{"partition": k, **parts[k]} for k in ctx.labels],
             fingerprint=fingerprint, created_at=clock(),
         )
-    return Snapshot(snapshot_id, spec.source.snapshot, relation, filtered, fingerprint, parts)
+    snapshot = Snapshot(snapshot_id, spec.source.snapshot, relation, filtered, fingerprint, parts)
+    return snapshot, ctx
+
+
+def _copy_snapshot(conn: psycopg.Connection, ctx: Context, relation: TableRef) -> None:
+    spec, src = ctx.spec, ctx.spec.source_ref
+    names = ctx.source_column_names
+    conn.execute(sqlbuild.drop_table(relation))
+    conn.execute(sqlbuild.create_empty_copy(relation, src, names, unlogged=False))
+    if spec.records_can_move:
+        conn.execute(*sqlbuild.copy_scope(
+            relation, src, spec.target_ref, names, spec.partition_key, spec.business_key, ctx.partitions
+        ))
+    else:
+        conn.execute(*sqlbuild.copy_partitions(relation, src, names, spec.partition_key, ctx.partitions))
+    conn.execute(sqlbuild.create_index(relation, [sqlbuild.OrderKey(spec.partition_key)]))
 
 
 # --- the two builds ----------------------------------------------------------------------
@@ -292,11 +363,12 @@ def build_partition(
     stage = ctx.stage(variant)
     input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
     with transient_errors(f"building stage {variant} of partition {partition_label(partition)}"), conn.transaction():
-        _set_timeouts(conn, spec)
+        set_timeouts(conn, spec)
         conn.execute(*sqlbuild.delete_partition(stage, spec.partition_key, partition))
         conn.execute(*sqlbuild.build_stage(
             variant, stage, input_rel, spec.columns, spec.partition_key, spec.business_key,
             ctx.ordering_keys(), {"partitions": ctx.partitions}, partition,
+            moving=spec.records_can_move,
         ))
         return fingerprint_partition(
             conn, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, partition
@@ -340,8 +412,31 @@ class Plan:
         return {"plan_id": self.plan_id, "status": self.status, "problems": list(self.problems), **self.document}
 
 
+def spec_document(ctx: Context) -> dict[str, Any]:
+    """The parts of a plan that come from the spec and the target's catalog.
+
+    approve and apply recompute them from the current spec and catalog: any difference
+    (another transform version, a target column added or retyped) refuses the plan.
+    """
+    spec = ctx.spec
+    return {
+        "format": PLAN_FORMAT,
+        "spec": spec.name,
+        "target": str(spec.target_ref),
+        "source": str(spec.source_ref),
+        "partition_key": spec.partition_key,
+        "business_key": list(spec.business_key),
+        "ordering": [o.model_dump() for o in spec.ordering],
+        "columns": [[c.name, c.type_name] for c in ctx.target_columns],
+        "total": spec.total,
+        "records_can_move": spec.records_can_move,
+        "transform_version": spec.transform_version,
+        "transform_sql_sha256": None if ctx.transform is None else sha256_hex(ctx.transform.encode("utf-8")),
+    }
+
+
 def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
-             reports: dict[str, tuple[int, int]]) -> Plan:
+             reports: dict[str, tuple[int, int]], requested: list[str]) -> Plan:
     """Compare the stages on every reading and build the plan document and id."""
     spec = ctx.spec
     problems: list[str] = []
@@ -371,20 +466,16 @@ def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dic
                 "snapshot_hash": snapshot.partitions[label]["content_hash"],
             },
         })
+    scope = ctx.scope
     document = {
-        "format": PLAN_FORMAT,
-        "spec": spec.name,
-        "target": str(spec.target_ref),
-        "source": str(spec.source_ref),
-        "partition_key": spec.partition_key,
-        "business_key": list(spec.business_key),
-        "ordering": [o.model_dump() for o in spec.ordering],
-        "columns": [[c.name, c.type_name] for c in ctx.target_columns],
-        "total": spec.total,
-        "records_can_move": spec.records_can_move,
+        **spec_document(ctx),
         "snapshot": snapshot.as_dict(),
-        "transform_version": spec.transform_version,
-        "transform_sql_sha256": None if ctx.transform is None else sha256_hex(ctx.transform.encode("utf-8")),
+        "requested_partitions": requested,
+        "added_partitions": [
+            {"partition": label, "reasons": reasons} for label, reasons in (scope.added.items() if scope else [])
+        ],
+        # Partitions that moved keys link are replaced together, in one transaction.
+        "replace_groups": scope.groups() if scope else [[label] for label in ctx.labels],
         "partitions": partitions,
     }
     plan_id = sha256_hex(canonical_json(document))
@@ -404,19 +495,18 @@ def make_plan(
         SpecError, ConnectionConfigError, SourceDataError, SnapshotError,
         TransientDatabaseError, ConcurrentRunError.
     """
-    with factory() as conn, advisory_session_lock(
-        conn, f"backfill_assets:plan:{spec.control_schema}:{spec.name}", f"a plan for {spec.name}"
-    ):
+    with factory() as conn, spec_lock(conn, spec):
         progress(f"inspect: {spec.source_ref} -> {spec.target_ref}")
         ctx = resolve(conn, factory, spec, request)
-        snapshot = take_snapshot(conn, ctx, clock, progress)
+        requested = ctx.labels
+        snapshot, ctx = take_snapshot(conn, ctx, clock, progress)
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
             futures = {v: pool.submit(build_stage, factory, ctx, snapshot, v, progress) for v in ("a", "b")}
             built = {v: f.result() for v, f in futures.items()}
         reports = _input_reports(conn, ctx, snapshot)
         if snapshot.mode == "immutable":
             recheck_immutable_source(conn, ctx, snapshot)
-        plan = assemble(ctx, snapshot, built["a"], built["b"], reports)
+        plan = assemble(ctx, snapshot, built["a"], built["b"], reports, requested)
         with conn.transaction():
             control.record_plan(
                 conn, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name,
@@ -435,9 +525,8 @@ def make_plan(
 
 def recheck_immutable_source(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> None:
     """Raise SnapshotError if a source pinned as immutable changed since it was pinned."""
-    with transient_errors("rechecking the immutable source"), conn.transaction():
-        conn.execute(_BEGIN_RR)
-        _set_timeouts(conn, ctx.spec)
+    with transient_errors("rechecking the immutable source"), repeatable_read(conn, read_only=True):
+        set_timeouts(conn, ctx.spec)
         now = source_fingerprints(conn, ctx, ctx.spec.source_ref)
     changed = [k for k in ctx.labels if now[k] != snapshot.partitions[k]]
     if changed:

@@ -155,6 +155,16 @@ class Spec(_Strict):
             problems.append(f"total {self.total!r} must be one of columns")
         if self.transform_sql is not None and not self.transform_sql.strip():
             problems.append("transform_sql is empty; remove it or write a SELECT")
+        if self.records_can_move and self.source.snapshot != "copy":
+            problems.append(
+                "records_can_move needs `snapshot: copy`: the versions of every moved key "
+                "are copied so that old and new partitions are rebuilt from one snapshot"
+            )
+        if self.records_can_move and self.transform_sql is not None:
+            problems.append(
+                "records_can_move cannot be combined with transform_sql yet: a key's versions "
+                "are found by the source's own business key columns"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -288,6 +298,11 @@ def _expand(lo: PartitionValue, hi: PartitionValue) -> list[PartitionValue]:
     if hi - lo >= MAX_PARTITIONS:
         raise SpecError(f"a partition range may span at most {MAX_PARTITIONS} partitions")
     return list(range(lo, hi + 1))
+
+
+def parse_labels(labels: list[str], kind: PartitionKind) -> list[PartitionValue]:
+    """Typed partition values from their labels (as stored in a plan), in the given order."""
+    return [_parse_value(label, kind) for label in labels]
 
 
 def partition_label(value: PartitionValue) -> str:

@@ -80,26 +80,35 @@ def _key_is_null(alias: str, key: Sequence[str]) -> sql.Composed:
 # --- fingerprints --------------------------------------------------------------------------
 
 _COPY_STREAM = sql.SQL(
-    "COPY (SELECT {text_cols} FROM {rel} AS t WHERE {pk} = %(partition)s ORDER BY {order}) "
+    "COPY (SELECT {text_cols} FROM {rel} AS t WHERE {where} ORDER BY {order}) "
     "TO STDOUT (FORMAT binary)"
+)
+_IN_PARTITION = sql.SQL("{pk} = %(partition)s")
+_OUTSIDE_SCOPE_WITH_KEYS = sql.SQL(
+    "({pk} IS NULL OR NOT ({pk} = ANY(%(partitions)s))) AND ({key}) IN ({keys})"
 )
 
 
+def in_partition(partition_key: str, alias: str = "t") -> sql.Composed:
+    """``alias.partition_key = %(partition)s``."""
+    return _IN_PARTITION.format(pk=_col(alias, partition_key))
+
+
 def copy_canonical_stream(
-    rel: TableRef, columns: Sequence[str], partition_key: str, order: Sequence[OrderKey],
-    partition: object,
+    rel: TableRef, columns: Sequence[str], where: sql.Composable, order: Sequence[OrderKey],
+    params: Mapping[str, Any],
 ) -> Query:
-    """Binary COPY of one partition with every column cast to text, in ``order``.
+    """Binary COPY of the rows of ``rel`` (aliased ``t``) matching ``where``, every column
+    cast to text, in ``order``. Parameters are bound by psycopg on the client (COPY takes none).
 
     The ORDER BY names the table alias, never the text output column (a text sort would
     give another order and another digest).
     """
     text_cols = sql.SQL(", ").join(sql.SQL("{}::text").format(_col("t", c)) for c in columns)
     query = _COPY_STREAM.format(
-        text_cols=text_cols, rel=table(rel), pk=_col("t", partition_key),
-        order=_order_by("t", order),
+        text_cols=text_cols, rel=table(rel), where=where, order=_order_by("t", order),
     )
-    return query, {"partition": partition}
+    return query, dict(params)
 
 
 _READINGS = sql.SQL(
@@ -186,6 +195,21 @@ _BUILD_WINDOW = sql.SQL(
     "WHERE {i_pk} = %(partition)s AND {i_key_not_null}) AS r WHERE {r_rank} = 1"
 )
 
+# Records that can move: the newest version of each key over the whole snapshot decides its
+# partition, so rank first and keep the partition's rows after.
+_BUILD_DISTINCT_ON_MOVING = sql.SQL(
+    "INSERT INTO {stage} ({cols}) "
+    "SELECT {g_cols} FROM (SELECT DISTINCT ON ({i_bk}) {i_cols} FROM ({input}) AS i "
+    "WHERE {i_key_not_null} ORDER BY {i_bk}, {ordering}) AS g WHERE {g_pk} = %(partition)s"
+)
+
+_BUILD_WINDOW_MOVING = sql.SQL(
+    "INSERT INTO {stage} ({cols}) "
+    "SELECT {r_cols} FROM (SELECT {i_cols}, row_number() OVER "
+    "(PARTITION BY {i_bk} ORDER BY {ordering}) AS {rank} FROM ({input}) AS i "
+    "WHERE {i_key_not_null}) AS r WHERE {r_rank} = 1 AND {r_pk} = %(partition)s"
+)
+
 
 def delete_partition(rel: TableRef, partition_key: str, partition: object) -> Query:
     """Delete one partition's rows."""
@@ -198,18 +222,31 @@ def build_stage(
     variant: Literal["a", "b"], stage: TableRef, input_rel: sql.Composed,
     columns: Sequence[str], partition_key: str, business_key: Sequence[str],
     ordering: Sequence[OrderKey], params: Mapping[str, Any], partition: object,
+    *, moving: bool = False,
 ) -> Query:
     """Insert the newest row per non-null business key of one partition into a stage.
 
     Variant ``a`` uses DISTINCT ON, variant ``b`` a row_number() window: two physical
     plans, so a result that depends on physical row order shows up as a difference.
+    With ``moving``, the newest version is chosen per key across all partitions.
     """
     common = dict(
         stage=table(stage), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
         i_cols=_cols("i", columns), input=input_rel, i_pk=_col("i", partition_key),
         i_key_not_null=_key_not_null("i", business_key), ordering=_order_by("i", ordering),
     )
-    if variant == "a":
+    if moving and variant == "a":
+        query = _BUILD_DISTINCT_ON_MOVING.format(
+            g_cols=_cols("g", columns), i_bk=_cols("i", business_key),
+            g_pk=_col("g", partition_key), **common,
+        )
+    elif moving:
+        query = _BUILD_WINDOW_MOVING.format(
+            r_cols=_cols("r", columns), i_bk=_cols("i", business_key),
+            rank=sql.Identifier(RANK_COLUMN), r_rank=_col("r", RANK_COLUMN),
+            r_pk=_col("r", partition_key), **common,
+        )
+    elif variant == "a":
         query = _BUILD_DISTINCT_ON.format(
             i_key=_cols("i", [partition_key, *business_key]), **common
         )
@@ -259,21 +296,25 @@ def ordering_null_counts(
 
 
 def ordering_ties(
-    input_rel: sql.Composed, partition_key: str, business_key: Sequence[str],
+    input_rel: sql.Composed, partition_key: str | None, business_key: Sequence[str],
     ordering_columns: Sequence[str], other_columns: Sequence[str], params: Mapping[str, Any],
 ) -> Query:
     """Up to three (partition, key, ordering) groups whose rows tie on every ordering column
     yet differ in some output column, with each group's row count and the number of groups.
+    Each row is (partition text, key texts..., n, groups); with ``partition_key`` None the
+    groups are per key across partitions (records that can move) and the partition is NULL.
 
     Rows equal in every output column are not a tie: whichever wins, the result is the same.
     """
-    key_ord = [partition_key, *business_key, *ordering_columns]
+    scope = [partition_key] if partition_key is not None else []
+    key_ord = [*scope, *business_key, *ordering_columns]
     rest = sql.SQL("").join(
         sql.SQL(", {}::text AS {}").format(_col("i", c), sql.Identifier(f"__v{n}"))
         for n, c in enumerate(other_columns)
     )
     g_key_text = sql.SQL(", ").join(
-        sql.SQL("{}::text").format(_col("g", c)) for c in [partition_key, *business_key]
+        [sql.SQL("{}::text").format(_col("g", partition_key)) if scope else sql.SQL("NULL::text")]
+        + [sql.SQL("{}::text").format(_col("g", c)) for c in business_key]
     )
     return _TIES.format(
         g_key_text=g_key_text, i_key_ord=_cols("i", key_ord), i_rest=rest, input=input_rel,
@@ -386,3 +427,132 @@ _DISTINCT_PARTITIONS = sql.SQL(
 def distinct_partitions(rel: TableRef, partition_key: str, limit: int) -> Query:
     """The first ``limit`` partition values present in ``rel``."""
     return _DISTINCT_PARTITIONS.format(pk=_col("s", partition_key), rel=table(rel)), {"limit": limit}
+
+
+# --- records that can move ---------------------------------------------------------------
+
+_SCOPE_KEYS = sql.SQL(
+    "SELECT {s_bk} FROM {src} AS s WHERE {s_pk} = ANY(%(partitions)s) AND {s_key_not_null} "
+    "UNION SELECT {t_bk} FROM {tgt} AS t WHERE {t_pk} = ANY(%(partitions)s)"
+)
+
+_KEY_HOMES = sql.SQL(
+    "WITH k AS ({keys}), "
+    "h AS (SELECT DISTINCT ON ({s_bk}) {s_bk}, {s_pk} AS {p} FROM {src} AS s "
+    "WHERE ({s_bk}) IN (SELECT {k_bk} FROM k) ORDER BY {s_bk}, {ordering}), "
+    "c AS (SELECT {t_bk}, {t_pk} AS {p} FROM {tgt} AS t WHERE ({t_bk}) IN (SELECT {k_bk} FROM k)) "
+    "SELECT {h_p}::text, {c_p}::text, {h_first} IS NOT NULL, {c_first} IS NOT NULL, {key_text} "
+    "FROM h FULL JOIN c ON {join} "
+    "WHERE {h_first} IS NULL OR {c_first} IS NULL OR {h_p} IS DISTINCT FROM {c_p} "
+    "OR NOT ({h_p} = ANY(%(partitions)s))"
+)
+
+_PARTITION_ALIAS = "__backfill_partition"
+
+
+def scope_keys(src: TableRef, tgt: TableRef, partition_key: str, business_key: Sequence[str]) -> sql.Composed:
+    """Every business key with a source or target row in ``%(partitions)s`` (a subquery)."""
+    return _SCOPE_KEYS.format(
+        s_bk=_cols("s", business_key), src=table(src), s_pk=_col("s", partition_key),
+        s_key_not_null=_key_not_null("s", business_key), t_bk=_cols("t", business_key),
+        tgt=table(tgt), t_pk=_col("t", partition_key),
+    )
+
+
+def key_homes(
+    src: TableRef, tgt: TableRef, partition_key: str, business_key: Sequence[str],
+    ordering: Sequence[OrderKey], partitions: list,
+) -> Query:
+    """For the keys of ``partitions``: each key whose newest source version (its home) lies
+    in another partition than the target holds it in, or outside ``partitions``, or that
+    only one side has.
+
+    Rows: (home text, current text, in source, in target, key texts...).
+    """
+    p = sql.Identifier(_PARTITION_ALIAS)
+    keys = scope_keys(src, tgt, partition_key, business_key)
+    query = _KEY_HOMES.format(
+        keys=keys, s_bk=_cols("s", business_key), s_pk=_col("s", partition_key), p=p,
+        src=table(src), k_bk=_cols("k", business_key), ordering=_order_by("s", ordering),
+        t_bk=_cols("t", business_key), t_pk=_col("t", partition_key), tgt=table(tgt),
+        h_p=_col("h", _PARTITION_ALIAS), c_p=_col("c", _PARTITION_ALIAS),
+        h_first=_col("h", business_key[0]), c_first=_col("c", business_key[0]),
+        key_text=sql.SQL(", ").join(
+            sql.SQL("coalesce({}::text, {}::text)").format(_col("h", c), _col("c", c))
+            for c in business_key
+        ),
+        join=sql.SQL(" AND ").join(
+            sql.SQL("{} = {}").format(_col("h", c), _col("c", c)) for c in business_key
+        ),
+    )
+    return query, {"partitions": partitions}
+
+
+_COPY_SCOPE = sql.SQL(
+    "INSERT INTO {new} ({cols}) SELECT {s_cols} FROM {rel} AS s "
+    "WHERE {pk} = ANY(%(partitions)s) OR ({s_bk}) IN ({keys})"
+)
+
+
+def copy_scope(
+    new: TableRef, src: TableRef, tgt: TableRef, columns: Sequence[str], partition_key: str,
+    business_key: Sequence[str], partitions: list,
+) -> Query:
+    """Copy the rows of ``partitions`` and every version of their keys from other partitions."""
+    return _COPY_SCOPE.format(
+        new=table(new), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        s_cols=_cols("s", columns), rel=table(src), pk=_col("s", partition_key),
+        s_bk=_cols("s", business_key), keys=scope_keys(src, tgt, partition_key, business_key),
+    ), {"partitions": partitions}
+
+
+def outside_scope(src: TableRef, tgt: TableRef, partition_key: str, business_key: Sequence[str]) -> sql.Composed:
+    """WHERE clause (alias ``t``) for versions of the scope's keys outside its partitions."""
+    return _OUTSIDE_SCOPE_WITH_KEYS.format(
+        pk=_col("t", partition_key), key=_cols("t", business_key),
+        keys=scope_keys(src, tgt, partition_key, business_key),
+    )
+
+
+_COUNT_WHERE = sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {where}")
+
+
+def count_where(rel: TableRef, where: sql.Composable, params: Mapping[str, Any]) -> Query:
+    """Rows of ``rel`` (aliased ``t``) matching ``where``."""
+    return _COUNT_WHERE.format(rel=table(rel), where=where), dict(params)
+
+
+# --- replacing target partitions ----------------------------------------------------------
+
+_ADVISORY_XACT_LOCK = sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))")
+_LOCK_TABLE = sql.SQL("LOCK TABLE {rel} IN SHARE ROW EXCLUSIVE MODE")
+_INSERT_FROM_STAGE = sql.SQL(
+    "INSERT INTO {target} ({cols}) SELECT {s_cols} FROM {stage} AS s "
+    "WHERE {s_pk} = %(partition)s ORDER BY {order}"
+)
+
+
+def advisory_xact_lock(key: str) -> Query:
+    """A transaction-scoped advisory lock on ``key`` (waits, bounded by lock_timeout)."""
+    return _ADVISORY_XACT_LOCK, {"key": key}
+
+
+def lock_for_replace(rel: TableRef) -> sql.Composed:
+    """A table lock that keeps every other writer out while readers go on reading.
+
+    SHARE ROW EXCLUSIVE conflicts with ROW EXCLUSIVE (any INSERT, UPDATE, DELETE) and with
+    itself, but not with ACCESS SHARE (SELECT).
+    """
+    return _LOCK_TABLE.format(rel=table(rel))
+
+
+def insert_from_stage(
+    target: TableRef, stage: TableRef, columns: Sequence[str], partition_key: str,
+    order: Sequence[OrderKey], partition: object,
+) -> Query:
+    """Insert one stage partition into the target, with explicit columns in declared order."""
+    return _INSERT_FROM_STAGE.format(
+        target=table(target), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        s_cols=_cols("s", columns), stage=table(stage), s_pk=_col("s", partition_key),
+        order=_order_by("s", order),
+    ), {"partition": partition}

@@ -14,15 +14,16 @@ def test_demo_tables_are_plannable(demo_db, factory):
     assert inspection.problems == []
     assert inspection.partition_kind == "date"
     assert inspection.server.engine == "PostgreSQL" and inspection.server.version_num >= 120000
-    assert ("orders_daily_grain", ["order_date", "order_id"]) in inspection.target_unique_keys
+    assert inspection.target_unique_keys == [("orders_daily_order_key", ["order_id"])]
+    assert inspection.grain_columns == ["order_id"]  # records can move: unique across days
     assert [c.type_name for c in inspection.spec_target_columns(make_spec())][:4] == [
         "date", "bigint", "bigint", "timestamp with time zone"
     ]
 
 
 def test_missing_grain_constraint_is_refused_with_the_exact_ddl(demo_db, factory):
-    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_grain")
-    inspection = inspect_tables(demo_db, factory, make_spec())
+    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_order_key")
+    inspection = inspect_tables(demo_db, factory, make_spec(records_can_move=False))
     assert inspection.grain_ddl == (
         'ALTER TABLE "public"."orders_daily" ADD CONSTRAINT "orders_daily_order_date_order_id_key" '
         'UNIQUE ("order_date", "order_id");'
@@ -31,23 +32,26 @@ def test_missing_grain_constraint_is_refused_with_the_exact_ddl(demo_db, factory
         inspection.require_plannable()
     # The DDL it prints works and makes the spec plannable.
     demo_db.execute(inspection.grain_ddl.encode())
-    assert inspect_tables(demo_db, factory, make_spec()).problems == []
+    assert inspect_tables(demo_db, factory, make_spec(records_can_move=False)).problems == []
 
 
 def test_a_narrower_unique_key_is_an_equivalent_grain(demo_db, factory):
-    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_grain")
-    demo_db.execute("CREATE UNIQUE INDEX ON public.orders_daily (order_id)")
-    assert inspect_tables(demo_db, factory, make_spec()).problems == []
+    # UNIQUE (order_id) guarantees UNIQUE (order_date, order_id).
+    problems = inspect_tables(demo_db, factory, make_spec(records_can_move=False)).problems
+    assert problems == []
 
 
 def test_a_partial_unique_index_is_not_a_grain(demo_db, factory):
-    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_grain")
-    demo_db.execute("CREATE UNIQUE INDEX ON public.orders_daily (order_date, order_id) WHERE amount > 0")
+    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_order_key")
+    demo_db.execute("CREATE UNIQUE INDEX ON public.orders_daily (order_id) WHERE amount > 0")
     assert any("no UNIQUE" in p for p in inspect_tables(demo_db, factory, make_spec()).problems)
 
 
 def test_records_that_can_move_need_a_key_unique_across_the_table(demo_db, factory):
-    problems = inspect_tables(demo_db, factory, make_spec(records_can_move=True)).problems
+    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_order_key")
+    demo_db.execute("ALTER TABLE public.orders_daily ADD UNIQUE (order_date, order_id)")
+    assert inspect_tables(demo_db, factory, make_spec(records_can_move=False)).problems == []
+    problems = inspect_tables(demo_db, factory, make_spec()).problems
     assert any("UNIQUE (order_id)" in p and "across the table" in p for p in problems)
 
 

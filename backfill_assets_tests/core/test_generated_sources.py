@@ -21,7 +21,7 @@ SPEC = make_spec(
     name="gen", source={"table": "public.gen_src", "snapshot": "copy"}, target={"table": "public.gen_tgt"},
     partition_key="d", business_key=["k"],
     ordering=[{"column": "u", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
-    columns=["d", "k", "u", "seq", "amount", "t"], total="amount",
+    columns=["d", "k", "u", "seq", "amount", "t"], total="amount", records_can_move=False,
 )
 
 texts = st.one_of(st.none(), st.text(

@@ -22,6 +22,7 @@ from backfill_assets.core.spec import PartitionRequest, TableRef
 from backfill_assets_tests.conftest import make_spec
 
 ALL_DAYS = PartitionRequest("2024-01-01..2024-01-07")
+STATIC = make_spec(records_can_move=False)  # keys stay in their partition
 TARGET = TableRef("public", "orders_daily")
 
 
@@ -38,19 +39,20 @@ def pg_text(value: object) -> str | None:
     return str(value)
 
 
-def newest_wins(rows: list[tuple]) -> dict[dt.date, list[tuple]]:
-    """An independent newest-wins: per (day, order_id), the max of (updated_at, ingest_seq)."""
+def newest_wins(rows: list[tuple], *, per_day: bool) -> dict[dt.date, list[tuple]]:
+    """An independent newest-wins: the max of (updated_at, ingest_seq) per order_id, across
+    days (records can move) or per (day, order_id); rows grouped by their day, key order."""
     best: dict[tuple, tuple] = {}
     for row in rows:
         day, order_id, _, updated_at, seq = row[:5]
         if order_id is None:
             continue
-        key = (day, order_id)
+        key = (day, order_id) if per_day else (order_id,)
         if key not in best or (updated_at, seq) > best[key][3:5]:
             best[key] = row
-    out: dict[dt.date, list[tuple]] = {d: [] for d in demo.DEMO_DAYS}
-    for (day, _), row in sorted(best.items()):
-        out[day].append(row)
+    out: dict[dt.date, list[tuple]] = {}
+    for row in sorted(best.values(), key=lambda r: r[1]):
+        out.setdefault(row[0], []).append(row)
     return out
 
 
@@ -69,29 +71,51 @@ def control_schema_exists(conn: psycopg.Connection) -> bool:
     return conn.execute("SELECT to_regnamespace('backfill_control') IS NOT NULL").fetchone()[0]
 
 
-def test_plan_builds_both_stages_equal_to_an_independent_newest_wins(demo_db, factory):
-    before = target_hashes(demo_db)
-    plan = make_plan(make_spec(), ALL_DAYS, factory)
-    assert plan.status == "ready" and plan.problems == ()
-    expected = newest_wins(demo.source_rows())
+def check_against_newest_wins(conn, plan, rows, *, per_day: bool, days: list[dt.date]) -> None:
+    expected = newest_wins(rows, per_day=per_day)
     by_day = {p["partition"]: p for p in plan.document["partitions"]}
-    assert list(by_day) == [d.isoformat() for d in demo.DEMO_DAYS]
-    for day in demo.DEMO_DAYS:
-        entry = by_day[day.isoformat()]
+    assert list(by_day) == [d.isoformat() for d in days]
+    for day in days:
+        entry, want = by_day[day.isoformat()], expected.get(day, [])
         assert entry["match"] and entry["stage_a"] == entry["stage_b"]
-        assert entry["stage_a"]["content_hash"] == expected_hash(demo_db, expected[day])
-        assert entry["stage_a"]["row_count"] == len(expected[day])
-        assert entry["stage_a"]["total"] == str(sum((r[5] for r in expected[day]), Decimal("0.00"))) \
-            or (not expected[day] and entry["stage_a"]["total"] == "0")
+        assert entry["stage_a"]["content_hash"] == expected_hash(conn, want)
+        assert entry["stage_a"]["row_count"] == len(want)
+        total = sum((r[5] for r in want), Decimal("0.00"))
+        assert entry["stage_a"]["total"] == (str(total) if want else "0")
         assert entry["stage_a"]["null_key_count"] == entry["stage_a"]["duplicate_key_count"] == 0
+
+
+def test_plan_builds_both_stages_equal_to_an_independent_newest_wins(unmoved_db, factory):
+    before = target_hashes(unmoved_db)
+    plan = make_plan(STATIC, ALL_DAYS, factory)
+    assert plan.status == "ready" and plan.problems == ()
+    rows = demo.source_rows(moved=False)
+    check_against_newest_wins(unmoved_db, plan, rows, per_day=True, days=demo.DEMO_DAYS)
     # The source side: every row read is kept, dropped for a NULL key, or collapsed.
-    day1 = by_day["2024-01-01"]["source"]
-    raw = [r for r in demo.source_rows() if r[0] == dt.date(2024, 1, 1)]
+    day1 = plan.document["partitions"][0]["source"]
+    raw = [r for r in rows if r[0] == dt.date(2024, 1, 1)]
     assert day1["rows_read"] == len(raw)
     assert day1["null_key_rows_dropped"] == sum(1 for r in raw if r[1] is None)
-    assert day1["duplicates_collapsed"] == len(raw) - day1["null_key_rows_dropped"] - len(expected[dt.date(2024, 1, 1)])
+    kept = plan.document["partitions"][0]["stage_a"]["row_count"]
+    assert day1["duplicates_collapsed"] == len(raw) - day1["null_key_rows_dropped"] - kept > 0
     # Plan never writes to the target.
-    assert target_hashes(demo_db) == before
+    assert target_hashes(unmoved_db) == before
+
+
+def test_moved_records_add_their_old_and_new_partitions_with_reasons(demo_db, factory):
+    plan = make_plan(make_spec(), ALL_DAYS, factory)
+    assert plan.status == "ready"
+    days = [*demo.DEMO_DAYS, dt.date(2024, 1, 8)]
+    check_against_newest_wins(demo_db, plan, demo.source_rows(), per_day=False, days=days)
+    (added,) = plan.document["added_partitions"]
+    moved_out = demo.MOVES[1][0]
+    assert added == {"partition": "2024-01-08",
+                     "reasons": [f"key (order_id={moved_out}) moves here from 2024-01-07"]}
+    assert plan.document["requested_partitions"] == [d.isoformat() for d in demo.DEMO_DAYS]
+    # Partitions linked by a moved key are replaced together.
+    groups = plan.document["replace_groups"]
+    assert ["2024-01-03", "2024-01-04"] in groups and ["2024-01-07", "2024-01-08"] in groups
+    assert ["2024-01-01"] in groups
 
 
 def test_empty_partition_is_planned_as_empty(demo_db, factory):
@@ -132,7 +156,8 @@ def test_the_snapshot_copy_isolates_the_builds_from_later_source_changes(demo_db
     assert rows == len([r for r in demo.source_rows()])
 
 
-def test_ties_on_every_ordering_column_are_refused_and_nothing_is_written(demo_db, factory):
+def test_ties_on_every_ordering_column_are_refused_and_nothing_is_written(unmoved_db, factory):
+    demo_db = unmoved_db
     order_id = dt.date(2024, 1, 3).toordinal() * 1000 + 5
     demo_db.execute(
         "INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note) "
@@ -140,9 +165,22 @@ def test_ties_on_every_ordering_column_are_refused_and_nothing_is_written(demo_d
         "FROM public.orders_raw WHERE order_id = %s ORDER BY ingest_seq DESC LIMIT 1", (order_id,)
     )
     with pytest.raises(SourceDataError) as err:
-        make_plan(make_spec(), ALL_DAYS, factory)
-    assert f"order_id={order_id}" in str(err.value) and "2024-01-03" in str(err.value)
+        make_plan(STATIC, ALL_DAYS, factory)
+    assert f"partition 2024-01-03, key (order_id={order_id})" in str(err.value)
     assert "tiebreak" in str(err.value)
+    assert not control_schema_exists(demo_db)
+
+
+def test_ties_between_partitions_are_refused_when_records_can_move(demo_db, factory):
+    # Another version of a moved order, on its old day, tying with the newest one.
+    order_id, old, _ = demo.MOVES[0]
+    demo_db.execute(
+        "INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note) "
+        "SELECT %s, order_id, customer_id, updated_at, ingest_seq, amount, status, note "
+        "FROM public.orders_raw WHERE order_id = %s ORDER BY ingest_seq DESC LIMIT 1", (old, order_id)
+    )
+    with pytest.raises(SourceDataError, match=rf"key \(order_id={order_id}\): 2 different rows"):
+        make_plan(make_spec(), ALL_DAYS, factory)
     assert not control_schema_exists(demo_db)
 
 
@@ -173,7 +211,7 @@ def test_nulls_in_an_ordering_column_need_a_declared_placement(demo_db, factory)
     "changes, partitions, message",
     [
         ({"source": {"table": "public.missing", "snapshot": "copy"}}, "2024-01-01", "does not exist"),
-        ({"transform_sql": "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
+        ({"records_can_move": False, "transform_sql": "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
                            "status, note || now()::text AS note FROM source"}, "2024-01-01", "not IMMUTABLE"),
         ({}, "2024-02-30", "is not a date"),
         ({}, "yesterday", "is not a date"),
@@ -186,16 +224,18 @@ def test_bad_input_is_refused_before_anything_is_written(demo_db, factory, chang
 
 
 def test_missing_grain_constraint_is_refused_before_anything_is_written(demo_db, factory):
-    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_grain")
-    with pytest.raises(SpecError, match='ADD CONSTRAINT "orders_daily_order_date_order_id_key"'):
+    demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_order_key")
+    with pytest.raises(SpecError, match='ADD CONSTRAINT "orders_daily_order_id_key" UNIQUE'):
         make_plan(make_spec(), ALL_DAYS, factory)
     assert not control_schema_exists(demo_db)
 
 
-def test_a_transform_is_applied_to_both_stages(demo_db, factory):
+def test_a_transform_is_applied_to_both_stages(unmoved_db, factory):
+    demo_db = unmoved_db
     transform = ("SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
                  "upper(status) AS status, note FROM source WHERE status <> 'draft'")
-    plan = make_plan(make_spec(transform_sql=transform, transform_version="upper-v1"), ALL_DAYS, factory)
+    spec = make_spec(transform_sql=transform, transform_version="upper-v1", records_can_move=False)
+    plan = make_plan(spec, ALL_DAYS, factory)
     assert plan.status == "ready"
     statuses = {r[0] for r in demo_db.execute(
         "SELECT DISTINCT status FROM backfill_control.orders_daily__stage_a").fetchall()}
@@ -203,7 +243,8 @@ def test_a_transform_is_applied_to_both_stages(demo_db, factory):
     assert plan.document["transform_sql_sha256"] is not None
 
 
-def test_builds_that_disagree_refuse_the_plan_and_leave_nothing_to_apply(demo_db, factory):
+def test_builds_that_disagree_refuse_the_plan_and_leave_nothing_to_apply(unmoved_db, factory):
+    demo_db = unmoved_db
     # A function that lies about being IMMUTABLE passes the catalog; building twice catches it.
     demo_db.execute(
         "CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
@@ -211,7 +252,8 @@ def test_builds_that_disagree_refuse_the_plan_and_leave_nothing_to_apply(demo_db
     )
     transform = ("SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, "
                  "ingest_seq, amount, status, note FROM source")
-    plan = make_plan(make_spec(transform_sql=transform), PartitionRequest("2024-01-01,2024-01-05"), factory)
+    spec = make_spec(transform_sql=transform, records_can_move=False)
+    plan = make_plan(spec, PartitionRequest("2024-01-01,2024-01-05"), factory)
     assert plan.status == "refused"
     assert any("2024-01-01: stages A and B differ on content_hash" in p for p in plan.problems)
     by_day = {p["partition"]: p for p in plan.document["partitions"]}
@@ -223,8 +265,8 @@ def test_builds_that_disagree_refuse_the_plan_and_leave_nothing_to_apply(demo_db
     assert load_plan(demo_db, "backfill_control", plan.plan_id)[0] == "refused"
 
 
-def test_immutable_source_changed_during_the_plan_is_refused(demo_db, factory, db_url):
-    spec = make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"})
+def test_immutable_source_changed_during_the_plan_is_refused(unmoved_db, factory, db_url):
+    spec = make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"}, records_can_move=False)
     writer = psycopg.connect(db_url.reveal(), autocommit=True)
     changed = threading.Event()
 
@@ -238,10 +280,11 @@ def test_immutable_source_changed_during_the_plan_is_refused(demo_db, factory, d
         make_plan(spec, ALL_DAYS, factory, progress=progress)
 
 
-def test_immutable_source_plan_reads_the_source_directly(demo_db, factory):
-    spec = make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"})
+def test_immutable_source_plan_reads_the_source_directly(unmoved_db, factory):
+    demo_db = unmoved_db
+    spec = make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"}, records_can_move=False)
     plan = make_plan(spec, ALL_DAYS, factory)
-    copy_plan = make_plan(make_spec(), ALL_DAYS, factory)
+    copy_plan = make_plan(STATIC, ALL_DAYS, factory)
     assert plan.status == "ready" and plan.document["snapshot"]["mode"] == "immutable"
     assert [p["stage_a"] for p in plan.document["partitions"]] == [p["stage_a"] for p in copy_plan.document["partitions"]]
     tables = demo_db.execute(
@@ -267,7 +310,8 @@ def test_integer_and_text_partition_keys(conn, factory):
         "('eu', 1, 'a', 1, 1), ('eu', 1, 'a', 2, 2), ('us', 2, 'a', 5, 3), ('eu', 2, 'Z', 1, 4), "
         "('us', 3, 'é', 1.5, 5)"
     )
-    common = dict(business_key=["k"], ordering=[{"column": "seq", "direction": "desc"}], total="v")
+    common = dict(business_key=["k"], ordering=[{"column": "seq", "direction": "desc"}], total="v",
+                  records_can_move=False)
     by_region = make_spec(source={"table": "public.ev", "snapshot": "copy"}, target={"table": "public.ev_by_region"},
                           partition_key="region", columns=["region", "k", "v", "seq"], **common)
     plan = make_plan(by_region, PartitionRequest("eu,us,none"), factory)

@@ -14,7 +14,8 @@ STAGE = TableRef("backfill_control", "orders_daily__stage_a")
 
 def test_canonical_stream_orders_by_the_table_alias_and_binds_the_partition(conn):
     query, params = sqlbuild.copy_canonical_stream(
-        STAGE, ["order_id", "note"], "order_date", [OrderKey("order_id")], dt.date(2024, 1, 1)
+        STAGE, ["order_id", "note"], sqlbuild.in_partition("order_date"), [OrderKey("order_id")],
+        {"partition": dt.date(2024, 1, 1)},
     )
     assert query.as_string(conn) == (
         'COPY (SELECT "t"."order_id"::text, "t"."note"::text FROM "backfill_control"."orders_daily__stage_a" '

@@ -1,0 +1,205 @@
+"""Apply an approved plan: replace and verify one partition per transaction.
+
+For each partition (or each group of partitions that moved keys link), in plan order:
+
+1. Finite ``lock_timeout`` and ``statement_timeout``; an advisory transaction lock per
+   target partition (keeps any other backfill out, whatever its spec), then a table lock in
+   SHARE ROW EXCLUSIVE mode. Row locks cannot cover rows that do not exist yet (another
+   writer's INSERT into the partition), and PostgreSQL has no predicate locks outside
+   SERIALIZABLE, so a table lock that conflicts with every writer's ROW EXCLUSIVE is what
+   keeps other writers out. It does not block readers: under MVCC they see the old
+   partition until commit, then the new one, never a half-written one.
+2. If the target already carries the approved fingerprint, record it as verified without
+   rewriting (a rerun after an interruption converges).
+3. Recheck: stage A's partition fingerprint, recomputed now, must equal the approved one;
+   for an ``immutable`` snapshot the source partition's too.
+4. DELETE the target partition and INSERT the stage with explicit columns.
+5. Fingerprint the target inside the same transaction; a mismatch rolls back.
+6. Commit, then read the target again on a fresh connection and confirm its fingerprint.
+
+Any failure stops before the next partition; partitions already verified stay verified.
+Every step is recorded in the ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from backfill_assets.core import control, sqlbuild
+from backfill_assets.core.approve import (
+    StoredPlan, check_data_unchanged, check_spec_unchanged, find_plan,
+)
+from backfill_assets.core.db import ConnectionFactory, repeatable_read, transient_errors
+from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
+from backfill_assets.core.fingerprint import business_key_order, fingerprint_partition
+from backfill_assets.core.plan import (
+    Clock, Context, Progress, set_timeouts, source_fingerprints, spec_lock, utc_now,
+)
+from backfill_assets.core.spec import Spec
+
+# A test or an operator may pause at these points (see Checkpoint).
+STEPS = ("locked", "deleted", "inserted", "before-commit", "committed", "verified")
+Checkpoint = Callable[[str, list[str]], None]
+
+
+def _no_checkpoint(step: str, labels: list[str]) -> None:
+    pass
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class ApplyResult:
+    run_id: str
+    plan_id: str
+    approval_id: int
+    partitions: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "plan_id": self.plan_id, "approval_id": self.approval_id,
+                "partitions": self.partitions}
+
+
+def _short(fp: dict[str, Any]) -> str:
+    return f"{fp['row_count']} rows, total {fp['total']}, hash {fp['content_hash'][:16]}"
+
+
+def _readings(conn: psycopg.Connection, ctx: Context, rel, value: object) -> dict[str, Any]:
+    spec = ctx.spec
+    return fingerprint_partition(
+        conn, rel, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, value
+    ).as_dict()
+
+
+def _values(ctx: Context, labels: list[str]) -> list[object]:
+    return [ctx.partitions[ctx.labels.index(label)] for label in labels]
+
+
+def replace_group(
+    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, labels: list[str],
+    checkpoint: Checkpoint = _no_checkpoint,
+) -> str:
+    """Replace the partitions ``labels`` in one transaction; return the ledger status.
+
+    Raises:
+        VerificationError: a recheck or the in-transaction verification failed (rolled back).
+        TransientDatabaseError: a lock or statement timeout (rolled back).
+    """
+    spec = ctx.spec
+    target, stage = spec.target_ref, ctx.stage("a")
+    values = _values(ctx, labels)
+    approved = {label: stored.approved(label) for label in labels}
+    with transient_errors(f"replacing partition(s) {', '.join(labels)} of {target}"), conn.transaction():
+        set_timeouts(conn, spec)
+        for label in sorted(labels):  # one order for every run: no deadlock between groups
+            conn.execute(*sqlbuild.advisory_xact_lock(f"backfill_assets:target:{target}:{label}"))
+        conn.execute(sqlbuild.lock_for_replace(target))
+        checkpoint("locked", labels)
+        if all(_readings(conn, ctx, target, v) == approved[label] for v, label in zip(values, labels)):
+            return "skipped-already-verified"
+        for value, label in zip(values, labels):
+            now = _readings(conn, ctx, stage, value)
+            if now != approved[label]:
+                raise VerificationError(label, "recheck of the approved stage", _short(approved[label]), _short(now))
+        if ctx.spec.source.snapshot == "immutable":
+            current = source_fingerprints(conn, ctx, spec.source_ref)
+            for p in stored.document["partitions"]:
+                if p["partition"] in labels:
+                    planned = {"row_count": p["source"]["snapshot_rows"], "content_hash": p["source"]["snapshot_hash"]}
+                    if current[p["partition"]] != planned:
+                        raise VerificationError(
+                            p["partition"], "recheck of the immutable source",
+                            f"hash {planned['content_hash'][:16]}", f"hash {current[p['partition']]['content_hash'][:16]}",
+                        )
+        for value in values:
+            conn.execute(*sqlbuild.delete_partition(target, spec.partition_key, value))
+        checkpoint("deleted", labels)
+        order = business_key_order(ctx.target_columns, spec.business_key)
+        for value in values:
+            conn.execute(*sqlbuild.insert_from_stage(target, stage, spec.columns, spec.partition_key, order, value))
+        checkpoint("inserted", labels)
+        for value, label in zip(values, labels):
+            now = _readings(conn, ctx, target, value)
+            if now != approved[label]:
+                raise VerificationError(label, "verification before commit", _short(approved[label]), _short(now))
+        checkpoint("before-commit", labels)
+    checkpoint("committed", labels)
+    return "verified"
+
+
+def verify_committed(factory: ConnectionFactory, ctx: Context, stored: StoredPlan, labels: list[str]) -> None:
+    """Read the committed target on a fresh connection and compare with the approval.
+
+    Raises:
+        VerificationError: naming the partition and both readings.
+    """
+    with factory() as conn, repeatable_read(conn, read_only=True):
+        for value, label in zip(_values(ctx, labels), labels):
+            now = _readings(conn, ctx, ctx.spec.target_ref, value)
+            if now != stored.approved(label):
+                raise VerificationError(label, "verification after commit", _short(stored.approved(label)), _short(now))
+
+
+def apply_plan(
+    spec: Spec, plan_ref: str, factory: ConnectionFactory, *, run_id: str,
+    clock: Clock = utc_now, progress: Progress = _quiet, checkpoint: Checkpoint = _no_checkpoint,
+) -> ApplyResult:
+    """Replace the partitions of an approved plan, in order, verifying each.
+
+    Args:
+        run_id: a new id for this run (the ledger's key with the partition).
+        checkpoint: called at each step of each replace (see ``STEPS``); for tests.
+
+    Raises:
+        ApprovalError: unknown, refused, unapproved or outdated plan; nothing written.
+        VerificationError: a recheck or verification failed; that partition rolled back,
+            the following ones not attempted.
+        TransientDatabaseError, ConcurrentRunError: safe to retry with the same plan.
+    """
+    with factory() as conn, spec_lock(conn, spec):
+        stored = find_plan(conn, spec, plan_ref)
+        approval = control.latest_approval(conn, spec.control_schema, stored.plan_id)
+        if approval is None:
+            raise ApprovalError(
+                f"plan {stored.plan_id[:16]} has not been approved; run approve and review it first"
+            )
+        ctx = check_spec_unchanged(conn, factory, spec, stored)
+        # Refuse a changed stage or source before the first write; each replace rechecks its
+        # own partition again under the lock.
+        check_data_unchanged(conn, ctx, stored)
+        result = ApplyResult(run_id, stored.plan_id, approval[0])
+        doc = stored.document
+        control.ledger_start(
+            conn, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval[0],
+            snapshot_id=doc["snapshot"]["id"], target_table=doc["target"],
+            transform_version=doc["transform_version"], run_started_at=clock(),
+            partitions=[{"partition": p["partition"], **p["stage_a"]} for p in doc["partitions"]],
+        )
+        groups: list[list[str]] = doc["replace_groups"]
+        for n, labels in enumerate(groups):
+            control.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
+            try:
+                status = replace_group(conn, ctx, stored, labels, checkpoint)
+                if status == "verified":
+                    verify_committed(factory, ctx, stored, labels)
+                    checkpoint("verified", labels)
+            except (BackfillError, psycopg.Error) as err:
+                # Our errors and the driver's carry no credential (see db.connect).
+                message = " ".join(str(err).split()) or err.__class__.__name__
+                control.ledger_mark(conn, spec.control_schema, run_id, labels, "failed", clock(), message)
+                rest = [label for group in groups[n + 1:] for label in group]
+                if rest:
+                    control.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
+                                        f"stopped after partition(s) {', '.join(labels)} failed")
+                raise
+            control.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock())
+            for label in labels:
+                result.partitions.append({"partition": label, "status": status, **stored.approved(label)})
+                progress(f"apply: {label}: {status} ({_short(stored.approved(label))})")
+        return result

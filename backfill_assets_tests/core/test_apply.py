@@ -1,0 +1,263 @@
+"""Approval and the verified replace against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import psycopg
+import pytest
+
+from backfill_assets import demo
+from backfill_assets.core import control
+from backfill_assets.core.apply import apply_plan
+from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.errors import (
+    ApprovalError, ConcurrentRunError, SpecError, TransientDatabaseError, VerificationError,
+)
+from backfill_assets.core.plan import make_plan
+from backfill_assets.core.spec import PartitionRequest
+from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.core.test_plan import ALL_DAYS, expected_hash, newest_wins, target_hashes
+
+DAYS8 = [*demo.DEMO_DAYS, dt.date(2024, 1, 8)]
+
+
+def approved(conn, factory, spec, request=ALL_DAYS):
+    plan = make_plan(spec, request, factory)
+    approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), "alice")
+    return plan
+
+
+def run(spec, plan, factory, **kwargs):
+    return apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, **kwargs)
+
+
+def all_target_rows(conn):
+    return conn.execute(
+        "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note "
+        "FROM public.orders_daily ORDER BY order_id"
+    ).fetchall()
+
+
+def target_day_hashes(conn, days=DAYS8):
+    from backfill_assets.core.catalog import table_columns
+    from backfill_assets.core.fingerprint import business_key_order, content_hash
+    from backfill_assets.core.spec import TableRef
+
+    ref = TableRef("public", "orders_daily")
+    cols = table_columns(conn, ref)
+    order = business_key_order(cols, ["order_id"])
+    return {d.isoformat(): content_hash(conn, ref, cols, "order_date", order, d) for d in days}
+
+
+def test_apply_makes_the_target_equal_to_an_independent_newest_wins(demo_db, factory):
+    demo_db.execute(
+        "INSERT INTO public.orders_daily (order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note) "
+        "VALUES ('2024-01-20', 1, 1, '2024-01-20', 1, 1.00, 'outside', 'not in the plan')"
+    )
+    outside = demo_db.execute("SELECT * FROM public.orders_daily WHERE order_date = '2024-01-20'").fetchall()
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+    result = run(spec, plan, factory)
+    assert [p["status"] for p in result.partitions] == ["verified"] * 8
+    expected = newest_wins(demo.source_rows(), per_day=False)
+    hashes = target_day_hashes(demo_db)
+    for day in DAYS8:
+        assert hashes[day.isoformat()] == expected_hash(demo_db, expected.get(day, []))
+    # The empty day emptied its target partition; the unapproved day was not touched.
+    assert demo_db.execute("SELECT count(*) FROM public.orders_daily WHERE order_date = '2024-01-05'").fetchone()[0] == 0
+    assert demo_db.execute("SELECT * FROM public.orders_daily WHERE order_date = '2024-01-20'").fetchall() == outside
+    # Moved records end in exactly one partition: their new one.
+    for order_id, old, new in demo.MOVES:
+        days = demo_db.execute("SELECT order_date FROM public.orders_daily WHERE order_id = %s", (order_id,)).fetchall()
+        assert days == [(new,)]
+
+
+def test_apply_twice_gives_byte_identical_partitions_and_a_ledger_row_per_partition_per_run(demo_db, factory):
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+    first = run(spec, plan, factory)
+    rows_after_first = all_target_rows(demo_db)
+    second = run(spec, plan, factory)
+    assert {p["status"] for p in second.partitions} == {"skipped-already-verified"}
+    assert all_target_rows(demo_db) == rows_after_first
+    # A rerun after the target was damaged rewrites it back to the same bytes.
+    demo_db.execute("UPDATE public.orders_daily SET note = 'damaged' WHERE order_date = '2024-01-02'")
+    third = run(spec, plan, factory)
+    statuses = {p["partition"]: p["status"] for p in third.partitions}
+    assert statuses["2024-01-02"] == "verified" and statuses["2024-01-01"] == "skipped-already-verified"
+    assert all_target_rows(demo_db) == rows_after_first
+    for result in (first, second, third):
+        ledger = control.ledger_run(demo_db, "backfill_control", result.run_id)
+        assert [r[0] for r in ledger] == [d.isoformat() for d in DAYS8]
+        assert all(r[4] for r in ledger) and all(r[5] is None for r in ledger)
+
+
+def test_unapproved_plan_is_refused_and_nothing_is_written(demo_db, factory):
+    spec = make_spec()
+    before = target_day_hashes(demo_db)
+    plan = make_plan(spec, ALL_DAYS, factory)
+    with pytest.raises(ApprovalError, match="has not been approved"):
+        run(spec, plan, factory)
+    # An approval of another plan does not approve this one.
+    approved(demo_db, factory, spec, PartitionRequest("2024-01-01"))
+    with pytest.raises(ApprovalError, match="has not been approved"):
+        run(spec, plan, factory)
+    assert target_day_hashes(demo_db) == before
+
+
+def test_changed_stage_after_approval_is_refused_with_nothing_written(demo_db, factory):
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+    before = target_day_hashes(demo_db)
+    demo_db.execute("UPDATE backfill_control.orders_daily__stage_a SET note = 'tampered' WHERE order_date = '2024-01-06'")
+    with pytest.raises(ApprovalError, match=r"stage .* no longer has the planned fingerprint in partition\(s\) 2024-01-06"):
+        run(spec, plan, factory)
+    assert target_day_hashes(demo_db) == before
+
+
+def test_changed_immutable_source_is_refused_with_nothing_written(unmoved_db, factory):
+    spec = make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"}, records_can_move=False)
+    plan = approved(unmoved_db, factory, spec)
+    before = target_day_hashes(unmoved_db)
+    unmoved_db.execute("UPDATE public.orders_raw SET note = 'late' WHERE order_date = '2024-01-04'")
+    with pytest.raises(ApprovalError, match=r"the source no longer has the planned fingerprint in partition\(s\) 2024-01-04"):
+        run(spec, plan, factory)
+    assert target_day_hashes(unmoved_db) == before
+
+
+def test_spec_changed_since_the_plan_is_refused(demo_db, factory):
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+    with pytest.raises(ApprovalError, match="transform_version differ"):
+        run(make_spec(transform_version="v2"), plan, factory)
+    demo_db.execute("ALTER TABLE public.orders_daily ALTER COLUMN note TYPE varchar(200)")
+    with pytest.raises(ApprovalError, match="columns differ"):
+        run(spec, plan, factory)
+
+
+def test_a_held_conflicting_lock_ends_in_a_lock_timeout_with_nothing_changed(demo_db, factory, db_url):
+    spec = make_spec(lock_timeout_ms=300)
+    plan = approved(demo_db, factory, spec)
+    before = target_day_hashes(demo_db)
+    with psycopg.connect(db_url.reveal()) as writer:  # a transaction left open by another writer
+        writer.execute("UPDATE public.orders_daily SET note = note WHERE order_date = '2024-01-20'")
+        started = dt.datetime.now()
+        with pytest.raises(TransientDatabaseError, match="replacing partition.s. 2024-01-01 of public.orders_daily.*lock timeout") as err:
+            run(spec, plan, factory)
+        assert (dt.datetime.now() - started).total_seconds() < 10
+        assert err.value.retryable
+        writer.rollback()
+    assert target_day_hashes(demo_db) == before
+    (latest,) = [r for r in control.ledger_status(demo_db, spec) if r["partition"] == "2024-01-01"]
+    assert latest["status"] == "failed" and "lock timeout" in latest["error"]
+
+
+def test_verification_failure_rolls_back_and_stops_before_the_next_partition(demo_db, factory):
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+    before = target_day_hashes(demo_db)
+    # A trigger that alters what is written into one day: the in-transaction check sees it.
+    demo_db.execute(
+        "CREATE FUNCTION public.skew() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.order_date = '2024-01-02' THEN NEW.amount := NEW.amount + 0.01; END IF; "
+        "RETURN NEW; END $$"
+    )
+    demo_db.execute("CREATE TRIGGER skew BEFORE INSERT ON public.orders_daily FOR EACH ROW EXECUTE FUNCTION public.skew()")
+    with pytest.raises(VerificationError) as err:
+        run(spec, plan, factory)
+    assert err.value.partition == "2024-01-02" and err.value.step == "verification before commit"
+    after = target_day_hashes(demo_db)
+    assert after["2024-01-01"] != before["2024-01-01"]  # verified before the failure: stays
+    assert {k: after[k] for k in list(after)[1:]} == {k: before[k] for k in list(before)[1:]}
+    ledger = {r["partition"]: r["status"] for r in control.ledger_status(demo_db, spec)}
+    assert ledger["2024-01-01"] == "verified" and ledger["2024-01-02"] == "failed"
+    assert {ledger[d.isoformat()] for d in DAYS8[2:]} == {"not-attempted"}
+
+
+def test_rerun_after_an_interruption_converges_to_an_uninterrupted_run(demo_db, factory, db_url, conn):
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+
+    def crash(step: str, labels: list[str]) -> None:
+        if step == "inserted" and labels == ["2024-01-03", "2024-01-04"]:
+            raise KeyboardInterrupt  # the process dies mid-transaction
+
+    with pytest.raises(KeyboardInterrupt):
+        run(spec, plan, factory, checkpoint=crash)
+    rerun = run(spec, plan, factory)
+    statuses = {p["partition"]: p["status"] for p in rerun.partitions}
+    assert statuses["2024-01-01"] == "skipped-already-verified" and statuses["2024-01-03"] == "verified"
+    interrupted = rows_after = all_target_rows(demo_db)
+    # An uninterrupted run in a fresh copy of the data ends in the same rows.
+    demo.load(demo_db)
+    demo_db.execute("DROP SCHEMA backfill_control CASCADE")
+    plan2 = approved(demo_db, factory, spec)
+    run(spec, plan2, factory)
+    assert plan2.plan_id == plan.plan_id and all_target_rows(demo_db) == interrupted == rows_after
+
+
+def test_a_second_apply_of_the_same_plan_at_once_is_refused(demo_db, factory):
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+    inner = []
+
+    def nested(step: str, labels: list[str]) -> None:
+        if step == "locked" and not inner:
+            with pytest.raises(ConcurrentRunError, match="already running"):
+                run(spec, plan, factory)
+            inner.append(True)
+
+    run(spec, plan, factory, checkpoint=nested)
+    assert inner == [True]
+
+
+def test_approval_refuses_unknown_refused_and_outdated_plans(unmoved_db, factory):
+    conn = unmoved_db
+    spec = make_spec(records_can_move=False)
+    with pytest.raises(ApprovalError, match="no plans exist"):
+        find_plan(conn, spec, "0123456789abcdef")
+    plan = make_plan(spec, ALL_DAYS, factory)
+    with pytest.raises(ApprovalError, match="there is no plan"):
+        find_plan(conn, spec, "0123456789abcdef")
+    with pytest.raises(ApprovalError, match="at least 8 hex digits"):
+        find_plan(conn, spec, "abc")
+    assert find_plan(conn, spec, plan.plan_id[:10]).plan_id == plan.plan_id
+    with pytest.raises(ApprovalError, match="belongs to spec orders_daily, not other"):
+        find_plan(conn, make_spec(name="other", records_can_move=False), plan.plan_id)
+    # A stage changed after the plan: the approval is refused.
+    conn.execute("DELETE FROM backfill_control.orders_daily__stage_a WHERE order_date = '2024-01-02'")
+    with pytest.raises(ApprovalError, match="2024-01-02"):
+        approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), "alice")
+    # A refused plan cannot be approved.
+    conn.execute("CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
+                 "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$")
+    bad_spec = make_spec(records_can_move=False, transform_sql=(
+        "SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, ingest_seq, "
+        "amount, status, note FROM source"))
+    bad = make_plan(bad_spec, PartitionRequest("2024-01-01"), factory)
+    with pytest.raises(ApprovalError, match="was refused"):
+        approve_plan(conn, factory, bad_spec, find_plan(conn, bad_spec, bad.plan_id), "alice")
+    with pytest.raises(ApprovalError, match="approver's name"):
+        approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), " ")
+    assert conn.execute("SELECT count(*) FROM backfill_control.approvals").fetchone()[0] == 0
+
+
+def test_approval_records_who_and_when_for_exactly_the_plan(unmoved_db, factory):
+    spec = make_spec(records_can_move=False)
+    plan = make_plan(spec, PartitionRequest("2024-01-02,2024-01-04"), factory)
+    at = dt.datetime(2026, 11, 29, 9, 0, tzinfo=dt.timezone.utc)
+    approval_id = approve_plan(unmoved_db, factory, spec, find_plan(unmoved_db, spec, plan.plan_id), "bob",
+                               clock=lambda: at)
+    row = unmoved_db.execute(
+        "SELECT approval_id, plan_id, approved_by, approved_at, partitions FROM backfill_control.approvals"
+    ).fetchone()
+    assert row == (approval_id, plan.plan_id, "bob", at, ["2024-01-02", "2024-01-04"])
+
+
+def test_records_can_move_needs_a_copied_snapshot_and_no_transform():
+    with pytest.raises(SpecError, match="records_can_move needs `snapshot: copy`"):
+        make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"})
+    with pytest.raises(SpecError, match="cannot be combined with transform_sql"):
+        make_spec(transform_sql="SELECT order_date FROM source")

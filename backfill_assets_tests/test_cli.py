@@ -181,3 +181,24 @@ def test_approve_apply_and_status_from_the_command_line(demo_db, url_env, tmp_pa
 def test_status_before_any_run(demo_db, url_env, tmp_path, capsys):
     code, out, _ = run(capsys, "status", "--spec", str(write_spec(tmp_path)))
     assert code == 0 and "no runs recorded yet" in out
+
+
+def test_approve_asks_on_a_terminal_and_records_only_a_yes(demo_db, url_env, tmp_path, capsys):
+    import pty
+
+    spec = str(write_spec(tmp_path))
+    code, out, _ = run(capsys, "plan", "--spec", spec, "--partitions", "2024-01-01", "--json")
+    plan_id = json.loads(out)["plan_id"]
+    for answer, expected_code in (("no", 6), ("yes", 0)):
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "backfill_assets.cli", "approve", "--spec", spec, "--plan", plan_id, "--by", "carol"],
+            stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=os.environ.copy(),
+        )
+        os.close(follower)
+        os.write(leader, (answer + "\n").encode())
+        out, err = proc.communicate(timeout=120)
+        os.close(leader)
+        assert proc.returncode == expected_code, err
+    approvals = demo_db.execute("SELECT approved_by FROM backfill_control.approvals").fetchall()
+    assert approvals == [("carol",)]

@@ -438,7 +438,6 @@ def spec_document(ctx: Context) -> dict[str, Any]:
 def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
              reports: dict[str, tuple[int, int]], requested: list[str]) -> Plan:
     """Compare the stages on every reading and build the plan document and id."""
-    spec = ctx.spec
     problems: list[str] = []
     partitions = []
     for label in ctx.labels:

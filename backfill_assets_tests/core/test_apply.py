@@ -13,12 +13,13 @@ from backfill_assets.core import control
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import (
-    ApprovalError, ConcurrentRunError, SpecError, TransientDatabaseError, VerificationError,
+    ApprovalError, ConcurrentRunError, SourceDataError, SpecError, TransientDatabaseError,
+    VerificationError,
 )
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
 from backfill_assets_tests.conftest import make_spec
-from backfill_assets_tests.core.test_plan import ALL_DAYS, expected_hash, newest_wins, target_hashes
+from backfill_assets_tests.core.test_plan import ALL_DAYS, expected_hash, newest_wins
 
 DAYS8 = [*demo.DEMO_DAYS, dt.date(2024, 1, 8)]
 
@@ -261,3 +262,15 @@ def test_records_can_move_needs_a_copied_snapshot_and_no_transform():
         make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"})
     with pytest.raises(SpecError, match="cannot be combined with transform_sql"):
         make_spec(transform_sql="SELECT order_date FROM source")
+
+
+def test_a_moved_key_whose_new_partition_is_unknown_stops_the_plan(demo_db, factory):
+    order_id = dt.date(2024, 1, 2).toordinal() * 1000 + 7
+    demo_db.execute(
+        "INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note) "
+        "VALUES (NULL, %s, 1, '2030-01-01', 999999, 1.00, 'lost', 'no day')", (order_id,)
+    )
+    with pytest.raises(SourceDataError) as err:
+        make_plan(make_spec(), ALL_DAYS, factory)
+    assert f"(order_id={order_id})" in str(err.value) and "cannot be identified" in str(err.value)
+    assert demo_db.execute("SELECT to_regnamespace('backfill_control')").fetchone()[0] is None

@@ -101,9 +101,10 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
     snap = doc["snapshot"]
     with repeatable_read(conn):
         found = control.find_snapshot(conn, spec.control_schema, snap["id"])
-        if found is None or found[2] != snap["fingerprint"]:
+        if found is None or found["fingerprint"] != snap["fingerprint"]:
             raise ApprovalError(f"snapshot {snap['id']} of plan {stored.plan_id[:16]} is gone; plan again")
-        relation = spec.source_ref if found[1] is None else parse_table_name(found[1])
+        table = found["snapshot_table"]
+        relation = spec.source_ref if table is None else parse_table_name(table)
         current = source_fingerprints(conn, ctx, relation)
         snapshot_changed = [
             p["partition"] for p in doc["partitions"]
@@ -119,7 +120,7 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
             ).as_dict() != stored.approved(label)
         ]
     if snapshot_changed:
-        where = "the source" if found[1] is None else f"snapshot {snap['id']}"
+        where = "the source" if table is None else f"snapshot {snap['id']}"
         raise ApprovalError(
             f"{where} no longer has the planned fingerprint in partition(s) "
             f"{', '.join(snapshot_changed)}; plan again"

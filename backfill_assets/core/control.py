@@ -23,6 +23,13 @@ _DDL = (
         "snapshot_table text, partition_key text NOT NULL, partitions jsonb NOT NULL, "
         "fingerprint text NOT NULL, created_at timestamptz NOT NULL)"
     ),
+    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS scope jsonb"),
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.stage_builds ("
+        "spec_name text NOT NULL, variant text NOT NULL, partition text NOT NULL, "
+        "snapshot_id text NOT NULL, readings jsonb NOT NULL, built_at timestamptz NOT NULL, "
+        "PRIMARY KEY (spec_name, variant, partition))"
+    ),
     sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.plans ("
         "plan_id text PRIMARY KEY, spec_name text NOT NULL, target_table text NOT NULL, "
@@ -50,14 +57,24 @@ _DDL = (
 )
 
 _SNAPSHOT_ROW = sql.SQL(
-    "SELECT snapshot_id, snapshot_table, fingerprint FROM {schema}.snapshots "
-    "WHERE snapshot_id = %(snapshot_id)s"
+    "SELECT snapshot_id, snapshot_table, fingerprint, mode, partitions, scope "
+    "FROM {schema}.snapshots WHERE snapshot_id = %(snapshot_id)s"
 )
 _INSERT_SNAPSHOT = sql.SQL(
     "INSERT INTO {schema}.snapshots (snapshot_id, source_table, mode, snapshot_table, "
-    "partition_key, partitions, fingerprint, created_at) VALUES (%(snapshot_id)s, "
+    "partition_key, partitions, fingerprint, scope, created_at) VALUES (%(snapshot_id)s, "
     "%(source_table)s, %(mode)s, %(snapshot_table)s, %(partition_key)s, %(partitions)s, "
-    "%(fingerprint)s, %(created_at)s) ON CONFLICT (snapshot_id) DO NOTHING"
+    "%(fingerprint)s, %(scope)s, %(created_at)s) ON CONFLICT (snapshot_id) DO NOTHING"
+)
+_UPSERT_BUILD = sql.SQL(
+    "INSERT INTO {schema}.stage_builds (spec_name, variant, partition, snapshot_id, readings, "
+    "built_at) VALUES (%(spec_name)s, %(variant)s, %(partition)s, %(snapshot_id)s, "
+    "%(readings)s, %(built_at)s) ON CONFLICT (spec_name, variant, partition) DO UPDATE SET "
+    "snapshot_id = EXCLUDED.snapshot_id, readings = EXCLUDED.readings, built_at = EXCLUDED.built_at"
+)
+_BUILDS = sql.SQL(
+    "SELECT variant, partition, snapshot_id, readings FROM {schema}.stage_builds "
+    "WHERE spec_name = %(spec_name)s AND partition = ANY(%(partitions)s)"
 )
 _INSERT_PLAN = sql.SQL(
     "INSERT INTO {schema}.plans (plan_id, spec_name, target_table, status, snapshot_id, plan, "
@@ -77,18 +94,36 @@ def ensure_control_schema(conn: psycopg.Connection, schema: str) -> None:
         conn.execute(ddl.format(schema=sql.Identifier(schema)))
 
 
-def find_snapshot(conn: psycopg.Connection, schema: str, snapshot_id: str) -> tuple[str, str | None, str] | None:
-    """(snapshot_id, snapshot_table, fingerprint) of a recorded snapshot, or None."""
+def find_snapshot(conn: psycopg.Connection, schema: str, snapshot_id: str) -> dict[str, Any] | None:
+    """A recorded snapshot (snapshot_id, snapshot_table, fingerprint, mode, partitions,
+    scope), or None."""
     row = conn.execute(
         _SNAPSHOT_ROW.format(schema=sql.Identifier(schema)), {"snapshot_id": snapshot_id}
     ).fetchone()
-    return None if row is None else (row[0], row[1], row[2])
+    if row is None:
+        return None
+    keys = ("snapshot_id", "snapshot_table", "fingerprint", "mode", "partitions", "scope")
+    return dict(zip(keys, row))
 
 
 def record_snapshot(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
-    """Record a snapshot (idempotent: the id is derived from its content)."""
-    fields = {**fields, "partitions": Jsonb(fields["partitions"])}
+    """Record a snapshot (idempotent: the id is derived from its content and scope)."""
+    fields = {**fields, "partitions": Jsonb(fields["partitions"]), "scope": Jsonb(fields["scope"])}
     conn.execute(_INSERT_SNAPSHOT.format(schema=sql.Identifier(schema)), fields)
+
+
+def record_build(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
+    """Record the readings of one stage partition as built from a snapshot (latest wins)."""
+    fields = {**fields, "readings": Jsonb(fields["readings"])}
+    conn.execute(_UPSERT_BUILD.format(schema=sql.Identifier(schema)), fields)
+
+
+def builds(conn: psycopg.Connection, schema: str, spec_name: str, partitions: list[str]) -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
+    """(variant, partition) -> (snapshot_id, readings) of the latest builds."""
+    rows = conn.execute(
+        _BUILDS.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "partitions": partitions}
+    ).fetchall()
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
 
 
 def record_plan(conn: psycopg.Connection, schema: str, **fields: Any) -> None:

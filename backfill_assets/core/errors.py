@@ -66,6 +66,12 @@ class DeterminismError(BackfillError):
         )
 
 
+class StageError(BackfillError):
+    """A stage no longer holds the build a step expects: build both stages again."""
+
+    exit_code = 5
+
+
 class ApprovalError(BackfillError):
     """An approval is missing, or does not match the plan or the current stages."""
 

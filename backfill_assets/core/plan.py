@@ -20,18 +20,19 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
-from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables, table_columns
+from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables, table_columns, table_kind
 from backfill_assets.core.db import (
     ConnectionFactory, advisory_session_lock, repeatable_read, transient_errors,
 )
-from backfill_assets.core.errors import SnapshotError, SourceDataError
+from backfill_assets.core.errors import SnapshotError, SourceDataError, StageError
 from backfill_assets.core.fingerprint import (
     Fingerprint, all_columns_order, business_key_order, content_hash, content_hash_where,
     fingerprint_partition,
 )
 from backfill_assets.core.moves import Scope, close_scope
 from backfill_assets.core.spec import (
-    PartitionKind, PartitionRequest, PartitionValue, Spec, TableRef, parse_labels, partition_label,
+    PartitionKind, PartitionRequest, PartitionValue, Spec, TableRef, parse_labels, parse_table_name,
+    partition_label,
 )
 from backfill_assets.core.transform import validate_transform_in_catalog, validate_transform_text
 
@@ -168,6 +169,7 @@ class Snapshot:
     filtered: bool  # True when the relation is the live source, read for the partitions only
     fingerprint: str
     partitions: dict[str, dict[str, Any]]  # label -> {"row_count", "content_hash"}
+    requested: list[str]  # the partitions asked for; the others were added by moved records
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint}
@@ -203,9 +205,21 @@ def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     }
 
 
+def _scope_document(ctx: Context, requested: list[str]) -> dict[str, Any]:
+    scope = ctx.scope
+    return {
+        "requested": requested,
+        "added": scope.added if scope else {},
+        "moves": [list(m) for m in scope.moves] if scope else [],
+    }
+
+
 def _snapshot_identity(
-    ctx: Context, parts: dict[str, dict[str, Any]], outside: dict[str, Any] | None
+    ctx: Context, parts: dict[str, dict[str, Any]], outside: dict[str, Any] | None,
+    scope: dict[str, Any],
 ) -> tuple[str, str]:
+    """(snapshot id, fingerprint). The fingerprint covers the data and names the copy; the
+    id also covers the scope (requested partitions, and the moves found in the target)."""
     doc = {
         "format": SNAPSHOT_FORMAT, "source": str(ctx.spec.source_ref),
         "partition_key": ctx.spec.partition_key,
@@ -215,7 +229,8 @@ def _snapshot_identity(
     if outside is not None:
         doc["versions_outside"] = outside
     fingerprint = sha256_hex(canonical_json(doc))
-    return f"{ctx.spec.source.snapshot}-{fingerprint[:16]}", fingerprint
+    scoped = sha256_hex(canonical_json({"fingerprint": fingerprint, "scope": scope}))
+    return f"{ctx.spec.source.snapshot}-{scoped[:16]}", fingerprint
 
 
 def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed, params: dict[str, Any]) -> None:
@@ -288,6 +303,7 @@ def take_snapshot(
     """
     spec = ctx.spec
     src = spec.source_ref
+    requested = ctx.labels
     with transient_errors("taking the snapshot"), repeatable_read(conn):
         set_timeouts(conn, spec)
         if spec.records_can_move:
@@ -298,13 +314,14 @@ def take_snapshot(
         progress(f"snapshot: fingerprinting {len(ctx.partitions)} source partition(s) of {src}")
         parts = source_fingerprints(conn, ctx, src)
         outside = outside_fingerprint(conn, ctx, src) if spec.records_can_move else None
-        snapshot_id, fingerprint = _snapshot_identity(ctx, parts, outside)
+        scope = _scope_document(ctx, requested)
+        snapshot_id, fingerprint = _snapshot_identity(ctx, parts, outside, scope)
         control.ensure_control_schema(conn, spec.control_schema)
         if spec.source.snapshot == "immutable":
             relation, filtered = src, True
         else:
             relation, filtered = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}"), False
-            if control.find_snapshot(conn, spec.control_schema, snapshot_id) is None:
+            if table_kind(conn, relation) is None:
                 rows = sum(p["row_count"] for p in parts.values()) + (outside or {}).get("row_count", 0)
                 progress(f"snapshot: copying {rows} row(s) into {relation}")
                 _copy_snapshot(conn, ctx, relation)
@@ -316,9 +333,35 @@ def take_snapshot(
             mode=spec.source.snapshot, snapshot_table=None if filtered else str(relation),
             partition_key=spec.partition_key,
             partitions=[{"partition": k, **parts[k]} for k in ctx.labels],
-            fingerprint=fingerprint, created_at=clock(),
+            fingerprint=fingerprint, scope=scope, created_at=clock(),
         )
-    snapshot = Snapshot(snapshot_id, spec.source.snapshot, relation, filtered, fingerprint, parts)
+    snapshot = Snapshot(snapshot_id, spec.source.snapshot, relation, filtered, fingerprint, parts, requested)
+    return snapshot, ctx
+
+
+def load_snapshot(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, snapshot_id: str) -> tuple[Snapshot, Context]:
+    """A recorded snapshot and the context it was taken in (its partitions and scope).
+
+    Raises:
+        SnapshotError: no such snapshot.
+        SpecError: the spec no longer matches the catalog.
+    """
+    found = control.find_snapshot(conn, spec.control_schema, snapshot_id) if control.control_ready(conn, spec.control_schema) else None
+    if found is None:
+        raise SnapshotError(f"snapshot {snapshot_id} does not exist; take a snapshot first")
+    labels = [p["partition"] for p in found["partitions"]]
+    ctx = resolve(conn, factory, spec, labels)
+    scope = found["scope"] or {}
+    if spec.records_can_move:
+        ctx = dataclasses.replace(ctx, scope=Scope(
+            ctx.partitions, dict(scope.get("added", {})), [tuple(m) for m in scope.get("moves", [])]
+        ))
+    parts = {p["partition"]: {"row_count": p["row_count"], "content_hash": p["content_hash"]} for p in found["partitions"]}
+    table = found["snapshot_table"]
+    snapshot = Snapshot(
+        snapshot_id, found["mode"], spec.source_ref if table is None else parse_table_name(table),
+        table is None, found["fingerprint"], parts, list(scope.get("requested", labels)),
+    )
     return snapshot, ctx
 
 
@@ -376,16 +419,19 @@ def build_partition(
 
 
 def build_stage(
-    factory: ConnectionFactory, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
-    progress: Progress,
+    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
+    clock: Clock, progress: Progress,
 ) -> dict[str, Fingerprint]:
-    """Build every partition of one stage on its own connection."""
+    """Build every partition of one stage from the snapshot, and record each build."""
     out: dict[str, Fingerprint] = {}
-    with factory() as conn:
-        ensure_stage(conn, ctx, variant)
-        for n, (p, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
-            out[label] = build_partition(conn, ctx, snapshot, variant, p)
-            progress(f"stage {variant}: {n}/{len(ctx.partitions)} {label}: {out[label].row_count} row(s)")
+    ensure_stage(conn, ctx, variant)
+    for n, (p, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
+        out[label] = build_partition(conn, ctx, snapshot, variant, p)
+        control.record_build(
+            conn, ctx.spec.control_schema, spec_name=ctx.spec.name, variant=variant, partition=label,
+            snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), built_at=clock(),
+        )
+        progress(f"stage {variant}: {n}/{len(ctx.partitions)} {label}: {out[label].row_count} row(s)")
     return out
 
 
@@ -485,7 +531,10 @@ def make_plan(
     spec: Spec, request: PartitionRequest, factory: ConnectionFactory, *,
     clock: Clock = utc_now, progress: Progress = _quiet,
 ) -> Plan:
-    """Plan a backfill: steps 1 to 3 of the process. Never writes to the target.
+    """Plan a backfill: snapshot, build both stages at once, compare. Never writes to the target.
+
+    The stages are built on two connections at the same time, under the spec lock held for
+    the whole plan.
 
     Returns the plan, stored in the control schema, with status ``ready`` or ``refused``;
     a refused plan's differing stage partitions are deleted so nothing can apply them.
@@ -497,29 +546,104 @@ def make_plan(
     with factory() as conn, spec_lock(conn, spec):
         progress(f"inspect: {spec.source_ref} -> {spec.target_ref}")
         ctx = resolve(conn, factory, spec, request)
-        requested = ctx.labels
         snapshot, ctx = take_snapshot(conn, ctx, clock, progress)
+
+        def build(variant: Literal["a", "b"]) -> dict[str, Fingerprint]:
+            with factory() as own:
+                return build_stage(own, ctx, snapshot, variant, clock, progress)
+
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
-            futures = {v: pool.submit(build_stage, factory, ctx, snapshot, v, progress) for v in ("a", "b")}
+            futures = {v: pool.submit(build, v) for v in ("a", "b")}
             built = {v: f.result() for v, f in futures.items()}
-        reports = _input_reports(conn, ctx, snapshot)
-        if snapshot.mode == "immutable":
-            recheck_immutable_source(conn, ctx, snapshot)
-        plan = assemble(ctx, snapshot, built["a"], built["b"], reports, requested)
-        with conn.transaction():
-            control.record_plan(
-                conn, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name,
-                target_table=str(spec.target_ref), status=plan.status,
-                snapshot_id=snapshot.snapshot_id, plan=plan.as_json(), created_at=clock(),
-            )
-            if plan.status == "refused":
-                for entry in plan.document["partitions"]:
-                    if not entry["match"]:
-                        value = ctx.partitions[ctx.labels.index(entry["partition"])]
-                        for v in ("a", "b"):
-                            conn.execute(*sqlbuild.delete_partition(ctx.stage(v), spec.partition_key, value))
-        progress(f"plan {plan.plan_id[:16]}: {plan.status}")
-        return plan
+        return finish_plan(conn, ctx, snapshot, built["a"], built["b"], clock, progress)
+
+
+def snapshot_step(
+    spec: Spec, request: PartitionRequest | list[str], factory: ConnectionFactory, *,
+    clock: Clock = utc_now, progress: Progress = _quiet,
+) -> Snapshot:
+    """Step 1 on its own (for an orchestrator): inspect, check and snapshot the partitions."""
+    with factory() as conn, spec_lock(conn, spec):
+        ctx = resolve(conn, factory, spec, request)
+        snapshot, _ = take_snapshot(conn, ctx, clock, progress)
+        return snapshot
+
+
+def build_step(
+    spec: Spec, snapshot_id: str, variant: Literal["a", "b"], factory: ConnectionFactory, *,
+    clock: Clock = utc_now, progress: Progress = _quiet,
+) -> tuple[Snapshot, dict[str, Fingerprint]]:
+    """Build one stage from a recorded snapshot (for an orchestrator: one step per stage)."""
+    with factory() as conn, spec_lock(conn, spec):
+        snapshot, ctx = load_snapshot(conn, factory, spec, snapshot_id)
+        return snapshot, build_stage(conn, ctx, snapshot, variant, clock, progress)
+
+
+def plan_step(
+    spec: Spec, snapshot_id: str, factory: ConnectionFactory, *,
+    clock: Clock = utc_now, progress: Progress = _quiet,
+) -> Plan:
+    """Compare the two builds of a snapshot and store the plan (for an orchestrator).
+
+    The stages were built in other steps, so both are fingerprinted again here: the plan
+    describes what the stage tables hold now, and each must still be the build recorded
+    for this snapshot.
+
+    Raises:
+        StageError: a stage partition was not built from this snapshot, or changed since.
+    """
+    with factory() as conn, spec_lock(conn, spec):
+        snapshot, ctx = load_snapshot(conn, factory, spec, snapshot_id)
+        recorded = control.builds(conn, spec.control_schema, spec.name, ctx.labels)
+        built: dict[str, dict[str, Fingerprint]] = {"a": {}, "b": {}}
+        with repeatable_read(conn, read_only=True):
+            for variant in ("a", "b"):
+                for value, label in zip(ctx.partitions, ctx.labels):
+                    snap_id, readings = recorded.get((variant, label), (None, None))
+                    if snap_id != snapshot_id:
+                        raise StageError(
+                            f"stage {variant} of partition {label} was not built from snapshot "
+                            f"{snapshot_id} (another run rebuilt it, or it was never built); "
+                            "build both stages again"
+                        )
+                    now = fingerprint_partition(
+                        conn, ctx.stage(variant), ctx.target_columns, spec.partition_key,
+                        spec.business_key, spec.total, value,
+                    )
+                    if now.as_dict() != readings:
+                        raise StageError(
+                            f"stage {variant} of partition {label} changed since it was built; "
+                            "build both stages again"
+                        )
+                    built[variant][label] = now
+        return finish_plan(conn, ctx, snapshot, built["a"], built["b"], clock, progress)
+
+
+def finish_plan(
+    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint],
+    b: dict[str, Fingerprint], clock: Clock, progress: Progress,
+) -> Plan:
+    """Compare the builds, recheck an immutable source, then store the plan; a refused plan's
+    differing stage partitions are deleted so that nothing can apply them."""
+    spec = ctx.spec
+    reports = _input_reports(conn, ctx, snapshot)
+    if snapshot.mode == "immutable":
+        recheck_immutable_source(conn, ctx, snapshot)
+    plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested)
+    with conn.transaction():
+        control.record_plan(
+            conn, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name,
+            target_table=str(spec.target_ref), status=plan.status,
+            snapshot_id=snapshot.snapshot_id, plan=plan.as_json(), created_at=clock(),
+        )
+        if plan.status == "refused":
+            for entry in plan.document["partitions"]:
+                if not entry["match"]:
+                    value = ctx.partitions[ctx.labels.index(entry["partition"])]
+                    for v in ("a", "b"):
+                        conn.execute(*sqlbuild.delete_partition(ctx.stage(v), spec.partition_key, value))
+    progress(f"plan {plan.plan_id[:16]}: {plan.status}")
+    return plan
 
 
 def recheck_immutable_source(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> None:

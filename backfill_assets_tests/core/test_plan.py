@@ -323,3 +323,29 @@ def test_integer_and_text_partition_keys(conn, factory):
     plan = make_plan(by_batch, PartitionRequest("1..3"), factory)
     assert [p["partition"] for p in plan.document["partitions"]] == ["1", "2", "3"]
     assert all(p["match"] for p in plan.document["partitions"])
+
+
+def test_the_step_by_step_path_gives_the_same_plan_as_make_plan(demo_db, factory):
+    from backfill_assets.core.plan import build_step, plan_step, snapshot_step
+
+    whole = make_plan(make_spec(), ALL_DAYS, factory)
+    snapshot = snapshot_step(make_spec(), ALL_DAYS, factory)
+    assert snapshot.snapshot_id == whole.document["snapshot"]["id"]
+    assert snapshot.requested == [d.isoformat() for d in demo.DEMO_DAYS]
+    for variant in ("b", "a"):  # the order of the two builds does not matter
+        build_step(make_spec(), snapshot.snapshot_id, variant, factory)
+    assert plan_step(make_spec(), snapshot.snapshot_id, factory).plan_id == whole.plan_id
+
+
+def test_plan_step_refuses_stages_not_built_from_its_snapshot(unmoved_db, factory):
+    from backfill_assets.core.errors import StageError
+    from backfill_assets.core.plan import build_step, plan_step, snapshot_step
+
+    first = snapshot_step(STATIC, PartitionRequest("2024-01-01"), factory)
+    build_step(STATIC, first.snapshot_id, "a", factory)
+    with pytest.raises(StageError, match="stage b of partition 2024-01-01 was not built from snapshot"):
+        plan_step(STATIC, first.snapshot_id, factory)
+    build_step(STATIC, first.snapshot_id, "b", factory)
+    unmoved_db.execute("UPDATE backfill_control.orders_daily__stage_b SET note = 'x' WHERE order_date = '2024-01-01'")
+    with pytest.raises(StageError, match="stage b of partition 2024-01-01 changed since it was built"):
+        plan_step(STATIC, first.snapshot_id, factory)

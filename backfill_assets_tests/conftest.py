@@ -88,6 +88,7 @@ DEMO_SPEC = {
     "total": "amount",
     "records_can_move": True,
     "transform_version": "v1",
+    "partitions": {"type": "daily", "start": "2024-01-01", "end": "2024-01-09"},
 }
 
 

@@ -148,13 +148,17 @@ def verify_committed(factory: ConnectionFactory, ctx: Context, stored: StoredPla
 
 def apply_plan(
     spec: Spec, plan_ref: str, factory: ConnectionFactory, *, run_id: str,
-    clock: Clock = utc_now, progress: Progress = _quiet, checkpoint: Checkpoint = _no_checkpoint,
+    only: list[str] | None = None, clock: Clock = utc_now, progress: Progress = _quiet,
+    checkpoint: Checkpoint = _no_checkpoint, on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> ApplyResult:
     """Replace the partitions of an approved plan, in order, verifying each.
 
     Args:
         run_id: a new id for this run (the ledger's key with the partition).
+        only: apply only these partitions of the plan (with the partitions a moved key
+            links them to, which are replaced in the same transaction).
         checkpoint: called at each step of each replace (see ``STEPS``); for tests.
+        on_result: called with each partition's result as soon as it is final.
 
     Raises:
         ApprovalError: unknown, refused, unapproved or outdated plan; nothing written.
@@ -175,13 +179,23 @@ def apply_plan(
         check_data_unchanged(conn, ctx, stored)
         result = ApplyResult(run_id, stored.plan_id, approval[0])
         doc = stored.document
+        groups: list[list[str]] = doc["replace_groups"]
+        if only is not None:
+            missing = sorted(set(only) - set(stored.labels))
+            if missing:
+                raise ApprovalError(
+                    f"partition(s) {', '.join(missing)} are not in plan {stored.plan_id[:16]}; "
+                    "plan and approve them first"
+                )
+            groups = [g for g in groups if set(g) & set(only)]
+        chosen = {label for g in groups for label in g}
         control.ledger_start(
             conn, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval[0],
             snapshot_id=doc["snapshot"]["id"], target_table=doc["target"],
             transform_version=doc["transform_version"], run_started_at=clock(),
-            partitions=[{"partition": p["partition"], **p["stage_a"]} for p in doc["partitions"]],
+            partitions=[{"partition": p["partition"], **p["stage_a"]} for p in doc["partitions"]
+                        if p["partition"] in chosen],
         )
-        groups: list[list[str]] = doc["replace_groups"]
         for n, labels in enumerate(groups):
             control.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
             try:
@@ -200,6 +214,33 @@ def apply_plan(
                 raise
             control.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock())
             for label in labels:
-                result.partitions.append({"partition": label, "status": status, **stored.approved(label)})
+                entry = {"partition": label, "status": status, **stored.approved(label)}
+                result.partitions.append(entry)
+                if on_result is not None:
+                    on_result(entry)
                 progress(f"apply: {label}: {status} ({_short(stored.approved(label))})")
         return result
+
+
+def approved_plan_for(conn: psycopg.Connection, spec: Spec, labels: list[str]) -> str:
+    """The newest approved plan that includes every one of ``labels``.
+
+    Raises:
+        ApprovalError: some partition has no approved plan, or they are in different ones.
+    """
+    if not control.control_ready(conn, spec.control_schema):
+        raise ApprovalError(f"no plan has been approved for spec {spec.name}; plan and approve first")
+    found = {label: control.newest_approved_plan_with(conn, spec.control_schema, spec.name, label) for label in labels}
+    missing = [label for label, plan_id in found.items() if plan_id is None]
+    if missing:
+        raise ApprovalError(
+            f"partition(s) {', '.join(missing)} of {spec.target_ref} have no approved plan; "
+            "plan them and approve that plan before the target is materialized"
+        )
+    plans = sorted(set(found.values()))  # type: ignore[arg-type]
+    if len(plans) > 1:
+        raise ApprovalError(
+            f"partitions {', '.join(labels)} are covered by different approved plans "
+            f"({', '.join(p[:16] for p in plans)}); materialize them separately"
+        )
+    return plans[0]  # type: ignore[return-value]

@@ -259,3 +259,45 @@ def ledger_status(conn: psycopg.Connection, spec: Any) -> list[dict[str, Any]]:
         return []
     rows = ledger_latest(conn, spec.control_schema, str(spec.target_ref))
     return sorted(rows, key=lambda r: (0, int(r["partition"])) if r["partition"].lstrip("-").isdigit() else (1, r["partition"]))
+
+
+_APPROVED_PLAN_WITH = sql.SQL(
+    "SELECT a.plan_id FROM {schema}.approvals AS a JOIN {schema}.plans AS p "
+    "ON p.plan_id = a.plan_id WHERE a.spec_name = %(spec_name)s AND p.status = 'ready' "
+    "AND EXISTS (SELECT 1 FROM jsonb_array_elements(p.plan -> 'partitions') AS e "
+    "WHERE e ->> 'partition' = %(partition)s) ORDER BY a.approval_id DESC LIMIT 1"
+)
+_APPROVALS_AFTER = sql.SQL(
+    "SELECT approval_id, plan_id, partitions FROM {schema}.approvals "
+    "WHERE spec_name = %(spec_name)s AND approval_id > %(after)s ORDER BY approval_id"
+)
+_LATEST_SNAPSHOTTED = sql.SQL(
+    "SELECT DISTINCT ON (e ->> 'partition') e ->> 'partition', e ->> 'content_hash' "
+    "FROM {schema}.snapshots AS s, jsonb_array_elements(s.partitions) AS e "
+    "WHERE s.source_table = %(source_table)s ORDER BY e ->> 'partition', s.created_at DESC"
+)
+
+
+def newest_approved_plan_with(conn: psycopg.Connection, schema: str, spec_name: str, partition: str) -> str | None:
+    """The plan id of the newest approval of a ready plan that includes ``partition``."""
+    row = conn.execute(
+        _APPROVED_PLAN_WITH.format(schema=sql.Identifier(schema)),
+        {"spec_name": spec_name, "partition": partition},
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def approvals_after(conn: psycopg.Connection, schema: str, spec_name: str, after: int) -> list[tuple[int, str, list[str]]]:
+    """(approval_id, plan_id, partitions) of the approvals of a spec newer than ``after``."""
+    rows = conn.execute(
+        _APPROVALS_AFTER.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "after": after}
+    ).fetchall()
+    return [(int(r[0]), r[1], list(r[2])) for r in rows]
+
+
+def latest_snapshotted(conn: psycopg.Connection, schema: str, source_table: str) -> dict[str, str]:
+    """partition -> source content hash in the newest snapshot of each partition of a source."""
+    rows = conn.execute(
+        _LATEST_SNAPSHOTTED.format(schema=sql.Identifier(schema)), {"source_table": source_table}
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}

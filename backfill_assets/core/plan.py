@@ -572,11 +572,32 @@ def snapshot_step(
 def build_step(
     spec: Spec, snapshot_id: str, variant: Literal["a", "b"], factory: ConnectionFactory, *,
     clock: Clock = utc_now, progress: Progress = _quiet,
-) -> tuple[Snapshot, dict[str, Fingerprint]]:
-    """Build one stage from a recorded snapshot (for an orchestrator: one step per stage)."""
+) -> tuple[Context, dict[str, Fingerprint]]:
+    """Build one stage from a recorded snapshot (for an orchestrator: one step per stage).
+
+    Returns the snapshot's context (partitions, target column types) and the readings.
+    """
     with factory() as conn, spec_lock(conn, spec):
         snapshot, ctx = load_snapshot(conn, factory, spec, snapshot_id)
-        return snapshot, build_stage(conn, ctx, snapshot, variant, clock, progress)
+        return ctx, build_stage(conn, ctx, snapshot, variant, clock, progress)
+
+
+def source_changes(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> dict[str, str]:
+    """Partitions whose source content differs from their newest snapshot: label -> new hash.
+
+    Only partitions that were snapshotted before are looked at (that is what a rerun of the
+    stages would rebuild).
+    """
+    if not control.control_ready(conn, spec.control_schema):
+        return {}
+    known = control.latest_snapshotted(conn, spec.control_schema, str(spec.source_ref))
+    if not known:
+        return {}
+    ctx = resolve(conn, factory, spec, sorted(known))
+    with transient_errors("reading the source"), repeatable_read(conn, read_only=True):
+        set_timeouts(conn, spec)
+        now = source_fingerprints(conn, ctx, spec.source_ref)
+    return {label: now[label]["content_hash"] for label in ctx.labels if now[label]["content_hash"] != known[label]}
 
 
 def plan_step(

@@ -109,6 +109,36 @@ class OrderingColumn(_Strict):
     nulls: Literal["first", "last"] | None = None
 
 
+class PartitionsSpec(_Strict):
+    """How the Dagster code location partitions the assets of a spec.
+
+    ``daily`` and ``monthly`` are time windows from ``start`` to ``end`` (exclusive, default
+    open); their keys are ISO dates (a month is keyed by its first day), so the partition key
+    column must be a date. ``static`` lists the partition values.
+    """
+
+    type: Literal["daily", "monthly", "static"]
+    start: dt.date | None = None
+    end: dt.date | None = None
+    values: list[str] | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _shape(self) -> PartitionsSpec:
+        if self.type == "static":
+            if not self.values or self.start or self.end:
+                raise ValueError("static partitions take a non-empty `values` list and no start/end")
+            if len(set(self.values)) != len(self.values):
+                raise ValueError("static partition values must be distinct")
+        else:
+            if self.start is None or self.values is not None:
+                raise ValueError(f"{self.type} partitions take a `start` date (and an optional `end`), not values")
+            if self.end is not None and self.end <= self.start:
+                raise ValueError("partitions.end must come after partitions.start")
+            if self.type == "monthly" and (self.start.day != 1 or (self.end and self.end.day != 1)):
+                raise ValueError("monthly partitions start and end on the first day of a month")
+        return self
+
+
 class Spec(_Strict):
     """A declared backfill. See README.md, "Configuration reference"."""
 
@@ -125,6 +155,7 @@ class Spec(_Strict):
     transform_version: Annotated[str, Field(min_length=1, max_length=200)]
     transform_sql: str | None = None
     control_schema: Identifier = "backfill_control"
+    partitions: PartitionsSpec | None = None
     lock_timeout_ms: Annotated[int, Field(gt=0, le=3_600_000)] = 5_000
     statement_timeout_ms: Annotated[int, Field(gt=0, le=86_400_000)] = 600_000
 

@@ -333,7 +333,8 @@ def test_the_step_by_step_path_gives_the_same_plan_as_make_plan(demo_db, factory
     assert snapshot.snapshot_id == whole.document["snapshot"]["id"]
     assert snapshot.requested == [d.isoformat() for d in demo.DEMO_DAYS]
     for variant in ("b", "a"):  # the order of the two builds does not matter
-        build_step(make_spec(), snapshot.snapshot_id, variant, factory)
+        ctx, readings = build_step(make_spec(), snapshot.snapshot_id, variant, factory)
+        assert list(readings) == ctx.labels == [p["partition"] for p in whole.document["partitions"]]
     assert plan_step(make_spec(), snapshot.snapshot_id, factory).plan_id == whole.plan_id
 
 
@@ -349,3 +350,13 @@ def test_plan_step_refuses_stages_not_built_from_its_snapshot(unmoved_db, factor
     unmoved_db.execute("UPDATE backfill_control.orders_daily__stage_b SET note = 'x' WHERE order_date = '2024-01-01'")
     with pytest.raises(StageError, match="stage b of partition 2024-01-01 changed since it was built"):
         plan_step(STATIC, first.snapshot_id, factory)
+
+
+def test_source_changes_name_the_partitions_whose_source_moved_on(unmoved_db, factory, conn):
+    from backfill_assets.core.plan import source_changes
+
+    assert source_changes(conn, factory, STATIC) == {}
+    make_plan(STATIC, PartitionRequest("2024-01-01..2024-01-03"), factory)
+    assert source_changes(conn, factory, STATIC) == {}
+    unmoved_db.execute("UPDATE public.orders_raw SET note = 'late fix' WHERE order_date = '2024-01-02'")
+    assert list(source_changes(conn, factory, STATIC)) == ["2024-01-02"]

@@ -1,0 +1,269 @@
+"""The assets of one spec: source -> snapshot -> stage_a, stage_b -> target.
+
+Every asset body is a thin call into the core. They run as single-run backfills over a
+partition range. Dagster records one materialization per partition of the range from the
+step's output (its metadata describes the whole run: snapshot id, plan id); each body then
+yields a materialization per partition with that partition's own readings, and one check
+evaluation per partition, so the UI shows per-partition metadata, plots and checks (the
+latest materialization of a partition is the detailed one).
+The target's gate is the core's approval check, inside the target itself: it holds for a
+backfill re-executed from failure, a hand-launched run and a sensor run alike.
+"""
+
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+from backfill_assets.core.apply import apply_plan, approved_plan_for
+from backfill_assets.core.errors import (
+    ApprovalError, BackfillError, ConcurrentRunError, SnapshotError, TransientDatabaseError,
+    VerificationError,
+)
+from backfill_assets.core.fingerprint import Fingerprint
+from backfill_assets.core.plan import build_step, plan_step, snapshot_step
+from backfill_assets.core.spec import Spec
+from backfill_assets.partitions import partitions_def
+from backfill_assets.render import plan_markdown
+from backfill_assets.resources import PostgresResource, resource_key
+
+PLAN_TAG = "backfill_assets/plan_id"
+APPROVAL_TAG = "backfill_assets/approval_id"
+MAX_TRANSIENT_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class Keys:
+    source: dg.AssetKey
+    snapshot: dg.AssetKey
+    stage_a: dg.AssetKey
+    stage_b: dg.AssetKey
+    target: dg.AssetKey
+
+    @classmethod
+    def of(cls, spec: Spec) -> "Keys":
+        return cls(*(dg.AssetKey([spec.name, n]) for n in ("source", "snapshot", "stage_a", "stage_b", "target")))
+
+
+@contextlib.contextmanager
+def transient_retry() -> Iterator[None]:
+    """Retry the step, a bounded number of times, on a lock or statement timeout, a
+    serialization failure or a concurrent run; never on any other error (decided by class)."""
+    try:
+        yield
+    except (TransientDatabaseError, ConcurrentRunError) as err:
+        raise dg.RetryRequested(max_retries=MAX_TRANSIENT_RETRIES, seconds_to_wait=2) from err
+
+
+def _factory(context: dg.AssetExecutionContext, spec: Spec):
+    resource: PostgresResource = getattr(context.resources, resource_key(spec))
+    return resource.factory(f"backfill_assets:{spec.name}:dagster")
+
+
+def _readings_metadata(fp: dict[str, Any] | Fingerprint) -> dict[str, Any]:
+    r = fp.as_dict() if isinstance(fp, Fingerprint) else fp
+    return {
+        "dagster/row_count": r["row_count"],
+        "null_key_count": r["null_key_count"],
+        "duplicate_key_count": r["duplicate_key_count"],
+        # A float to plot across partitions; the exact decimal as text.
+        "total": float(r["total"]) if r["total"] is not None else None,
+        "total_exact": r["total"],
+        "content_hash": r["content_hash"],
+    }
+
+
+def _schema(columns: list[tuple[str, str]]) -> dg.TableSchema:
+    return dg.TableSchema(columns=[dg.TableColumn(name, type_name) for name, type_name in columns])
+
+
+def _snapshot_id(context: dg.AssetExecutionContext, key: dg.AssetKey) -> str:
+    """The snapshot the run's partitions were last snapshotted in (all in the same one)."""
+    found: dict[str, str] = {}
+    for partition in context.partition_keys:
+        records = context.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
+        ).records
+        if not records or records[0].asset_materialization is None:
+            raise SnapshotError(f"partition {partition} has no snapshot yet; materialize {key.to_user_string()} first")
+        found[partition] = str(records[0].asset_materialization.metadata["snapshot_id"].value)
+    ids = sorted(set(found.values()))
+    if len(ids) != 1:
+        raise SnapshotError(
+            f"partitions {', '.join(found)} were snapshotted separately ({', '.join(ids)}); "
+            "snapshot them together, in one run, before building their stages"
+        )
+    return ids[0]
+
+
+def _key_check(key: dg.AssetKey, partition: str, fp: Fingerprint) -> dg.AssetCheckEvaluation:
+    ok = fp.null_key_count == 0 and fp.duplicate_key_count == 0
+    return dg.AssetCheckEvaluation(
+        asset_key=key, check_name="business_key_unique_and_not_null", passed=ok, partition=partition,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"null_key_count": fp.null_key_count, "duplicate_key_count": fp.duplicate_key_count},
+    )
+
+
+def _side_by_side(a: dict[str, Any], b: dict[str, Any]) -> str:
+    rows = ["| reading | stage A | stage B |", "|---|---|---|"]
+    for k in a:
+        mark = "" if a[k] == b[k] else " **differs**"
+        rows.append(f"| {k} | `{a[k]}` | `{b[k]}`{mark} |")
+    return "\n".join(rows)
+
+
+def spec_assets(spec: Spec) -> list[Any]:
+    """The asset definitions of one spec."""
+    keys = Keys.of(spec)
+    parts = partitions_def(spec)
+    res = {resource_key(spec)}
+    policy = dg.BackfillPolicy.single_run()
+    group = spec.name
+
+    def check(name: str, key: dg.AssetKey, description: str, blocking: bool = False) -> dg.AssetCheckSpec:
+        return dg.AssetCheckSpec(name, asset=key, description=description, blocking=blocking, partitions_def=parts)
+
+    source = dg.AssetSpec(
+        keys.source, group_name=group, kinds={"postgres"},
+        description=f"The source table {spec.source_ref}; read only, never written.",
+        metadata={"table": str(spec.source_ref)},
+    )
+
+    @dg.multi_asset(
+        name=f"{spec.name}__snapshot", partitions_def=parts, backfill_policy=policy, can_subset=True,
+        required_resource_keys=res,
+        specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=group, kinds={"postgres"},
+                            description="A fixed copy (or pinned fingerprint) of the source partitions.")],
+    )
+    def snapshot(context: dg.AssetExecutionContext):
+        with transient_retry():
+            snap = snapshot_step(spec, list(context.partition_keys), _factory(context, spec), progress=context.log.info)
+        yield dg.MaterializeResult(asset_key=keys.snapshot, metadata={
+            "snapshot_id": snap.snapshot_id, "snapshot_fingerprint": snap.fingerprint,
+            "partitions": ", ".join(snap.partitions)})
+        for label, readings in snap.partitions.items():
+            if parts.has_partition_key(label):
+                yield dg.AssetMaterialization(keys.snapshot, partition=label, metadata={
+                    "snapshot_id": snap.snapshot_id, "snapshot_fingerprint": snap.fingerprint,
+                    "mode": snap.mode, "source_rows": readings["row_count"],
+                    "source_hash": readings["content_hash"],
+                    "requested": label in snap.requested,
+                })
+
+    @dg.multi_asset(
+        name=f"{spec.name}__stage_a", partitions_def=parts, backfill_policy=policy, can_subset=True,
+        required_resource_keys=res,
+        specs=[dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=group, kinds={"postgres"},
+                            description="Newest row per business key, built with DISTINCT ON.")],
+        check_specs=[check("business_key_unique_and_not_null", keys.stage_a,
+                           "No NULL and no duplicate business key in the stage partition.")],
+    )
+    def stage_a(context: dg.AssetExecutionContext):
+        snapshot_id = _snapshot_id(context, keys.snapshot)
+        with transient_retry():
+            ctx, built = build_step(spec, snapshot_id, "a", _factory(context, spec), progress=context.log.info)
+        schema = _schema([(c.name, c.type_name) for c in ctx.target_columns])
+        yield dg.MaterializeResult(asset_key=keys.stage_a, metadata={"snapshot_id": snapshot_id})
+        for label, fp in built.items():
+            if parts.has_partition_key(label):
+                yield dg.AssetMaterialization(keys.stage_a, partition=label, metadata={
+                    **_readings_metadata(fp), "snapshot_id": snapshot_id, "dagster/column_schema": schema,
+                })
+                yield _key_check(keys.stage_a, label, fp)
+
+    @dg.multi_asset(
+        name=f"{spec.name}__stage_b", partitions_def=parts, backfill_policy=policy, can_subset=True,
+        required_resource_keys=res,
+        specs=[dg.AssetSpec(keys.stage_b, deps=[keys.snapshot, keys.stage_a], group_name=group, kinds={"postgres"},
+                            description="Newest row per business key, built independently with a window "
+                                        "function; compared with stage A into a plan.")],
+        check_specs=[
+            check("stages_match", keys.stage_b, "Stages A and B agree on every reading.", blocking=True),
+            check("business_key_unique_and_not_null", keys.stage_b,
+                  "No NULL and no duplicate business key in the stage partition."),
+        ],
+    )
+    def stage_b(context: dg.AssetExecutionContext):
+        snapshot_id = _snapshot_id(context, keys.snapshot)
+        factory = _factory(context, spec)
+        with transient_retry():
+            ctx, built = build_step(spec, snapshot_id, "b", factory, progress=context.log.info)
+            plan = plan_step(spec, snapshot_id, factory, progress=context.log.info)
+        table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id))
+        schema = _schema([(c.name, c.type_name) for c in ctx.target_columns])
+        yield dg.MaterializeResult(asset_key=keys.stage_b, metadata={
+            "snapshot_id": snapshot_id, "plan_id": plan.plan_id, "plan_status": plan.status, "plan": table})
+        for entry in plan.document["partitions"]:
+            label = entry["partition"]
+            if not parts.has_partition_key(label):
+                continue
+            common = {"plan_id": plan.plan_id, "plan_status": plan.status, "plan": table}
+            yield dg.AssetMaterialization(keys.stage_b, partition=label, metadata={
+                **_readings_metadata(entry["stage_b"]), **common, "snapshot_id": snapshot_id,
+                "dagster/column_schema": schema,
+            })
+            yield dg.AssetObservation(keys.stage_a, partition=label, metadata=common)
+            yield _key_check(keys.stage_b, label, built[label])
+            yield dg.AssetCheckEvaluation(
+                asset_key=keys.stage_b, check_name="stages_match", passed=entry["match"],
+                partition=label, severity=dg.AssetCheckSeverity.ERROR, blocking=True,
+                metadata={"plan_id": plan.plan_id, "readings": dg.MetadataValue.md(
+                    _side_by_side(entry["stage_a"], entry["stage_b"])), "plan": table},
+            )
+
+    @dg.multi_asset(
+        name=f"{spec.name}__target", partitions_def=parts, backfill_policy=policy, can_subset=True,
+        required_resource_keys=res,
+        specs=[dg.AssetSpec(keys.target, deps=[keys.stage_b], group_name=group, kinds={"postgres"},
+                            description=f"{spec.target_ref}: approved partitions replaced from stage A, "
+                                        "one verified transaction each.")],
+        check_specs=[check("target_matches_approved_plan", keys.target,
+                           "After the replace, the target partition carries the approved fingerprint.")],
+    )
+    def target(context: dg.AssetExecutionContext):
+        labels = list(context.partition_keys)
+        factory = _factory(context, spec)
+        results: list[dict[str, Any]] = []
+        plan_id = context.run.tags.get(PLAN_TAG)
+
+        def events(error: BackfillError | None = None):
+            for r in results:
+                if not parts.has_partition_key(r["partition"]):
+                    continue
+                meta = {**_readings_metadata(r), "status": r["status"], "plan_id": plan_id}
+                yield dg.AssetMaterialization(keys.target, partition=r["partition"], metadata=meta)
+                yield dg.AssetCheckEvaluation(
+                    asset_key=keys.target, check_name="target_matches_approved_plan", passed=True,
+                    partition=r["partition"], metadata={"plan_id": plan_id, "status": r["status"]},
+                )
+            if error is not None:
+                done = {r["partition"] for r in results}
+                failed = [getattr(error, "partition", None)] if isinstance(error, VerificationError) else [
+                    label for label in labels if label not in done]
+                for label in failed:
+                    yield dg.AssetCheckEvaluation(
+                        asset_key=keys.target, check_name="target_matches_approved_plan", passed=False,
+                        partition=label, severity=dg.AssetCheckSeverity.ERROR,
+                        metadata={"plan_id": plan_id or "none", "error": str(error)},
+                    )
+
+        try:
+            with transient_retry():
+                if plan_id is None:
+                    with factory() as conn:
+                        plan_id = approved_plan_for(conn, spec, labels)
+                apply_plan(
+                    spec, plan_id, factory, run_id=f"dagster-{context.run.run_id}-{context.retry_number}",
+                    only=labels, on_result=results.append, progress=context.log.info,
+                )
+        except (ApprovalError, VerificationError) as err:
+            yield from events(err)
+            raise
+        yield dg.MaterializeResult(asset_key=keys.target, metadata={"plan_id": plan_id})
+        yield from events()
+
+    return [source, snapshot, stage_a, stage_b, target]

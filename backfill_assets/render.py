@@ -1,0 +1,119 @@
+"""Text and markdown views of plans, profiles, runs and the ledger (shared by the CLI and
+the Dagster layer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backfill_assets.core.apply import ApplyResult
+from backfill_assets.core.plan import Plan
+from backfill_assets.core.profile import Profile
+
+
+def render_plan(plan: Plan) -> str:
+    doc = plan.document
+    snap = doc["snapshot"]
+    lines = [
+        f"plan {plan.plan_id}",
+        f"  status:            {plan.status}",
+        f"  target:            {doc['target']} (plan does not write to it)",
+        f"  source:            {doc['source']}",
+        f"  snapshot:          {snap['id']} ({snap['mode']}, fingerprint {snap['fingerprint'][:16]}...)",
+        f"  transform version: {doc['transform_version']}",
+        "",
+        f"  {'partition':<12} {'A=B':<4} {'rows':>7} {'total':>14}  {'content hash':<18} "
+        f"{'read':>6} {'null key':>8} {'collapsed':>9}",
+    ]
+    for p in doc["partitions"]:
+        a, src = p["stage_a"], p["source"]
+        lines.append(
+            f"  {p['partition']:<12} {'yes' if p['match'] else 'NO':<4} {a['row_count']:>7} "
+            f"{a['total'] if a['total'] is not None else '-':>14}  {a['content_hash'][:16]}.. "
+            f"{src['rows_read']:>6} {src['null_key_rows_dropped']:>8} {src['duplicates_collapsed']:>9}"
+        )
+        if not p["match"]:
+            b = p["stage_b"]
+            lines.append(
+                f"  {'  stage B':<12} {'':<4} {b['row_count']:>7} "
+                f"{b['total'] if b['total'] is not None else '-':>14}  {b['content_hash'][:16]}.."
+            )
+    for added in doc.get("added_partitions", []):
+        lines.append(f"  added {added['partition']}: " + "; ".join(added["reasons"]))
+    for group in doc.get("replace_groups", []):
+        if len(group) > 1:
+            lines.append(f"  replaced together (a key moves between them): {', '.join(group)}")
+    if plan.problems:
+        lines += ["", "  problems:"] + [f"    - {p}" for p in plan.problems]
+    return "\n".join(lines)
+
+
+def render_profile(profile: Profile) -> str:
+    lines = [
+        f"profile of {profile.table}: {profile.row_count} row(s) in {len(profile.partitions)} partition(s)",
+        f"  {'column':<24} {'type':<28} {'nulls':>7} {'distinct/partition':>19}",
+    ]
+    for c in profile.columns:
+        lines.append(f"  {c.name:<24} {c.type_name:<28} {c.null_count:>7} {c.distinct_per_partition:>19}")
+    lines += ["", f"  business key: {profile.business_key or 'none proposed'}", f"    {profile.key_reason}"]
+    if profile.orderings:
+        lines.append("  orderings tried (newest first):")
+        for t in profile.orderings:
+            verdict = "total" if t.total else f"{t.tied_keys} tied key(s), {t.null_count} NULL(s)"
+            lines.append(f"    {', '.join(t.columns):<40} {verdict}")
+    lines.append(f"  ordering: {profile.ordering_reason}")
+    if profile.business_key and profile.ordering:
+        lines += ["", "  proposed spec lines:", f"    business_key: [{', '.join(profile.business_key)}]", "    ordering:"]
+        lines += [f"      - {{column: {c}, direction: desc}}" for c in profile.ordering]
+    return "\n".join(lines)
+
+
+def render_replacement(plan_doc: dict[str, Any]) -> str:
+    labels = [p["partition"] for p in plan_doc["partitions"]]
+    return (
+        f"Approving will REPLACE {len(labels)} partition(s) of {plan_doc['target']} "
+        f"({', '.join(labels)}) with the stage rows fingerprinted above: every existing row of "
+        "those partitions is deleted. No other partition is touched."
+    )
+
+
+def render_apply(result: ApplyResult) -> str:
+    lines = [f"run {result.run_id} of plan {result.plan_id[:16]} (approval {result.approval_id})"]
+    for p in result.partitions:
+        lines.append(f"  {p['partition']:<12} {p['status']:<26} {p['row_count']:>7} "
+                     f"{p['total'] if p['total'] is not None else '-':>14}  {p['content_hash'][:16]}..")
+    return "\n".join(lines)
+
+
+def render_status(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no runs recorded yet"
+    lines = [f"  {'partition':<12} {'status':<26} {'rows':>7} {'total':>14}  {'hash':<18} run"]
+    for r in rows:
+        lines.append(
+            f"  {r['partition']:<12} {r['status']:<26} {r['row_count'] if r['row_count'] is not None else '-':>7} "
+            f"{r['total'] if r['total'] is not None else '-':>14}  {(r['content_hash'] or '')[:16]}.. {r['run_id'][:12]}"
+        )
+        if r["error"]:
+            lines.append(f"  {'':<12} error: {r['error']}")
+    return "\n".join(lines)
+
+
+def plan_markdown(doc: dict[str, Any], plan_id: str) -> str:
+    """A markdown table of a plan: what an approver approves."""
+    snap = doc["snapshot"]
+    lines = [
+        f"**plan** `{plan_id}`  ",
+        f"target `{doc['target']}`, snapshot `{snap['id']}`, transform `{doc['transform_version']}`",
+        "",
+        "| partition | A = B | rows | total | content hash |",
+        "|---|---|---:|---:|---|",
+    ]
+    for p in doc["partitions"]:
+        a = p["stage_a"]
+        lines.append(
+            f"| {p['partition']} | {'yes' if p['match'] else '**no**'} | {a['row_count']} | "
+            f"{a['total'] if a['total'] is not None else '-'} | `{a['content_hash']}` |"
+        )
+    for added in doc.get("added_partitions", []):
+        lines.append(f"\nadded {added['partition']}: " + "; ".join(added["reasons"]))
+    return "\n".join(lines)

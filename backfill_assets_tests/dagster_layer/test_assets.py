@@ -1,0 +1,200 @@
+"""The Dagster layer in process: real PostgreSQL, an ephemeral Dagster instance, public APIs."""
+
+from __future__ import annotations
+
+import dagster as dg
+import psycopg
+import pytest
+
+from backfill_assets.assets import PLAN_TAG, spec_assets, transient_retry
+from backfill_assets.core.errors import TransientDatabaseError, VerificationError
+from backfill_assets.definitions import build_definitions
+from backfill_assets.resources import PostgresResource
+from backfill_assets.sensors import RANGE_END, RANGE_START
+from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.core.test_apply import DAYS8, target_day_hashes
+
+SPEC = make_spec()
+KEYS = {n: dg.AssetKey(["orders_daily", n]) for n in ("snapshot", "stage_a", "stage_b", "target")}
+WEEK = {RANGE_START: "2024-01-01", RANGE_END: "2024-01-07"}
+
+
+@pytest.fixture
+def dagster_env(demo_db, db_url):
+    defs = build_definitions([SPEC])
+    resources = {"pg_orders_daily": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
+    return defs, resources, dg.DagsterInstance.ephemeral()
+
+
+def materialize(defs, resources, instance, names, tags):
+    assets = [a for a in spec_assets(SPEC)]
+    return dg.materialize(assets, selection=[KEYS[n] for n in names], instance=instance,
+                          resources=resources, tags=tags, raise_on_error=False)
+
+
+def evaluations(result, check_name):
+    return {e.partition: e for e in result.get_asset_check_evaluations() if e.check_name == check_name}
+
+
+def materializations(result, name):
+    return {m.partition: m.metadata for m in result.asset_materializations_for_node(f"orders_daily__{name}")}
+
+
+def stage_week(defs, resources, instance):
+    result = materialize(defs, resources, instance, ["snapshot", "stage_a", "stage_b"], WEEK)
+    assert result.success
+    return result
+
+
+def approve(defs, resources, instance, plan_id):
+    job = defs.resolve_job_def("approve_backfill")
+    return job.execute_in_process(
+        run_config={"ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "alice"}}}},
+        resources=resources, instance=instance, raise_on_error=False,
+    )
+
+
+def test_stages_report_fingerprints_and_per_partition_checks(dagster_env):
+    defs, resources, instance = dagster_env
+    result = stage_week(defs, resources, instance)
+    matched = evaluations(result, "stages_match")
+    # The moved record adds 2024-01-08 to the week's plan.
+    assert sorted(matched) == [d.isoformat() for d in DAYS8]
+    assert all(e.passed for e in matched.values())
+    plan_ids = {e.metadata["plan_id"].value for e in matched.values()}
+    assert len(plan_ids) == 1
+    stage_b = materializations(result, "stage_b")
+    assert stage_b["2024-01-05"]["dagster/row_count"].value == 0
+    assert stage_b["2024-01-01"]["plan_id"].value in plan_ids
+    assert "| 2024-01-08 |" in stage_b["2024-01-01"]["plan"].value
+    assert [c.name for c in stage_b["2024-01-01"]["dagster/column_schema"].value.columns][:2] == ["order_date", "order_id"]
+    keys_ok = evaluations(result, "business_key_unique_and_not_null")
+    assert all(e.passed for e in keys_ok.values()) and len(keys_ok) == 8
+    snapshot_ids = {m["snapshot_id"].value for m in materializations(result, "stage_a").values()}
+    assert len(snapshot_ids) == 1
+
+
+def test_the_target_refuses_partitions_without_an_approval(dagster_env, demo_db):
+    defs, resources, instance = dagster_env
+    stage_week(defs, resources, instance)
+    before = target_day_hashes(demo_db)
+    result = materialize(defs, resources, instance, ["target"], WEEK)
+    assert not result.success
+    failed = evaluations(result, "target_matches_approved_plan")
+    assert failed and not any(e.passed for e in failed.values())
+    assert "have no approved plan" in failed["2024-01-01"].metadata["error"].value
+    assert target_day_hashes(demo_db) == before
+
+
+def test_approval_gate_then_sensor_launches_exactly_the_approved_partitions(dagster_env, demo_db):
+    defs, resources, instance = dagster_env
+    result = stage_week(defs, resources, instance)
+    plan_id = evaluations(result, "stages_match")["2024-01-01"].metadata["plan_id"].value
+    approved = approve(defs, resources, instance, plan_id[:12])
+    assert approved.success and approved.output_for_node("approve_plan_gate") >= 1
+    sensor = defs.resolve_sensor_def("approval_sensor")
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        tick = sensor.evaluate_tick(context)
+        cursor = tick.cursor
+        assert cursor == "{\"orders_daily\": 1}"
+    (request,) = tick.run_requests
+    assert request.job_name == "orders_daily__replace_target"
+    assert request.tags[RANGE_START] == "2024-01-01" and request.tags[RANGE_END] == "2024-01-08"
+    assert request.tags[PLAN_TAG] == plan_id and request.run_key.startswith("approval-orders_daily-")
+    with dg.build_sensor_context(instance=instance, resources=resources, cursor=cursor) as context:
+        assert sensor.evaluate_tick(context).run_requests == []  # nothing new
+    run = materialize(defs, resources, instance, ["target"], request.tags)
+    assert run.success
+    checks = evaluations(run, "target_matches_approved_plan")
+    assert sorted(checks) == [d.isoformat() for d in DAYS8] and all(e.passed for e in checks.values())
+    target = materializations(run, "target")
+    assert target["2024-01-08"]["status"].value == "verified"
+    hashes = target_day_hashes(demo_db)
+    assert all(hashes[k] == target[k]["content_hash"].value for k in hashes)
+
+
+def test_approve_backfill_refuses_a_plan_that_no_longer_matches(dagster_env, demo_db):
+    defs, resources, instance = dagster_env
+    result = stage_week(defs, resources, instance)
+    plan_id = evaluations(result, "stages_match")["2024-01-01"].metadata["plan_id"].value
+    demo_db.execute("UPDATE backfill_control.orders_daily__stage_a SET note = 'x' WHERE order_date = '2024-01-03'")
+    refused = approve(defs, resources, instance, plan_id)
+    assert not refused.success
+    assert demo_db.execute("SELECT count(*) FROM backfill_control.approvals").fetchone()[0] == 0
+
+
+def test_stages_that_differ_fail_the_blocking_check_and_the_target_is_not_replaced(dagster_env, demo_db):
+    defs, resources, instance = dagster_env
+    first = stage_week(defs, resources, instance)
+    plan_id = evaluations(first, "stages_match")["2024-01-01"].metadata["plan_id"].value
+    assert approve(defs, resources, instance, plan_id).success
+    assert materialize(defs, resources, instance, ["target"], {**WEEK, PLAN_TAG: plan_id}).success
+    before = target_day_hashes(demo_db)
+    # The source gets a late correction, and stage B is skewed for one day.
+    demo_db.execute("UPDATE public.orders_raw SET note = 'late' WHERE order_date = '2024-01-02'")
+    demo_db.execute(
+        "CREATE FUNCTION public.skew() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.order_date = '2024-01-02' THEN NEW.note := 'skewed'; END IF; RETURN NEW; END $$"
+    )
+    demo_db.execute("CREATE TRIGGER skew BEFORE INSERT ON backfill_control.orders_daily__stage_b "
+                    "FOR EACH ROW EXECUTE FUNCTION public.skew()")
+    day = {"dagster/partition": "2024-01-02"}
+    run = dg.materialize(spec_assets(SPEC), selection=[KEYS[n] for n in ("snapshot", "stage_a", "stage_b", "target")],
+                         instance=instance, resources=resources, tags=day, raise_on_error=False)
+    assert not run.success
+    assert not evaluations(run, "stages_match")["2024-01-02"].passed
+    assert not materializations(run, "target")  # the blocking check skipped the target step
+    # Materialized by hand, the target refuses: the newest approved plan no longer matches stage A.
+    by_hand = materialize(defs, resources, instance, ["target"], day)
+    assert not by_hand.success
+    error = evaluations(by_hand, "target_matches_approved_plan")["2024-01-02"].metadata["error"].value
+    assert "no longer has the planned fingerprint" in error
+    assert target_day_hashes(demo_db) == before
+
+
+def test_transient_failures_are_retried_a_bounded_number_of_times_and_others_never():
+    with pytest.raises(dg.RetryRequested) as retry:
+        with transient_retry():
+            raise TransientDatabaseError("lock timeout")
+    assert retry.value.max_retries == 3
+    with pytest.raises(VerificationError):
+        with transient_retry():
+            raise VerificationError("2024-01-01", "verification before commit", "a", "b")
+
+
+def test_a_held_lock_is_retried_then_fails_with_nothing_changed(dagster_env, demo_db, db_url):
+    _, resources, instance = dagster_env
+    spec = make_spec(lock_timeout_ms=200)
+    plan_id_result = dg.materialize(spec_assets(spec), selection=[KEYS[n] for n in ("snapshot", "stage_a", "stage_b")],
+                                    instance=instance, resources=resources, tags=WEEK, raise_on_error=False)
+    plan_id = evaluations(plan_id_result, "stages_match")["2024-01-01"].metadata["plan_id"].value
+    defs = build_definitions([spec])
+    assert approve(defs, resources, instance, plan_id).success
+    before = target_day_hashes(demo_db)
+    with psycopg.connect(db_url.reveal()) as writer:
+        writer.execute("UPDATE public.orders_daily SET note = note WHERE order_date = '2024-01-20'")
+        run = dg.materialize(spec_assets(spec), selection=[KEYS["target"]], instance=instance,
+                             resources=resources, tags={**WEEK, PLAN_TAG: plan_id}, raise_on_error=False)
+        writer.rollback()
+    assert not run.success
+    attempts = demo_db.execute(
+        "SELECT count(DISTINCT run_id) FROM backfill_control.ledger WHERE status = 'failed' AND error LIKE %s",
+        ("%lock timeout%",),
+    ).fetchone()[0]
+    assert attempts == 4  # the first try and three retries
+    assert target_day_hashes(demo_db) == before
+
+
+def test_source_snapshot_sensor_restages_changed_partitions(dagster_env, demo_db):
+    defs, resources, instance = dagster_env
+    sensor = defs.resolve_sensor_def("source_snapshot_sensor")
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        assert sensor.evaluate_tick(context).run_requests == []
+    stage_week(defs, resources, instance)
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        assert sensor.evaluate_tick(context).run_requests == []
+    demo_db.execute("UPDATE public.orders_raw SET note = 'late' WHERE order_date IN ('2024-01-02', '2024-01-03')")
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        (request,) = sensor.evaluate_tick(context).run_requests
+    assert request.job_name == "orders_daily__build_stages"
+    assert (request.tags[RANGE_START], request.tags[RANGE_END]) == ("2024-01-02", "2024-01-03")

@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test clean
+.PHONY: demo test ui clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,9 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(VENV)/bin/pytest
+
+ui: $(VENV)/.installed
+	$(VENV)/bin/backfill-assets ui
 
 clean:
 	rm -rf $(VENV) .backfill_assets .pytest_cache .hypothesis

@@ -13,6 +13,7 @@ import json
 import sys
 import threading
 import uuid
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -28,8 +29,8 @@ from backfill_assets.core.control import ledger_status
 from backfill_assets.core.errors import ApprovalError, BackfillError
 from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile import profile_source
-from backfill_assets.core.catalog import inspect_tables
-from backfill_assets.core.spec import PartitionRequest, Spec, load_spec
+from backfill_assets.core.catalog import inspect_tables, table_kind
+from backfill_assets.core.spec import PartitionRequest, Spec, TableRef, load_spec
 from backfill_assets.render import (
     render_apply, render_plan, render_profile, render_replacement, render_status,
 )
@@ -257,6 +258,41 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
     return 0 if same and len(unchanged) == len(before) and all(unchanged) else 7
 
 
+def cmd_ui(args: argparse.Namespace, out: Output) -> int:
+    """Start dagster-webserver and dagster-daemon (``dagster dev``) on loopback, with Dagster's
+    instance storage and the demo data on the embedded PostgreSQL."""
+    import os
+    import shutil
+    import subprocess
+
+    from backfill_assets import demo
+    from backfill_assets.definitions import load_specs
+
+    home = embedded.home()
+    dagster_home = home / "dagster_home"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copyfile(repo / "deploy" / "dagster.yaml", dagster_home / "dagster.yaml")
+    env = dict(os.environ, DAGSTER_HOME=str(dagster_home))
+    if not env.get("DAGSTER_PG_URL"):
+        env["DAGSTER_PG_URL"] = embedded.database_url("dagster").reveal()
+    data = embedded.database_url()
+    factory = connection_factory(data, application_name="backfill_assets:ui")
+    with factory() as conn:
+        if table_kind(conn, TableRef("public", "orders_raw")) is None:
+            demo.load(conn)
+    for spec in load_specs():
+        env[spec.database_url_env] = data.reveal()  # the embedded default, for this process tree only
+    out.result(f"Dagster UI on http://127.0.0.1:{args.port} (instance storage and data on the "
+               f"embedded PostgreSQL under {home}); Ctrl-C stops it.")
+    dagster = Path(sys.executable).parent / "dagster"
+    cmd = [str(dagster), "dev", "-w", str(repo / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(args.port)]
+    try:
+        return subprocess.call(cmd, env=env, cwd=repo)
+    except KeyboardInterrupt:
+        return 0
+
+
 # --- entry point -------------------------------------------------------------------------
 
 
@@ -299,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     apply_cmd = command("apply", "Replace and verify the partitions of an approved plan, one transaction each.", cmd_apply)
     apply_cmd.add_argument("--plan", required=True, metavar="PLAN_ID", help="the approved plan id")
     command("status", "Show the latest ledger state of every partition of the spec's target.", cmd_status)
+    ui = sub.add_parser("ui", help="Start the Dagster UI and daemon on loopback with the embedded PostgreSQL.",
+                        description="Start the Dagster UI and daemon on loopback with the embedded PostgreSQL.")
+    ui.add_argument("--port", type=int, default=3000, help="the UI's port on 127.0.0.1 (default 3000)")
+    ui.set_defaults(fn=cmd_ui, json=False, quiet=False)
     command("demo", "Run the whole flow on the embedded PostgreSQL with a messy sample source.",
             cmd_demo, partitions="2024-01-01..2024-01-07", spec_default="backfills/orders_daily.yaml")
     return parser

@@ -23,7 +23,7 @@ _DDL = (
         "snapshot_table text, partition_key text NOT NULL, partitions jsonb NOT NULL, "
         "fingerprint text NOT NULL, created_at timestamptz NOT NULL)"
     ),
-    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS scope jsonb"),
+    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS scope jsonb"),  # added later
     sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.stage_builds ("
         "spec_name text NOT NULL, variant text NOT NULL, partition text NOT NULL, "
@@ -145,14 +145,26 @@ _PLANS_BY_PREFIX = sql.SQL(
     "SELECT plan_id, status, plan FROM {schema}.plans WHERE plan_id LIKE %(pattern)s "
     "ORDER BY plan_id LIMIT 2"
 )
-_SCHEMA_EXISTS = sql.SQL("SELECT to_regclass(%(plans)s) IS NOT NULL")
+_SCHEMA_STATE = sql.SQL(
+    "SELECT to_regclass(%(plans)s) IS NOT NULL, "
+    "to_regclass(%(ledger)s) IS NOT NULL AND to_regclass(%(builds)s) IS NOT NULL "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
+    "AND attname = 'scope' AND NOT attisdropped)"
+)
 
 
 def control_ready(conn: psycopg.Connection, schema: str) -> bool:
-    """Whether the control schema and its plans table exist (a first plan creates them)."""
-    plans = sql.Identifier(schema, "plans").as_string(conn)
-    row = conn.execute(_SCHEMA_EXISTS, {"plans": plans}).fetchone()
-    return bool(row and row[0])
+    """Whether the control schema exists (a first plan creates it). A schema made by an
+    older version is brought up to date here, in its own transaction."""
+    names = {k: sql.Identifier(schema, k).as_string(conn) for k in ("plans", "ledger", "snapshots")}
+    names["builds"] = sql.Identifier(schema, "stage_builds").as_string(conn)
+    row = conn.execute(_SCHEMA_STATE, names).fetchone()
+    if not row or not row[0]:
+        return False
+    if not row[1]:
+        with conn.transaction():
+            ensure_control_schema(conn, schema)
+    return True
 
 
 def plans_by_prefix(conn: psycopg.Connection, schema: str, prefix: str) -> list[tuple[str, str, dict[str, Any]]]:

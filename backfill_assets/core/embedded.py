@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -52,6 +53,6 @@ def database_url(database: str = DEFAULT_DATABASE, pgdata: Path | None = None) -
         ).fetchone()
         if not exists:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-    info = psycopg.conninfo.conninfo_to_dict(admin)
-    info["dbname"] = database
-    return DatabaseUrl(psycopg.conninfo.make_conninfo(**info), source="the embedded PostgreSQL")
+    # Keep the URL form (SQLAlchemy, used by dagster-postgres, takes URLs only).
+    parts = urlsplit(admin)
+    return DatabaseUrl(urlunsplit(parts._replace(path="/" + quote(database))), source="the embedded PostgreSQL")

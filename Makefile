@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test ui clean
+.PHONY: demo test ui browser clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +12,11 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/backfill-assets demo
 
-test: $(VENV)/.installed
+# The screenshot test drives Debian's chromium (headless, loopback only); install it if missing.
+browser:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: $(VENV)/.installed browser
 	$(VENV)/bin/pytest
 
 ui: $(VENV)/.installed

@@ -34,6 +34,8 @@ def load_specs(value: str | None = None) -> list[Spec]:
     files: list[Path] = []
     for item in filter(None, value.split(os.pathsep)):
         path = Path(item)
+        if not path.exists():
+            raise SpecError(f"{SPECS_ENV} names {path}, which does not exist; name spec files or folders")
         files.extend(sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml")) if path.is_dir() else [path])
     if not files:
         raise SpecError(f"no spec files found in {SPECS_ENV}={value!r}; name YAML files or folders")

@@ -360,3 +360,14 @@ def test_source_changes_name_the_partitions_whose_source_moved_on(unmoved_db, fa
     assert source_changes(conn, factory, STATIC) == {}
     unmoved_db.execute("UPDATE public.orders_raw SET note = 'late fix' WHERE order_date = '2024-01-02'")
     assert list(source_changes(conn, factory, STATIC)) == ["2024-01-02"]
+
+
+def test_a_control_schema_from_an_older_version_is_upgraded_in_place(unmoved_db, factory, conn):
+    from backfill_assets.core import control
+
+    make_plan(STATIC, PartitionRequest("2024-01-01"), factory)
+    conn.execute("ALTER TABLE backfill_control.snapshots DROP COLUMN scope")
+    conn.execute("DROP TABLE backfill_control.stage_builds")
+    assert control.control_ready(conn, "backfill_control")
+    assert conn.execute("SELECT to_regclass('backfill_control.stage_builds') IS NOT NULL").fetchone()[0]
+    assert make_plan(STATIC, PartitionRequest("2024-01-01"), factory).status == "ready"

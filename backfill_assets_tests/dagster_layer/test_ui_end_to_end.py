@@ -107,6 +107,25 @@ class GraphQL:
         return latest
 
 
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--window-size=1280,800", "--virtual-time-budget=20000",
+]
+
+
+def chromium(url: str, tmp_path: Path, *args: str) -> str:
+    """Run headless Debian Chromium on a loopback page; return what it printed."""
+    exe = shutil.which("chromium")
+    assert exe, "Debian's chromium is needed for the screenshot test (make test installs it)"
+    done = subprocess.run(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}", *args, url],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -178,8 +197,8 @@ STAGES = [["orders_daily", "snapshot"], ["orders_daily", "stage_a"], ["orders_da
 WEEK = [f"2024-01-0{d}" for d in range(1, 8)]
 
 
-def test_backfill_checks_approval_sensor_target_and_a_refused_reexecution(dagster_ui, demo_db):
-    gql, _ = dagster_ui
+def test_backfill_checks_approval_sensor_target_and_a_refused_reexecution(dagster_ui, demo_db, tmp_path):
+    gql, port = dagster_ui
     # 1. A partition backfill of the stages, launched as the UI launches it.
     backfill = gql.launch_backfill(STAGES, WEEK)
     assert gql.wait_backfill(backfill) == "COMPLETED_SUCCESS"
@@ -209,6 +228,16 @@ def test_backfill_checks_approval_sensor_target_and_a_refused_reexecution(dagste
         "SELECT plan -> 'partitions' FROM backfill_control.plans WHERE plan_id = %s", (plan_id,)).fetchone()[0]}
     assert target_day_hashes(demo_db) == stage_a
     before = target_day_hashes(demo_db)
+
+    # The asset page shows the check status, in a real browser.
+    gql("mutation { setNuxSeen }")
+    page = f"http://127.0.0.1:{port}/assets/orders_daily/stage_b?view=checks"
+    dom = chromium(page, tmp_path, "--dump-dom")
+    assert "stages_match" in dom and "business_key_unique_and_not_null" in dom and "Succeeded" in dom
+    chromium(page, tmp_path, f"--screenshot={tmp_path / 'stage_b_checks.png'}")
+    shot = (tmp_path / "stage_b_checks.png").read_bytes()
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000
+    print(f"screenshot: {tmp_path / 'stage_b_checks.png'}")
 
     # 4. One partition's stages differ: a late source fix, and stage B skewed for that day.
     demo_db.execute("UPDATE public.orders_raw SET note = 'late' WHERE order_date = '2024-01-02'")

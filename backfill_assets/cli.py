@@ -13,26 +13,38 @@ import json
 import sys
 import threading
 import uuid
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 import psycopg
 
 from backfill_assets.core import embedded
-from backfill_assets.core.db import ConnectionFactory, DatabaseUrl, connection_factory, url_from_env
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import (
-    approve_plan, check_data_unchanged, check_spec_unchanged, find_plan,
+    approve_plan,
+    check_data_unchanged,
+    check_spec_unchanged,
+    find_plan,
 )
+from backfill_assets.core.catalog import inspect_tables, table_kind
 from backfill_assets.core.control import ledger_status
+from backfill_assets.core.db import (
+    ConnectionFactory,
+    DatabaseUrl,
+    connection_factory,
+    url_from_env,
+)
 from backfill_assets.core.errors import ApprovalError, BackfillError
 from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile import profile_source
-from backfill_assets.core.catalog import inspect_tables, table_kind
 from backfill_assets.core.spec import PartitionRequest, Spec, TableRef, load_spec
 from backfill_assets.render import (
-    render_apply, render_plan, render_profile, render_replacement, render_status,
+    render_apply,
+    render_plan,
+    render_profile,
+    render_replacement,
+    render_status,
 )
 
 EXIT_CODES = """exit codes:
@@ -72,12 +84,6 @@ def _url(spec: Spec, args: argparse.Namespace) -> DatabaseUrl:
 
 def _factory(spec: Spec, args: argparse.Namespace) -> ConnectionFactory:
     return connection_factory(_url(spec, args), application_name=f"backfill_assets:{spec.name}")
-
-
-
-
-
-
 
 
 # --- commands ----------------------------------------------------------------------------
@@ -137,8 +143,6 @@ def cmd_plan(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-
-
 def _confirm(out: Output, args: argparse.Namespace) -> None:
     if args.yes:
         return
@@ -170,8 +174,6 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-
-
 def cmd_apply(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     run_id = uuid.uuid4().hex
@@ -182,8 +184,6 @@ def cmd_apply(args: argparse.Namespace, out: Output) -> int:
     else:
         out.result(render_apply(result))
     return 0
-
-
 
 
 def cmd_status(args: argparse.Namespace, out: Output) -> int:

@@ -19,7 +19,9 @@ from backfill_assets.core.errors import (
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
 from backfill_assets_tests.conftest import make_spec
-from backfill_assets_tests.core.test_plan import ALL_DAYS, expected_hash, newest_wins
+from backfill_assets_tests.core.test_plan import (
+    ALL_DAYS, expected_hash, newest_wins, target_hashes,
+)
 
 DAYS8 = [*demo.DEMO_DAYS, dt.date(2024, 1, 8)]
 
@@ -34,22 +36,17 @@ def run(spec, plan, factory, **kwargs):
     return apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, **kwargs)
 
 
-def all_target_rows(conn):
+def all_target_rows(conn, day: dt.date | None = None):
+    """Every target row, or those of one day, in key order."""
     return conn.execute(
         "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note "
-        "FROM public.orders_daily ORDER BY order_id"
+        "FROM public.orders_daily WHERE %(day)s::date IS NULL OR order_date = %(day)s ORDER BY order_id",
+        {"day": day},
     ).fetchall()
 
 
 def target_day_hashes(conn, days=DAYS8):
-    from backfill_assets.core.catalog import table_columns
-    from backfill_assets.core.fingerprint import business_key_order, content_hash
-    from backfill_assets.core.spec import TableRef
-
-    ref = TableRef("public", "orders_daily")
-    cols = table_columns(conn, ref)
-    order = business_key_order(cols, ["order_id"])
-    return {d.isoformat(): content_hash(conn, ref, cols, "order_date", order, d) for d in days}
+    return target_hashes(conn, days)
 
 
 def test_apply_makes_the_target_equal_to_an_independent_newest_wins(demo_db, factory):
@@ -57,7 +54,7 @@ def test_apply_makes_the_target_equal_to_an_independent_newest_wins(demo_db, fac
         "INSERT INTO public.orders_daily (order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note) "
         "VALUES ('2024-01-20', 1, 1, '2024-01-20', 1, 1.00, 'outside', 'not in the plan')"
     )
-    outside = demo_db.execute("SELECT * FROM public.orders_daily WHERE order_date = '2024-01-20'").fetchall()
+    outside = all_target_rows(demo_db, dt.date(2024, 1, 20))
     spec = make_spec()
     plan = approved(demo_db, factory, spec)
     result = run(spec, plan, factory)
@@ -68,7 +65,7 @@ def test_apply_makes_the_target_equal_to_an_independent_newest_wins(demo_db, fac
         assert hashes[day.isoformat()] == expected_hash(demo_db, expected.get(day, []))
     # The empty day emptied its target partition; the unapproved day was not touched.
     assert demo_db.execute("SELECT count(*) FROM public.orders_daily WHERE order_date = '2024-01-05'").fetchone()[0] == 0
-    assert demo_db.execute("SELECT * FROM public.orders_daily WHERE order_date = '2024-01-20'").fetchall() == outside
+    assert all_target_rows(demo_db, dt.date(2024, 1, 20)) == outside
     # Moved records end in exactly one partition: their new one.
     for order_id, old, new in demo.MOVES:
         days = demo_db.execute("SELECT order_date FROM public.orders_daily WHERE order_id = %s", (order_id,)).fetchall()

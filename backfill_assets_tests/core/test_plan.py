@@ -61,10 +61,11 @@ def expected_hash(conn: psycopg.Connection, rows: list[tuple]) -> str:
     return reference_digest([(c.name, c.type_name) for c in cols], [[pg_text(v) for v in r] for r in rows])
 
 
-def target_hashes(conn: psycopg.Connection) -> dict[str, str]:
+def target_hashes(conn: psycopg.Connection, days: list[dt.date] = demo.DEMO_DAYS) -> dict[str, str]:
+    """The content hash of each day of the demo target."""
     cols = table_columns(conn, TARGET)
     order = business_key_order(cols, ["order_id"])
-    return {d.isoformat(): content_hash(conn, TARGET, cols, "order_date", order, d) for d in demo.DEMO_DAYS}
+    return {d.isoformat(): content_hash(conn, TARGET, cols, "order_date", order, d) for d in days}
 
 
 def control_schema_exists(conn: psycopg.Connection) -> bool:

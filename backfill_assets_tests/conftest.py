@@ -23,6 +23,7 @@ from backfill_assets.core.db import DatabaseUrl, connect, connection_factory
 from backfill_assets.core.spec import Spec, spec_from_mapping
 
 ADMIN_URL_ENV = "BACKFILL_TEST_DATABASE_URL"
+CANARY = "canary-Pw-7f3e91"  # a password that must never appear in any output
 URL_ENV = "BFA_TEST_DATABASE_URL"  # the variable the test specs name
 
 settings.register_profile(
@@ -117,3 +118,23 @@ def unmoved_db(conn: psycopg.Connection) -> psycopg.Connection:
 
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def password_role(admin_url: str) -> str:
+    """A role that must log in with a password over the embedded server's socket."""
+    if os.environ.get(ADMIN_URL_ENV):
+        pytest.skip("needs the embedded server, whose pg_hba.conf the test may edit")
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        hba = Path(admin.execute("SHOW hba_file").fetchone()[0])
+        line = "local all bfa_pw scram-sha-256\n"
+        if line not in hba.read_text():
+            hba.write_text(line + hba.read_text())
+            admin.execute("SELECT pg_reload_conf()")
+        if not admin.execute("SELECT 1 FROM pg_roles WHERE rolname = 'bfa_pw'").fetchone():
+            admin.execute(sql.SQL("CREATE ROLE bfa_pw LOGIN PASSWORD {}").format(sql.Literal("right-password")))
+    info = conninfo_to_dict(admin_url)
+    info.update(user="bfa_pw", password=CANARY)
+    return make_conninfo(**info)
+
+

@@ -8,16 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 import yaml
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from backfill_assets.cli import main
-from backfill_assets_tests.conftest import ADMIN_URL_ENV, DEMO_SPEC, REPO, URL_ENV
+from backfill_assets_tests.conftest import CANARY, DEMO_SPEC, REPO, URL_ENV
 
-CANARY = "canary-Pw-7f3e91"
 
 
 def write_spec(tmp_path: Path, **changes: object) -> Path:
@@ -86,24 +82,6 @@ def test_unreachable_host_exits_3_without_the_password(tmp_path, capsys, monkeyp
     assert code == 3 and "cannot connect" in err and f"${URL_ENV}" in err
     assert CANARY not in out + err and "postgresql://" not in out + err
     assert len(err.strip().splitlines()) == 1
-
-
-@pytest.fixture
-def password_role(admin_url: str) -> str:
-    """A role that must log in with a password over the embedded server's socket."""
-    if os.environ.get(ADMIN_URL_ENV):
-        pytest.skip("needs the embedded server, whose pg_hba.conf the test may edit")
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        hba = Path(admin.execute("SHOW hba_file").fetchone()[0])
-        line = "local all bfa_pw scram-sha-256\n"
-        if line not in hba.read_text():
-            hba.write_text(line + hba.read_text())
-            admin.execute("SELECT pg_reload_conf()")
-        if not admin.execute("SELECT 1 FROM pg_roles WHERE rolname = 'bfa_pw'").fetchone():
-            admin.execute(sql.SQL("CREATE ROLE bfa_pw LOGIN PASSWORD {}").format(sql.Literal("right-password")))
-    info = conninfo_to_dict(admin_url)
-    info.update(user="bfa_pw", password=CANARY)
-    return make_conninfo(**info)
 
 
 def test_wrong_password_exits_3_without_the_password(password_role, tmp_path, capsys, monkeypatch):

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from urllib.parse import urlsplit
 
 from backfill_assets.core.errors import (
     ConcurrentRunError, ConnectionConfigError, TransientDatabaseError,
@@ -58,19 +60,33 @@ class DatabaseUrl:
         return self._value
 
     def redact(self, text: str) -> str:
-        """Remove the URL, its password and its user info from ``text``."""
+        """Remove the URL, its password and any user info or password option from ``text``.
+
+        Works on malformed URLs too: libpq may quote the unparsable part back.
+        """
         secrets = {self._value}
         try:
             params = conninfo_to_dict(self._value)
         except psycopg.ProgrammingError:
             params = {}
-        password = params.get("password")
-        if password:
-            secrets.add(str(password))
+        for candidate in (params.get("password"), _url_password(self._value)):
+            if candidate:
+                secrets.add(str(candidate))
         for secret in sorted(secrets, key=len, reverse=True):
-            if secret:
-                text = text.replace(secret, "[redacted]")
-        return text
+            text = text.replace(secret, "[redacted]")
+        text = _USERINFO.sub(r"\1[redacted]@", text)
+        return _PASSWORD_OPTION.sub(r"\1[redacted]", text)
+
+
+_USERINFO = re.compile(r"(//)[^/@\s]*@")
+_PASSWORD_OPTION = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
+
+
+def _url_password(value: str) -> str | None:
+    try:
+        return urlsplit(value).password
+    except ValueError:
+        return None
 
 
 def url_from_env(name: str, environ: Mapping[str, str] | None = None) -> DatabaseUrl:
@@ -109,15 +125,15 @@ def connect(url: DatabaseUrl, *, application_name: str = "backfill_assets") -> p
             url.reveal(), autocommit=True, application_name=application_name, connect_timeout=10
         )
     except psycopg.ProgrammingError as err:
-        raise ConnectionConfigError(
-            f"the URL in {url.source} is malformed: {_one_line(url.redact(str(err)))}"
-        ) from None
+        problem = f"the URL in {url.source} is malformed: {_one_line(url.redact(str(err)))}"
     except psycopg.OperationalError as err:
-        raise ConnectionConfigError(
-            f"cannot connect to the database in {url.source}: {_one_line(url.redact(str(err)))}"
-        ) from None
-    pin_session(conn)
-    return conn
+        problem = f"cannot connect to the database in {url.source}: {_one_line(url.redact(str(err)))}"
+    else:
+        pin_session(conn)
+        return conn
+    # Raised outside the except blocks: the driver's exception, which may quote the URL,
+    # is neither the cause nor the context of ours.
+    raise ConnectionConfigError(problem)
 
 
 def _one_line(text: str) -> str:

@@ -256,6 +256,17 @@ def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed
             undeclared,
         )
     others = [c for c in spec.columns if c not in {spec.partition_key, *spec.business_key, *ordering}]
+    query, qp = sqlbuild.input_report(input_rel, spec.partition_key, spec.business_key, params)
+    keyless = [f"partition {partition_label(p)}: {n} row(s)" for p, n, nulls in conn.execute(query, qp).fetchall()
+               if n and nulls == n]
+    if keyless:
+        # Every row dropped would empty the target partition: far more likely a wrong key.
+        raise SourceDataError(
+            "every source row of some partitions has a NULL business key "
+            f"({', '.join(spec.business_key)}), so the rebuild would empty them",
+            "Check business_key against the source (run `backfill-assets profile`)",
+            keyless[:3],
+        )
     # A key that can move has one newest version across partitions, so ties are per key;
     # otherwise per (partition, key), and the partition counts among the output columns.
     scope_key = None if spec.records_can_move else spec.partition_key

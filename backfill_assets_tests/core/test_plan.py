@@ -372,3 +372,10 @@ def test_a_control_schema_from_an_older_version_is_upgraded_in_place(unmoved_db,
     assert control.control_ready(conn, "backfill_control")
     assert conn.execute("SELECT to_regclass('backfill_control.stage_builds') IS NOT NULL").fetchone()[0]
     assert make_plan(STATIC, PartitionRequest("2024-01-01"), factory).status == "ready"
+
+
+def test_a_partition_whose_rows_all_lack_a_business_key_is_refused(unmoved_db, factory):
+    unmoved_db.execute("UPDATE public.orders_raw SET order_id = NULL WHERE order_date = '2024-01-03'")
+    with pytest.raises(SourceDataError, match=r"every source row .* NULL business key .*partition 2024-01-03: 42 row"):
+        make_plan(STATIC, ALL_DAYS, factory)
+    assert not control_schema_exists(unmoved_db)

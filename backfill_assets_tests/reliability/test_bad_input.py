@@ -1,0 +1,138 @@
+"""The bad-input catalogue: every case is refused with a clear message and a non-zero exit,
+and the target's fingerprint does not change. Counted in docs/reliability.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from backfill_assets.cli import main
+from backfill_assets_tests.conftest import CANARY, DEMO_SPEC, URL_ENV
+from backfill_assets_tests.core.test_apply import DAYS8
+from backfill_assets_tests.core.test_plan import target_hashes
+
+WEEK = "2024-01-01..2024-01-07"
+VOLATILE_FN = ("CREATE FUNCTION public.shaky(x int) RETURNS int LANGUAGE plpgsql VOLATILE "
+               "AS $$ BEGIN RETURN x; END $$")
+JITTER_FN = ("CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
+             "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$")
+COLS = "order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note"
+
+
+def static(**changes: Any) -> dict[str, Any]:
+    return {"records_can_move": False, **changes}
+
+
+def transform(expr: str) -> dict[str, Any]:
+    return static(transform_sql=" ".join(["SELECT", COLS + ",", expr, "AS extra FROM source"]))
+
+
+# (id, spec changes, command, setup SQL, exit code, message)
+CASES: list[tuple[str, dict[str, Any] | str, list[str], list[str], int, str]] = [
+    ("name-uppercase", {"name": "Orders"}, ["plan", "--partitions", WEEK], [], 2, "name"),
+    ("unknown-spec-key", {"surprise": True}, ["plan", "--partitions", WEEK], [], 2, "surprise: Extra inputs are not permitted"),
+    ("malformed-yaml", "name: [unclosed\n", ["plan", "--partitions", WEEK], [], 2, "not valid YAML at line"),
+    ("spec-not-a-mapping", "- just\n- a list\n", ["plan", "--partitions", WEEK], [], 2, "must be a YAML mapping"),
+    ("url-in-env-name", {"database_url_env": "postgresql://u:" + CANARY + "@h/db"}, ["plan", "--partitions", WEEK], [], 2,
+     "NAME of an environment variable"),
+    ("target-quote-semicolon", {"target": {"table": 'public.x"; DROP TABLE orders_raw; --'}}, ["plan", "--partitions", WEEK], [], 2,
+     'target table public.x"; DROP TABLE orders_raw; -- does not exist'),
+    ("source-semicolon", {"source": {"table": "public.orders_raw; DROP TABLE t", "snapshot": "copy"}},
+     ["plan", "--partitions", WEEK], [], 2, "source table public.orders_raw; DROP TABLE t does not exist"),
+    ("unicode-table", {"target": {"table": "public.zamówienia"}}, ["plan", "--partitions", WEEK], [], 2,
+     "target table public.zamówienia does not exist"),
+    ("identifier-over-63-bytes", {"partition_key": "é" * 32}, ["plan", "--partitions", WEEK], [], 2, "longer than 63 bytes"),
+    ("column-with-quote", static(columns=["order_date", "order_id", "updated_at", "ingest_seq", 'note"'], total=None),
+     ["plan", "--partitions", WEEK], [], 2, 'has no column(s) note"'),
+    ("missing-source-table", {"source": {"table": "public.nope", "snapshot": "copy"}}, ["plan", "--partitions", WEEK], [], 2,
+     "source table public.nope does not exist"),
+    ("missing-target-column", static(columns=["order_date", "order_id", "updated_at", "ingest_seq", "ghost"], total=None),
+     ["plan", "--partitions", WEEK], [], 2, "has no column(s) ghost"),
+    ("missing-ordering-column", {"ordering": [{"column": "ghost_ts", "direction": "desc"}]}, ["plan", "--partitions", WEEK], [], 2,
+     "has no column(s) ghost_ts"),
+    ("partition-key-type-mismatch", {}, ["plan", "--partitions", WEEK],
+     ["ALTER TABLE public.orders_raw ALTER COLUMN order_date TYPE text"], 2, "is text in the source but date in the target"),
+    ("partition-not-a-date", {}, ["plan", "--partitions", "2024-13-01"], [], 2, "is not a date"),
+    ("partition-garbage", {}, ["plan", "--partitions", "yesterday"], [], 2, "is not a date"),
+    ("partition-range-reversed", {}, ["plan", "--partitions", "2024-01-05..2024-01-01"], [], 2, "ends before it starts"),
+    ("partition-empty-item", {}, ["plan", "--partitions", "2024-01-01,,2024-01-02"], [], 2, "empty item"),
+    ("missing-grain-constraint", {}, ["plan", "--partitions", WEEK],
+     ["ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_order_key"], 2, "ADD CONSTRAINT"),
+    ("total-not-exact", {"total": "status"}, ["plan", "--partitions", WEEK], [], 2, "must be exact"),
+    ("key-includes-partition", {"business_key": ["order_date"]}, ["plan", "--partitions", WEEK], [], 2, "must not include partition_key"),
+    ("moving-needs-copy", {"source": {"table": "public.orders_raw", "snapshot": "immutable"}},
+     ["plan", "--partitions", WEEK], [], 2, "records_can_move needs `snapshot: copy`"),
+    ("ordering-with-ties", {"ordering": [{"column": "updated_at", "direction": "desc"}]}, ["plan", "--partitions", WEEK], [], 4,
+     "tie on every ordering column"),
+    ("nulls-in-ordering", {}, ["plan", "--partitions", WEEK],
+     ["ALTER TABLE public.orders_raw ALTER COLUMN ingest_seq DROP NOT NULL",
+      "UPDATE public.orders_raw SET ingest_seq = NULL WHERE order_id IS NOT NULL AND ingest_seq = 5"], 4,
+     "ingest_seq: 1 row(s)"),
+    ("null-business-keys-only", {}, ["plan", "--partitions", WEEK],
+     ["UPDATE public.orders_raw SET order_id = NULL WHERE order_date = '2024-01-06'"], 4,
+     "every source row of some partitions has a NULL business key"),
+    ("transform-now", transform("now()"), ["plan", "--partitions", WEEK], [], 2, "now() (STABLE)"),
+    ("transform-random", transform("random()"), ["plan", "--partitions", WEEK], [], 2, "random() (VOLATILE)"),
+    ("transform-user-volatile", transform("shaky(1)"), ["plan", "--partitions", WEEK], [VOLATILE_FN], 2, "shaky(integer) (VOLATILE)"),
+    ("transform-dml", static(transform_sql="DELETE FROM source"), ["plan", "--partitions", WEEK], [], 2, "must be a SELECT"),
+    ("transform-two-statements", static(transform_sql="SELECT 1; SELECT 2"), ["plan", "--partitions", WEEK], [], 2,
+     "exactly one SELECT statement"),
+    ("transform-other-table", static(transform_sql="SELECT o.* FROM source JOIN public.orders_daily o ON true"),
+     ["plan", "--partitions", WEEK], [], 2, "it reads public.orders_daily"),
+    ("missing-env-var", {"database_url_env": "BFA_NOT_SET_ANYWHERE"}, ["plan", "--partitions", WEEK], [], 3,
+     "environment variable BFA_NOT_SET_ANYWHERE is not set"),
+    ("unreachable-host", "UNREACHABLE", ["plan", "--partitions", WEEK], [], 3, "cannot connect"),
+    ("wrong-password", "WRONG_PASSWORD", ["plan", "--partitions", WEEK], [], 3, "password authentication failed"),
+    ("approve-unknown-plan", {}, ["approve", "--plan", "0123456789abcdef", "--by", "x", "--yes"], [], 6, "no plans exist"),
+    ("approve-short-plan-id", {}, ["approve", "--plan", "abc", "--by", "x", "--yes"], [], 6, "at least 8 hex digits"),
+    ("approve-refused-plan", static(transform_sql=(
+        "SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, ingest_seq, amount, "
+        "status, note FROM source")), ["approve", "--plan", "{plan}", "--by", "x", "--yes"], [JITTER_FN], 6, "was refused"),
+    ("apply-unapproved-plan", {}, ["apply", "--plan", "{plan}"], [], 6, "has not been approved"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_clearly_and_changes_nothing(case, demo_db, url_env, tmp_path, capsys, monkeypatch, request):
+    name, changes, command, setup, code, message = case
+    spec_file = tmp_path / "spec.yaml"
+    if isinstance(changes, str) and changes in ("UNREACHABLE", "WRONG_PASSWORD"):
+        url = (f"postgresql://bfa:{CANARY}@127.0.0.1:9/nowhere" if changes == "UNREACHABLE"
+               else request.getfixturevalue("password_role"))
+        monkeypatch.setenv(URL_ENV, url)
+        spec_file.write_text(yaml.safe_dump(DEMO_SPEC), encoding="utf-8")
+    elif isinstance(changes, str):
+        spec_file.write_text(changes, encoding="utf-8")
+    else:
+        spec_file.write_text(yaml.safe_dump({**DEMO_SPEC, **changes}), encoding="utf-8")
+    for statement in setup:
+        demo_db.execute(statement.encode())
+    if "{plan}" in command:
+        main(["plan", "--spec", str(spec_file), "--partitions", "2024-01-01,2024-01-02", "--json"])
+        plan_id = json.loads(capsys.readouterr().out)["plan_id"]
+        command = [c.replace("{plan}", plan_id) for c in command]
+    plans_before = demo_db.execute(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill_control'").fetchone()[0]
+    before = target_hashes(demo_db, DAYS8)
+
+    exit_code = main([command[0], "--spec", str(spec_file), *command[1:]])
+    out, err = capsys.readouterr()
+
+    assert exit_code == code, err
+    assert message in err, err
+    assert err.strip().splitlines()[-1].startswith("error: ") and CANARY not in out + err
+    assert target_hashes(demo_db, DAYS8) == before
+    if command[0] == "plan":  # a refused plan writes nothing, not even the control schema
+        assert demo_db.execute("SELECT to_regnamespace('backfill_control')").fetchone()[0] is None
+    else:
+        tables = demo_db.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill_control'").fetchone()[0]
+        assert tables == plans_before
+
+
+def test_the_catalogue_has_at_least_thirty_cases():
+    assert len(CASES) >= 30

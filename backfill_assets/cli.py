@@ -174,11 +174,38 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+# A test hook for crash tests: "<step>:<partition>" (steps: core.apply.STEPS) makes apply
+# write its pid to the file named by PAUSE_FILE_ENV and wait there until it is killed.
+PAUSE_ENV = "BACKFILL_ASSETS_TEST_PAUSE_AT"
+PAUSE_FILE_ENV = "BACKFILL_ASSETS_TEST_PAUSE_FILE"
+
+
+def _test_pause() -> Callable[[str, list[str]], None] | None:
+    import os
+    import signal
+
+    where = os.environ.get(PAUSE_ENV)
+    if not where:
+        return None
+    step, _, label = where.partition(":")
+    marker = Path(os.environ[PAUSE_FILE_ENV])
+
+    def pause(at: str, labels: list[str]) -> None:
+        if at == step and label in labels:
+            marker.write_text(str(os.getpid()))
+            while True:
+                signal.pause()
+
+    return pause
+
+
 def cmd_apply(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     run_id = uuid.uuid4().hex
     out.progress(f"apply: run {run_id}")
-    result = apply_plan(spec, args.plan, _factory(spec, args), run_id=run_id, progress=out.progress)
+    pause = _test_pause()
+    result = apply_plan(spec, args.plan, _factory(spec, args), run_id=run_id, progress=out.progress,
+                        **({"checkpoint": pause} if pause else {}))
     if out.json_mode:
         out.json(result.as_json())
     else:

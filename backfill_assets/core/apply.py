@@ -2,9 +2,10 @@
 
 For each partition (or each group of partitions that moved keys link), in plan order:
 
-1. Finite ``lock_timeout`` and ``statement_timeout``; an advisory transaction lock per
-   target partition (keeps any other backfill out, whatever its spec), then a table lock in
-   SHARE ROW EXCLUSIVE mode. Row locks cannot cover rows that do not exist yet (another
+1. Finite ``lock_timeout`` and ``statement_timeout``; an advisory lock per target partition,
+   held from before the transaction until after the post-commit verification (keeps any
+   other backfill out, whatever its spec, so that the re-read sees this run's rows), then,
+   inside the transaction, a table lock in SHARE ROW EXCLUSIVE mode. Row locks cannot cover rows that do not exist yet (another
    writer's INSERT into the partition), and PostgreSQL has no predicate locks outside
    SERIALIZABLE, so a table lock that conflicts with every writer's ROW EXCLUSIVE is what
    keeps other writers out. It does not block readers: under MVCC they see the old
@@ -23,7 +24,8 @@ Every step is recorded in the ledger.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,8 +99,6 @@ def replace_group(
     approved = {label: stored.approved(label) for label in labels}
     with transient_errors(f"replacing partition(s) {', '.join(labels)} of {target}"), conn.transaction():
         set_timeouts(conn, spec)
-        for label in sorted(labels):  # one order for every run: no deadlock between groups
-            conn.execute(*sqlbuild.advisory_xact_lock(f"backfill_assets:target:{target}:{label}"))
         conn.execute(sqlbuild.lock_for_replace(target))
         checkpoint("locked", labels)
         if all(_readings(conn, ctx, target, v) == approved[label] for v, label in zip(values, labels)):
@@ -131,6 +131,26 @@ def replace_group(
         checkpoint("before-commit", labels)
     checkpoint("committed", labels)
     return "verified"
+
+
+@contextlib.contextmanager
+def partition_locks(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> Iterator[None]:
+    """Session advisory locks on (target, partition), taken in one order by every run (no
+    deadlock between groups), waiting at most ``lock_timeout``."""
+    keys = [f"backfill_assets:target:{ctx.spec.target_ref}:{label}" for label in sorted(labels)]
+    taken: list[str] = []
+    try:
+        with transient_errors(f"locking partition(s) {', '.join(labels)} of {ctx.spec.target_ref}"):
+            for key in keys:
+                with conn.transaction():
+                    set_timeouts(conn, ctx.spec)
+                    conn.execute(*sqlbuild.advisory_lock(key))
+                taken.append(key)
+        yield
+    finally:
+        if not conn.closed and not conn.broken:
+            for key in taken:
+                conn.execute(*sqlbuild.advisory_unlock(key))
 
 
 def verify_committed(factory: ConnectionFactory, ctx: Context, stored: StoredPlan, labels: list[str]) -> None:
@@ -199,10 +219,11 @@ def apply_plan(
         for n, labels in enumerate(groups):
             control.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
             try:
-                status = replace_group(conn, ctx, stored, labels, checkpoint)
-                if status == "verified":
-                    verify_committed(factory, ctx, stored, labels)
-                    checkpoint("verified", labels)
+                with partition_locks(conn, ctx, labels):
+                    status = replace_group(conn, ctx, stored, labels, checkpoint)
+                    if status == "verified":
+                        verify_committed(factory, ctx, stored, labels)
+                        checkpoint("verified", labels)
             except (BackfillError, psycopg.Error) as err:
                 # Our errors and the driver's carry no credential (see db.connect).
                 message = " ".join(str(err).split()) or err.__class__.__name__

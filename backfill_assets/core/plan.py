@@ -485,6 +485,8 @@ def spec_document(ctx: Context) -> dict[str, Any]:
         "business_key": list(spec.business_key),
         "ordering": [o.model_dump() for o in spec.ordering],
         "columns": [[c.name, c.type_name] for c in ctx.target_columns],
+        # Every column of the target, so that one added to it since the plan is drift too.
+        "target_table_columns": [[c.name, c.type_name] for c in ctx.inspection.target_columns],
         "total": spec.total,
         "records_can_move": spec.records_can_move,
         "transform_version": spec.transform_version,

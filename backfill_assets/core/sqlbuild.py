@@ -524,7 +524,8 @@ def count_where(rel: TableRef, where: sql.Composable, params: Mapping[str, Any])
 
 # --- replacing target partitions ----------------------------------------------------------
 
-_ADVISORY_XACT_LOCK = sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))")
+_ADVISORY_LOCK = sql.SQL("SELECT pg_advisory_lock(hashtextextended(%(key)s, 0))")
+_ADVISORY_UNLOCK = sql.SQL("SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0))")
 _LOCK_TABLE = sql.SQL("LOCK TABLE {rel} IN SHARE ROW EXCLUSIVE MODE")
 _INSERT_FROM_STAGE = sql.SQL(
     "INSERT INTO {target} ({cols}) SELECT {s_cols} FROM {stage} AS s "
@@ -532,9 +533,14 @@ _INSERT_FROM_STAGE = sql.SQL(
 )
 
 
-def advisory_xact_lock(key: str) -> Query:
-    """A transaction-scoped advisory lock on ``key`` (waits, bounded by lock_timeout)."""
-    return _ADVISORY_XACT_LOCK, {"key": key}
+def advisory_lock(key: str) -> Query:
+    """A session advisory lock on ``key`` (waits, bounded by lock_timeout)."""
+    return _ADVISORY_LOCK, {"key": key}
+
+
+def advisory_unlock(key: str) -> Query:
+    """Release a session advisory lock on ``key``."""
+    return _ADVISORY_UNLOCK, {"key": key}
 
 
 def lock_for_replace(rel: TableRef) -> sql.Composed:

@@ -4,8 +4,7 @@ and the target's fingerprint does not change. Counted in docs/reliability.md."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml

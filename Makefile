@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test ui browser clean
+.PHONY: demo test ui bench browser clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ browser:
 
 test: $(VENV)/.installed browser
 	$(VENV)/bin/pytest
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/python benchmarks/bench.py
 
 ui: $(VENV)/.installed
 	$(VENV)/bin/backfill-assets ui

@@ -74,9 +74,26 @@ def _short(fp: dict[str, Any]) -> str:
 
 def _readings(conn: psycopg.Connection, ctx: Context, rel, value: object) -> dict[str, Any]:
     spec = ctx.spec
+    # Both the stage (its unique index) and the target (the grain check every apply starts
+    # with) rule duplicates out, so they are not counted.
     return fingerprint_partition(
-        conn, rel, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, value
+        conn, rel, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, value,
+        key_unique=True,
     ).as_dict()
+
+
+def _carries(conn: psycopg.Connection, ctx: Context, rel, value: object, expected: dict[str, Any]) -> bool:
+    """Whether a partition carries ``expected``: the cheap counts first, the hash only if they agree."""
+    spec = ctx.spec
+    query, params = sqlbuild.partition_readings(
+        rel, spec.partition_key, spec.business_key, spec.total, value, key_unique=True
+    )
+    row = conn.execute(query, params).fetchone()
+    if row is None or (int(row[0]), int(row[1]), row[2]) != (
+        expected["row_count"], expected["null_key_count"], expected["total"]
+    ):
+        return False
+    return _readings(conn, ctx, rel, value) == expected
 
 
 def _values(ctx: Context, labels: list[str]) -> list[object]:
@@ -101,7 +118,7 @@ def replace_group(
         set_timeouts(conn, spec)
         conn.execute(sqlbuild.lock_for_replace(target))
         checkpoint("locked", labels)
-        if all(_readings(conn, ctx, target, v) == approved[label] for v, label in zip(values, labels)):
+        if all(_carries(conn, ctx, target, v, approved[label]) for v, label in zip(values, labels)):
             return "skipped-already-verified"
         for value, label in zip(values, labels):
             now = _readings(conn, ctx, stage, value)
@@ -194,9 +211,10 @@ def apply_plan(
                 f"plan {stored.plan_id[:16]} has not been approved; run approve and review it first"
             )
         ctx = check_spec_unchanged(conn, factory, spec, stored)
-        # Refuse a changed stage or source before the first write; each replace rechecks its
-        # own partition again under the lock.
-        check_data_unchanged(conn, ctx, stored)
+        # Refuse a changed stage (or immutable source) before the first write; each replace
+        # rechecks its own partition again under the lock. A copied snapshot was rechecked at
+        # approval and reaches the target only through the stage.
+        check_data_unchanged(conn, ctx, stored, snapshot=False)
         result = ApplyResult(run_id, stored.plan_id, approval[0])
         doc = stored.document
         groups: list[list[str]] = doc["replace_groups"]

@@ -91,12 +91,16 @@ def check_spec_unchanged(
     return ctx
 
 
-def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredPlan) -> None:
-    """Require the snapshot and stage A to still carry the planned fingerprints.
+def check_data_unchanged(
+    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, *, snapshot: bool = True
+) -> None:
+    """Require the snapshot (unless ``snapshot`` is false) and stage A to still carry the
+    planned fingerprints. An immutable source is the snapshot, so it is always checked.
 
     Raises:
         ApprovalError: naming the partitions that changed.
     """
+    snapshot = snapshot or stored.document["snapshot"]["mode"] == "immutable"
     spec, doc = ctx.spec, stored.document
     snap = doc["snapshot"]
     with repeatable_read(conn):
@@ -105,10 +109,10 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
             raise ApprovalError(f"snapshot {snap['id']} of plan {stored.plan_id[:16]} is gone; plan again")
         table = found["snapshot_table"]
         relation = spec.source_ref if table is None else parse_table_name(table)
-        current = source_fingerprints(conn, ctx, relation)
+        current = source_fingerprints(conn, ctx, relation) if snapshot else {}
         snapshot_changed = [
             p["partition"] for p in doc["partitions"]
-            if current[p["partition"]] != {
+            if snapshot and current[p["partition"]] != {
                 "row_count": p["source"]["snapshot_rows"], "content_hash": p["source"]["snapshot_hash"]
             }
         ]
@@ -116,7 +120,8 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
         stage_changed = [
             label for value, label in zip(ctx.partitions, ctx.labels)
             if fingerprint_partition(
-                conn, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, value
+                conn, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, value,
+                key_unique=True,
             ).as_dict() != stored.approved(label)
         ]
     if snapshot_changed:

@@ -167,13 +167,18 @@ def all_columns_order(columns: Sequence[ColumnInfo]) -> list[sqlbuild.OrderKey]:
 def fingerprint_partition(
     conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo],
     partition_key: str, business_key: Sequence[str], total: str | None, partition: object,
+    *, key_unique: bool = False,
 ) -> Fingerprint:
     """All readings of one partition of a stage or target, in the caller's transaction.
 
     Call it inside one REPEATABLE READ transaction (or the writing transaction itself) so
-    that the counts and the hash describe the same rows.
+    that the counts and the hash describe the same rows. ``key_unique``: a unique index or
+    constraint covers (partition key, business key), so duplicates cannot exist and are not
+    counted (stages have one; a target passes the grain check before any read).
     """
-    query, params = sqlbuild.partition_readings(rel, partition_key, business_key, total, partition)
+    query, params = sqlbuild.partition_readings(
+        rel, partition_key, business_key, total, partition, key_unique=key_unique
+    )
     row = conn.execute(query, params).fetchone()
     assert row is not None
     row_count, null_keys, total_text, duplicates = row

@@ -394,17 +394,21 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: Context, relation: TableRef) -
 
 
 def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableRef:
-    """Create the stage table (unlogged, the target's column types, an index in business-key
-    order); recreate it if the target's columns changed since it was made."""
+    """Create the stage table (unlogged, the target's column types, a unique index on the grain
+    in business-key order); recreate it if the target's columns changed since it was made.
+
+    The unique index makes a build that breaks the grain fail loudly, lets the fingerprint
+    skip counting duplicates, and serves the ordered read of the fingerprint."""
     stage = ctx.stage(variant)
     expected = [(c.name, c.type_name) for c in ctx.target_columns]
     with conn.transaction():
         current = [(c.name, c.type_name) for c in table_columns(conn, stage)]
-        if current != expected:
+        unique = conn.execute(*sqlbuild.has_unique_index(stage)).fetchone()
+        if current != expected or not (unique and unique[0]):
             conn.execute(sqlbuild.drop_table(stage))
             conn.execute(sqlbuild.create_empty_copy(stage, ctx.spec.target_ref, ctx.spec.columns, unlogged=True))
             keys = [sqlbuild.OrderKey(ctx.spec.partition_key)] + business_key_order(ctx.target_columns, ctx.spec.business_key)
-            conn.execute(sqlbuild.create_index(stage, keys))
+            conn.execute(sqlbuild.create_index(stage, keys, unique=True))
     return stage
 
 
@@ -425,7 +429,8 @@ def build_partition(
             moving=spec.records_can_move,
         ))
         return fingerprint_partition(
-            conn, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, partition
+            conn, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, partition,
+            key_unique=True,
         )
 
 
@@ -642,7 +647,7 @@ def plan_step(
                         )
                     now = fingerprint_partition(
                         conn, ctx.stage(variant), ctx.target_columns, spec.partition_key,
-                        spec.business_key, spec.total, value,
+                        spec.business_key, spec.total, value, key_unique=True,
                     )
                     if now.as_dict() != readings:
                         raise StageError(

@@ -111,6 +111,18 @@ def copy_canonical_stream(
     return query, dict(params)
 
 
+_READINGS_UNIQUE = sql.SQL(
+    "SELECT count(*), count(*) FILTER (WHERE {key_null}), {total}, 0 "
+    "FROM {rel} AS t WHERE {pk} = %(partition)s"
+)
+
+
+def _total_expr(total: str | None) -> sql.Composable:
+    if total is None:
+        return sql.SQL("NULL::text")
+    return sql.SQL("coalesce(sum({}), 0)::text").format(_col("t", total))
+
+
 _READINGS = sql.SQL(
     "SELECT count(*), count(*) FILTER (WHERE {key_null}), {total}, "
     "(SELECT coalesce(sum(g.n - 1), 0) FROM "
@@ -122,15 +134,20 @@ _READINGS = sql.SQL(
 
 def partition_readings(
     rel: TableRef, partition_key: str, business_key: Sequence[str], total: str | None,
-    partition: object,
+    partition: object, *, key_unique: bool = False,
 ) -> Query:
-    """Row count, NULL-key count, exact total (text) and duplicate-key count of a partition."""
-    total_expr = (
-        sql.SQL("coalesce(sum({}), 0)::text").format(_col("t", total))
-        if total is not None else sql.SQL("NULL::text")
-    )
+    """Row count, NULL-key count, exact total (text) and duplicate-key count of a partition.
+
+    With ``key_unique`` (a unique index or constraint on the relation covers the grain, so
+    the server itself rules duplicates out) the duplicate count is 0 without a GROUP BY.
+    """
+    if key_unique:
+        return _READINGS_UNIQUE.format(
+            key_null=_key_is_null("t", business_key), total=_total_expr(total), rel=table(rel),
+            pk=_col("t", partition_key),
+        ), {"partition": partition}
     query = _READINGS.format(
-        key_null=_key_is_null("t", business_key), total=total_expr, rel=table(rel),
+        key_null=_key_is_null("t", business_key), total=_total_expr(total), rel=table(rel),
         d_pk=_col("d", partition_key), d_key_not_null=_key_not_null("d", business_key),
         d_key=_cols("d", business_key), pk=_col("t", partition_key),
     )
@@ -347,6 +364,7 @@ _INSERT_PARTITIONS = sql.SQL(
     "INSERT INTO {new} ({cols}) SELECT {s_cols} FROM {rel} AS s WHERE {pk} = ANY(%(partitions)s)"
 )
 _CREATE_INDEX = sql.SQL("CREATE INDEX ON {rel} ({items})")
+_CREATE_UNIQUE_INDEX = sql.SQL("CREATE UNIQUE INDEX ON {rel} ({items})")
 _DROP_TABLE = sql.SQL("DROP TABLE IF EXISTS {rel}")
 
 
@@ -366,7 +384,7 @@ def copy_partitions(new: TableRef, rel: TableRef, columns: Sequence[str], partit
     ), {"partitions": partitions}
 
 
-def create_index(rel: TableRef, keys: Sequence[OrderKey]) -> sql.Composed:
+def create_index(rel: TableRef, keys: Sequence[OrderKey], *, unique: bool = False) -> sql.Composed:
     """An index whose order serves the given ORDER BY (``COLLATE "C"`` where asked)."""
     items = sql.SQL(", ").join(
         sql.SQL(" ").join(
@@ -374,7 +392,7 @@ def create_index(rel: TableRef, keys: Sequence[OrderKey]) -> sql.Composed:
         )
         for k in keys
     )
-    return _CREATE_INDEX.format(rel=table(rel), items=items)
+    return (_CREATE_UNIQUE_INDEX if unique else _CREATE_INDEX).format(rel=table(rel), items=items)
 
 
 def drop_table(rel: TableRef) -> sql.Composed:
@@ -562,3 +580,16 @@ def insert_from_stage(
         s_cols=_cols("s", columns), stage=table(stage), s_pk=_col("s", partition_key),
         order=_order_by("s", order),
     ), {"partition": partition}
+
+
+_HAS_UNIQUE_INDEX = sql.SQL(
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS i "
+    "JOIN pg_catalog.pg_class AS c ON c.oid = i.indrelid "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = %(schema)s AND c.relname = %(name)s AND i.indisunique)"
+)
+
+
+def has_unique_index(rel: TableRef) -> Query:
+    """Whether ``rel`` has any unique index (the stage's one is on the grain)."""
+    return _HAS_UNIQUE_INDEX, {"schema": rel.schema, "name": rel.name}

@@ -291,6 +291,9 @@ def main() -> int:
     return 0
 
 
+ANALYSIS = "## Reading the figures"
+
+
 def write_report(path: Path, args, rows, notes) -> None:
     lines = [
         "# Benchmarks", "",
@@ -305,7 +308,11 @@ def write_report(path: Path, args, rows, notes) -> None:
     for figure, ours, ref, ratio, target, met in rows:
         lines.append(f"| {figure} | {ours} | {ref} | {ratio:.2f} | {target} | {'yes' if met else '**no**'} |")
     lines += ["", "Where the safe backfill's time goes (figure 3):", *notes, ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
+    # The hand-written analysis below the table survives a new run.
+    kept = ""
+    if path.exists() and ANALYSIS in path.read_text(encoding="utf-8"):
+        kept = ANALYSIS + path.read_text(encoding="utf-8").split(ANALYSIS, 1)[1]
+    path.write_text("\n".join(lines) + kept, encoding="utf-8")
     print(f"wrote {path}")
 
 

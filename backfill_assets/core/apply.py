@@ -25,6 +25,7 @@ Every step is recorded in the ledger.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,8 +125,8 @@ def replace_group(
             now = _readings(conn, ctx, stage, value)
             if now != approved[label]:
                 raise VerificationError(label, "recheck of the approved stage", _short(approved[label]), _short(now))
-        if ctx.spec.source.snapshot == "immutable":
-            current = source_fingerprints(conn, ctx, spec.source_ref)
+        if ctx.spec.source.snapshot == "immutable":  # only this group's partitions
+            current = source_fingerprints(conn, dataclasses.replace(ctx, partitions=values), spec.source_ref)
             for p in stored.document["partitions"]:
                 if p["partition"] in labels:
                     planned = {"row_count": p["source"]["snapshot_rows"], "content_hash": p["source"]["snapshot_hash"]}

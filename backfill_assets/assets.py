@@ -99,12 +99,14 @@ def _snapshot_id(context: dg.AssetExecutionContext, key: dg.AssetKey) -> str:
     return ids[0]
 
 
-def _key_check(key: dg.AssetKey, partition: str, fp: Fingerprint) -> dg.AssetCheckEvaluation:
+def _key_check(key: dg.AssetKey, partition: str, fp: Fingerprint, **context: str) -> dg.AssetCheckEvaluation:
+    """The key check of one stage partition; ``context`` names the plan (or, for stage A,
+    built before the plan exists, the snapshot) so the dashboard leads to the approval."""
     ok = fp.null_key_count == 0 and fp.duplicate_key_count == 0
     return dg.AssetCheckEvaluation(
         asset_key=key, check_name="business_key_unique_and_not_null", passed=ok, partition=partition,
         severity=dg.AssetCheckSeverity.ERROR,
-        metadata={"null_key_count": fp.null_key_count, "duplicate_key_count": fp.duplicate_key_count},
+        metadata={"null_key_count": fp.null_key_count, "duplicate_key_count": fp.duplicate_key_count, **context},
     )
 
 
@@ -173,7 +175,7 @@ def spec_assets(spec: Spec) -> list[Any]:
                 yield dg.AssetMaterialization(keys.stage_a, partition=label, metadata={
                     **_readings_metadata(fp), "snapshot_id": snapshot_id, "dagster/column_schema": schema,
                 })
-                yield _key_check(keys.stage_a, label, fp)
+                yield _key_check(keys.stage_a, label, fp, snapshot_id=snapshot_id)
 
     @dg.multi_asset(
         name=f"{spec.name}__stage_b", partitions_def=parts, backfill_policy=policy, can_subset=True,
@@ -207,7 +209,7 @@ def spec_assets(spec: Spec) -> list[Any]:
                 "dagster/column_schema": schema,
             })
             yield dg.AssetObservation(keys.stage_a, partition=label, metadata=common)
-            yield _key_check(keys.stage_b, label, built[label])
+            yield _key_check(keys.stage_b, label, built[label], plan_id=plan.plan_id)
             yield dg.AssetCheckEvaluation(
                 asset_key=keys.stage_b, check_name="stages_match", passed=entry["match"],
                 partition=label, severity=dg.AssetCheckSeverity.ERROR, blocking=True,

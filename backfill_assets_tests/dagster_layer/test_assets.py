@@ -70,6 +70,12 @@ def test_stages_report_fingerprints_and_per_partition_checks(dagster_env):
     assert [c.name for c in stage_b["2024-01-01"]["dagster/column_schema"].value.columns][:2] == ["order_date", "order_id"]
     keys_ok = evaluations(result, "business_key_unique_and_not_null")
     assert all(e.passed for e in keys_ok.values()) and len(keys_ok) == 8
+    # Every check result leads to the plan (stage A's, built before the plan, to its snapshot).
+    for e in result.get_asset_check_evaluations():
+        if e.asset_key == KEYS["stage_b"]:
+            assert e.metadata["plan_id"].value in plan_ids
+        elif e.asset_key == KEYS["stage_a"]:
+            assert e.metadata["snapshot_id"].value
     snapshot_ids = {m["snapshot_id"].value for m in materializations(result, "stage_a").values()}
     assert len(snapshot_ids) == 1
 

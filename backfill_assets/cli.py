@@ -26,6 +26,7 @@ from backfill_assets.core.approve import (
     check_data_unchanged,
     check_spec_unchanged,
     find_plan,
+    record_approval,
 )
 from backfill_assets.core.catalog import inspect_tables, table_kind
 from backfill_assets.core.control import ledger_status
@@ -165,7 +166,7 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
             out.result(render_plan(plan))
             out.result("\n" + render_replacement(stored.document))
         _confirm(out, args)
-        approval_id = approve_plan(conn, factory, spec, stored, args.by)
+        approval_id = record_approval(conn, spec, stored, args.by)
     if out.json_mode:
         out.json({"approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": args.by,
                   "partitions": stored.labels, "target": stored.document["target"]})

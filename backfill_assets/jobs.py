@@ -4,7 +4,9 @@
 import dagster as dg
 
 from backfill_assets.assets import Keys
-from backfill_assets.core.approve import approve_plan, check_data_unchanged, check_spec_unchanged, find_plan
+from backfill_assets.core.approve import (
+    check_data_unchanged, check_spec_unchanged, find_plan, record_approval,
+)
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.plan import Plan
 from backfill_assets.core.spec import Spec
@@ -62,7 +64,7 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
             context.log.info(render_replacement(stored.document))
             ctx = check_spec_unchanged(conn, factory, spec, stored)
             check_data_unchanged(conn, ctx, stored)
-            approval_id = approve_plan(conn, factory, spec, stored, config.approved_by)
+            approval_id = record_approval(conn, spec, stored, config.approved_by)
         context.add_output_metadata({
             "approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": config.approved_by,
             "partitions": ", ".join(stored.labels),

@@ -148,13 +148,30 @@ def approve_plan(
     Raises:
         ApprovalError, SpecError: see :func:`check_spec_unchanged`, :func:`check_data_unchanged`.
     """
-    if not approved_by.strip():
-        raise ApprovalError("an approval needs the approver's name (--by)")
+    _approver(approved_by)
     ctx = check_spec_unchanged(conn, factory, spec, stored)
     check_data_unchanged(conn, ctx, stored)
+    return record_approval(conn, spec, stored, approved_by, clock=clock)
+
+
+def record_approval(
+    conn: psycopg.Connection, spec: Spec, stored: StoredPlan, approved_by: str, *,
+    clock: Clock = utc_now,
+) -> int:
+    """Record an approval of a plan that the caller has just checked (with
+    :func:`check_spec_unchanged` and :func:`check_data_unchanged`) and shown. Returns its id.
+
+    apply checks the stage again before it writes, so nothing approved here is trusted blindly.
+    """
     with conn.transaction():
         return control.record_approval(
             conn, spec.control_schema, plan_id=stored.plan_id, spec_name=spec.name,
             target_table=stored.document["target"], partitions=stored.labels,
-            approved_by=approved_by.strip(), approved_at=clock(),
+            approved_by=_approver(approved_by), approved_at=clock(),
         )
+
+
+def _approver(name: str) -> str:
+    if not name.strip():
+        raise ApprovalError("an approval needs the approver's name (--by)")
+    return name.strip()

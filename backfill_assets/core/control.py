@@ -81,7 +81,6 @@ _INSERT_PLAN = sql.SQL(
     "created_at) VALUES (%(plan_id)s, %(spec_name)s, %(target_table)s, %(status)s, "
     "%(snapshot_id)s, %(plan)s, %(created_at)s) ON CONFLICT (plan_id) DO NOTHING"
 )
-_PLAN_ROW = sql.SQL("SELECT status, plan FROM {schema}.plans WHERE plan_id = %(plan_id)s")
 
 
 def ensure_control_schema(conn: psycopg.Connection, schema: str) -> None:
@@ -130,15 +129,6 @@ def record_plan(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
     """Record a plan (idempotent: the id is derived from its content)."""
     fields = {**fields, "plan": Jsonb(fields["plan"])}
     conn.execute(_INSERT_PLAN.format(schema=sql.Identifier(schema)), fields)
-
-
-def load_plan(conn: psycopg.Connection, schema: str, plan_id: str) -> tuple[str, dict[str, Any]] | None:
-    """(status, plan document) of a stored plan, or None."""
-    row = conn.execute(_PLAN_ROW.format(schema=sql.Identifier(schema)), {"plan_id": plan_id}).fetchone()
-    if row is None:
-        return None
-    doc = row[1] if isinstance(row[1], dict) else json.loads(row[1])
-    return row[0], doc
 
 
 _PLANS_BY_PREFIX = sql.SQL(

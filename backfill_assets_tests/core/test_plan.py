@@ -12,7 +12,7 @@ from psycopg import sql
 
 from backfill_assets import demo
 from backfill_assets.core.catalog import table_columns
-from backfill_assets.core.control import load_plan
+from backfill_assets.core.approve import find_plan
 from backfill_assets.core.errors import (
     ConcurrentRunError, SnapshotError, SourceDataError, SpecError,
 )
@@ -132,8 +132,8 @@ def test_second_plan_gives_the_same_plan_id_and_reuses_the_snapshot(demo_db, fac
     assert first.plan_id == second.plan_id and first.document == second.document
     assert demo_db.execute("SELECT count(*) FROM backfill_control.plans").fetchone()[0] == 1
     assert demo_db.execute("SELECT count(*) FROM backfill_control.snapshots").fetchone()[0] == 1
-    status, stored = load_plan(demo_db, "backfill_control", first.plan_id)
-    assert status == "ready" and stored["plan_id"] == first.plan_id
+    stored = find_plan(demo_db, make_spec(), first.plan_id)
+    assert stored.status == "ready" and stored.document["plan_id"] == first.plan_id
 
 
 def test_plan_id_changes_with_the_source_and_the_transform_version(demo_db, factory):
@@ -263,7 +263,7 @@ def test_builds_that_disagree_refuse_the_plan_and_leave_nothing_to_apply(unmoved
         "SELECT count(*) FROM backfill_control.orders_daily__stage_a WHERE order_date = '2024-01-01'"
     ).fetchone()[0]
     assert left == 0
-    assert load_plan(demo_db, "backfill_control", plan.plan_id)[0] == "refused"
+    assert find_plan(demo_db, spec, plan.plan_id).status == "refused"
 
 
 def test_immutable_source_changed_during_the_plan_is_refused(unmoved_db, factory, db_url):

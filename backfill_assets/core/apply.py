@@ -38,7 +38,7 @@ from backfill_assets.core.approve import (
 )
 from backfill_assets.core.db import ConnectionFactory, repeatable_read, transient_errors
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
-from backfill_assets.core.fingerprint import business_key_order, fingerprint_partition
+from backfill_assets.core.fingerprint import business_key_order
 from backfill_assets.core.plan import (
     Clock, Context, Progress, set_timeouts, source_fingerprints, spec_lock, utc_now,
 )
@@ -74,13 +74,7 @@ def _short(fp: dict[str, Any]) -> str:
 
 
 def _readings(conn: psycopg.Connection, ctx: Context, rel, value: object) -> dict[str, Any]:
-    spec = ctx.spec
-    # Both the stage (its unique index) and the target (the grain check every apply starts
-    # with) rule duplicates out, so they are not counted.
-    return fingerprint_partition(
-        conn, rel, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, value,
-        key_unique=True,
-    ).as_dict()
+    return ctx.readings(conn, rel, value).as_dict()
 
 
 def _carries(conn: psycopg.Connection, ctx: Context, rel, value: object, expected: dict[str, Any]) -> bool:

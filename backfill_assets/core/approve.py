@@ -17,7 +17,6 @@ import psycopg
 from backfill_assets.core import control
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError
-from backfill_assets.core.fingerprint import fingerprint_partition
 from backfill_assets.core.plan import (
     Clock, Context, resolve, source_fingerprints, spec_document, utc_now,
 )
@@ -119,10 +118,7 @@ def check_data_unchanged(
         stage = ctx.stage("a")
         stage_changed = [
             label for value, label in zip(ctx.partitions, ctx.labels)
-            if fingerprint_partition(
-                conn, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, value,
-                key_unique=True,
-            ).as_dict() != stored.approved(label)
+            if ctx.readings(conn, stage, value).as_dict() != stored.approved(label)
         ]
     if snapshot_changed:
         where = "the source" if table is None else f"snapshot {snap['id']}"

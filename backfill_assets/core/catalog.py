@@ -43,6 +43,24 @@ _TABLE_EXISTS = sql.SQL(
     "WHERE n.nspname = %(schema)s AND c.relname = %(name)s"
 )
 
+# Each valid, plain btree index of a table: its key columns with their collation and options.
+_INDEX_KEYS = sql.SQL(
+    "SELECT array_agg(a.attname ORDER BY k.ord), array_agg(coalesce(co.collname, '') ORDER BY k.ord), "
+    "array_agg(k.opt ORDER BY k.ord) "
+    "FROM pg_catalog.pg_index AS i "
+    "JOIN pg_catalog.pg_class AS c ON c.oid = i.indrelid "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "JOIN pg_catalog.pg_class AS ic ON ic.oid = i.indexrelid "
+    "JOIN pg_catalog.pg_am AS am ON am.oid = ic.relam "
+    "CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indcollation::oid[], i.indoption::int2[]) "
+    "WITH ORDINALITY AS k(attnum, coll, opt, ord) "
+    "LEFT JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+    "LEFT JOIN pg_catalog.pg_collation AS co ON co.oid = k.coll "
+    "WHERE n.nspname = %(schema)s AND c.relname = %(name)s AND am.amname = 'btree' "
+    "AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL AND k.ord <= i.indnkeyatts "
+    "GROUP BY i.indexrelid"
+)
+
 _PARTITION_KINDS: dict[str, PartitionKind] = {
     "date": "date", "int2": "integer", "int4": "integer", "int8": "integer",
     "text": "text", "varchar": "text", "bpchar": "text",
@@ -83,6 +101,8 @@ class Inspection:
     grain_columns: list[str]
     grain_ddl: str | None
     problems: list[str] = field(default_factory=list)
+    # An index gives the target's partitions in business-key order (fingerprints read it).
+    target_key_indexed: bool = False
 
     def column(self, name: str) -> ColumnInfo:
         """A target column by name."""
@@ -128,6 +148,22 @@ def table_columns(conn: psycopg.Connection, ref: TableRef) -> list[ColumnInfo]:
     """The live columns of a table, in attribute order (empty when it does not exist)."""
     rows = conn.execute(_COLUMNS, {"schema": ref.schema, "name": ref.name}).fetchall()
     return [ColumnInfo(r[0], r[1], r[2], bool(r[3]), r[4]) for r in rows]
+
+
+def has_ordered_index(
+    conn: psycopg.Connection, ref: TableRef, equal: str, keys: Sequence[tuple[str, bool]]
+) -> bool:
+    """Whether a btree index of ``ref`` starts with ``equal`` then ``keys`` (column, sorted by
+    bytes?), ascending with NULLs last, so that ``WHERE equal = v ORDER BY keys`` can read
+    it without a sort."""
+    wanted = [(name, "C" if collate_c else "") for name, collate_c in keys]
+    for names, collations, options in conn.execute(_INDEX_KEYS, {"schema": ref.schema, "name": ref.name}):
+        if not names or names[0] != equal or len(names) < 1 + len(wanted):
+            continue
+        got = list(zip(names[1:], collations[1:], options[1:]))
+        if all((name, coll) == w and opt == 0 for (name, coll, opt), w in zip(got, wanted)):
+            return True
+    return False
 
 
 def unique_keys(conn_factory, ref: TableRef) -> list[tuple[str, list[str]]]:
@@ -242,8 +278,14 @@ def inspect_tables(conn: psycopg.Connection, conn_factory, spec: Spec) -> Inspec
                 f"target {tgt} has no UNIQUE ({', '.join(grain)}) or equivalent constraint ({why}); "
                 f"add it with: {grain_ddl}"
             )
+    key_indexed = (
+        target_kind is not None and spec.partition_key in tnames
+        and all(c in tnames for c in spec.business_key)
+        and has_ordered_index(conn, tgt, spec.partition_key,
+                              [(c, tnames[c].collatable) for c in spec.business_key])
+    )
     return Inspection(
         server=server, source_columns=source_cols, target_columns=target_cols,
         target_unique_keys=keys, partition_kind=partition_kind, grain_columns=grain,
-        grain_ddl=grain_ddl, problems=problems,
+        grain_ddl=grain_ddl, problems=problems, target_key_indexed=key_indexed,
     )

@@ -9,13 +9,15 @@ server builds the bytes and we stream them into hashlib without decoding a value
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import psycopg
 from psycopg import sql
+from psycopg.pq import TransactionStatus
 
 from backfill_assets.core import sqlbuild
 from backfill_assets.core.catalog import ColumnInfo
@@ -128,26 +130,59 @@ def _hash_copy_stream(chunks: Iterable[bytes | memoryview], h: hashlib._Hash) ->
 def content_hash(
     conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo],
     partition_key: str, order: Sequence[sqlbuild.OrderKey], partition: object,
+    *, indexed: bool = False,
 ) -> str:
     """Stream one partition of ``rel`` through the canonical encoding into SHA-256.
 
     Runs in the caller's transaction; the connection must be pinned (see db.pin_session).
     """
     return content_hash_where(
-        conn, rel, columns, sqlbuild.in_partition(partition_key), order, {"partition": partition}
+        conn, rel, columns, sqlbuild.in_partition(partition_key), order, {"partition": partition},
+        indexed=indexed,
     )
 
 
 def content_hash_where(
     conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo],
     where: sql.Composable, order: Sequence[sqlbuild.OrderKey], params: dict[str, object],
+    *, indexed: bool = False,
 ) -> str:
-    """The canonical hash of the rows of ``rel`` (aliased ``t``) matching ``where``."""
+    """The canonical hash of the rows of ``rel`` (aliased ``t``) matching ``where``.
+
+    ``indexed``: an index on (partition key, ``order``) exists; read in its order rather
+    than sorting (see :func:`sorts_disabled`).
+    """
     h = hashlib.sha256(preamble([(c.name, c.type_name) for c in columns]))
     query, params = sqlbuild.copy_canonical_stream(rel, [c.name for c in columns], where, order, params)
-    with conn.cursor() as cur, cur.copy(query, params) as copy:
+    with sorts_disabled(conn, indexed), conn.cursor() as cur, cur.copy(query, params) as copy:
         _hash_copy_stream(copy, h)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def sorts_disabled(conn: psycopg.Connection, disabled: bool = True) -> Iterator[None]:
+    """Make the planner read an ordered partition through its index instead of sorting it.
+
+    On a freshly built table (no statistics, few visible pages) the planner picks a bitmap
+    scan and an external sort over the (partition, key) index scan, about 20% slower on the
+    whole stream. ``enable_sort`` is set for the caller's transaction and restored after;
+    with no index to give the order the planner still sorts. Outside a transaction it does
+    nothing.
+    """
+    in_transaction = conn.info.transaction_status != TransactionStatus.IDLE
+    if not (disabled and in_transaction):
+        yield
+        return
+    row = conn.execute(_SORTS_OFF).fetchone()
+    try:
+        yield
+    finally:
+        if row is not None and conn.info.transaction_status == TransactionStatus.INTRANS:
+            conn.execute(_RESTORE_SORTS, {"value": row[0]})
+
+
+_SORTS_OFF = sql.SQL("SELECT current_setting('enable_sort'), set_config('enable_sort', 'off', true)")
+_RESTORE_SORTS = sql.SQL("SELECT set_config('enable_sort', %(value)s, true)")
 
 
 def business_key_order(columns: Sequence[ColumnInfo], business_key: Sequence[str]) -> list[sqlbuild.OrderKey]:
@@ -167,7 +202,7 @@ def all_columns_order(columns: Sequence[ColumnInfo]) -> list[sqlbuild.OrderKey]:
 def fingerprint_partition(
     conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo],
     partition_key: str, business_key: Sequence[str], total: str | None, partition: object,
-    *, key_unique: bool = False,
+    *, key_unique: bool = False, indexed: bool = False,
 ) -> Fingerprint:
     """All readings of one partition of a stage or target, in the caller's transaction.
 
@@ -175,6 +210,8 @@ def fingerprint_partition(
     that the counts and the hash describe the same rows. ``key_unique``: a unique index or
     constraint covers (partition key, business key), so duplicates cannot exist and are not
     counted (stages have one; a target passes the grain check before any read).
+    ``indexed``: an index gives the partition in business-key order (see
+    catalog.has_ordered_index); the hash reads it instead of sorting.
     """
     query, params = sqlbuild.partition_readings(
         rel, partition_key, business_key, total, partition, key_unique=key_unique
@@ -183,7 +220,8 @@ def fingerprint_partition(
     assert row is not None
     row_count, null_keys, total_text, duplicates = row
     digest = content_hash(
-        conn, rel, columns, partition_key, business_key_order(columns, business_key), partition
+        conn, rel, columns, partition_key, business_key_order(columns, business_key), partition,
+        indexed=indexed,
     )
     return Fingerprint(
         row_count=int(row_count), null_key_count=int(null_keys),

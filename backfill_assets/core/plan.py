@@ -125,6 +125,18 @@ class Context:
     def stage(self, variant: str) -> TableRef:
         return TableRef(self.spec.control_schema, f"{self.spec.name}__stage_{variant}")
 
+    def readings(self, conn: psycopg.Connection, rel: TableRef, partition: PartitionValue) -> Fingerprint:
+        """The fingerprint of one partition of a stage or of the target, in the caller's
+        transaction. Both rule duplicates out (a stage's unique index; the grain check every
+        plan and apply starts with), so they are not counted. A stage's index, and the
+        target's when it has one, give the business-key order without a sort."""
+        spec = self.spec
+        indexed = rel != spec.target_ref or self.inspection.target_key_indexed
+        return fingerprint_partition(
+            conn, rel, self.target_columns, spec.partition_key, spec.business_key, spec.total,
+            partition, key_unique=True, indexed=indexed,
+        )
+
 
 def resolve(
     conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
@@ -428,10 +440,7 @@ def build_partition(
             ctx.ordering_keys(), {"partitions": ctx.partitions}, partition,
             moving=spec.records_can_move,
         ))
-        return fingerprint_partition(
-            conn, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total, partition,
-            key_unique=True,
-        )
+        return ctx.readings(conn, stage, partition)
 
 
 def build_stage(
@@ -645,10 +654,7 @@ def plan_step(
                             f"{snapshot_id} (another run rebuilt it, or it was never built); "
                             "build both stages again"
                         )
-                    now = fingerprint_partition(
-                        conn, ctx.stage(variant), ctx.target_columns, spec.partition_key,
-                        spec.business_key, spec.total, value, key_unique=True,
-                    )
+                    now = ctx.readings(conn, ctx.stage(variant), value)
                     if now.as_dict() != readings:
                         raise StageError(
                             f"stage {variant} of partition {label} changed since it was built; "

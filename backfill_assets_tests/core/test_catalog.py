@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from backfill_assets.core.catalog import inspect_tables
+from backfill_assets.core.catalog import has_ordered_index, inspect_tables
 from backfill_assets.core.errors import SpecError
+from backfill_assets.core.spec import TableRef
 from backfill_assets_tests.conftest import make_spec
 
 
@@ -82,3 +83,33 @@ def test_unsupported_partition_key_type_is_refused(conn, factory):
                      ordering=[{"column": "v", "direction": "desc"}])
     problems = inspect_tables(conn, factory, spec).problems
     assert any("use a date, integer or text partition key" in p for p in problems)
+
+
+@pytest.mark.parametrize(("ddl", "expected"), [
+    ("CREATE UNIQUE INDEX ON t (d, k)", True),
+    ("CREATE INDEX ON t (d, k, extra) INCLUDE (name)", True),
+    ("CREATE INDEX ON t (k, d)", False),  # the partition must lead
+    ("CREATE INDEX ON t (d, k DESC)", False),  # the fingerprint reads ascending, NULLs last
+    ("CREATE INDEX ON t (d, k) WHERE k > 0", False),  # partial: not every row
+    ("CREATE INDEX ON t (d, (k + 0))", False),  # an expression, not the column
+    ("CREATE INDEX ON t USING hash (d)", False),
+])
+def test_an_index_gives_the_business_key_order_only_if_it_leads_with_partition_then_key(conn, ddl, expected):
+    conn.execute(b"CREATE TABLE t (d date, k bigint, extra int, name text)")
+    conn.execute(ddl.encode())
+    assert has_ordered_index(conn, TableRef("public", "t"), "d", [("k", False)]) is expected
+
+
+def test_a_text_key_is_ordered_by_an_index_only_with_byte_order(conn):
+    conn.execute(b"CREATE TABLE t (d date, name text)")
+    conn.execute(b"CREATE INDEX ON t (d, name)")  # the database's collation: not byte order
+    assert not has_ordered_index(conn, TableRef("public", "t"), "d", [("name", True)])
+    conn.execute(b'CREATE INDEX ON t (d, name COLLATE "C")')
+    assert has_ordered_index(conn, TableRef("public", "t"), "d", [("name", True)])
+
+
+def test_the_inspection_says_whether_the_target_is_read_in_key_order(demo_db, factory):
+    # The demo's grain is UNIQUE (order_id): no index leads with the partition.
+    assert not inspect_tables(demo_db, factory, make_spec()).target_key_indexed
+    demo_db.execute(b"CREATE INDEX ON public.orders_daily (order_date, order_id)")
+    assert inspect_tables(demo_db, factory, make_spec()).target_key_indexed

@@ -15,7 +15,7 @@ from backfill_assets.core.catalog import table_columns
 from backfill_assets.core.db import pin_session
 from backfill_assets.core.fingerprint import (
     _hash_copy_stream, all_columns_order, business_key_order, content_hash, encode_row,
-    fingerprint_partition, preamble, reference_digest,
+    fingerprint_partition, preamble, reference_digest, sorts_disabled,
 )
 from backfill_assets.core.spec import TableRef
 
@@ -80,6 +80,19 @@ def test_reference_digest_of_golden_rows_is_pinned():
 
 def test_streamed_sql_digest_equals_the_plain_python_reference(golden):
     assert _golden_hash(golden) == GOLDEN_DIGEST
+
+
+def test_the_indexed_read_gives_the_same_digest_and_restores_the_planner(golden):
+    golden.execute(b"CREATE UNIQUE INDEX ON public.golden (p, k)")
+    cols = [c for c in table_columns(golden, GOLDEN) if c.name != "p"]
+    with golden.transaction():
+        golden.execute(b"SET LOCAL enable_sort = on")
+        indexed = content_hash(golden, GOLDEN, cols, "p", business_key_order(cols, ["k"]), 7, indexed=True)
+        assert golden.execute(b"SHOW enable_sort").fetchone() == ("on",)
+    assert indexed == GOLDEN_DIGEST
+    # Outside a transaction there is nothing to restore, and nothing is set.
+    with sorts_disabled(golden):
+        assert golden.execute(b"SHOW enable_sort").fetchone() == ("on",)
 
 
 def test_empty_partition_digest_is_the_preamble_alone(golden):

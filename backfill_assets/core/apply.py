@@ -207,9 +207,8 @@ def apply_plan(
             )
         ctx = check_spec_unchanged(conn, factory, spec, stored)
         # Refuse a changed stage (or immutable source) before the first write; each replace
-        # rechecks its own partition again under the lock. A copied snapshot was rechecked at
-        # approval and reaches the target only through the stage.
-        check_data_unchanged(conn, ctx, stored, snapshot=False)
+        # rechecks its own partition again under the lock.
+        check_data_unchanged(conn, ctx, stored)
         result = ApplyResult(run_id, stored.plan_id, approval[0])
         doc = stored.document
         groups: list[list[str]] = doc["replace_groups"]

@@ -20,7 +20,7 @@ from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import (
     Clock, Context, resolve, source_fingerprints, spec_document, utc_now,
 )
-from backfill_assets.core.spec import Spec, parse_table_name
+from backfill_assets.core.spec import Spec
 
 MIN_PREFIX = 8
 
@@ -90,28 +90,27 @@ def check_spec_unchanged(
     return ctx
 
 
-def check_data_unchanged(
-    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, *, snapshot: bool = True
-) -> None:
-    """Require the snapshot (unless ``snapshot`` is false) and stage A to still carry the
-    planned fingerprints. An immutable source is the snapshot, so it is always checked.
+def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredPlan) -> None:
+    """Require stage A, and an immutable source, to still carry the planned fingerprints.
+
+    A copied snapshot is not hashed again: it reaches the target only through the stage,
+    which is what is checked here and again before each replace. (A copy that is reused by a
+    later plan is verified then; see plan.take_snapshot.)
 
     Raises:
         ApprovalError: naming the partitions that changed.
     """
-    snapshot = snapshot or stored.document["snapshot"]["mode"] == "immutable"
     spec, doc = ctx.spec, stored.document
     snap = doc["snapshot"]
+    immutable = snap["mode"] == "immutable"
     with repeatable_read(conn):
         found = control.find_snapshot(conn, spec.control_schema, snap["id"])
         if found is None or found["fingerprint"] != snap["fingerprint"]:
             raise ApprovalError(f"snapshot {snap['id']} of plan {stored.plan_id[:16]} is gone; plan again")
-        table = found["snapshot_table"]
-        relation = spec.source_ref if table is None else parse_table_name(table)
-        current = source_fingerprints(conn, ctx, relation) if snapshot else {}
-        snapshot_changed = [
+        current = source_fingerprints(conn, ctx, spec.source_ref) if immutable else {}
+        source_changed = [
             p["partition"] for p in doc["partitions"]
-            if snapshot and current[p["partition"]] != {
+            if immutable and current[p["partition"]] != {
                 "row_count": p["source"]["snapshot_rows"], "content_hash": p["source"]["snapshot_hash"]
             }
         ]
@@ -120,11 +119,10 @@ def check_data_unchanged(
             label for value, label in zip(ctx.partitions, ctx.labels)
             if ctx.readings(conn, stage, value).as_dict() != stored.approved(label)
         ]
-    if snapshot_changed:
-        where = "the source" if table is None else f"snapshot {snap['id']}"
+    if source_changed:
         raise ApprovalError(
-            f"{where} no longer has the planned fingerprint in partition(s) "
-            f"{', '.join(snapshot_changed)}; plan again"
+            f"the source no longer has the planned fingerprint in partition(s) "
+            f"{', '.join(source_changed)}; plan again"
         )
     if stage_changed:
         raise ApprovalError(

@@ -94,8 +94,8 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
     """Require stage A, and an immutable source, to still carry the planned fingerprints.
 
     A copied snapshot is not hashed again: it reaches the target only through the stage,
-    which is what is checked here and again before each replace. (A copy that is reused by a
-    later plan is verified then; see plan.take_snapshot.)
+    which is what is checked here and again before each replace. (A later plan never builds
+    from an old copy: plan.take_snapshot copies afresh.)
 
     Raises:
         ApprovalError: naming the partitions that changed.

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
-from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables, table_columns, table_kind
+from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables, table_columns
 from backfill_assets.core.db import (
     ConnectionFactory, advisory_session_lock, repeatable_read, transient_errors,
 )
@@ -319,7 +319,8 @@ def take_snapshot(
     All of it happens in one REPEATABLE READ transaction: ``copy`` copies exactly the rows
     that were fingerprinted and checks the copy; ``immutable`` pins their fingerprint. The
     snapshot id is derived from the content, so an unchanged source gives the same id (and
-    reuses the copy). A refused source rolls back everything, the control schema included.
+    the same copy, made again). A refused source rolls back everything, the control schema
+    included.
 
     Returns the snapshot and the context, whose partitions now include those that moved
     records add (with ``records_can_move``).
@@ -344,15 +345,11 @@ def take_snapshot(
             relation, filtered = src, True
         else:
             relation, filtered = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}"), False
-            exists = table_kind(conn, relation) is not None
-            if exists and _copy_matches(conn, ctx, relation, parts, outside):
-                progress(f"snapshot: {snapshot_id} already exists and matches the source; reusing it")
-            else:
-                if exists:
-                    progress(f"snapshot: the copy {relation} no longer matches its fingerprint; copying again")
-                rows = sum(p["row_count"] for p in parts.values()) + (outside or {}).get("row_count", 0)
-                progress(f"snapshot: copying {rows} row(s) into {relation}")
-                _copy_snapshot(conn, ctx, relation)
+            # Copied afresh even when a copy of the same content exists (an earlier plan's):
+            # copying is cheaper than verifying the old copy, and trusts nothing.
+            rows = sum(p["row_count"] for p in parts.values()) + (outside or {}).get("row_count", 0)
+            progress(f"snapshot: copying {rows} row(s) into {relation}")
+            _copy_snapshot(conn, ctx, relation)
         check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
         control.record_snapshot(
             conn, spec.control_schema, snapshot_id=snapshot_id, source_table=str(src),
@@ -389,22 +386,6 @@ def load_snapshot(conn: psycopg.Connection, factory: ConnectionFactory, spec: Sp
         table is None, found["fingerprint"], parts, list(scope.get("requested", labels)),
     )
     return snapshot, ctx
-
-
-def _copy_matches(
-    conn: psycopg.Connection, ctx: Context, relation: TableRef, parts: dict[str, dict[str, Any]],
-    outside: dict[str, Any] | None,
-) -> bool:
-    """Whether an existing copy still holds exactly the rows just fingerprinted in the source.
-
-    Approval and apply never hash a copy again (the stage is what they check), so a copy is
-    verified here, before a new plan builds from it."""
-    columns = [(c.name, c.type_name) for c in ctx.inspection.source_columns]
-    if [(c.name, c.type_name) for c in table_columns(conn, relation)] != columns:
-        return False
-    if source_fingerprints(conn, ctx, relation) != parts:
-        return False
-    return outside is None or outside_fingerprint(conn, ctx, relation) == outside
 
 
 def _copy_snapshot(conn: psycopg.Connection, ctx: Context, relation: TableRef) -> None:

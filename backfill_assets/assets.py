@@ -1,6 +1,7 @@
 """The assets of one spec: source -> snapshot -> stage_a, stage_b -> target.
 
-Every asset body is a thin call into the core. They run as single-run backfills over a
+Stages A and B are materialized by one step that builds both at once on two connections and
+plans, as the CLI does. Every asset body is a thin call into the core. They run as single-run backfills over a
 partition range. Dagster records one materialization per partition of the range from the
 step's output (its metadata describes the whole run: snapshot id, plan id); each body then
 yields a materialization per partition with that partition's own readings, and one check
@@ -20,11 +21,11 @@ import dagster as dg
 
 from backfill_assets.core.apply import apply_plan, approved_plan_for
 from backfill_assets.core.errors import (
-    ApprovalError, BackfillError, ConcurrentRunError, SnapshotError, TransientDatabaseError,
-    VerificationError,
+    ApprovalError, BackfillError, ConcurrentRunError, SnapshotError, StageError,
+    TransientDatabaseError, VerificationError,
 )
 from backfill_assets.core.fingerprint import Fingerprint
-from backfill_assets.core.plan import build_step, plan_step, snapshot_step
+from backfill_assets.core.plan import snapshot_step, stages_step
 from backfill_assets.core.spec import Spec
 from backfill_assets.partitions import partitions_def
 from backfill_assets.render import plan_markdown
@@ -100,8 +101,8 @@ def _snapshot_id(context: dg.AssetExecutionContext, key: dg.AssetKey) -> str:
 
 
 def _key_check(key: dg.AssetKey, partition: str, fp: Fingerprint, **context: str) -> dg.AssetCheckEvaluation:
-    """The key check of one stage partition; ``context`` names the plan (or, for stage A,
-    built before the plan exists, the snapshot) so the dashboard leads to the approval."""
+    """The key check of one stage partition; ``context`` names the plan, so the dashboard
+    leads to the approval."""
     ok = fp.null_key_count == 0 and fp.duplicate_key_count == 0
     return dg.AssetCheckEvaluation(
         asset_key=key, check_name="business_key_unique_and_not_null", passed=ok, partition=partition,
@@ -157,59 +158,53 @@ def spec_assets(spec: Spec) -> list[Any]:
                 })
 
     @dg.multi_asset(
-        name=f"{spec.name}__stage_a", partitions_def=parts, backfill_policy=policy, can_subset=True,
+        # Subsettable only so that the per-partition check evaluations below may stand in for
+        # the check outputs; the body refuses a selection of one stage.
+        name=f"{spec.name}__stages", partitions_def=parts, backfill_policy=policy, can_subset=True,
         required_resource_keys=res,
-        specs=[dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=group, kinds={"postgres"},
-                            description="Newest row per business key, built with DISTINCT ON.")],
-        check_specs=[check("business_key_unique_and_not_null", keys.stage_a,
-                           "No NULL and no duplicate business key in the stage partition.")],
-    )
-    def stage_a(context: dg.AssetExecutionContext):
-        snapshot_id = _snapshot_id(context, keys.snapshot)
-        with transient_retry():
-            ctx, built = build_step(spec, snapshot_id, "a", _factory(context, spec), progress=context.log.info)
-        schema = _schema([(c.name, c.type_name) for c in ctx.target_columns])
-        yield dg.MaterializeResult(asset_key=keys.stage_a, metadata={"snapshot_id": snapshot_id})
-        for label, fp in built.items():
-            if parts.has_partition_key(label):
-                yield dg.AssetMaterialization(keys.stage_a, partition=label, metadata={
-                    **_readings_metadata(fp), "snapshot_id": snapshot_id, "dagster/column_schema": schema,
-                })
-                yield _key_check(keys.stage_a, label, fp, snapshot_id=snapshot_id)
-
-    @dg.multi_asset(
-        name=f"{spec.name}__stage_b", partitions_def=parts, backfill_policy=policy, can_subset=True,
-        required_resource_keys=res,
-        specs=[dg.AssetSpec(keys.stage_b, deps=[keys.snapshot, keys.stage_a], group_name=group, kinds={"postgres"},
-                            description="Newest row per business key, built independently with a window "
-                                        "function; compared with stage A into a plan.")],
+        specs=[
+            dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=group, kinds={"postgres"},
+                         description="Newest row per business key, built with DISTINCT ON."),
+            dg.AssetSpec(keys.stage_b, deps=[keys.snapshot], group_name=group, kinds={"postgres"},
+                         description="Newest row per business key, built independently with a window "
+                                     "function; compared with stage A into a plan."),
+        ],
         check_specs=[
+            check("business_key_unique_and_not_null", keys.stage_a,
+                  "No NULL and no duplicate business key in the stage partition."),
             check("stages_match", keys.stage_b, "Stages A and B agree on every reading.", blocking=True),
             check("business_key_unique_and_not_null", keys.stage_b,
                   "No NULL and no duplicate business key in the stage partition."),
         ],
     )
-    def stage_b(context: dg.AssetExecutionContext):
+    def stages(context: dg.AssetExecutionContext):
+        """Both builds at once, on two connections, then the plan: one step, as in the CLI.
+        (Two steps would run one after the other and read both stages again to plan.)"""
+        if not {keys.stage_a, keys.stage_b} <= context.selected_asset_keys:
+            raise StageError(
+                f"{keys.stage_a.to_user_string()} and {keys.stage_b.to_user_string()} are built "
+                "together (two independent builds compared into one plan); select both"
+            )
         snapshot_id = _snapshot_id(context, keys.snapshot)
-        factory = _factory(context, spec)
         with transient_retry():
-            ctx, built = build_step(spec, snapshot_id, "b", factory, progress=context.log.info)
-            plan = plan_step(spec, snapshot_id, factory, progress=context.log.info)
+            ctx, plan, built_a, built_b = stages_step(
+                spec, snapshot_id, _factory(context, spec), progress=context.log.info
+            )
         table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id))
         schema = _schema([(c.name, c.type_name) for c in ctx.target_columns])
-        yield dg.MaterializeResult(asset_key=keys.stage_b, metadata={
-            "snapshot_id": snapshot_id, "plan_id": plan.plan_id, "plan_status": plan.status, "plan": table})
+        common = {"snapshot_id": snapshot_id, "plan_id": plan.plan_id, "plan_status": plan.status}
+        yield dg.MaterializeResult(asset_key=keys.stage_a, metadata=common)
+        yield dg.MaterializeResult(asset_key=keys.stage_b, metadata={**common, "plan": table})
         for entry in plan.document["partitions"]:
             label = entry["partition"]
             if not parts.has_partition_key(label):
                 continue
-            common = {"plan_id": plan.plan_id, "plan_status": plan.status, "plan": table}
-            yield dg.AssetMaterialization(keys.stage_b, partition=label, metadata={
-                **_readings_metadata(entry["stage_b"]), **common, "snapshot_id": snapshot_id,
-                "dagster/column_schema": schema,
-            })
-            yield dg.AssetObservation(keys.stage_a, partition=label, metadata=common)
-            yield _key_check(keys.stage_b, label, built[label], plan_id=plan.plan_id)
+            for key, side in ((keys.stage_a, "stage_a"), (keys.stage_b, "stage_b")):
+                yield dg.AssetMaterialization(key, partition=label, metadata={
+                    **_readings_metadata(entry[side]), **common, "plan": table, "dagster/column_schema": schema,
+                })
+            yield _key_check(keys.stage_a, label, built_a[label], plan_id=plan.plan_id)
+            yield _key_check(keys.stage_b, label, built_b[label], plan_id=plan.plan_id)
             yield dg.AssetCheckEvaluation(
                 asset_key=keys.stage_b, check_name="stages_match", passed=entry["match"],
                 partition=label, severity=dg.AssetCheckSeverity.ERROR, blocking=True,
@@ -220,7 +215,7 @@ def spec_assets(spec: Spec) -> list[Any]:
     @dg.multi_asset(
         name=f"{spec.name}__target", partitions_def=parts, backfill_policy=policy, can_subset=True,
         required_resource_keys=res,
-        specs=[dg.AssetSpec(keys.target, deps=[keys.stage_b], group_name=group, kinds={"postgres"},
+        specs=[dg.AssetSpec(keys.target, deps=[keys.stage_a, keys.stage_b], group_name=group, kinds={"postgres"},
                             description=f"{spec.target_ref}: approved partitions replaced from stage A, "
                                         "one verified transaction each.")],
         check_specs=[check("target_matches_approved_plan", keys.target,
@@ -268,4 +263,4 @@ def spec_assets(spec: Spec) -> list[Any]:
         yield dg.MaterializeResult(asset_key=keys.target, metadata={"plan_id": plan_id})
         yield from events()
 
-    return [source, snapshot, stage_a, stage_b, target]
+    return [source, snapshot, stages, target]

@@ -72,10 +72,6 @@ _UPSERT_BUILD = sql.SQL(
     "%(readings)s, %(built_at)s) ON CONFLICT (spec_name, variant, partition) DO UPDATE SET "
     "snapshot_id = EXCLUDED.snapshot_id, readings = EXCLUDED.readings, built_at = EXCLUDED.built_at"
 )
-_BUILDS = sql.SQL(
-    "SELECT variant, partition, snapshot_id, readings FROM {schema}.stage_builds "
-    "WHERE spec_name = %(spec_name)s AND partition = ANY(%(partitions)s)"
-)
 _INSERT_PLAN = sql.SQL(
     "INSERT INTO {schema}.plans (plan_id, spec_name, target_table, status, snapshot_id, plan, "
     "created_at) VALUES (%(plan_id)s, %(spec_name)s, %(target_table)s, %(status)s, "
@@ -115,14 +111,6 @@ def record_build(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
     """Record the readings of one stage partition as built from a snapshot (latest wins)."""
     fields = {**fields, "readings": Jsonb(fields["readings"])}
     conn.execute(_UPSERT_BUILD.format(schema=sql.Identifier(schema)), fields)
-
-
-def builds(conn: psycopg.Connection, schema: str, spec_name: str, partitions: list[str]) -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
-    """(variant, partition) -> (snapshot_id, readings) of the latest builds."""
-    rows = conn.execute(
-        _BUILDS.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "partitions": partitions}
-    ).fetchall()
-    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
 
 
 def record_plan(conn: psycopg.Connection, schema: str, **fields: Any) -> None:

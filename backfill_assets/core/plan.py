@@ -574,15 +574,22 @@ def make_plan(
         progress(f"inspect: {spec.source_ref} -> {spec.target_ref}")
         ctx = resolve(conn, factory, spec, request)
         snapshot, ctx = take_snapshot(conn, ctx, clock, progress)
+        a, b = build_both(ctx, snapshot, factory, clock, progress)
+        return finish_plan(conn, ctx, snapshot, a, b, clock, progress)
 
-        def build(variant: Literal["a", "b"]) -> dict[str, Fingerprint]:
-            with factory() as own:
-                return build_stage(own, ctx, snapshot, variant, clock, progress)
 
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
-            futures = {v: pool.submit(build, v) for v in ("a", "b")}
-            built = {v: f.result() for v, f in futures.items()}
-        return finish_plan(conn, ctx, snapshot, built["a"], built["b"], clock, progress)
+def build_both(
+    ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
+) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """Build stages A and B at once, each on its own connection, and fingerprint them."""
+
+    def build(variant: Literal["a", "b"]) -> dict[str, Fingerprint]:
+        with factory() as own:
+            return build_stage(own, ctx, snapshot, variant, clock, progress)
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
+        a, b = pool.submit(build, "a"), pool.submit(build, "b")
+        return a.result(), b.result()
 
 
 def snapshot_step(
@@ -596,17 +603,19 @@ def snapshot_step(
         return snapshot
 
 
-def build_step(
-    spec: Spec, snapshot_id: str, variant: Literal["a", "b"], factory: ConnectionFactory, *,
+def stages_step(
+    spec: Spec, snapshot_id: str, factory: ConnectionFactory, *,
     clock: Clock = utc_now, progress: Progress = _quiet,
-) -> tuple[Context, dict[str, Fingerprint]]:
-    """Build one stage from a recorded snapshot (for an orchestrator: one step per stage).
+) -> tuple[Context, Plan, dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """Steps 2 and 3 for an orchestrator: build both stages from a recorded snapshot, compare
+    them and store the plan, as make_plan does after its snapshot.
 
-    Returns the snapshot's context (partitions, target column types) and the readings.
+    Returns the snapshot's context, the plan, and the readings of stages A and B.
     """
     with factory() as conn, spec_lock(conn, spec):
         snapshot, ctx = load_snapshot(conn, factory, spec, snapshot_id)
-        return ctx, build_stage(conn, ctx, snapshot, variant, clock, progress)
+        a, b = build_both(ctx, snapshot, factory, clock, progress)
+        return ctx, finish_plan(conn, ctx, snapshot, a, b, clock, progress), a, b
 
 
 def source_changes(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> dict[str, str]:
@@ -625,43 +634,6 @@ def source_changes(conn: psycopg.Connection, factory: ConnectionFactory, spec: S
         set_timeouts(conn, spec)
         now = source_fingerprints(conn, ctx, spec.source_ref)
     return {label: now[label]["content_hash"] for label in ctx.labels if now[label]["content_hash"] != known[label]}
-
-
-def plan_step(
-    spec: Spec, snapshot_id: str, factory: ConnectionFactory, *,
-    clock: Clock = utc_now, progress: Progress = _quiet,
-) -> Plan:
-    """Compare the two builds of a snapshot and store the plan (for an orchestrator).
-
-    The stages were built in other steps, so both are fingerprinted again here: the plan
-    describes what the stage tables hold now, and each must still be the build recorded
-    for this snapshot.
-
-    Raises:
-        StageError: a stage partition was not built from this snapshot, or changed since.
-    """
-    with factory() as conn, spec_lock(conn, spec):
-        snapshot, ctx = load_snapshot(conn, factory, spec, snapshot_id)
-        recorded = control.builds(conn, spec.control_schema, spec.name, ctx.labels)
-        built: dict[str, dict[str, Fingerprint]] = {"a": {}, "b": {}}
-        with repeatable_read(conn, read_only=True):
-            for variant in ("a", "b"):
-                for value, label in zip(ctx.partitions, ctx.labels):
-                    snap_id, readings = recorded.get((variant, label), (None, None))
-                    if snap_id != snapshot_id:
-                        raise StageError(
-                            f"stage {variant} of partition {label} was not built from snapshot "
-                            f"{snapshot_id} (another run rebuilt it, or it was never built); "
-                            "build both stages again"
-                        )
-                    now = ctx.readings(conn, ctx.stage(variant), value)
-                    if now.as_dict() != readings:
-                        raise StageError(
-                            f"stage {variant} of partition {label} changed since it was built; "
-                            "build both stages again"
-                        )
-                    built[variant][label] = now
-        return finish_plan(conn, ctx, snapshot, built["a"], built["b"], clock, progress)
 
 
 def finish_plan(

@@ -340,30 +340,24 @@ def test_integer_and_text_partition_keys(conn, factory):
 
 
 def test_the_step_by_step_path_gives_the_same_plan_as_make_plan(demo_db, factory):
-    from backfill_assets.core.plan import build_step, plan_step, snapshot_step
+    from backfill_assets.core.plan import snapshot_step, stages_step
 
     whole = make_plan(make_spec(), ALL_DAYS, factory)
     snapshot = snapshot_step(make_spec(), ALL_DAYS, factory)
     assert snapshot.snapshot_id == whole.document["snapshot"]["id"]
     assert snapshot.requested == [d.isoformat() for d in demo.DEMO_DAYS]
-    for variant in ("b", "a"):  # the order of the two builds does not matter
-        ctx, readings = build_step(make_spec(), snapshot.snapshot_id, variant, factory)
-        assert list(readings) == ctx.labels == [p["partition"] for p in whole.document["partitions"]]
-    assert plan_step(make_spec(), snapshot.snapshot_id, factory).plan_id == whole.plan_id
+    ctx, plan, a, b = stages_step(make_spec(), snapshot.snapshot_id, factory)
+    assert list(a) == list(b) == ctx.labels == [p["partition"] for p in whole.document["partitions"]]
+    assert plan.plan_id == whole.plan_id
 
 
-def test_plan_step_refuses_stages_not_built_from_its_snapshot(unmoved_db, factory):
-    from backfill_assets.core.errors import StageError
-    from backfill_assets.core.plan import build_step, plan_step, snapshot_step
+def test_the_stages_step_refuses_a_snapshot_that_does_not_exist(unmoved_db, factory):
+    from backfill_assets.core.errors import SnapshotError
+    from backfill_assets.core.plan import stages_step
 
-    first = snapshot_step(STATIC, PartitionRequest("2024-01-01"), factory)
-    build_step(STATIC, first.snapshot_id, "a", factory)
-    with pytest.raises(StageError, match="stage b of partition 2024-01-01 was not built from snapshot"):
-        plan_step(STATIC, first.snapshot_id, factory)
-    build_step(STATIC, first.snapshot_id, "b", factory)
-    unmoved_db.execute("UPDATE backfill_control.orders_daily__stage_b SET note = 'x' WHERE order_date = '2024-01-01'")
-    with pytest.raises(StageError, match="stage b of partition 2024-01-01 changed since it was built"):
-        plan_step(STATIC, first.snapshot_id, factory)
+    make_plan(STATIC, PartitionRequest("2024-01-01"), factory)  # the control schema exists
+    with pytest.raises(SnapshotError, match="snapshot copy-0123456789abcdef does not exist"):
+        stages_step(STATIC, "copy-0123456789abcdef", factory)
 
 
 def test_source_changes_name_the_partitions_whose_source_moved_on(unmoved_db, factory, conn):

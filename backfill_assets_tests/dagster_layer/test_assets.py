@@ -37,7 +37,9 @@ def evaluations(result, check_name):
 
 
 def materializations(result, name):
-    return {m.partition: m.metadata for m in result.asset_materializations_for_node(f"orders_daily__{name}")}
+    node = "orders_daily__stages" if name.startswith("stage_") else f"orders_daily__{name}"
+    return {m.partition: m.metadata for m in result.asset_materializations_for_node(node)
+            if m.asset_key == KEYS[name]}
 
 
 def stage_week(defs, resources, instance):
@@ -70,14 +72,26 @@ def test_stages_report_fingerprints_and_per_partition_checks(dagster_env):
     assert [c.name for c in stage_b["2024-01-01"]["dagster/column_schema"].value.columns][:2] == ["order_date", "order_id"]
     keys_ok = evaluations(result, "business_key_unique_and_not_null")
     assert all(e.passed for e in keys_ok.values()) and len(keys_ok) == 8
-    # Every check result leads to the plan (stage A's, built before the plan, to its snapshot).
-    for e in result.get_asset_check_evaluations():
-        if e.asset_key == KEYS["stage_b"]:
-            assert e.metadata["plan_id"].value in plan_ids
-        elif e.asset_key == KEYS["stage_a"]:
-            assert e.metadata["snapshot_id"].value
-    snapshot_ids = {m["snapshot_id"].value for m in materializations(result, "stage_a").values()}
-    assert len(snapshot_ids) == 1
+    # Every check result of both stages leads to the plan.
+    stage_checks = [e for e in result.get_asset_check_evaluations() if e.asset_key in (KEYS["stage_a"], KEYS["stage_b"])]
+    assert len(stage_checks) == 8 * 3
+    assert {e.metadata["plan_id"].value for e in stage_checks} == plan_ids
+    for side in ("stage_a", "stage_b"):
+        built = materializations(result, side)
+        assert sorted(built) == sorted(matched)
+        assert {m["snapshot_id"].value for m in built.values()} == {matched["2024-01-01"].metadata["plan_id"].value and
+                                                                    built["2024-01-01"]["snapshot_id"].value}
+        assert {m["plan_id"].value for m in built.values()} == plan_ids
+
+
+def test_one_stage_alone_is_refused_with_the_reason(dagster_env, demo_db):
+    defs, resources, instance = dagster_env
+    assert materialize(defs, resources, instance, ["snapshot"], WEEK).success
+    alone = materialize(defs, resources, instance, ["stage_a"], WEEK)
+    assert not alone.success
+    failure = alone.failure_data_for_node("orders_daily__stages")
+    assert "are built together" in failure.error.cause.message
+    assert demo_db.execute("SELECT count(*) FROM backfill_control.plans").fetchone() == (0,)
 
 
 def test_the_target_refuses_partitions_without_an_approval(dagster_env, demo_db):

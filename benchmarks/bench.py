@@ -132,8 +132,8 @@ def safe_backfill(spec, factory) -> tuple[float, dict[str, float], str]:
         "inspect + snapshot (fingerprint source, copy, check)": at("stage"),
         "build A and B at once, each with its fingerprints": at("stage", last=True) - at("stage"),
         "compare and store the plan": t_plan - at("stage", last=True),
-        "approve (recheck snapshot and stage)": t_approve - t_plan,
-        "apply (recheck, replace, verify twice, per partition)": total - t_approve,
+        "approve (recheck the stage)": t_approve - t_plan,
+        "apply (check the stage, then per partition: recheck, replace, verify twice)": total - t_approve,
     }
     return total, steps, plan.plan_id
 

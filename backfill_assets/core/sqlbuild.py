@@ -322,12 +322,15 @@ def ordering_ties(
     groups are per key across partitions (records that can move) and the partition is NULL.
 
     Rows equal in every output column are not a tie: whichever wins, the result is the same.
+    Rows are compared by their text forms, which the target and the fingerprint keep: values
+    equal for the grouping yet written differently (numeric ``1.5`` and ``1.50``, float ``-0``
+    and ``0``) are a tie too, so the key and ordering columns are compared as text as well.
     """
     scope = [partition_key] if partition_key is not None else []
     key_ord = [*scope, *business_key, *ordering_columns]
     rest = sql.SQL("").join(
         sql.SQL(", {}::text AS {}").format(_col("i", c), sql.Identifier(f"__v{n}"))
-        for n, c in enumerate(other_columns)
+        for n, c in enumerate([*other_columns, *business_key, *ordering_columns])
     )
     g_key_text = sql.SQL(", ").join(
         [sql.SQL("{}::text").format(_col("g", partition_key)) if scope else sql.SQL("NULL::text")]

@@ -386,3 +386,17 @@ def test_a_partition_whose_rows_all_lack_a_business_key_is_refused(unmoved_db, f
     with pytest.raises(SourceDataError, match=r"every source row .* NULL business key .*partition 2024-01-03: 42 row"):
         make_plan(STATIC, ALL_DAYS, factory)
     assert not control_schema_exists(unmoved_db)
+
+
+def test_rows_that_tie_as_values_but_differ_in_text_form_are_refused(conn, factory):
+    # 1.5 = 1.50 as numerics, so newest-wins cannot choose between these rows, yet they
+    # would be written (and hashed) differently: a tie, though every other column is equal.
+    conn.execute("CREATE TABLE public.ev (d int, k int, version numeric, v int)")
+    conn.execute("CREATE TABLE public.ev_out (d int, k int, version numeric, v int, UNIQUE (d, k))")
+    conn.execute("INSERT INTO public.ev VALUES (1, 1, 1.5, 7), (1, 1, 1.50, 7), (1, 2, 1, 7), (1, 2, 2, 7)")
+    spec = make_spec(source={"table": "public.ev", "snapshot": "copy"}, target={"table": "public.ev_out"},
+                     partition_key="d", business_key=["k"], ordering=[{"column": "version", "direction": "desc"}],
+                     columns=["d", "k", "version", "v"], total="v", records_can_move=False)
+    with pytest.raises(SourceDataError) as err:
+        make_plan(spec, PartitionRequest("1"), factory)
+    assert "partition 1, key (k=1): 2 different rows" in str(err.value)

@@ -34,9 +34,9 @@ from backfill_assets.core.db import connection_factory, repeatable_read
 from backfill_assets.core.fingerprint import (
     business_key_order, content_hash, fingerprint_partition, sorts_disabled,
 )
-from backfill_assets.core.sqlbuild import copy_canonical_stream, in_partition, partition_readings
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest, TableRef, spec_from_mapping
+from backfill_assets.core.sqlbuild import copy_canonical_stream, in_partition, partition_readings
 
 DAYS = 20
 COLUMNS = ["d", "k", "updated_at", "seq", "amount", "status", "note"]
@@ -240,10 +240,7 @@ _MEMORY_CHILD = """
 import resource, sys, datetime as dt
 from backfill_assets.core.db import connection_factory, DatabaseUrl, repeatable_read
 from backfill_assets.core.catalog import table_columns
-from backfill_assets.core.fingerprint import (
-    business_key_order, content_hash, fingerprint_partition, sorts_disabled,
-)
-from backfill_assets.core.sqlbuild import copy_canonical_stream, in_partition, partition_readings
+from backfill_assets.core.fingerprint import fingerprint_partition
 from backfill_assets.core.spec import TableRef
 url, day = sys.argv[1], dt.date.fromisoformat(sys.argv[2])
 ref = TableRef("bench", "mem")

@@ -2,8 +2,8 @@
 
 An approval is a row in the control schema naming the plan id (a hash of everything the
 approver saw). It is refused for an unknown or refused plan, a plan of another spec, a spec
-or target that changed since the plan, and a snapshot or stage that no longer carries the
-planned fingerprint.
+or target that changed since the plan, a snapshot copy whose seal broke, an immutable source
+or a stage that no longer carries the planned fingerprint.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from backfill_assets.core import control
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import (
-    Clock, Context, resolve, source_fingerprints, spec_document, utc_now,
+    Clock, Context, copy_intact, resolve, source_fingerprints, spec_document, utc_now,
 )
-from backfill_assets.core.spec import Spec
+from backfill_assets.core.spec import Spec, parse_table_name
 
 MIN_PREFIX = 8
 
@@ -93,9 +93,9 @@ def check_spec_unchanged(
 def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredPlan) -> None:
     """Require stage A, and an immutable source, to still carry the planned fingerprints.
 
-    A copied snapshot is not hashed again: it reaches the target only through the stage,
-    which is what is checked here and again before each replace. (A later plan never builds
-    from an old copy: plan.take_snapshot copies afresh.)
+    A copied snapshot is not hashed again: its seal is checked (one pass, no sort; see
+    plan.copy_intact). It reaches the target only through the stage, which is hashed here
+    and again before each replace.
 
     Raises:
         ApprovalError: naming the partitions that changed.
@@ -107,6 +107,11 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
         found = control.find_snapshot(conn, spec.control_schema, snap["id"])
         if found is None or found["fingerprint"] != snap["fingerprint"]:
             raise ApprovalError(f"snapshot {snap['id']} of plan {stored.plan_id[:16]} is gone; plan again")
+        copy = found["snapshot_table"]
+        if copy is not None and not copy_intact(conn, ctx, parse_table_name(copy), snap["fingerprint"]):
+            raise ApprovalError(
+                f"the copy {copy} of snapshot {snap['id']} changed since it was taken; plan again"
+            )
         current = source_fingerprints(conn, ctx, spec.source_ref) if immutable else {}
         source_changed = [
             p["partition"] for p in doc["partitions"]

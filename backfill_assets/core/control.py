@@ -1,4 +1,5 @@
-"""The control schema: snapshots, plans, approvals and the ledger.
+"""The control schema: snapshots (and the seals of their copies), plans, approvals, the
+stage builds and the ledger.
 
 It lives in the same database as the target, so a plan, its stages and the target can be
 read in one transaction.
@@ -24,6 +25,13 @@ _DDL = (
         "fingerprint text NOT NULL, created_at timestamptz NOT NULL)"
     ),
     sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS scope jsonb"),  # added later
+    # The seal of each snapshot copy: every row was written by one transaction (writer_xid,
+    # the rows' xmin), so a later change to any row, or a new or missing row, shows.
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.snapshot_copies ("
+        "snapshot_table text PRIMARY KEY, fingerprint text NOT NULL, writer_xid text, "
+        "row_count bigint NOT NULL, columns jsonb NOT NULL, copied_at timestamptz NOT NULL)"
+    ),
     sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.stage_builds ("
         "spec_name text NOT NULL, variant text NOT NULL, partition text NOT NULL, "
@@ -107,6 +115,33 @@ def record_snapshot(conn: psycopg.Connection, schema: str, **fields: Any) -> Non
     conn.execute(_INSERT_SNAPSHOT.format(schema=sql.Identifier(schema)), fields)
 
 
+_UPSERT_COPY = sql.SQL(
+    "INSERT INTO {schema}.snapshot_copies (snapshot_table, fingerprint, writer_xid, row_count, "
+    "columns, copied_at) VALUES (%(snapshot_table)s, %(fingerprint)s, %(writer_xid)s, "
+    "%(row_count)s, %(columns)s, %(copied_at)s) ON CONFLICT (snapshot_table) DO UPDATE SET "
+    "fingerprint = EXCLUDED.fingerprint, writer_xid = EXCLUDED.writer_xid, "
+    "row_count = EXCLUDED.row_count, columns = EXCLUDED.columns, copied_at = EXCLUDED.copied_at"
+)
+_COPY_SEAL = sql.SQL(
+    "SELECT fingerprint, writer_xid, row_count, columns FROM {schema}.snapshot_copies "
+    "WHERE snapshot_table = %(snapshot_table)s"
+)
+
+
+def record_copy(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
+    """Record the seal of a snapshot copy just made (replacing an earlier copy's)."""
+    fields = {**fields, "columns": Jsonb(fields["columns"])}
+    conn.execute(_UPSERT_COPY.format(schema=sql.Identifier(schema)), fields)
+
+
+def copy_seal(conn: psycopg.Connection, schema: str, snapshot_table: str) -> dict[str, Any] | None:
+    """The recorded seal of a snapshot copy (fingerprint, writer_xid, row_count, columns)."""
+    row = conn.execute(
+        _COPY_SEAL.format(schema=sql.Identifier(schema)), {"snapshot_table": snapshot_table}
+    ).fetchone()
+    return None if row is None else dict(zip(("fingerprint", "writer_xid", "row_count", "columns"), row))
+
+
 def record_build(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
     """Record the readings of one stage partition as built from a snapshot (latest wins)."""
     fields = {**fields, "readings": Jsonb(fields["readings"])}
@@ -126,6 +161,7 @@ _PLANS_BY_PREFIX = sql.SQL(
 _SCHEMA_STATE = sql.SQL(
     "SELECT to_regclass(%(plans)s) IS NOT NULL, "
     "to_regclass(%(ledger)s) IS NOT NULL AND to_regclass(%(builds)s) IS NOT NULL "
+    "AND to_regclass(%(copies)s) IS NOT NULL "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
     "AND attname = 'scope' AND NOT attisdropped)"
 )
@@ -136,6 +172,7 @@ def control_ready(conn: psycopg.Connection, schema: str) -> bool:
     older version is brought up to date here, in its own transaction."""
     names = {k: sql.Identifier(schema, k).as_string(conn) for k in ("plans", "ledger", "snapshots")}
     names["builds"] = sql.Identifier(schema, "stage_builds").as_string(conn)
+    names["copies"] = sql.Identifier(schema, "snapshot_copies").as_string(conn)
     row = conn.execute(_SCHEMA_STATE, names).fetchone()
     if not row or not row[0]:
         return False

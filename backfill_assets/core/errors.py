@@ -67,7 +67,7 @@ class DeterminismError(BackfillError):
 
 
 class StageError(BackfillError):
-    """A stage no longer holds the build a step expects: build both stages again."""
+    """The stages cannot be built as asked (one stage selected without the other)."""
 
     exit_code = 5
 

@@ -169,7 +169,7 @@ def sorts_disabled(conn: psycopg.Connection, disabled: bool = True) -> Iterator[
     with no index to give the order the planner still sorts. Outside a transaction it does
     nothing.
     """
-    in_transaction = conn.info.transaction_status != TransactionStatus.IDLE
+    in_transaction = conn.info.transaction_status == TransactionStatus.INTRANS
     if not (disabled and in_transaction):
         yield
         return

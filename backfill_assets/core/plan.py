@@ -20,11 +20,11 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
-from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables, table_columns
+from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables, table_columns, table_kind
 from backfill_assets.core.db import (
     ConnectionFactory, advisory_session_lock, repeatable_read, transient_errors,
 )
-from backfill_assets.core.errors import SnapshotError, SourceDataError, StageError
+from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint import (
     Fingerprint, all_columns_order, business_key_order, content_hash, content_hash_where,
     fingerprint_partition,
@@ -284,6 +284,8 @@ def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed
     scope_key = None if spec.records_can_move else spec.partition_key
     if scope_key is None:
         others = [spec.partition_key, *others]
+    # Grouped as values, compared as written: 1.5 and 1.50 in an output column are a tie.
+    others += [c for c in [*spec.business_key, *ordering] if c in spec.columns]
     query, qp = sqlbuild.ordering_ties(input_rel, scope_key, spec.business_key, ordering, others, params)
     ties = conn.execute(query, qp).fetchall()
     if ties:
@@ -319,8 +321,8 @@ def take_snapshot(
     All of it happens in one REPEATABLE READ transaction: ``copy`` copies exactly the rows
     that were fingerprinted and checks the copy; ``immutable`` pins their fingerprint. The
     snapshot id is derived from the content, so an unchanged source gives the same id (and
-    the same copy, made again). A refused source rolls back everything, the control schema
-    included.
+    the same copy, reused only while its seal holds; see :func:`copy_intact`). A refused
+    source rolls back everything, the control schema included.
 
     Returns the snapshot and the context, whose partitions now include those that moved
     records add (with ``records_can_move``).
@@ -345,11 +347,12 @@ def take_snapshot(
             relation, filtered = src, True
         else:
             relation, filtered = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}"), False
-            # Copied afresh even when a copy of the same content exists (an earlier plan's):
-            # copying is cheaper than verifying the old copy, and trusts nothing.
-            rows = sum(p["row_count"] for p in parts.values()) + (outside or {}).get("row_count", 0)
-            progress(f"snapshot: copying {rows} row(s) into {relation}")
-            _copy_snapshot(conn, ctx, relation)
+            if copy_intact(conn, ctx, relation, fingerprint):
+                progress(f"snapshot: {snapshot_id}: the copy {relation} is intact; reusing it")
+            else:
+                rows = sum(p["row_count"] for p in parts.values()) + (outside or {}).get("row_count", 0)
+                progress(f"snapshot: copying {rows} row(s) into {relation}")
+                _copy_snapshot(conn, ctx, relation, fingerprint, clock)
         check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
         control.record_snapshot(
             conn, spec.control_schema, snapshot_id=snapshot_id, source_table=str(src),
@@ -388,18 +391,47 @@ def load_snapshot(conn: psycopg.Connection, factory: ConnectionFactory, spec: Sp
     return snapshot, ctx
 
 
-def _copy_snapshot(conn: psycopg.Connection, ctx: Context, relation: TableRef) -> None:
+def _copy_snapshot(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str, clock: Clock) -> None:
+    """Copy the scope's rows (the transaction's snapshot of the source) and seal the copy."""
     spec, src = ctx.spec, ctx.spec.source_ref
     names = ctx.source_column_names
     conn.execute(sqlbuild.drop_table(relation))
     conn.execute(sqlbuild.create_empty_copy(relation, src, names, unlogged=False))
     if spec.records_can_move:
-        conn.execute(*sqlbuild.copy_scope(
+        query, params = sqlbuild.copy_scope(
             relation, src, spec.target_ref, names, spec.partition_key, spec.business_key, ctx.partitions
-        ))
+        )
     else:
-        conn.execute(*sqlbuild.copy_partitions(relation, src, names, spec.partition_key, ctx.partitions))
+        query, params = sqlbuild.copy_partitions(relation, src, names, spec.partition_key, ctx.partitions)
+    rows = conn.execute(query, params).rowcount
     conn.execute(sqlbuild.create_index(relation, [sqlbuild.OrderKey(spec.partition_key)]))
+    # One statement filled the new table, so every row carries that statement's xmin.
+    writer = conn.execute(sqlbuild.copy_writer(relation)).fetchone()
+    control.record_copy(
+        conn, spec.control_schema, snapshot_table=str(relation), fingerprint=fingerprint,
+        writer_xid=writer[0] if writer else None, row_count=rows,
+        columns=[[c.name, c.type_name] for c in table_columns(conn, relation)], copied_at=clock(),
+    )
+
+
+def copy_intact(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str) -> bool:
+    """Whether a snapshot copy still holds exactly the rows it was made with, by its seal: the
+    same columns, the same row count, and every row still written by the one transaction
+    that made the copy (an UPDATE, INSERT or DELETE and INSERT leaves another xmin; a
+    DELETE changes the count). One pass over the copy without a sort, instead of hashing it
+    again. (xmin survives VACUUM FREEZE, which keeps the raw transaction id.)"""
+    if table_kind(conn, relation) is None:
+        return False
+    seal = control.copy_seal(conn, ctx.spec.control_schema, str(relation))
+    if seal is None or seal["fingerprint"] != fingerprint:
+        return False
+    if [[c.name, c.type_name] for c in table_columns(conn, relation)] != seal["columns"]:
+        return False
+    dropped = conn.execute(*sqlbuild.dropped_columns(relation)).fetchone()
+    if dropped is None or dropped[0]:
+        return False
+    rows, foreign = conn.execute(*sqlbuild.copy_seal_check(relation, seal["writer_xid"])).fetchone() or (None, None)
+    return rows == seal["row_count"] and foreign == 0
 
 
 # --- the two builds ----------------------------------------------------------------------
@@ -614,6 +646,12 @@ def stages_step(
     """
     with factory() as conn, spec_lock(conn, spec):
         snapshot, ctx = load_snapshot(conn, factory, spec, snapshot_id)
+        # Taken in another step, maybe long ago: build only from a copy whose seal holds.
+        if not snapshot.filtered and not copy_intact(conn, ctx, snapshot.relation, snapshot.fingerprint):
+            raise SnapshotError(
+                f"the copy {snapshot.relation} of snapshot {snapshot_id} changed since it was taken; "
+                "take the snapshot again"
+            )
         a, b = build_both(ctx, snapshot, factory, clock, progress)
         return ctx, finish_plan(conn, ctx, snapshot, a, b, clock, progress), a, b
 

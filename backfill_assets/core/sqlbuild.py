@@ -322,15 +322,16 @@ def ordering_ties(
     groups are per key across partitions (records that can move) and the partition is NULL.
 
     Rows equal in every output column are not a tie: whichever wins, the result is the same.
-    Rows are compared by their text forms, which the target and the fingerprint keep: values
-    equal for the grouping yet written differently (numeric ``1.5`` and ``1.50``, float ``-0``
-    and ``0``) are a tie too, so the key and ordering columns are compared as text as well.
+    ``other_columns`` are the output columns compared, by their text forms (which the target
+    and the fingerprint keep); the caller includes the key and ordering columns that are
+    output columns, so that values equal for the grouping yet written differently (numeric
+    ``1.5`` and ``1.50``) are a tie too.
     """
     scope = [partition_key] if partition_key is not None else []
     key_ord = [*scope, *business_key, *ordering_columns]
     rest = sql.SQL("").join(
         sql.SQL(", {}::text AS {}").format(_col("i", c), sql.Identifier(f"__v{n}"))
-        for n, c in enumerate([*other_columns, *business_key, *ordering_columns])
+        for n, c in enumerate(other_columns)
     )
     g_key_text = sql.SQL(", ").join(
         [sql.SQL("{}::text").format(_col("g", partition_key)) if scope else sql.SQL("NULL::text")]
@@ -396,6 +397,33 @@ def create_index(rel: TableRef, keys: Sequence[OrderKey], *, unique: bool = Fals
         for k in keys
     )
     return (_CREATE_UNIQUE_INDEX if unique else _CREATE_INDEX).format(rel=table(rel), items=items)
+
+
+_COPY_WRITER = sql.SQL("SELECT t.xmin::text FROM {rel} AS t LIMIT 1")
+_COPY_SEAL_CHECK = sql.SQL(
+    "SELECT count(*), count(*) FILTER (WHERE t.xmin::text IS DISTINCT FROM %(writer)s) FROM {rel} AS t"
+)
+_DROPPED_COLUMNS = sql.SQL(
+    "SELECT count(*) FROM pg_catalog.pg_attribute AS a "
+    "JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = %(schema)s AND c.relname = %(name)s AND a.attnum > 0 AND a.attisdropped"
+)
+
+
+def copy_writer(rel: TableRef) -> sql.Composed:
+    """The transaction that wrote a row of ``rel`` (its xmin), for a table one statement filled."""
+    return _COPY_WRITER.format(rel=table(rel))
+
+
+def copy_seal_check(rel: TableRef, writer: str | None) -> Query:
+    """Rows of ``rel``, and how many of them another transaction than ``writer`` wrote."""
+    return _COPY_SEAL_CHECK.format(rel=table(rel)), {"writer": writer}
+
+
+def dropped_columns(rel: TableRef) -> Query:
+    """How many dropped columns a table has (a column dropped and added again keeps xmin)."""
+    return _DROPPED_COLUMNS, {"schema": rel.schema, "name": rel.name}
 
 
 def drop_table(rel: TableRef) -> sql.Composed:

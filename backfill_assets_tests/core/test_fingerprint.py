@@ -87,7 +87,14 @@ def test_the_indexed_read_gives_the_same_digest_and_restores_the_planner(golden)
     cols = [c for c in table_columns(golden, GOLDEN) if c.name != "p"]
     with golden.transaction():
         golden.execute(b"SET LOCAL enable_sort = on")
+        with sorts_disabled(golden):
+            assert golden.execute(b"SHOW enable_sort").fetchone() == ("off",)
+        assert golden.execute(b"SHOW enable_sort").fetchone() == ("on",)
         indexed = content_hash(golden, GOLDEN, cols, "p", business_key_order(cols, ["k"]), 7, indexed=True)
+        assert golden.execute(b"SHOW enable_sort").fetchone() == ("on",)
+        # A failed read inside a savepoint: rolling it back restores the setting too.
+        with pytest.raises(psycopg.errors.DivisionByZero), golden.transaction(), sorts_disabled(golden):
+            golden.execute(b"SELECT 1 / 0")
         assert golden.execute(b"SHOW enable_sort").fetchone() == ("on",)
     assert indexed == GOLDEN_DIGEST
     # Outside a transaction there is nothing to restore, and nothing is set.

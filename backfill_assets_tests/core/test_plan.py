@@ -12,9 +12,9 @@ from psycopg import sql
 
 from backfill_assets import demo
 from backfill_assets.core.catalog import table_columns
-from backfill_assets.core.approve import find_plan
+from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import (
-    ConcurrentRunError, SnapshotError, SourceDataError, SpecError,
+    ApprovalError, ConcurrentRunError, SnapshotError, SourceDataError, SpecError,
 )
 from backfill_assets.core.fingerprint import business_key_order, content_hash, reference_digest
 from backfill_assets.core.plan import make_plan
@@ -126,7 +126,7 @@ def test_empty_partition_is_planned_as_empty(demo_db, factory):
     assert entry["stage_a"]["content_hash"] == expected_hash(demo_db, [])
 
 
-def test_second_plan_gives_the_same_plan_id_and_reuses_the_snapshot(demo_db, factory):
+def test_second_plan_gives_the_same_plan_id_and_the_same_snapshot(demo_db, factory):
     first = make_plan(make_spec(), ALL_DAYS, factory)
     second = make_plan(make_spec(), ALL_DAYS, factory)
     assert first.plan_id == second.plan_id and first.document == second.document
@@ -157,17 +157,63 @@ def test_the_snapshot_copy_isolates_the_builds_from_later_source_changes(demo_db
     assert rows == len([r for r in demo.source_rows()])
 
 
-def test_a_later_plan_copies_the_source_afresh_and_never_builds_from_an_altered_copy(demo_db, factory):
+def _copy_of(plan) -> sql.Identifier:
+    return sql.Identifier("backfill_control", f"snap_{plan.document['snapshot']['fingerprint'][:16]}")
+
+
+def test_a_later_plan_reuses_an_intact_copy_and_copies_again_when_its_seal_broke(demo_db, factory):
     first = make_plan(make_spec(), ALL_DAYS, factory)
-    copy = sql.Identifier("backfill_control", f"snap_{first.document['snapshot']['fingerprint'][:16]}")
-    demo_db.execute(sql.SQL("UPDATE {} SET amount = amount + 1 WHERE order_date = %s").format(copy),
+    messages: list[str] = []
+    make_plan(make_spec(), ALL_DAYS, factory, progress=messages.append)
+    assert any("is intact; reusing it" in m for m in messages)
+    demo_db.execute(sql.SQL("UPDATE {} SET amount = amount + 1 WHERE order_date = %s").format(_copy_of(first)),
                     (dt.date(2024, 1, 3),))
-    again = make_plan(make_spec(), ALL_DAYS, factory)
+    messages.clear()
+    again = make_plan(make_spec(), ALL_DAYS, factory, progress=messages.append)
+    assert any(m.startswith("snapshot: copying") for m in messages)
     assert again.plan_id == first.plan_id  # built from the source's rows, not the altered ones
     total = sql.SQL("SELECT sum(amount) FROM {} WHERE order_date = %s")
     day = (dt.date(2024, 1, 3),)
-    assert demo_db.execute(total.format(copy), day).fetchone() == demo_db.execute(
+    assert demo_db.execute(total.format(_copy_of(first)), day).fetchone() == demo_db.execute(
         total.format(sql.Identifier("public", "orders_raw")), day).fetchone()
+
+
+@pytest.mark.parametrize("change", [
+    "UPDATE {copy} SET note = note WHERE order_id = (SELECT min(order_id) FROM {copy})",  # same value, new version
+    "DELETE FROM {copy} WHERE order_id = (SELECT min(order_id) FROM {copy})",
+    "INSERT INTO {copy} SELECT * FROM {copy} LIMIT 1",
+    "WITH gone AS (DELETE FROM {copy} WHERE order_id = (SELECT min(order_id) FROM {copy}) RETURNING *) "
+    "INSERT INTO {copy} SELECT * FROM gone",  # same rows, same count, rewritten
+    "ALTER TABLE {copy} DROP COLUMN note; ALTER TABLE {copy} ADD COLUMN note text",
+    "ALTER TABLE {copy} ALTER COLUMN amount TYPE numeric(14,4)",
+])
+def test_any_change_to_a_copy_breaks_its_seal(demo_db, factory, change):
+    from backfill_assets.core.plan import copy_intact, resolve
+
+    plan = make_plan(make_spec(), ALL_DAYS, factory)
+    copy = TableRef("backfill_control", f"snap_{plan.document['snapshot']['fingerprint'][:16]}")
+    ctx = resolve(demo_db, factory, make_spec(), [p["partition"] for p in plan.document["partitions"]])
+    fingerprint = plan.document["snapshot"]["fingerprint"]
+    demo_db.execute(b"VACUUM FREEZE backfill_control." + copy.name.encode())  # freezing is no change
+    assert copy_intact(demo_db, ctx, copy, fingerprint)
+    for statement in change.split("; "):
+        demo_db.execute(sql.SQL(statement).format(copy=sql.Identifier(copy.schema, copy.name)))
+    assert not copy_intact(demo_db, ctx, copy, fingerprint)
+
+
+def test_a_copy_altered_after_the_plan_is_refused_by_approval_and_by_the_stages_step(demo_db, factory):
+    from backfill_assets.core.errors import SnapshotError
+    from backfill_assets.core.plan import snapshot_step, stages_step
+
+    plan = make_plan(make_spec(), ALL_DAYS, factory)
+    demo_db.execute(sql.SQL("UPDATE {} SET note = 'x' WHERE order_date = %s").format(_copy_of(plan)),
+                    (dt.date(2024, 1, 2),))
+    with pytest.raises(ApprovalError, match="changed since it was taken; plan again"):
+        approve_plan(demo_db, factory, make_spec(), find_plan(demo_db, make_spec(), plan.plan_id), "alice")
+    with pytest.raises(SnapshotError, match="changed since it was taken; take the snapshot again"):
+        stages_step(make_spec(), plan.document["snapshot"]["id"], factory)
+    snapshot = snapshot_step(make_spec(), ALL_DAYS, factory)  # copies again
+    assert stages_step(make_spec(), snapshot.snapshot_id, factory)[1].plan_id == plan.plan_id
 
 
 def test_ties_on_every_ordering_column_are_refused_and_nothing_is_written(unmoved_db, factory):
@@ -400,3 +446,15 @@ def test_rows_that_tie_as_values_but_differ_in_text_form_are_refused(conn, facto
     with pytest.raises(SourceDataError) as err:
         make_plan(spec, PartitionRequest("1"), factory)
     assert "partition 1, key (k=1): 2 different rows" in str(err.value)
+
+
+def test_rows_that_differ_only_in_the_text_of_a_column_not_written_are_not_a_tie(conn, factory):
+    # version orders the rows but is not written: whichever wins, the target row is the same.
+    conn.execute("CREATE TABLE public.ev (d int, k int, version numeric, v int)")
+    conn.execute("CREATE TABLE public.ev_out (d int, k int, v int, UNIQUE (d, k))")
+    conn.execute("INSERT INTO public.ev VALUES (1, 1, 1.5, 7), (1, 1, 1.50, 7)")
+    spec = make_spec(source={"table": "public.ev", "snapshot": "copy"}, target={"table": "public.ev_out"},
+                     partition_key="d", business_key=["k"], ordering=[{"column": "version", "direction": "desc"}],
+                     columns=["d", "k", "v"], total="v", records_can_move=False)
+    plan = make_plan(spec, PartitionRequest("1"), factory)
+    assert plan.status == "ready" and plan.document["partitions"][0]["stage_a"]["row_count"] == 1

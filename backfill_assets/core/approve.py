@@ -18,7 +18,8 @@ from backfill_assets.core import control
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import (
-    Clock, Context, copy_intact, resolve, source_fingerprints, spec_document, utc_now,
+    Clock, Context, copy_intact, resolve, source_fingerprints, spec_document,
+    stage_partitions_changed, utc_now,
 )
 from backfill_assets.core.spec import Spec, parse_table_name
 
@@ -94,8 +95,9 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
     """Require stage A, and an immutable source, to still carry the planned fingerprints.
 
     A copied snapshot is not hashed again: its seal is checked (one pass, no sort; see
-    plan.copy_intact). It reaches the target only through the stage, which is hashed here
-    and again before each replace.
+    plan.copy_intact). It reaches the target only through the stage, which is checked here
+    by its seal too, or hashed where the seal does not hold (plan.stage_partitions_changed),
+    and hashed again under the lock before each replace.
 
     Raises:
         ApprovalError: naming the partitions that changed.
@@ -120,10 +122,8 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
             }
         ]
         stage = ctx.stage("a")
-        stage_changed = [
-            label for value, label in zip(ctx.partitions, ctx.labels)
-            if ctx.readings(conn, stage, value).as_dict() != stored.approved(label)
-        ]
+        approved = {label: stored.approved(label) for label in ctx.labels}
+        stage_changed = stage_partitions_changed(conn, ctx, "a", approved)
     if source_changed:
         raise ApprovalError(
             f"the source no longer has the planned fingerprint in partition(s) "

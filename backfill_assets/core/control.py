@@ -38,6 +38,8 @@ _DDL = (
         "snapshot_id text NOT NULL, readings jsonb NOT NULL, built_at timestamptz NOT NULL, "
         "PRIMARY KEY (spec_name, variant, partition))"
     ),
+    # The transaction that built each stage partition (its rows' xmin): the stage's seal.
+    sql.SQL("ALTER TABLE {schema}.stage_builds ADD COLUMN IF NOT EXISTS writer_xid text"),  # added later
     sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.plans ("
         "plan_id text PRIMARY KEY, spec_name text NOT NULL, target_table text NOT NULL, "
@@ -76,9 +78,14 @@ _INSERT_SNAPSHOT = sql.SQL(
 )
 _UPSERT_BUILD = sql.SQL(
     "INSERT INTO {schema}.stage_builds (spec_name, variant, partition, snapshot_id, readings, "
-    "built_at) VALUES (%(spec_name)s, %(variant)s, %(partition)s, %(snapshot_id)s, "
-    "%(readings)s, %(built_at)s) ON CONFLICT (spec_name, variant, partition) DO UPDATE SET "
-    "snapshot_id = EXCLUDED.snapshot_id, readings = EXCLUDED.readings, built_at = EXCLUDED.built_at"
+    "writer_xid, built_at) VALUES (%(spec_name)s, %(variant)s, %(partition)s, %(snapshot_id)s, "
+    "%(readings)s, %(writer_xid)s, %(built_at)s) ON CONFLICT (spec_name, variant, partition) "
+    "DO UPDATE SET snapshot_id = EXCLUDED.snapshot_id, readings = EXCLUDED.readings, "
+    "writer_xid = EXCLUDED.writer_xid, built_at = EXCLUDED.built_at"
+)
+_BUILDS = sql.SQL(
+    "SELECT partition, readings, writer_xid FROM {schema}.stage_builds "
+    "WHERE spec_name = %(spec_name)s AND variant = %(variant)s AND partition = ANY(%(partitions)s)"
 )
 _INSERT_PLAN = sql.SQL(
     "INSERT INTO {schema}.plans (plan_id, spec_name, target_table, status, snapshot_id, plan, "
@@ -143,9 +150,21 @@ def copy_seal(conn: psycopg.Connection, schema: str, snapshot_table: str) -> dic
 
 
 def record_build(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
-    """Record the readings of one stage partition as built from a snapshot (latest wins)."""
+    """Record the readings of one stage partition as built from a snapshot, and the
+    transaction that wrote its rows (latest wins)."""
     fields = {**fields, "readings": Jsonb(fields["readings"])}
     conn.execute(_UPSERT_BUILD.format(schema=sql.Identifier(schema)), fields)
+
+
+def builds(
+    conn: psycopg.Connection, schema: str, spec_name: str, variant: str, partitions: list[str]
+) -> dict[str, tuple[dict[str, Any], str | None]]:
+    """partition -> (readings, writer_xid) of the latest build of one stage."""
+    rows = conn.execute(
+        _BUILDS.format(schema=sql.Identifier(schema)),
+        {"spec_name": spec_name, "variant": variant, "partitions": partitions},
+    ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
 
 
 def record_plan(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
@@ -163,7 +182,9 @@ _SCHEMA_STATE = sql.SQL(
     "to_regclass(%(ledger)s) IS NOT NULL AND to_regclass(%(builds)s) IS NOT NULL "
     "AND to_regclass(%(copies)s) IS NOT NULL "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
-    "AND attname = 'scope' AND NOT attisdropped)"
+    "AND attname = 'scope' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
+    "AND attname = 'writer_xid' AND NOT attisdropped)"
 )
 
 

@@ -459,8 +459,11 @@ def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableR
 def build_partition(
     conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
     partition: PartitionValue,
-) -> Fingerprint:
-    """Rebuild one partition of one stage and fingerprint it, in one transaction."""
+) -> tuple[Fingerprint, str | None]:
+    """Rebuild one partition of one stage and fingerprint it, in one transaction.
+
+    Returns the readings and the transaction that wrote the partition's rows (their xmin,
+    None when it is empty): the partition's seal, see :func:`stage_partitions_changed`."""
     spec = ctx.spec
     stage = ctx.stage(variant)
     input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
@@ -472,7 +475,8 @@ def build_partition(
             ctx.ordering_keys(), {"partitions": ctx.partitions}, partition,
             moving=spec.records_can_move,
         ))
-        return ctx.readings(conn, stage, partition)
+        writer = conn.execute(*sqlbuild.partition_writer(stage, spec.partition_key, partition)).fetchone()
+        return ctx.readings(conn, stage, partition), writer[0] if writer else None
 
 
 def build_stage(
@@ -483,13 +487,41 @@ def build_stage(
     out: dict[str, Fingerprint] = {}
     ensure_stage(conn, ctx, variant)
     for n, (p, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
-        out[label] = build_partition(conn, ctx, snapshot, variant, p)
+        out[label], writer = build_partition(conn, ctx, snapshot, variant, p)
         control.record_build(
             conn, ctx.spec.control_schema, spec_name=ctx.spec.name, variant=variant, partition=label,
-            snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), built_at=clock(),
+            snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), writer_xid=writer,
+            built_at=clock(),
         )
         progress(f"stage {variant}: {n}/{len(ctx.partitions)} {label}: {out[label].row_count} row(s)")
     return out
+
+
+def stage_partitions_changed(
+    conn: psycopg.Connection, ctx: Context, variant: str, expected: dict[str, dict[str, Any]],
+) -> list[str]:
+    """The partitions of a stage that no longer carry the ``expected`` readings (label ->
+    readings), in the caller's transaction.
+
+    A partition whose latest build recorded exactly those readings, and whose rows are still
+    all the ones that build's transaction wrote (same count, same xmin: any UPDATE, INSERT or
+    DELETE breaks that), is unchanged without being hashed again: one pass without a sort.
+    Any other partition is fingerprinted and compared in full, so the answer is the same as
+    hashing every partition, unless the data files themselves were damaged (apply still hashes
+    each partition under its lock before writing it)."""
+    spec, stage = ctx.spec, ctx.stage(variant)
+    built = control.builds(conn, spec.control_schema, spec.name, variant, ctx.labels)
+    changed = []
+    for value, label in zip(ctx.partitions, ctx.labels):
+        readings, writer = built.get(label, (None, None))
+        if readings == expected[label]:
+            query, params = sqlbuild.partition_seal_check(stage, spec.partition_key, value, writer)
+            row = conn.execute(query, params).fetchone()
+            if row is not None and (int(row[0]), int(row[1])) == (expected[label]["row_count"], 0):
+                continue
+        if ctx.readings(conn, stage, value).as_dict() != expected[label]:
+            changed.append(label)
+    return changed
 
 
 def _input_reports(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> dict[str, tuple[int, int]]:

@@ -411,6 +411,25 @@ _DROPPED_COLUMNS = sql.SQL(
 )
 
 
+_PARTITION_WRITER = sql.SQL("SELECT t.xmin::text FROM {rel} AS t WHERE {pk} = %(partition)s LIMIT 1")
+_PARTITION_SEAL_CHECK = sql.SQL(
+    "SELECT count(*), count(*) FILTER (WHERE t.xmin::text IS DISTINCT FROM %(writer)s) "
+    "FROM {rel} AS t WHERE {pk} = %(partition)s"
+)
+
+
+def partition_writer(rel: TableRef, partition_key: str, partition: object) -> Query:
+    """The transaction that wrote a row of one partition (its xmin)."""
+    return _PARTITION_WRITER.format(rel=table(rel), pk=_col("t", partition_key)), {"partition": partition}
+
+
+def partition_seal_check(rel: TableRef, partition_key: str, partition: object, writer: str | None) -> Query:
+    """Rows of one partition, and how many of them another transaction than ``writer`` wrote."""
+    return _PARTITION_SEAL_CHECK.format(rel=table(rel), pk=_col("t", partition_key)), {
+        "partition": partition, "writer": writer,
+    }
+
+
 def copy_writer(rel: TableRef) -> sql.Composed:
     """The transaction that wrote a row of ``rel`` (its xmin), for a table one statement filled."""
     return _COPY_WRITER.format(rel=table(rel))

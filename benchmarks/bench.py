@@ -354,16 +354,20 @@ def main() -> int:
         small, big = peak_memory(url.reveal(), conn)
     row("5. peak RSS fingerprinting 2M vs 100k rows in one partition", big, small, "MiB", "+32 MiB", big - small, big - small <= 32)
     if not args.skip_scaling:
-        times = {}
-        for n in (args.rows // 4, args.rows // 2):
-            with factory() as conn:
-                load(conn, n)
-            times[n], _, _ = safe_backfill(spec, factory)
-        times[args.rows] = safe
+        # Each size twice from a fresh load (a rerun would skip verified partitions), the
+        # faster run kept: single runs here vary by up to ~20% (autovacuum, a noisy host).
+        times: dict[int, float] = {}
+        for n in (args.rows // 4, args.rows // 2, args.rows):
+            runs = [safe] if n == args.rows else []
+            while len(runs) < 2:
+                with factory() as conn:
+                    load(conn, n)
+                runs.append(safe_backfill(spec, factory)[0])
+            times[n] = min(runs)
         ratio = times[args.rows] / times[args.rows // 4]
         row(f"6. safe backfill scaling: {args.rows} vs {args.rows // 4} rows (4x)", times[args.rows], times[args.rows // 4],
             "s", "<= 4.4x", ratio, ratio <= 4.4)
-        notes.append("   - scaling: " + ", ".join(f"{n} rows {t:.1f} s" for n, t in sorted(times.items())))
+        notes.append("   - scaling (best of 2 runs each): " + ", ".join(f"{n} rows {t:.1f} s" for n, t in sorted(times.items())))
     with factory() as conn:
         load(conn, 365 * 50, n_days=365)
     t_year = dagster_backfill(spec, url.reveal(), last_day="2024-12-30")

@@ -645,15 +645,32 @@ def make_plan(
 def build_both(
     ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
 ) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
-    """Build stages A and B at once, each on its own connection, and fingerprint them."""
+    """Build stages A and B at once, each on its own connection, and fingerprint them.
+
+    A copied snapshot is locked against writers for the whole of both builds, and its seal
+    checked under that lock, so both builds read exactly the rows the snapshot fingerprinted
+    (the snapshot may have been taken long before, in another step).
+
+    Raises:
+        SnapshotError: the copy changed since the snapshot was taken.
+    """
 
     def build(variant: Literal["a", "b"]) -> dict[str, Fingerprint]:
         with factory() as own:
             return build_stage(own, ctx, snapshot, variant, clock, progress)
 
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
-        a, b = pool.submit(build, "a"), pool.submit(build, "b")
-        return a.result(), b.result()
+    with factory() as guard, transient_errors("locking the snapshot copy"), guard.transaction():
+        if not snapshot.filtered:
+            set_timeouts(guard, ctx.spec)
+            guard.execute(sqlbuild.lock_against_writers(snapshot.relation))
+            if not copy_intact(guard, ctx, snapshot.relation, snapshot.fingerprint):
+                raise SnapshotError(
+                    f"the copy {snapshot.relation} of snapshot {snapshot.snapshot_id} changed since it "
+                    "was taken; take the snapshot again (plan again)"
+                )
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
+            a, b = pool.submit(build, "a"), pool.submit(build, "b")
+            return a.result(), b.result()
 
 
 def snapshot_step(
@@ -678,12 +695,6 @@ def stages_step(
     """
     with factory() as conn, spec_lock(conn, spec):
         snapshot, ctx = load_snapshot(conn, factory, spec, snapshot_id)
-        # Taken in another step, maybe long ago: build only from a copy whose seal holds.
-        if not snapshot.filtered and not copy_intact(conn, ctx, snapshot.relation, snapshot.fingerprint):
-            raise SnapshotError(
-                f"the copy {snapshot.relation} of snapshot {snapshot_id} changed since it was taken; "
-                "take the snapshot again"
-            )
         a, b = build_both(ctx, snapshot, factory, clock, progress)
         return ctx, finish_plan(conn, ctx, snapshot, a, b, clock, progress), a, b
 

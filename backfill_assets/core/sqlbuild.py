@@ -629,6 +629,14 @@ def lock_for_replace(rel: TableRef) -> sql.Composed:
     return _LOCK_TABLE.format(rel=table(rel))
 
 
+_LOCK_SHARE = sql.SQL("LOCK TABLE {rel} IN SHARE MODE")
+
+
+def lock_against_writers(rel: TableRef) -> sql.Composed:
+    """A table lock (SHARE) under which nobody can change the table but anyone can read it."""
+    return _LOCK_SHARE.format(rel=table(rel))
+
+
 def insert_from_stage(
     target: TableRef, stage: TableRef, columns: Sequence[str], partition_key: str,
     order: Sequence[OrderKey], partition: object,

@@ -458,3 +458,26 @@ def test_rows_that_differ_only_in_the_text_of_a_column_not_written_are_not_a_tie
                      columns=["d", "k", "v"], total="v", records_can_move=False)
     plan = make_plan(spec, PartitionRequest("1"), factory)
     assert plan.status == "ready" and plan.document["partitions"][0]["stage_a"]["row_count"] == 1
+
+
+def test_nobody_can_change_the_copy_while_the_stages_are_built_from_it(demo_db, factory):
+    from backfill_assets.core.plan import snapshot_step, stages_step
+
+    snapshot = snapshot_step(make_spec(), ALL_DAYS, factory)
+    copy = sql.Identifier(snapshot.relation.schema, snapshot.relation.name)
+    refused: list[str] = []
+
+    def try_to_write(message: str) -> None:
+        if refused or not message.startswith("stage "):
+            return
+        with factory() as writer:
+            writer.execute(b"SET lock_timeout = '200ms'")
+            try:
+                writer.execute(sql.SQL("UPDATE {} SET note = 'late' WHERE order_date = %s").format(copy),
+                               (dt.date(2024, 1, 3),))
+            except psycopg.errors.LockNotAvailable as err:
+                refused.append(type(err).__name__)
+
+    ctx, plan, a, b = stages_step(make_spec(), snapshot.snapshot_id, factory, progress=try_to_write)
+    assert refused and set(refused) == {"LockNotAvailable"}  # each build thread may try once
+    assert plan.status == "ready"

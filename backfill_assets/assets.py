@@ -13,7 +13,9 @@ backfill re-executed from failure, a hand-launched run and a sensor run alike.
 
 
 import contextlib
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +59,42 @@ def transient_retry() -> Iterator[None]:
         yield
     except (TransientDatabaseError, ConcurrentRunError) as err:
         raise dg.RetryRequested(max_retries=MAX_TRANSIENT_RETRIES, seconds_to_wait=2) from err
+
+
+PROGRESS_INTERVAL_S = 2.0
+
+
+@contextlib.contextmanager
+def _progress(context: dg.AssetExecutionContext, interval: float = PROGRESS_INTERVAL_S) -> Iterator[Callable[[str], None]]:
+    """The core's progress lines as run logs, the per-partition ones ("stage a: 3/20 ...",
+    "apply: 2024-01-03: ...") at most one per ``interval`` seconds and the last one at the
+    end. Every log line is an event in Dagster's storage (a new database connection each
+    with dagster-postgres), and the per-partition results are events already
+    (materializations and checks)."""
+    lock = threading.Lock()
+    last = [float("-inf")]
+    held: list[str] = []
+
+    def log(message: str) -> None:
+        with lock:
+            if message.startswith(("stage ", "apply: ")):
+                now = time.monotonic()
+                if now - last[0] < interval:
+                    held[:] = [message]
+                    return
+                last[0] = now
+                out = [message]
+            else:  # a step's own line: the last held one first, so the order holds
+                out = [*held, message]
+            held.clear()
+        for line in out:
+            context.log.info(line)
+
+    try:
+        yield log
+    finally:
+        if held:
+            context.log.info(held[0])
 
 
 def _factory(context: dg.AssetExecutionContext, spec: Spec):
@@ -186,10 +224,8 @@ def spec_assets(spec: Spec) -> list[Any]:
                 "together (two independent builds compared into one plan); select both"
             )
         snapshot_id = _snapshot_id(context, keys.snapshot)
-        with transient_retry():
-            ctx, plan, built_a, built_b = stages_step(
-                spec, snapshot_id, _factory(context, spec), progress=context.log.info
-            )
+        with transient_retry(), _progress(context) as progress:
+            ctx, plan, built_a, built_b = stages_step(spec, snapshot_id, _factory(context, spec), progress=progress)
         table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id))
         schema = _schema([(c.name, c.type_name) for c in ctx.target_columns])
         common = {"snapshot_id": snapshot_id, "plan_id": plan.plan_id, "plan_status": plan.status}
@@ -253,10 +289,11 @@ def spec_assets(spec: Spec) -> list[Any]:
                 if plan_id is None:
                     with factory() as conn:
                         plan_id = approved_plan_for(conn, spec, labels)
-                apply_plan(
-                    spec, plan_id, factory, run_id=f"dagster-{context.run.run_id}-{context.retry_number}",
-                    only=labels, on_result=results.append, progress=context.log.info,
-                )
+                with _progress(context) as progress:
+                    apply_plan(
+                        spec, plan_id, factory, run_id=f"dagster-{context.run.run_id}-{context.retry_number}",
+                        only=labels, on_result=results.append, progress=progress,
+                    )
         except (ApprovalError, VerificationError) as err:
             yield from events(err)
             raise

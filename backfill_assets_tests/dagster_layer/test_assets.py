@@ -85,6 +85,16 @@ def test_stages_report_fingerprints_and_per_partition_checks(dagster_env):
         assert {m["plan_id"].value for m in built.values()} == plan_ids
 
 
+def test_per_partition_progress_is_logged_at_most_every_two_seconds_and_the_last_line_kept(dagster_env):
+    defs, resources, instance = dagster_env
+    result = stage_week(defs, resources, instance)
+    lines = [e.user_message for e in instance.all_logs(result.run_id) if e.dagster_event is None]
+    per_partition = [m for m in lines if m.startswith("stage ")]
+    assert 1 <= len(per_partition) < 16  # 8 partitions, two stages, built in well under 2 s
+    assert any(m.endswith("8/8 2024-01-08: 1 row(s)") for m in per_partition[-2:])
+    assert lines.index(per_partition[-1]) < next(i for i, m in enumerate(lines) if m.startswith("plan "))
+
+
 def test_one_stage_alone_is_refused_with_the_reason(dagster_env, demo_db):
     defs, resources, instance = dagster_env
     assert materialize(defs, resources, instance, ["snapshot"], WEEK).success

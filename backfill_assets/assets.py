@@ -67,34 +67,38 @@ PROGRESS_INTERVAL_S = 2.0
 @contextlib.contextmanager
 def _progress(context: dg.AssetExecutionContext, interval: float = PROGRESS_INTERVAL_S) -> Iterator[Callable[[str], None]]:
     """The core's progress lines as run logs, the per-partition ones ("stage a: 3/20 ...",
-    "apply: 2024-01-03: ...") at most one per ``interval`` seconds and the last one at the
-    end. Every log line is an event in Dagster's storage (a new database connection each
-    with dagster-postgres), and the per-partition results are events already
-    (materializations and checks)."""
+    "apply: 2024-01-03: ...") at most one per ``interval`` seconds per stream (stage a,
+    stage b, apply), the last line of each kept. Every log line is an event in Dagster's
+    storage (a new database connection each with dagster-postgres), and the per-partition
+    results are events already (materializations and checks). Lines are written under one
+    lock, so the two build threads' lines keep their order."""
     lock = threading.Lock()
-    last = [float("-inf")]
-    held: list[str] = []
+    last: dict[str, float] = {}
+    held: dict[str, str] = {}  # stream -> its newest line not yet written
 
     def log(message: str) -> None:
+        stream = message.split(":", 1)[0] if message.startswith(("stage ", "apply: ")) else None
         with lock:
-            if message.startswith(("stage ", "apply: ")):
+            if stream is not None:
                 now = time.monotonic()
-                if now - last[0] < interval:
-                    held[:] = [message]
+                if now - last.get(stream, float("-inf")) < interval:
+                    held[stream] = message
                     return
-                last[0] = now
+                last[stream] = now
+                held.pop(stream, None)
                 out = [message]
-            else:  # a step's own line: the last held one first, so the order holds
-                out = [*held, message]
-            held.clear()
-        for line in out:
-            context.log.info(line)
+            else:  # a step's own line: the held lines first, so the order holds
+                out = [*held.values(), message]
+                held.clear()
+            for line in out:
+                context.log.info(line)
 
     try:
         yield log
     finally:
-        if held:
-            context.log.info(held[0])
+        with lock:
+            for line in held.values():
+                context.log.info(line)
 
 
 def _factory(context: dg.AssetExecutionContext, spec: Spec):

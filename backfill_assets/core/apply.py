@@ -36,7 +36,7 @@ from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.approve import (
     StoredPlan, check_data_unchanged, check_spec_unchanged, find_plan,
 )
-from backfill_assets.core.db import ConnectionFactory, repeatable_read, transient_errors
+from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
 from backfill_assets.core.fingerprint import business_key_order
 from backfill_assets.core.plan import (
@@ -109,7 +109,9 @@ def replace_group(
     target, stage = spec.target_ref, ctx.stage("a")
     values = _values(ctx, labels)
     approved = {label: stored.approved(label) for label in labels}
-    with transient_errors(f"replacing partition(s) {', '.join(labels)} of {target}"), conn.transaction():
+    # READ COMMITTED whatever the server's default: every read after the lock sees every
+    # write the lock waited for.
+    with transient_errors(f"replacing partition(s) {', '.join(labels)} of {target}"), read_committed(conn):
         set_timeouts(conn, spec)
         conn.execute(sqlbuild.lock_for_replace(target))
         checkpoint("locked", labels)

@@ -18,7 +18,7 @@ from backfill_assets.core import control
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import (
-    Clock, Context, copy_intact, resolve, source_fingerprints, spec_document,
+    Clock, Context, copy_problem, resolve, source_fingerprints, spec_document,
     stage_partitions_changed, utc_now,
 )
 from backfill_assets.core.spec import Spec, parse_table_name
@@ -95,7 +95,7 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
     """Require stage A, and an immutable source, to still carry the planned fingerprints.
 
     A copied snapshot is not hashed again: its seal is checked (one pass, no sort; see
-    plan.copy_intact). It reaches the target only through the stage, which is checked here
+    plan.copy_problem). It reaches the target only through the stage, which is checked here
     by its seal too, or hashed where the seal does not hold (plan.stage_partitions_changed),
     and hashed again under the lock before each replace.
 
@@ -110,10 +110,9 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
         if found is None or found["fingerprint"] != snap["fingerprint"]:
             raise ApprovalError(f"snapshot {snap['id']} of plan {stored.plan_id[:16]} is gone; plan again")
         copy = found["snapshot_table"]
-        if copy is not None and not copy_intact(conn, ctx, parse_table_name(copy), snap["fingerprint"]):
-            raise ApprovalError(
-                f"the copy {copy} of snapshot {snap['id']} changed since it was taken; plan again"
-            )
+        problem = None if copy is None else copy_problem(conn, ctx, parse_table_name(copy), snap["fingerprint"])
+        if problem is not None:
+            raise ApprovalError(f"the copy {copy} of snapshot {snap['id']} {problem}; plan again")
         current = source_fingerprints(conn, ctx, spec.source_ref) if immutable else {}
         source_changed = [
             p["partition"] for p in doc["partitions"]

@@ -27,11 +27,15 @@ _DDL = (
     sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS scope jsonb"),  # added later
     # The seal of each snapshot copy: every row was written by one transaction (writer_xid,
     # the rows' xmin), so a later change to any row, or a new or missing row, shows.
+    # writer_txid: the same transaction's 64-bit id, to tell when its 32-bit xmin could have
+    # been reused (after 2^31 more transactions the seal is no longer trusted).
     sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.snapshot_copies ("
         "snapshot_table text PRIMARY KEY, fingerprint text NOT NULL, writer_xid text, "
-        "row_count bigint NOT NULL, columns jsonb NOT NULL, copied_at timestamptz NOT NULL)"
+        "writer_txid bigint, row_count bigint NOT NULL, columns jsonb NOT NULL, "
+        "copied_at timestamptz NOT NULL)"
     ),
+    sql.SQL("ALTER TABLE {schema}.snapshot_copies ADD COLUMN IF NOT EXISTS writer_txid bigint"),
     sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.stage_builds ("
         "spec_name text NOT NULL, variant text NOT NULL, partition text NOT NULL, "
@@ -123,15 +127,17 @@ def record_snapshot(conn: psycopg.Connection, schema: str, **fields: Any) -> Non
 
 
 _UPSERT_COPY = sql.SQL(
-    "INSERT INTO {schema}.snapshot_copies (snapshot_table, fingerprint, writer_xid, row_count, "
-    "columns, copied_at) VALUES (%(snapshot_table)s, %(fingerprint)s, %(writer_xid)s, "
-    "%(row_count)s, %(columns)s, %(copied_at)s) ON CONFLICT (snapshot_table) DO UPDATE SET "
-    "fingerprint = EXCLUDED.fingerprint, writer_xid = EXCLUDED.writer_xid, "
-    "row_count = EXCLUDED.row_count, columns = EXCLUDED.columns, copied_at = EXCLUDED.copied_at"
+    "INSERT INTO {schema}.snapshot_copies (snapshot_table, fingerprint, writer_xid, writer_txid, "
+    "row_count, columns, copied_at) VALUES (%(snapshot_table)s, %(fingerprint)s, %(writer_xid)s, "
+    "txid_current(), %(row_count)s, %(columns)s, %(copied_at)s) ON CONFLICT (snapshot_table) "
+    "DO UPDATE SET fingerprint = EXCLUDED.fingerprint, writer_xid = EXCLUDED.writer_xid, "
+    "writer_txid = EXCLUDED.writer_txid, row_count = EXCLUDED.row_count, "
+    "columns = EXCLUDED.columns, copied_at = EXCLUDED.copied_at"
 )
 _COPY_SEAL = sql.SQL(
-    "SELECT fingerprint, writer_xid, row_count, columns FROM {schema}.snapshot_copies "
-    "WHERE snapshot_table = %(snapshot_table)s"
+    "SELECT fingerprint, writer_xid, row_count, columns, "
+    "txid_snapshot_xmax(txid_current_snapshot()) - writer_txid "
+    "FROM {schema}.snapshot_copies WHERE snapshot_table = %(snapshot_table)s"
 )
 
 
@@ -142,11 +148,13 @@ def record_copy(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
 
 
 def copy_seal(conn: psycopg.Connection, schema: str, snapshot_table: str) -> dict[str, Any] | None:
-    """The recorded seal of a snapshot copy (fingerprint, writer_xid, row_count, columns)."""
+    """The recorded seal of a snapshot copy (fingerprint, writer_xid, row_count, columns, and
+    transactions_since: how many transaction ids were assigned since the copy was made)."""
     row = conn.execute(
         _COPY_SEAL.format(schema=sql.Identifier(schema)), {"snapshot_table": snapshot_table}
     ).fetchone()
-    return None if row is None else dict(zip(("fingerprint", "writer_xid", "row_count", "columns"), row))
+    keys = ("fingerprint", "writer_xid", "row_count", "columns", "transactions_since")
+    return None if row is None else dict(zip(keys, row))
 
 
 def record_build(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
@@ -184,7 +192,9 @@ _SCHEMA_STATE = sql.SQL(
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
     "AND attname = 'scope' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
-    "AND attname = 'writer_xid' AND NOT attisdropped)"
+    "AND attname = 'writer_xid' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(copies)s) "
+    "AND attname = 'writer_txid' AND NOT attisdropped)"
 )
 
 

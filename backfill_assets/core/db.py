@@ -33,6 +33,7 @@ PINNED_SETTINGS: tuple[tuple[str, str], ...] = (
 
 _SET_CONFIG = sql.SQL("SELECT set_config(%(name)s, %(value)s, false)")
 _REPEATABLE_READ = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+_READ_COMMITTED = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 _REPEATABLE_READ_ONLY = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
 
 ConnectionFactory = Callable[[], psycopg.Connection]
@@ -170,6 +171,17 @@ def repeatable_read(conn: psycopg.Connection, *, read_only: bool = False) -> Ite
     """A REPEATABLE READ transaction: every statement in it reads the same snapshot."""
     with conn.transaction():
         conn.execute(_REPEATABLE_READ_ONLY if read_only else _REPEATABLE_READ)
+        yield
+
+
+@contextlib.contextmanager
+def read_committed(conn: psycopg.Connection) -> Iterator[None]:
+    """A READ COMMITTED transaction whatever the server's default: each statement reads what
+    is committed when it starts, so a read after a table lock sees every write the lock
+    waited for (under REPEATABLE READ the first statement, even a set_config, fixes an
+    older snapshot)."""
+    with conn.transaction():
+        conn.execute(_READ_COMMITTED)
         yield
 
 

@@ -22,7 +22,7 @@ from psycopg import sql
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables, table_columns, table_kind
 from backfill_assets.core.db import (
-    ConnectionFactory, advisory_session_lock, repeatable_read, transient_errors,
+    ConnectionFactory, advisory_session_lock, read_committed, repeatable_read, transient_errors,
 )
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint import (
@@ -414,24 +414,42 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: Context, relation: TableRef, f
     )
 
 
-def copy_intact(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str) -> bool:
-    """Whether a snapshot copy still holds exactly the rows it was made with, by its seal: the
-    same columns, the same row count, and every row still written by the one transaction
-    that made the copy (an UPDATE, INSERT or DELETE and INSERT leaves another xmin; a
-    DELETE changes the count). One pass over the copy without a sort, instead of hashing it
-    again. (xmin survives VACUUM FREEZE, which keeps the raw transaction id.)"""
-    if table_kind(conn, relation) is None:
-        return False
+# A 32-bit transaction id comes round again after 2^32 more; trust a seal for half of that.
+SEAL_HORIZON = 2**31
+
+
+def copy_problem(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str) -> str | None:
+    """Why a snapshot copy may no longer hold exactly the rows it was made with, or None.
+
+    Checked by its seal: the same columns, the same row count, and every row still written
+    by the one transaction that made the copy (an UPDATE, INSERT or DELETE and INSERT leaves
+    another xmin; a DELETE changes the count). One pass over the copy without a sort, instead
+    of hashing it again. xmin survives VACUUM FREEZE (the raw id is kept); a seal older than
+    2^31 transactions is not trusted, as its id could have been reused."""
+    kind = table_kind(conn, relation)
+    if kind is None:
+        return "is gone"
+    if kind != "r":
+        return "is no longer a plain table"
     seal = control.copy_seal(conn, ctx.spec.control_schema, str(relation))
-    if seal is None or seal["fingerprint"] != fingerprint:
-        return False
-    if [[c.name, c.type_name] for c in table_columns(conn, relation)] != seal["columns"]:
-        return False
+    if seal is None or seal["transactions_since"] is None:
+        return "has no seal (an earlier version made it)"
+    if seal["fingerprint"] != fingerprint:
+        return "was made for another snapshot"
+    if seal["transactions_since"] >= SEAL_HORIZON:
+        return "is too old for its seal to be trusted"
     dropped = conn.execute(*sqlbuild.dropped_columns(relation)).fetchone()
-    if dropped is None or dropped[0]:
-        return False
+    if [[c.name, c.type_name] for c in table_columns(conn, relation)] != seal["columns"] or (dropped and dropped[0]):
+        return "changed its columns since it was taken"
     rows, foreign = conn.execute(*sqlbuild.copy_seal_check(relation, seal["writer_xid"])).fetchone() or (None, None)
-    return rows == seal["row_count"] and foreign == 0
+    if rows != seal["row_count"] or foreign != 0:
+        return "changed since it was taken"
+    return None
+
+
+def copy_intact(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str) -> bool:
+    """Whether a snapshot copy's seal holds (see :func:`copy_problem`)."""
+    return copy_problem(conn, ctx, relation, fingerprint) is None
 
 
 # --- the two builds ----------------------------------------------------------------------
@@ -659,14 +677,17 @@ def build_both(
         with factory() as own:
             return build_stage(own, ctx, snapshot, variant, clock, progress)
 
-    with factory() as guard, transient_errors("locking the snapshot copy"), guard.transaction():
+    with factory() as guard, transient_errors("locking the snapshot copy"), read_committed(guard):
         if not snapshot.filtered:
             set_timeouts(guard, ctx.spec)
+            # The guard waits, idle in its transaction, for both builds.
+            guard.execute(_SET_LOCAL, {"name": "idle_in_transaction_session_timeout", "value": "0"})
             guard.execute(sqlbuild.lock_against_writers(snapshot.relation))
-            if not copy_intact(guard, ctx, snapshot.relation, snapshot.fingerprint):
+            problem = copy_problem(guard, ctx, snapshot.relation, snapshot.fingerprint)
+            if problem is not None:
                 raise SnapshotError(
-                    f"the copy {snapshot.relation} of snapshot {snapshot.snapshot_id} changed since it "
-                    "was taken; take the snapshot again (plan again)"
+                    f"the copy {snapshot.relation} of snapshot {snapshot.snapshot_id} {problem}; "
+                    "take the snapshot again (plan again)"
                 )
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
             a, b = pool.submit(build, "a"), pool.submit(build, "b")

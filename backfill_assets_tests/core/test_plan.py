@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 from decimal import Decimal
 
@@ -481,3 +482,60 @@ def test_nobody_can_change_the_copy_while_the_stages_are_built_from_it(demo_db, 
     ctx, plan, a, b = stages_step(make_spec(), snapshot.snapshot_id, factory, progress=try_to_write)
     assert refused and set(refused) == {"LockNotAvailable"}  # each build thread may try once
     assert plan.status == "ready"
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_a_write_the_copy_lock_waited_for_is_seen_under_any_default_isolation(demo_db, factory, db_url, isolation):
+    # The lock waits for a writer already changing the copy; the seal check after it must see
+    # that write even when the server's default isolation would fix an older snapshot.
+    from backfill_assets.core.plan import snapshot_step, stages_step
+
+    snapshot = snapshot_step(make_spec(), ALL_DAYS, factory)
+    name = psycopg.conninfo.conninfo_to_dict(db_url.reveal())["dbname"]
+    demo_db.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = {}").format(
+        sql.Identifier(name), sql.Literal(isolation)))
+    copy = sql.Identifier(snapshot.relation.schema, snapshot.relation.name)
+    with factory() as writer:
+        writer.execute(b"BEGIN")
+        writer.execute(sql.SQL("UPDATE {} SET amount = amount + 1000 WHERE order_date = %s").format(copy),
+                       (dt.date(2024, 1, 3),))
+        outcome: dict[str, object] = {}
+
+        def stages() -> None:
+            try:
+                outcome["plan"] = stages_step(make_spec(), snapshot.snapshot_id, factory)
+            except SnapshotError as err:
+                outcome["refused"] = str(err)
+
+        thread = threading.Thread(target=stages)
+        thread.start()
+        thread.join(timeout=1.0)  # the guard is now waiting for the writer's lock
+        writer.execute(b"COMMIT")
+        thread.join()
+    assert "changed since it was taken" in str(outcome.get("refused")), outcome
+
+
+def test_the_copy_guard_outlives_a_short_idle_in_transaction_timeout(demo_db, factory, db_url):
+    import time
+
+    name = psycopg.conninfo.conninfo_to_dict(db_url.reveal())["dbname"]
+    demo_db.execute(sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout = '200ms'").format(
+        sql.Identifier(name)))
+    slow_builds = lambda message: time.sleep(0.5) if message.startswith("stage a: 1/") else None  # noqa: E731
+    assert make_plan(make_spec(), ALL_DAYS, factory, progress=slow_builds).status == "ready"
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ("DELETE FROM backfill_control.snapshot_copies", "has no seal (an earlier version made it)"),
+    ("UPDATE backfill_control.snapshot_copies SET writer_txid = writer_txid - 2147483648",
+     "is too old for its seal to be trusted"),
+    ("ALTER TABLE {copy} RENAME TO gone; CREATE VIEW {copy} AS SELECT * FROM backfill_control.gone",
+     "is no longer a plain table"),
+    ("DROP TABLE {copy}", "is gone"),
+])
+def test_approval_names_why_a_copy_is_not_trusted(demo_db, factory, change, reason):
+    plan = make_plan(make_spec(), ALL_DAYS, factory)
+    for statement in change.split("; "):
+        demo_db.execute(sql.SQL(statement).format(copy=_copy_of(plan)))
+    with pytest.raises(ApprovalError, match=re.escape(reason) + "; plan again"):
+        approve_plan(demo_db, factory, make_spec(), find_plan(demo_db, make_spec(), plan.plan_id), "alice")

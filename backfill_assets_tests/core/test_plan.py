@@ -435,13 +435,17 @@ def test_a_partition_whose_rows_all_lack_a_business_key_is_refused(unmoved_db, f
     assert not control_schema_exists(unmoved_db)
 
 
-def _versions_spec(conn: psycopg.Connection, rows: str, *, version_written: bool):
+def _versions_spec(conn: psycopg.Connection, rows: list[tuple], *, version_written: bool):
     """A source whose rows are ordered by a numeric ``version``, written to the target or not."""
     written = ["version"] if version_written else []
-    version_column = "version numeric, " if version_written else ""
+    target_columns = sql.SQL(", ").join(
+        sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind))
+        for name, kind in [("d", "int"), ("k", "int"), *[("version", "numeric")] * version_written, ("v", "int")]
+    )
     conn.execute("CREATE TABLE public.ev (d int, k int, version numeric, v int)")
-    conn.execute(f"CREATE TABLE public.ev_out (d int, k int, {version_column}v int, UNIQUE (d, k))")
-    conn.execute(f"INSERT INTO public.ev VALUES {rows}")
+    conn.execute(sql.SQL("CREATE TABLE public.ev_out ({}, UNIQUE (d, k))").format(target_columns))
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO public.ev (d, k, version, v) VALUES (%s, %s, %s::numeric, %s)", rows)
     return make_spec(source={"table": "public.ev", "snapshot": "copy"}, target={"table": "public.ev_out"},
                      partition_key="d", business_key=["k"], ordering=[{"column": "version", "direction": "desc"}],
                      columns=["d", "k", *written, "v"], total="v", records_can_move=False)
@@ -450,7 +454,8 @@ def _versions_spec(conn: psycopg.Connection, rows: str, *, version_written: bool
 def test_rows_that_tie_as_values_but_differ_in_text_form_are_refused(conn, factory):
     # 1.5 = 1.50 as numerics, so newest-wins cannot choose between these rows, yet they
     # would be written (and hashed) differently: a tie, though every other column is equal.
-    spec = _versions_spec(conn, "(1, 1, 1.5, 7), (1, 1, 1.50, 7), (1, 2, 1, 7), (1, 2, 2, 7)", version_written=True)
+    rows = [(1, 1, "1.5", 7), (1, 1, "1.50", 7), (1, 2, "1", 7), (1, 2, "2", 7)]
+    spec = _versions_spec(conn, rows, version_written=True)
     with pytest.raises(SourceDataError) as err:
         make_plan(spec, PartitionRequest("1"), factory)
     assert "partition 1, key (k=1): 2 different rows" in str(err.value)
@@ -458,7 +463,7 @@ def test_rows_that_tie_as_values_but_differ_in_text_form_are_refused(conn, facto
 
 def test_rows_that_differ_only_in_the_text_of_a_column_not_written_are_not_a_tie(conn, factory):
     # version orders the rows but is not written: whichever wins, the target row is the same.
-    spec = _versions_spec(conn, "(1, 1, 1.5, 7), (1, 1, 1.50, 7)", version_written=False)
+    spec = _versions_spec(conn, [(1, 1, "1.5", 7), (1, 1, "1.50", 7)], version_written=False)
     plan = make_plan(spec, PartitionRequest("1"), factory)
     assert plan.status == "ready" and plan.document["partitions"][0]["stage_a"]["row_count"] == 1
 

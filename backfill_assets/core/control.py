@@ -44,6 +44,8 @@ _DDL = (
     ),
     # The transaction that built each stage partition (its rows' xmin): the stage's seal.
     sql.SQL("ALTER TABLE {schema}.stage_builds ADD COLUMN IF NOT EXISTS writer_xid text"),  # added later
+    # The same transaction's 64-bit id: a seal older than plan.SEAL_HORIZON is not trusted.
+    sql.SQL("ALTER TABLE {schema}.stage_builds ADD COLUMN IF NOT EXISTS writer_txid bigint"),  # added later
     sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.plans ("
         "plan_id text PRIMARY KEY, spec_name text NOT NULL, target_table text NOT NULL, "
@@ -82,13 +84,15 @@ _INSERT_SNAPSHOT = sql.SQL(
 )
 _UPSERT_BUILD = sql.SQL(
     "INSERT INTO {schema}.stage_builds (spec_name, variant, partition, snapshot_id, readings, "
-    "writer_xid, built_at) VALUES (%(spec_name)s, %(variant)s, %(partition)s, %(snapshot_id)s, "
-    "%(readings)s, %(writer_xid)s, %(built_at)s) ON CONFLICT (spec_name, variant, partition) "
+    "writer_xid, writer_txid, built_at) VALUES (%(spec_name)s, %(variant)s, %(partition)s, "
+    "%(snapshot_id)s, %(readings)s, %(writer_xid)s, %(writer_txid)s, %(built_at)s) "
+    "ON CONFLICT (spec_name, variant, partition) "
     "DO UPDATE SET snapshot_id = EXCLUDED.snapshot_id, readings = EXCLUDED.readings, "
-    "writer_xid = EXCLUDED.writer_xid, built_at = EXCLUDED.built_at"
+    "writer_xid = EXCLUDED.writer_xid, writer_txid = EXCLUDED.writer_txid, built_at = EXCLUDED.built_at"
 )
 _BUILDS = sql.SQL(
-    "SELECT partition, readings, writer_xid FROM {schema}.stage_builds "
+    "SELECT partition, readings, writer_xid, "
+    "txid_snapshot_xmax(txid_current_snapshot()) - writer_txid FROM {schema}.stage_builds "
     "WHERE spec_name = %(spec_name)s AND variant = %(variant)s AND partition = ANY(%(partitions)s)"
 )
 _INSERT_PLAN = sql.SQL(
@@ -159,20 +163,23 @@ def copy_seal(conn: psycopg.Connection, schema: str, snapshot_table: str) -> dic
 
 def record_build(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
     """Record the readings of one stage partition as built from a snapshot, and the
-    transaction that wrote its rows (latest wins)."""
+    transaction that wrote its rows (``writer_xid``, its rows' xmin, and ``writer_txid``, the
+    same transaction's 64-bit id); latest wins."""
     fields = {**fields, "readings": Jsonb(fields["readings"])}
     conn.execute(_UPSERT_BUILD.format(schema=sql.Identifier(schema)), fields)
 
 
 def builds(
     conn: psycopg.Connection, schema: str, spec_name: str, variant: str, partitions: list[str]
-) -> dict[str, tuple[dict[str, Any], str | None]]:
-    """partition -> (readings, writer_xid) of the latest build of one stage."""
+) -> dict[str, tuple[dict[str, Any], str | None, int | None]]:
+    """partition -> (readings, writer_xid, transactions_since) of the latest build of one
+    stage; transactions_since counts the transaction ids assigned since the build (None for a
+    build recorded by an older version)."""
     rows = conn.execute(
         _BUILDS.format(schema=sql.Identifier(schema)),
         {"spec_name": spec_name, "variant": variant, "partitions": partitions},
     ).fetchall()
-    return {r[0]: (r[1], r[2]) for r in rows}
+    return {r[0]: (r[1], r[2], None if r[3] is None else int(r[3])) for r in rows}
 
 
 def record_plan(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
@@ -194,6 +201,8 @@ _SCHEMA_STATE = sql.SQL(
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
     "AND attname = 'writer_xid' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(copies)s) "
+    "AND attname = 'writer_txid' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
     "AND attname = 'writer_txid' AND NOT attisdropped)"
 )
 

@@ -43,6 +43,7 @@ Clock = Callable[[], dt.datetime]
 Progress = Callable[[str], None]
 
 _SET_LOCAL = sql.SQL("SELECT set_config(%(name)s, %(value)s, true)")
+_TXID = sql.SQL("SELECT txid_current()")
 
 
 def utc_now() -> dt.datetime:
@@ -477,11 +478,12 @@ def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableR
 def build_partition(
     conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
     partition: PartitionValue,
-) -> tuple[Fingerprint, str | None]:
+) -> tuple[Fingerprint, str | None, int]:
     """Rebuild one partition of one stage and fingerprint it, in one transaction.
 
-    Returns the readings and the transaction that wrote the partition's rows (their xmin,
-    None when it is empty): the partition's seal, see :func:`stage_partitions_changed`."""
+    Returns the readings, the transaction that wrote the partition's rows (their xmin, None
+    when it is empty) and the same transaction's 64-bit id: the partition's seal and its age,
+    see :func:`stage_partitions_changed`."""
     spec = ctx.spec
     stage = ctx.stage(variant)
     input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
@@ -494,7 +496,9 @@ def build_partition(
             moving=spec.records_can_move,
         ))
         writer = conn.execute(*sqlbuild.partition_writer(stage, spec.partition_key, partition)).fetchone()
-        return ctx.readings(conn, stage, partition), writer[0] if writer else None
+        txid = conn.execute(_TXID).fetchone()
+        assert txid is not None
+        return ctx.readings(conn, stage, partition), writer[0] if writer else None, int(txid[0])
 
 
 def build_stage(
@@ -505,11 +509,11 @@ def build_stage(
     out: dict[str, Fingerprint] = {}
     ensure_stage(conn, ctx, variant)
     for n, (p, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
-        out[label], writer = build_partition(conn, ctx, snapshot, variant, p)
+        out[label], writer, txid = build_partition(conn, ctx, snapshot, variant, p)
         control.record_build(
             conn, ctx.spec.control_schema, spec_name=ctx.spec.name, variant=variant, partition=label,
             snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), writer_xid=writer,
-            built_at=clock(),
+            writer_txid=txid, built_at=clock(),
         )
         progress(f"stage {variant}: {n}/{len(ctx.partitions)} {label}: {out[label].row_count} row(s)")
     return out
@@ -524,15 +528,17 @@ def stage_partitions_changed(
     A partition whose latest build recorded exactly those readings, and whose rows are still
     all the ones that build's transaction wrote (same count, same xmin: any UPDATE, INSERT or
     DELETE breaks that), is unchanged without being hashed again: one pass without a sort.
-    Any other partition is fingerprinted and compared in full, so the answer is the same as
-    hashing every partition, unless the data files themselves were damaged (apply still hashes
-    each partition under its lock before writing it)."""
+    A seal older than :data:`SEAL_HORIZON` transactions (its 32-bit xmin could have come round
+    again), or recorded without its 64-bit id by an older version, does not hold. Any other
+    partition is fingerprinted and compared in full, so the answer is the same as hashing
+    every partition, unless the data files themselves were damaged (apply still hashes each
+    partition under its lock before writing it)."""
     spec, stage = ctx.spec, ctx.stage(variant)
     built = control.builds(conn, spec.control_schema, spec.name, variant, ctx.labels)
     changed = []
     for value, label in zip(ctx.partitions, ctx.labels):
-        readings, writer = built.get(label, (None, None))
-        if readings == expected[label]:
+        readings, writer, since = built.get(label, (None, None, None))
+        if readings == expected[label] and since is not None and since < SEAL_HORIZON:
             query, params = sqlbuild.partition_seal_check(stage, spec.partition_key, value, writer)
             row = conn.execute(query, params).fetchone()
             if row is not None and (int(row[0]), int(row[1])) == (expected[label]["row_count"], 0):

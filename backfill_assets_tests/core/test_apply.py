@@ -151,6 +151,40 @@ def test_stage_checks_read_the_seal_and_hash_only_partitions_whose_rows_were_rew
         check_data_unchanged(demo_db, ctx, stored)
 
 
+@pytest.mark.parametrize("change", [
+    "UPDATE backfill_control.stage_builds SET writer_txid = writer_txid - 2147483648 "
+    "WHERE variant = 'a' AND partition = '2024-01-02'",  # built 2^31 transactions ago
+    "UPDATE backfill_control.stage_builds SET writer_txid = NULL "
+    "WHERE variant = 'a' AND partition = '2024-01-02'",  # recorded by an older version
+])
+def test_a_stage_seal_past_the_horizon_or_of_unknown_age_is_not_trusted(demo_db, factory, monkeypatch, change):
+    from backfill_assets.core import plan as plan_module
+    from backfill_assets.core.approve import check_data_unchanged, check_spec_unchanged
+
+    spec = make_spec()
+    plan = make_plan(spec, ALL_DAYS, factory)
+    stored = find_plan(demo_db, spec, plan.plan_id)
+    # Each build records its transaction's 64-bit id: the same transaction as its rows' xmin.
+    seals = demo_db.execute("SELECT writer_xid::bigint, writer_txid FROM backfill_control.stage_builds "
+                            "WHERE writer_xid IS NOT NULL").fetchall()
+    assert len(seals) == 2 * 7 and all(txid % 2**32 == xid for xid, txid in seals)
+    ctx = check_spec_unchanged(demo_db, factory, spec, stored)
+    hashed: list[object] = []
+    real = plan_module.Context.readings
+
+    def counting(self, conn, rel, partition):
+        if rel == ctx.stage("a"):
+            hashed.append(partition)
+        return real(self, conn, rel, partition)
+
+    monkeypatch.setattr(plan_module.Context, "readings", counting)
+    check_data_unchanged(demo_db, ctx, stored)
+    assert hashed == []  # every seal holds
+    demo_db.execute(change)
+    check_data_unchanged(demo_db, ctx, stored)
+    assert hashed == [dt.date(2024, 1, 2)]  # that seal is not trusted: hashed in full
+
+
 def test_changed_immutable_source_is_refused_with_nothing_written(unmoved_db, factory):
     spec = make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"}, records_can_move=False)
     plan = approved(unmoved_db, factory, spec)

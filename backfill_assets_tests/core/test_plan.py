@@ -425,6 +425,12 @@ def test_a_control_schema_from_an_older_version_is_upgraded_in_place(unmoved_db,
     conn.execute("DROP TABLE backfill_control.stage_builds")
     assert control.control_ready(conn, "backfill_control")
     assert conn.execute("SELECT to_regclass('backfill_control.stage_builds') IS NOT NULL").fetchone()[0]
+    for table, column in (("stage_builds", "writer_txid"),):
+        conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(
+            sql.Identifier("backfill_control", table), sql.Identifier(column)))
+        assert control.control_ready(conn, "backfill_control")
+        assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = %s::regclass AND attname = %s "
+                            "AND NOT attisdropped", (f"backfill_control.{table}", column)).fetchone()[0] == 1
     assert make_plan(STATIC, PartitionRequest("2024-01-01"), factory).status == "ready"
 
 

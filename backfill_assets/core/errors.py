@@ -9,6 +9,7 @@ connection string or a password.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 class BackfillError(Exception):
@@ -43,6 +44,36 @@ class SourceDataError(BackfillError):
         if self.examples:
             text += " (for example " + "; ".join(self.examples) + ")"
         super().__init__(f"{text}. {hint}")
+
+
+@dataclass(frozen=True)
+class TransformProblem:
+    """One construct of ``transform_sql`` that can change its rows between runs."""
+
+    kind: str  # volatility | session | order | equal-but-different
+    construct: str
+    line: int | None  # in the user's transform_sql, 1-based
+    column: int | None
+    snippet: str  # the SQL text from that position, shortened
+    problem: str
+    instead: str
+
+    def describe(self) -> str:
+        where = f" at line {self.line}, column {self.column}" if self.line is not None else ""
+        near = f" (`{self.snippet}`)" if self.snippet else ""
+        return f"{self.construct}{where}{near}: {self.problem}. Instead: {self.instead}"
+
+
+class TransformError(SpecError):
+    """transform_sql can give other rows on another run from the same snapshot."""
+
+    def __init__(self, problems: Sequence[TransformProblem]) -> None:
+        self.problems = tuple(problems)
+        listed = " | ".join(f"{n}. {p.describe()}" for n, p in enumerate(self.problems, 1))
+        super().__init__(
+            f"transform_sql is refused: {len(self.problems)} construct(s) can make its rows "
+            f"differ between runs from the same snapshot: {listed}"
+        )
 
 
 class SnapshotError(BackfillError):

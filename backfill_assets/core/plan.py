@@ -164,7 +164,7 @@ def resolve(
     if transform is not None:
         validate_transform_in_catalog(
             conn, spec.source_ref, [c.name for c in inspection.source_columns],
-            spec.partition_key, spec.input_columns, transform,
+            spec.partition_key, spec.input_columns, transform, original=spec.transform_sql,
         )
     return Context(spec, inspection, partitions, transform)
 

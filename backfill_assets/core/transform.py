@@ -5,20 +5,17 @@ Two gates, both before anything is written:
 1. Shape, by PostgreSQL's own parser (pglast): exactly one plain SELECT, no data-modifying
    CTE, no SELECT INTO, no row locking, no TABLESAMPLE, and no relation other than the CTE
    ``source`` (the snapshot) or CTEs the statement defines itself.
-2. Determinism, by the catalog: the server resolves every function, operator and I/O
-   coercion the statement uses (inside a temporary view, in a transaction that is rolled
-   back), and each must be IMMUTABLE in ``pg_proc.provolatile``. So ``now()``, ``random()``,
-   ``nextval()``, ``clock_timestamp()``, ``timestamptz + interval`` and user-defined
-   volatile functions are refused by the catalog, not by a word list.
-
-Known limit: a literal the parser folds into a constant (``'now'::timestamptz``) is
-evaluated once when the view is made and leaves no function behind to check. The two
-independent builds still catch a transform whose result varies between runs.
+2. Determinism, by the server and the catalog: the server analyses the statement (inside a
+   temporary view, in a transaction that is rolled back) and the rules of
+   ``core.determinism`` read the query tree it stored: functions that are not IMMUTABLE,
+   values of the session, the role or the clock, and constructs whose result depends on
+   the order rows arrive in. Each refusal names the construct, where it is in the SQL, and
+   what to do instead.
 """
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Sequence
 
 import pglast
@@ -29,7 +26,9 @@ from pglast.visitors import Visitor
 from psycopg import sql
 
 from backfill_assets.core import sqlbuild
-from backfill_assets.core.errors import SpecError
+from backfill_assets.core.determinism import Catalog, Function, findings, referenced
+from backfill_assets.core.errors import SpecError, TransformError, TransformProblem
+from backfill_assets.core.querytree import parse_node_tree
 from backfill_assets.core.spec import TableRef
 
 _FORBIDDEN_NODES = {
@@ -100,82 +99,111 @@ _NODE_TREE = sql.SQL(
     "SELECT r.ev_action::text FROM pg_catalog.pg_rewrite AS r "
     "WHERE r.ev_class = %(view)s::regclass"
 )
-
-# Built-in functions are pinned objects with no pg_depend rows, so the resolved query tree
-# itself is read: every function, aggregate, window function, operator and I/O coercion the
-# server chose, by OID.
-_NOT_IMMUTABLE = sql.SQL(
-    "SELECT p.oid::regprocedure::text, p.provolatile FROM pg_catalog.pg_proc AS p "
-    "WHERE p.provolatile <> 'i' AND (p.oid = ANY(%(funcs)s::oid[]) "
-    "OR p.oid IN (SELECT o.oprcode FROM pg_catalog.pg_operator AS o WHERE o.oid = ANY(%(ops)s::oid[])) "
-    "OR p.oid IN (SELECT t.typinput FROM pg_catalog.pg_type AS t WHERE t.oid = ANY(%(types)s::oid[]))) "
-    "ORDER BY 1"
+_FUNCTIONS = sql.SQL(
+    "SELECT p.oid::bigint, p.oid::regprocedure::text, p.proname, n.nspname, p.prokind, "
+    "p.provolatile FROM pg_catalog.pg_proc AS p "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace "
+    "WHERE p.oid = ANY(%(oids)s::oid[])"
+)
+_OPERATORS = sql.SQL(
+    "SELECT o.oid::bigint, o.oprcode::oid::bigint FROM pg_catalog.pg_operator AS o "
+    "WHERE o.oid = ANY(%(oids)s::oid[])"
+)
+_TYPES = sql.SQL(
+    "SELECT t.oid::bigint, t.typinput::oid::bigint, t.typoutput::oid::bigint, t.typtype, "
+    "t.typbasetype::bigint, t.typtypmod FROM pg_catalog.pg_type AS t "
+    "WHERE t.oid = ANY(%(oids)s::oid[])"
+)
+_COLLATIONS = sql.SQL(
+    "SELECT c.oid::bigint, c.collisdeterministic FROM pg_catalog.pg_collation AS c "
+    "WHERE c.oid = ANY(%(oids)s::oid[])"
 )
 
-_TREE_TOKEN = re.compile(
-    r"(?<!\\)\{(?P<node>[A-Z_]+)|(?<!\\)\}"
-    r"|:(?P<field>funcid|aggfnoid|winfnoid|opno|resulttype) (?P<oid>\d+)"
-    r"|:opnos \(o (?P<oids>[\d ]+)\)"
-)
+# Types whose equal values print the same (see core.determinism); text types need a
+# deterministic collation, numeric and char(n) a declared typmod.
+_EXACT_TYPES = {16, 17, 18, 19, 20, 21, 23, 26, 1082, 1083, 1114, 1184, 2950}
+_TEXT_TYPES = {25, 1043}
+_NUMERIC, _BPCHAR = 1700, 1042
 
 
-def referenced_oids(node_tree: str) -> tuple[list[int], list[int], list[int]]:
-    """Function, operator and I/O-coerced type OIDs named in a ``pg_node_tree`` text.
-
-    A CoerceViaIO calls the result type's input function, so its ``resulttype`` counts;
-    other nodes' result types do not.
-    """
-    funcs: set[int] = set()
-    ops: set[int] = set()
-    types: set[int] = set()
-    stack: list[str] = []
-    for m in _TREE_TOKEN.finditer(node_tree):
-        if m.group("node"):
-            stack.append(m.group("node"))
-        elif m.group(0) == "}":
-            if stack:
-                stack.pop()
-        elif m.group("oids"):
-            ops.update(int(x) for x in m.group("oids").split())
-        else:
-            field, oid = m.group("field"), int(m.group("oid"))
-            if field == "opno":
-                ops.add(oid)
-            elif field == "resulttype":
-                if stack and stack[-1] == "COERCEVIAIO":
-                    types.add(oid)
-            else:
-                funcs.add(oid)
-    return sorted(funcs), sorted(ops), sorted(types)
+def read_catalog(conn: psycopg.Connection, tree: object) -> Catalog:
+    """What the determinism rules need to know about the functions, operators and types
+    that the analysed ``tree`` uses, in four catalog reads."""
+    funcs, ops, io_types, typed = referenced(tree)
+    operator_functions = {int(o): int(f) for o, f in conn.execute(_OPERATORS, {"oids": sorted(ops)}).fetchall()}
+    types = _types_with_bases(conn, io_types | {t for t, _, _ in typed})
+    io = {oid: (row[1], row[2]) for oid, row in types.items()}
+    funcs |= set(operator_functions.values()) | {f for pair in io.values() for f in pair if f}
+    functions = {
+        int(r[0]): Function(r[1], r[2], r[3], r[4], r[5])
+        for r in conn.execute(_FUNCTIONS, {"oids": sorted(funcs)}).fetchall()
+    }
+    collations = sorted({c for _, _, c in typed if c})
+    deterministic = {int(o): bool(d) for o, d in conn.execute(_COLLATIONS, {"oids": collations}).fetchall()}
+    exact = {t for t in typed if _is_exact(t, types, deterministic)}
+    return Catalog(functions, operator_functions, {k: v for k, v in io.items() if k in io_types}, exact)
 
 
-_VOLATILITY = {"s": "STABLE", "v": "VOLATILE"}
+def _types_with_bases(conn: psycopg.Connection, oids: set[int]) -> dict[int, tuple]:
+    """type OID -> (oid, input, output, typtype, typbasetype, typtypmod), with the base
+    types of every domain among them (domains over domains too)."""
+    found: dict[int, tuple] = {}
+    wanted = {o for o in oids if o > 0}
+    while wanted:
+        rows = conn.execute(_TYPES, {"oids": sorted(wanted)}).fetchall()
+        found.update({int(r[0]): tuple(r) for r in rows})
+        wanted = {int(r[4]) for r in rows if r[3] == "d" and int(r[4]) not in found}
+    return found
+
+
+def _is_exact(typed: tuple[int, int, int], types: dict[int, tuple], deterministic: dict[int, bool]) -> bool:
+    oid, typmod, collation = typed
+    row = types.get(oid)
+    while row is not None and row[3] == "d":  # a domain: its base type, and its typmod
+        typmod = typmod if typmod >= 0 else int(row[5])
+        row = types.get(int(row[4]))
+    if row is None:
+        return False
+    base = int(row[0])
+    if row[3] == "e":  # an enum: one label per value
+        return True
+    if base in (_NUMERIC, _BPCHAR):
+        return typmod >= 0 and (base == _NUMERIC or deterministic.get(collation, collation == 0))
+    if base in _TEXT_TYPES:
+        return deterministic.get(collation, collation == 0)
+    return base in _EXACT_TYPES
 
 
 def validate_transform_in_catalog(
     conn: psycopg.Connection, base: TableRef, base_columns: Sequence[str], partition_key: str,
-    output_columns: Sequence[str], transform: str,
+    output_columns: Sequence[str], transform: str, original: str | None = None,
 ) -> None:
-    """Resolve the transform on the server and refuse any non-IMMUTABLE function or operator.
+    """Have the server analyse the transform and refuse it if its rows could change between
+    runs from the same snapshot (see :mod:`backfill_assets.core.determinism`).
 
     Also refuses a transform that does not produce every output column. Creates a temporary
     view inside a transaction that is always rolled back: nothing persists.
 
+    Args:
+        transform: the statement as validated and re-printed by :func:`validate_transform_text`.
+        original: the user's text, so that problems are located in it (line and column).
+
     Raises:
-        SpecError: a function is not immutable, a column is missing, or the server rejects
-            the statement.
+        TransformError: naming each construct, where it is, and what to do instead.
+        SpecError: a column is missing, or the server rejects the statement.
     """
     # A view takes no parameters: the statement is sent as it is, so % is not doubled.
     query = sqlbuild.input_relation(
         base, base_columns, partition_key, output_columns, transform, filtered=False,
         escape_percent=False,
     )
+    statement = _CREATE_VIEW.format(view=sql.Identifier(_CHECK_VIEW), query=query)
     try:
         with conn.transaction(force_rollback=True):
-            conn.execute(_CREATE_VIEW.format(view=sql.Identifier(_CHECK_VIEW), query=query))
-            tree = conn.execute(_NODE_TREE, {"view": _CHECK_VIEW}).fetchone()
-            funcs, ops, types = referenced_oids(tree[0] if tree else "")
-            rows = conn.execute(_NOT_IMMUTABLE, {"funcs": funcs, "ops": ops, "types": types}).fetchall()
+            conn.execute(statement)
+            row = conn.execute(_NODE_TREE, {"view": _CHECK_VIEW}).fetchone()
+            tree = parse_node_tree(row[0] if row else "()")
+            catalog = read_catalog(conn, tree)
     except psycopg.errors.UndefinedColumn as err:
         raise SpecError(
             "transform_sql does not produce every needed column "
@@ -183,9 +211,57 @@ def validate_transform_in_catalog(
         ) from None
     except psycopg.DatabaseError as err:
         raise SpecError(f"transform_sql is rejected by the server: {err.diag.message_primary}") from None
-    if rows:
-        listed = ", ".join(f"{name} ({_VOLATILITY.get(v, v)})" for name, v in rows)
-        raise SpecError(
-            f"transform_sql calls functions that are not IMMUTABLE: {listed}; a transform must "
-            "give the same rows on every run, so it may use only IMMUTABLE functions"
-        )
+    text = statement.as_string(conn).encode("utf-8")
+    found = findings(tree, catalog, text)
+    if found:
+        offset = text.rfind(transform.encode("utf-8"))
+        where = _locator(transform, original if original is not None else transform)
+        raise TransformError([
+            TransformProblem(f.kind, f.construct, *where(None if f.location is None or offset < 0
+                                                         else f.location - offset), f.problem, f.instead)
+            for f in found
+        ])
+
+
+def _locations(text: str) -> list[tuple[str, int]]:
+    """(node type, byte offset) of every located node of the raw parse tree, in order."""
+    out: list[tuple[str, int]] = []
+
+    def walk(value: object, kind: str) -> None:
+        if isinstance(value, dict):
+            if isinstance(value.get("location"), int) and value["location"] >= 0:
+                out.append((kind, value["location"]))
+            for key, item in value.items():
+                walk(item, key if key[:1].isupper() else kind)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, kind)
+
+    walk(json.loads(pglast.parser.parse_sql_json(text)), "")
+    return out
+
+
+def _locator(reprinted: str, original: str):
+    """Map a byte offset in the re-printed transform to (line, column, snippet) of the
+    user's text. The two parse to the same tree, so their located nodes pair up in order;
+    where they do not, positions are given in the re-printed text."""
+    ours, theirs = _locations(reprinted), _locations(original)
+    if [k for k, _ in ours] != [k for k, _ in theirs]:
+        original, theirs = reprinted, ours
+    pairs = sorted(zip((o for _, o in ours), (t for _, t in theirs)))
+    data = original.encode("utf-8")
+
+    def where(offset: int | None) -> tuple[int | None, int | None, str]:
+        if offset is None or offset < 0:
+            return None, None, ""
+        exact = [t for r, t in pairs if r == offset]
+        before = [(r, t) for r, t in pairs if r <= offset]
+        target = exact[0] if exact else (before[-1][1] + offset - before[-1][0] if before else offset)
+        target = min(max(target, 0), len(data))
+        head = data[:target].decode("utf-8", "replace")
+        line = head.count("\n") + 1
+        column = len(head) - (head.rfind("\n") + 1) + 1
+        rest = data[target:].decode("utf-8", "replace").split("\n", 1)[0].strip()
+        return line, column, rest[:40] + ("..." if len(rest) > 40 else "")
+
+    return where

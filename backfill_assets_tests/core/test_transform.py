@@ -337,6 +337,21 @@ def test_node_tree_reader_types_length_coercions_by_their_typmod():
     assert expr_type(tree) == (1700, (14 << 16) + 6, 0)
 
 
+def test_distinct_under_a_nondeterministic_collation_is_refused(source_db):
+    """Needs a server built with ICU (the embedded one is not; Debian's PostgreSQL is:
+    run with BACKFILL_TEST_DATABASE_URL)."""
+    try:
+        with source_db.transaction():
+            source_db.execute("CREATE COLLATION IF NOT EXISTS public.ci "
+                              "(provider = icu, locale = 'und-u-ks-level2', deterministic = false)")
+    except psycopg.errors.FeatureNotSupported:
+        pytest.skip("this PostgreSQL is built without ICU")
+    err = refused(source_db, transform_with(
+        "(SELECT count(*) FROM (SELECT DISTINCT s2.note COLLATE public.ci AS a FROM source AS s2) AS d)"))
+    assert [p.construct for p in err.problems] == ["DISTINCT on a"]
+    check(source_db, transform_with("(SELECT count(*) FROM (SELECT DISTINCT s2.note AS a FROM source AS s2) AS d)"))
+
+
 def test_text_is_exact_only_under_a_deterministic_collation():
     # (oid, input, output, typtype, typbasetype, typtypmod) rows as read from pg_type; this
     # server build has no ICU, so the nondeterministic collation (OID 99999) is made up.

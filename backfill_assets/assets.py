@@ -23,8 +23,8 @@ import dagster as dg
 
 from backfill_assets.core.apply import apply_plan, approved_plan_for
 from backfill_assets.core.errors import (
-    ApprovalError, BackfillError, ConcurrentRunError, SnapshotError, StageError,
-    TransientDatabaseError, VerificationError,
+    ApprovalError, ApprovalOutdatedError, BackfillError, ConcurrentRunError, SnapshotError,
+    StageError, TransientDatabaseError, VerificationError,
 )
 from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.plan import snapshot_step, stages_step
@@ -281,11 +281,15 @@ def spec_assets(spec: Spec) -> list[Any]:
                 done = {r["partition"] for r in results}
                 failed = [getattr(error, "partition", None)] if isinstance(error, VerificationError) else [
                     label for label in labels if label not in done]
+                # An approval that no longer covers a partition says why, per partition.
+                reasons = error.reasons if isinstance(error, ApprovalOutdatedError) else {}
                 for label in failed:
+                    reason = reasons.get(label)
                     yield dg.AssetCheckEvaluation(
                         asset_key=keys.target, check_name="target_matches_approved_plan", passed=False,
                         partition=label, severity=dg.AssetCheckSeverity.ERROR,
-                        metadata={"plan_id": plan_id or "none", "error": str(error)},
+                        metadata={"plan_id": plan_id or "none", "error": str(error),
+                                  **({"reason": reason} if reason else {})},
                     )
 
         try:

@@ -26,6 +26,7 @@ from backfill_assets.core.approve import (
     check_data_unchanged,
     check_spec_unchanged,
     find_plan,
+    open_approvals,
     record_approval,
 )
 from backfill_assets.core.catalog import inspect_tables, table_kind
@@ -44,13 +45,15 @@ from backfill_assets.render import (
     render_apply,
     render_plan,
     render_profile,
+    render_approvals,
     render_replacement,
     render_status,
+    render_target_now,
 )
 
 EXIT_CODES = """exit codes:
   0  done                       5  plan refused: stages differ or break the grain
-  1  unexpected error           6  approval missing or does not match
+  1  unexpected error           6  approval missing, does not match, or no longer covers the target
   2  bad spec or arguments      7  verification failed
   3  cannot connect             8  transient (lock/statement timeout, busy): retry
   4  source data refused (ties, NULL ordering values, changed immutable source)
@@ -160,16 +163,18 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
     with factory() as conn:
         stored = find_plan(conn, spec, args.plan)
         ctx = check_spec_unchanged(conn, factory, spec, stored)
-        check_data_unchanged(conn, ctx, stored)
+        target = check_data_unchanged(conn, ctx, stored)
         plan = Plan(stored.plan_id, "ready", (), stored.document)
         if not out.json_mode:
             out.result(render_plan(plan))
+            out.result("\n" + render_target_now(stored.document, target))
             out.result("\n" + render_replacement(stored.document))
         _confirm(out, args)
-        approval_id = record_approval(conn, spec, stored, args.by)
+        approval_id = record_approval(conn, spec, stored, args.by, target=target)
     if out.json_mode:
         out.json({"approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": args.by,
-                  "partitions": stored.labels, "target": stored.document["target"]})
+                  "partitions": stored.labels, "target": stored.document["target"],
+                  "target_readings": target})
     else:
         out.result(f"approved plan {stored.plan_id} as approval {approval_id} by {args.by}")
     return 0
@@ -216,15 +221,18 @@ def cmd_apply(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_status(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
-    with _factory(spec, args)() as conn:
+    factory = _factory(spec, args)
+    with factory() as conn:
         rows = ledger_status(conn, spec)
+        approvals = open_approvals(conn, factory, spec)
     if out.json_mode:
         out.json({"target": str(spec.target_ref), "partitions": [
             {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in r.items()} for r in rows
-        ]})
+        ], "open_approvals": [a.as_json() for a in approvals]})
     else:
         out.result(f"latest state per partition of {spec.target_ref}")
         out.result(render_status(rows))
+        out.result("\n" + render_approvals(approvals))
     return 0
 
 
@@ -362,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument("--yes", action="store_true", help="approve without asking on the terminal")
     apply_cmd = command("apply", "Replace and verify the partitions of an approved plan, one transaction each.", cmd_apply)
     apply_cmd.add_argument("--plan", required=True, metavar="PLAN_ID", help="the approved plan id")
-    command("status", "Show the latest ledger state of every partition of the spec's target.", cmd_status)
+    command("status", "Show the latest ledger state of every partition of the spec's target, and what each "
+                      "open approval still covers.", cmd_status)
     ui = sub.add_parser("ui", help="Start the Dagster UI and daemon on loopback with the embedded PostgreSQL.",
                         description="Start the Dagster UI and daemon on loopback with the embedded PostgreSQL.")
     ui.add_argument("--port", type=int, default=3000, help="the UI's port on 127.0.0.1 (default 3000)")

@@ -10,7 +10,7 @@ from backfill_assets.core.approve import (
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.plan import Plan
 from backfill_assets.core.spec import Spec
-from backfill_assets.render import plan_markdown, render_plan, render_replacement
+from backfill_assets.render import plan_markdown, render_plan, render_replacement, render_target_now
 from backfill_assets.resources import PostgresResource, resource_key
 
 
@@ -63,8 +63,9 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
             context.log.info(render_plan(Plan(stored.plan_id, stored.status, (), stored.document)))
             context.log.info(render_replacement(stored.document))
             ctx = check_spec_unchanged(conn, factory, spec, stored)
-            check_data_unchanged(conn, ctx, stored)
-            approval_id = record_approval(conn, spec, stored, config.approved_by)
+            target = check_data_unchanged(conn, ctx, stored)
+            context.log.info(render_target_now(stored.document, target))
+            approval_id = record_approval(conn, spec, stored, config.approved_by, target=target)
         context.add_output_metadata({
             "approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": config.approved_by,
             "partitions": ", ".join(stored.labels),

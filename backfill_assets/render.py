@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from backfill_assets.core.apply import ApplyResult
+from backfill_assets.core.approve import OpenApproval
 from backfill_assets.core.plan import Plan
 from backfill_assets.core.profile import Profile
 
@@ -95,6 +96,39 @@ def render_status(rows: list[dict[str, Any]]) -> str:
         )
         if r["error"]:
             lines.append(f"  {'':<12} error: {r['error']}")
+    return "\n".join(lines)
+
+
+def render_target_now(plan_doc: dict[str, Any], target: dict[str, dict[str, Any]]) -> str:
+    """The target as it is now, which an approval records it is given against."""
+    lines = [
+        "The target now (the approval records this; apply refuses a partition whose target "
+        "changes before it is replaced):",
+        f"  {'partition':<12} {'rows':>7} {'total':>14}  {'content hash':<18} ",
+    ]
+    for p in plan_doc["partitions"]:
+        now = target[p["partition"]]
+        same = "  (already as planned)" if now == p["stage_a"] else ""
+        lines.append(f"  {p['partition']:<12} {now['row_count']:>7} "
+                     f"{now['total'] if now['total'] is not None else '-':>14}  {now['content_hash'][:16]}..{same}")
+    return "\n".join(lines)
+
+
+def render_approvals(approvals: list[OpenApproval]) -> str:
+    """Open approvals and, per partition, whether each still covers it and why not."""
+    if not approvals:
+        return "no open approvals"
+    lines = ["open approvals (not yet verified in every partition by a run of that approval):"]
+    for a in approvals:
+        ap = a.approval
+        lines.append(f"  approval {ap.approval_id} of plan {ap.plan_id[:16]} by {ap.approved_by} "
+                     f"at {ap.approved_at.isoformat(timespec='seconds')}")
+        if a.problem is not None:
+            lines.append(f"    covers nothing: {a.problem}")
+            continue
+        for c in a.partitions:
+            verdict = {"unchanged": "covered", "applied": "done"}.get(c.state, "NOT covered")
+            lines.append(f"    {c.partition:<12} {verdict:<12} {c.reason}")
     return "\n".join(lines)
 
 

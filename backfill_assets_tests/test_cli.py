@@ -180,3 +180,35 @@ def test_approve_asks_on_a_terminal_and_records_only_a_yes(demo_db, url_env, tmp
         assert proc.returncode == expected_code, err
     approvals = demo_db.execute("SELECT approved_by FROM backfill_control.approvals").fetchall()
     assert approvals == [("carol",)]
+
+
+def test_status_shows_what_each_open_approval_still_covers_and_why_not(demo_db, url_env, factory, tmp_path, capsys):
+    from backfill_assets.core.apply import apply_plan
+    from backfill_assets_tests.conftest import make_spec
+
+    spec = str(write_spec(tmp_path))
+    code, out, _ = run(capsys, "plan", "--spec", spec, "--partitions", "2024-01-01..2024-01-07", "--json")
+    plan_id = json.loads(out)["plan_id"]
+    code, out, _ = run(capsys, "approve", "--spec", spec, "--plan", plan_id, "--by", "alice", "--yes")
+    assert code == 0 and "The target now (the approval records this" in out
+    apply_plan(make_spec(), plan_id, factory, run_id="first-day", only=["2024-01-01"])
+    demo_db.execute("UPDATE public.orders_daily SET note = 'hand fix' WHERE order_date = '2024-01-06'")
+    code, out, _ = run(capsys, "status", "--spec", spec)
+    assert code == 0 and f"approval 1 of plan {plan_id[:16]} by alice" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("    2024-")}
+    assert lines["2024-01-01"].split()[1] == "done" and "run first-day of this approval" in lines["2024-01-01"]
+    assert lines["2024-01-02"].split()[1] == "covered" and "as it was when approved" in lines["2024-01-02"]
+    assert "NOT covered" in lines["2024-01-06"] and "changed outside backfill_assets" in lines["2024-01-06"]
+    code, out, _ = run(capsys, "status", "--spec", spec, "--json")
+    (approval,) = json.loads(out)["open_approvals"]
+    states = {p["partition"]: (p["covered"], p["state"]) for p in approval["partitions"]}
+    assert approval["approval_id"] == 1 and approval["problem"] is None
+    assert states["2024-01-01"] == (True, "applied") and states["2024-01-02"] == (True, "unchanged")
+    assert states["2024-01-06"] == (False, "changed")
+    # apply says the same, and writes nothing.
+    code, _, err = run(capsys, "apply", "--spec", spec, "--plan", plan_id)
+    assert code == 6 and "no longer covers partition(s) 2024-01-06" in err
+    # A stage changed since the plan: the approval covers nothing, and status says why.
+    demo_db.execute("UPDATE backfill_control.orders_daily__stage_a SET note = 'x' WHERE order_date = '2024-01-03'")
+    code, out, _ = run(capsys, "status", "--spec", spec)
+    assert code == 0 and "covers nothing: stage backfill_control.orders_daily__stage_a no longer has" in out

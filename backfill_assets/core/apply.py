@@ -10,7 +10,11 @@ For each partition (or each group of partitions that moved keys link), in plan o
    SERIALIZABLE, so a table lock that conflicts with every writer's ROW EXCLUSIVE is what
    keeps other writers out. It does not block readers: under MVCC they see the old
    partition until commit, then the new one, never a half-written one.
-2. If the target already carries the approved fingerprint, record it as verified without
+2. Read the target: the approval must still cover it (approve.judge: the target is what the
+   approval was given against, or carries the approved readings after this approval's own
+   runs reached it), else refuse before writing. This is checked for every partition before
+   the first write too; under the lock it catches a writer that slipped in since.
+   If the target already carries the approved fingerprint, record it as verified without
    rewriting (a rerun after an interruption converges).
 3. Recheck: stage A's partition fingerprint, recomputed now, must equal the approved one;
    for an ``immutable`` snapshot the source partition's too.
@@ -34,7 +38,8 @@ import psycopg
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.approve import (
-    StoredPlan, check_data_unchanged, check_spec_unchanged, find_plan,
+    Approval, StoredPlan, check_data_unchanged, check_spec_unchanged, find_plan, latest_approval,
+    require_coverage, short_readings,
 )
 from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
@@ -69,26 +74,11 @@ class ApplyResult:
                 "partitions": self.partitions}
 
 
-def _short(fp: dict[str, Any]) -> str:
-    return f"{fp['row_count']} rows, total {fp['total']}, hash {fp['content_hash'][:16]}"
+_short = short_readings
 
 
 def _readings(conn: psycopg.Connection, ctx: Context, rel, value: object) -> dict[str, Any]:
     return ctx.readings(conn, rel, value).as_dict()
-
-
-def _carries(conn: psycopg.Connection, ctx: Context, rel, value: object, expected: dict[str, Any]) -> bool:
-    """Whether a partition carries ``expected``: the cheap counts first, the hash only if they agree."""
-    spec = ctx.spec
-    query, params = sqlbuild.partition_readings(
-        rel, spec.partition_key, spec.business_key, spec.total, value, key_unique=True
-    )
-    row = conn.execute(query, params).fetchone()
-    if row is None or (int(row[0]), int(row[1]), row[2]) != (
-        expected["row_count"], expected["null_key_count"], expected["total"]
-    ):
-        return False
-    return _readings(conn, ctx, rel, value) == expected
 
 
 def _values(ctx: Context, labels: list[str]) -> list[object]:
@@ -96,12 +86,14 @@ def _values(ctx: Context, labels: list[str]) -> list[object]:
 
 
 def replace_group(
-    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, labels: list[str],
+    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, approval: Approval, labels: list[str],
     checkpoint: Checkpoint = _no_checkpoint,
 ) -> str:
     """Replace the partitions ``labels`` in one transaction; return the ledger status.
 
     Raises:
+        ApprovalOutdatedError: under the lock, the approval no longer covers a partition (its
+            target changed since the approval; rolled back, nothing written).
         VerificationError: a recheck or the in-transaction verification failed (rolled back).
         TransientDatabaseError: a lock or statement timeout (rolled back).
     """
@@ -115,7 +107,10 @@ def replace_group(
         set_timeouts(conn, spec)
         conn.execute(sqlbuild.lock_for_replace(target))
         checkpoint("locked", labels)
-        if all(_carries(conn, ctx, target, v, approved[label]) for v, label in zip(values, labels)):
+        # A writer may have slipped in since apply's first check: read the target again here,
+        # where nobody else can write it until the commit.
+        covered = require_coverage(conn, ctx, stored, approval, labels)
+        if all(covered[label].now == approved[label] for label in labels):
             return "skipped-already-verified"
         for value, label in zip(values, labels):
             now = _readings(conn, ctx, stage, value)
@@ -196,22 +191,23 @@ def apply_plan(
 
     Raises:
         ApprovalError: unknown, refused, unapproved or outdated plan; nothing written.
+        ApprovalOutdatedError: the approval no longer covers a chosen partition (its target
+            changed since the approval): before the first write, nothing written; or, for a
+            change that slipped in during the run, under that partition's lock (that partition
+            rolled back, the following ones not attempted).
         VerificationError: a recheck or verification failed; that partition rolled back,
             the following ones not attempted.
         TransientDatabaseError, ConcurrentRunError: safe to retry with the same plan.
     """
     with factory() as conn, spec_lock(conn, spec):
         stored = find_plan(conn, spec, plan_ref)
-        approval = control.latest_approval(conn, spec.control_schema, stored.plan_id)
+        approval = latest_approval(conn, spec, stored.plan_id)
         if approval is None:
             raise ApprovalError(
                 f"plan {stored.plan_id[:16]} has not been approved; run approve and review it first"
             )
         ctx = check_spec_unchanged(conn, factory, spec, stored)
-        # Refuse a changed stage (or immutable source) before the first write; each replace
-        # rechecks its own partition again under the lock.
-        check_data_unchanged(conn, ctx, stored)
-        result = ApplyResult(run_id, stored.plan_id, approval[0])
+        result = ApplyResult(run_id, stored.plan_id, approval.approval_id)
         doc = stored.document
         groups: list[list[str]] = doc["replace_groups"]
         if only is not None:
@@ -223,8 +219,14 @@ def apply_plan(
                 )
             groups = [g for g in groups if set(g) & set(only)]
         chosen = {label for g in groups for label in g}
+        # Refuse a changed stage (or immutable source), and a target the approval no longer
+        # covers, before the first write; each replace checks its own partitions again under
+        # the lock.
+        in_order = [label for label in stored.labels if label in chosen]
+        now = check_data_unchanged(conn, ctx, stored, in_order)
+        require_coverage(conn, ctx, stored, approval, in_order, now)
         control.ledger_start(
-            conn, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval[0],
+            conn, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval.approval_id,
             snapshot_id=doc["snapshot"]["id"], target_table=doc["target"],
             transform_version=doc["transform_version"], run_started_at=clock(),
             partitions=[{"partition": p["partition"], **p["stage_a"]} for p in doc["partitions"]
@@ -234,7 +236,7 @@ def apply_plan(
             control.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
             try:
                 with partition_locks(conn, ctx, labels):
-                    status = replace_group(conn, ctx, stored, labels, checkpoint)
+                    status = replace_group(conn, ctx, stored, approval, labels, checkpoint)
                     if status == "verified":
                         verify_committed(factory, ctx, stored, labels)
                         checkpoint("verified", labels)

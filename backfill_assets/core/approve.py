@@ -1,22 +1,31 @@
-"""Approval: bound to one exact, stored plan, and only while it still describes the data.
+"""Approval: bound to one exact, stored plan and to the target as it was when approved.
 
 An approval is a row in the control schema naming the plan id (a hash of everything the
-approver saw). It is refused for an unknown or refused plan, a plan of another spec, a spec
-or target that changed since the plan, a snapshot copy whose seal broke, an immutable source
-or a stage that no longer carries the planned fingerprint.
+approver saw) and recording each partition's target readings at that moment: what the
+approver agreed to replace. It is refused for an unknown or refused plan, a plan of another
+spec, a spec or target that changed since the plan, a snapshot copy whose seal broke, an
+immutable source or a stage that no longer carries the planned fingerprint.
+
+A plan id is content-addressed, so the same plan made again months later is still approved.
+The recorded target readings keep such an old approval from rolling back a newer backfill:
+an approval covers a partition only while its target is what the approval was given against
+(and no later approval's run has replaced it since), or carries the approved readings after
+this approval's own runs reached it (a crashed run resumes; a rerun skips). See
+:func:`judge`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import psycopg
 
 from backfill_assets.core import control
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
-from backfill_assets.core.errors import ApprovalError
+from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError
 from backfill_assets.core.plan import (
     Clock, Context, copy_problem, resolve, source_fingerprints, spec_document,
     stage_partitions_changed, utc_now,
@@ -91,18 +100,29 @@ def check_spec_unchanged(
     return ctx
 
 
-def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredPlan) -> None:
-    """Require stage A, and an immutable source, to still carry the planned fingerprints.
+def check_data_unchanged(
+    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, partitions: list[str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Require stage A, and an immutable source, to still carry the planned fingerprints, and
+    read the target as it is now.
 
     A copied snapshot is not hashed again: its seal is checked (one pass, no sort; see
     plan.copy_problem). It reaches the target only through the stage, which is checked here
     by its seal too, or hashed where the seal does not hold (plan.stage_partitions_changed),
     and hashed again under the lock before each replace.
 
+    Args:
+        partitions: the target partitions to read (default: every partition of the plan).
+
+    Returns:
+        Each of those partitions' target readings, read in the same transaction as the
+        checks: what an approval records it was given against (see :func:`record_approval`).
+
     Raises:
         ApprovalError: naming the partitions that changed.
     """
     spec, doc = ctx.spec, stored.document
+    wanted = stored.labels if partitions is None else partitions
     snap = doc["snapshot"]
     immutable = snap["mode"] == "immutable"
     with repeatable_read(conn):
@@ -123,6 +143,7 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
         stage = ctx.stage("a")
         approved = {label: stored.approved(label) for label in ctx.labels}
         stage_changed = stage_partitions_changed(conn, ctx, "a", approved)
+        target = target_readings(conn, ctx, wanted)
     if source_changed:
         raise ApprovalError(
             f"the source no longer has the planned fingerprint in partition(s) "
@@ -133,6 +154,14 @@ def check_data_unchanged(conn: psycopg.Connection, ctx: Context, stored: StoredP
             f"stage {stage} no longer has the planned fingerprint in partition(s) "
             f"{', '.join(stage_changed)}; plan again"
         )
+    return target
+
+
+def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
+    """The target's readings of partitions ``labels`` of the context, in the caller's
+    transaction (the same readings a plan records for its stages)."""
+    values = dict(zip(ctx.labels, ctx.partitions))
+    return {label: ctx.readings(conn, ctx.spec.target_ref, values[label]).as_dict() for label in labels}
 
 
 def approve_plan(
@@ -148,24 +177,36 @@ def approve_plan(
     """
     _approver(approved_by)
     ctx = check_spec_unchanged(conn, factory, spec, stored)
-    check_data_unchanged(conn, ctx, stored)
-    return record_approval(conn, spec, stored, approved_by, clock=clock)
+    target = check_data_unchanged(conn, ctx, stored)
+    return record_approval(conn, spec, stored, approved_by, target=target, clock=clock)
 
 
 def record_approval(
     conn: psycopg.Connection, spec: Spec, stored: StoredPlan, approved_by: str, *,
-    clock: Clock = utc_now,
+    target: dict[str, dict[str, Any]], clock: Clock = utc_now,
 ) -> int:
     """Record an approval of a plan that the caller has just checked (with
     :func:`check_spec_unchanged` and :func:`check_data_unchanged`) and shown. Returns its id.
 
-    apply checks the stage again before it writes, so nothing approved here is trusted blindly.
+    Args:
+        target: what :func:`check_data_unchanged` returned: every plan partition's target
+            readings, the state the approval is given against.
+
+    apply checks the stage again before it writes, and the target against ``target``, so
+    nothing approved here is trusted blindly.
     """
+    missing = [label for label in stored.labels if label not in target]
+    if missing:
+        raise ApprovalError(
+            f"the target was not read in partition(s) {', '.join(missing)} of plan "
+            f"{stored.plan_id[:16]}; check it with check_data_unchanged before approving"
+        )
     with conn.transaction():
         return control.record_approval(
             conn, spec.control_schema, plan_id=stored.plan_id, spec_name=spec.name,
             target_table=stored.document["target"], partitions=stored.labels,
             approved_by=_approver(approved_by), approved_at=clock(),
+            target_readings={label: target[label] for label in stored.labels},
         )
 
 
@@ -173,3 +214,177 @@ def _approver(name: str) -> str:
     if not name.strip():
         raise ApprovalError("an approval needs the approver's name (--by)")
     return name.strip()
+
+
+# --- what an approval still covers ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A recorded approval. ``target`` is each partition's target readings when it was given
+    (None: recorded by an older version that did not read them)."""
+
+    approval_id: int
+    plan_id: str
+    approved_by: str
+    approved_at: dt.datetime
+    target: dict[str, dict[str, Any]] | None = field(repr=False)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "Approval":
+        return cls(int(row["approval_id"]), row["plan_id"], row["approved_by"], row["approved_at"],
+                   row["target_readings"])
+
+    def as_json(self) -> dict[str, Any]:
+        return {"approval_id": self.approval_id, "plan_id": self.plan_id, "approved_by": self.approved_by,
+                "approved_at": self.approved_at.isoformat()}
+
+
+def latest_approval(conn: psycopg.Connection, spec: Spec, plan_id: str) -> Approval | None:
+    """The newest approval of a plan (the one apply acts on), or None."""
+    row = control.latest_approval(conn, spec.control_schema, plan_id)
+    return None if row is None else Approval.from_row(row)
+
+
+CoverageState = Literal["unchanged", "applied", "changed", "unrecorded", "refused"]
+_REACHED = ("started", "verified", "skipped-already-verified", "failed")
+_VERIFIED = ("verified", "skipped-already-verified")
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Whether an approval still covers one partition, and why (or why not), for people.
+
+    ``unchanged``: the target is as it was approved against; apply replaces it.
+    ``applied``: it carries the approved readings and this approval's runs reached it; apply
+    skips it as verified. ``changed``, ``unrecorded``, ``refused``: not covered; apply refuses.
+    """
+
+    partition: str
+    state: CoverageState
+    reason: str
+    now: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def covered(self) -> bool:
+        return self.state in ("unchanged", "applied")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"partition": self.partition, "covered": self.covered, "state": self.state,
+                "reason": self.reason}
+
+
+def short_readings(fp: dict[str, Any]) -> str:
+    """A fingerprint in one short phrase: rows, total and the start of the hash."""
+    return f"{fp['row_count']} rows, total {fp['total']}, hash {fp['content_hash'][:16]}"
+
+
+def _at(when: dt.datetime | None) -> str:
+    return "an unrecorded time" if when is None else when.isoformat(timespec="seconds")
+
+
+def judge(
+    approval: Approval, stored: StoredPlan, label: str, now: dict[str, Any],
+    history: list[dict[str, Any]],
+) -> Coverage:
+    """Whether ``approval`` still covers partition ``label`` whose target reads ``now``.
+
+    ``history`` is the partition's ledger rows (control.partition_history), newest first.
+    Covered: the target equals what the approval recorded and no later approval's run has
+    replaced it since (a target replaced and then put back is not the one approved against);
+    or it carries the approved readings and a run of this approval reached it (started,
+    verified, skipped, or failed after its commit: a crashed run resumes, a rerun skips).
+    Anything else is a change since the approval, explained by the ledger where it can be.
+    """
+    n = approval.approval_id
+    if approval.target is None or label not in approval.target:
+        return Coverage(label, "unrecorded", f"approval {n} was recorded by an older version without the "
+                        "target's readings, so what it was given against is unknown; approve the plan again", now)
+    recorded, approved = approval.target[label], stored.approved(label)
+    rows = [h for h in history if h["partition"] == label]
+    own = [h for h in rows if h["approval_id"] == n and h["status"] in _REACHED]
+    if now == approved and own:
+        return Coverage(label, "applied", f"carries the approved readings; run {own[0]['run_id']} of this "
+                        f"approval reached it ({own[0]['status']})", now)
+    replaced = [h for h in rows if h["approval_id"] > n and h["status"] == "verified"]
+    if now == recorded and not replaced:
+        return Coverage(label, "unchanged", "the target is as it was when approved", now)
+    if now == recorded:
+        h = replaced[0]
+        return Coverage(label, "changed", f"target replaced since approval {n}: a later run {h['run_id']} of "
+                        f"plan {h['plan_id'][:16]} (approval {h['approval_id']}) verified it at {_at(h['finished_at'])}, "
+                        "and it has the readings approved against only again since", now)
+    later = next((h for h in rows if h["approval_id"] != n and h["status"] in _VERIFIED
+                  and h["content_hash"] == now["content_hash"]
+                  and (h["approval_id"] > n or (h["finished_at"] is not None and h["finished_at"] > approval.approved_at))),
+                 None)
+    why = (f"a later run {later['run_id']} of plan {later['plan_id'][:16]} verified it at {_at(later['finished_at'])}"
+           if later is not None else "changed outside backfill_assets")
+    return Coverage(label, "changed", f"target changed since approval {n}: it now has {short_readings(now)}, "
+                    f"approved against {short_readings(recorded)}; {why}", now)
+
+
+def coverage(
+    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, approval: Approval, labels: list[str],
+    now: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Coverage]:
+    """Whether ``approval`` still covers each of ``labels`` (see :func:`judge`), reading the
+    target (unless ``now`` gives its readings) and the ledger in the caller's transaction."""
+    if now is None:
+        now = target_readings(conn, ctx, labels)
+    history = control.partition_history(conn, ctx.spec.control_schema, stored.document["target"], labels)
+    return {label: judge(approval, stored, label, now[label], history) for label in labels}
+
+
+def require_coverage(
+    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, approval: Approval, labels: list[str],
+    now: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Coverage]:
+    """:func:`coverage`, refusing any partition the approval no longer covers.
+
+    Raises:
+        ApprovalOutdatedError: naming each such partition and why.
+    """
+    found = coverage(conn, ctx, stored, approval, labels, now)
+    refused = {label: c.reason for label, c in found.items() if not c.covered}
+    if refused:
+        raise ApprovalOutdatedError(approval.approval_id, stored.plan_id, refused)
+    return found
+
+
+@dataclass(frozen=True)
+class OpenApproval:
+    """An approval not yet verified by its own runs in every partition, with what it covers.
+    ``problem``: why it covers nothing at all (the plan no longer matches the spec, the
+    stage or the source), or None."""
+
+    approval: Approval
+    partitions: list[Coverage]
+    problem: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.approval.as_json(), "problem": self.problem,
+                "partitions": [c.as_json() for c in self.partitions]}
+
+
+def open_approvals(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> list[OpenApproval]:
+    """The newest approval of each plan of ``spec`` that its runs have not verified in every
+    partition, each with what it still covers: what apply would do with it now.
+
+    Reads the target of those partitions (and checks each plan's stage as apply does).
+    """
+    if not control.control_ready(conn, spec.control_schema):
+        return []
+    out = []
+    for row in control.open_approvals(conn, spec.control_schema, spec.name):
+        approval = Approval.from_row(row)
+        stored = find_plan(conn, spec, approval.plan_id)
+        try:
+            ctx = check_spec_unchanged(conn, factory, spec, stored)
+            found = coverage(conn, ctx, stored, approval, stored.labels, check_data_unchanged(conn, ctx, stored))
+            problem = None
+        except (ApprovalError, SpecError) as err:
+            problem = " ".join(str(err).split())
+            found = {label: Coverage(label, "refused", problem) for label in stored.labels}
+        out.append(OpenApproval(approval, [found[label] for label in stored.labels], problem))
+    return out

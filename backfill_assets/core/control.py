@@ -60,6 +60,9 @@ _DDL = (
         "target_table text NOT NULL, partitions jsonb NOT NULL, approved_by text NOT NULL, "
         "approved_at timestamptz NOT NULL)"
     ),
+    # What an approval was given against: each partition's target readings when it was
+    # approved (NULL: recorded by an older version, which apply refuses).
+    sql.SQL("ALTER TABLE {schema}.approvals ADD COLUMN IF NOT EXISTS target_readings jsonb"),  # added later
     sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.ledger ("
         "run_id text NOT NULL, plan_id text NOT NULL, approval_id bigint NOT NULL, "
@@ -203,14 +206,16 @@ _SCHEMA_STATE = sql.SQL(
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(copies)s) "
     "AND attname = 'writer_txid' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
-    "AND attname = 'writer_txid' AND NOT attisdropped)"
+    "AND attname = 'writer_txid' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(approvals)s) "
+    "AND attname = 'target_readings' AND NOT attisdropped)"
 )
 
 
 def control_ready(conn: psycopg.Connection, schema: str) -> bool:
     """Whether the control schema exists (a first plan creates it). A schema made by an
     older version is brought up to date here, in its own transaction."""
-    names = {k: sql.Identifier(schema, k).as_string(conn) for k in ("plans", "ledger", "snapshots")}
+    names = {k: sql.Identifier(schema, k).as_string(conn) for k in ("plans", "ledger", "snapshots", "approvals")}
     names["builds"] = sql.Identifier(schema, "stage_builds").as_string(conn)
     names["copies"] = sql.Identifier(schema, "snapshot_copies").as_string(conn)
     row = conn.execute(_SCHEMA_STATE, names).fetchone()
@@ -232,29 +237,52 @@ def plans_by_prefix(conn: psycopg.Connection, schema: str, prefix: str) -> list[
 
 _INSERT_APPROVAL = sql.SQL(
     "INSERT INTO {schema}.approvals (plan_id, spec_name, target_table, partitions, approved_by, "
-    "approved_at) VALUES (%(plan_id)s, %(spec_name)s, %(target_table)s, %(partitions)s, "
-    "%(approved_by)s, %(approved_at)s) RETURNING approval_id"
+    "approved_at, target_readings) VALUES (%(plan_id)s, %(spec_name)s, %(target_table)s, "
+    "%(partitions)s, %(approved_by)s, %(approved_at)s, %(target_readings)s) RETURNING approval_id"
 )
 _LATEST_APPROVAL = sql.SQL(
-    "SELECT approval_id, approved_by, approved_at FROM {schema}.approvals "
-    "WHERE plan_id = %(plan_id)s ORDER BY approval_id DESC LIMIT 1"
+    "SELECT approval_id, plan_id, approved_by, approved_at, partitions, target_readings "
+    "FROM {schema}.approvals WHERE plan_id = %(plan_id)s ORDER BY approval_id DESC LIMIT 1"
 )
+# The newest approval of each plan of a spec that its own runs have not yet verified in
+# every partition (an older approval of the same plan is never applied: apply takes the newest).
+_OPEN_APPROVALS = sql.SQL(
+    "SELECT a.approval_id, a.plan_id, a.approved_by, a.approved_at, a.partitions, a.target_readings "
+    "FROM (SELECT DISTINCT ON (plan_id) approval_id, plan_id, approved_by, approved_at, partitions, "
+    "target_readings FROM {schema}.approvals WHERE spec_name = %(spec_name)s "
+    "ORDER BY plan_id, approval_id DESC) AS a "
+    "WHERE EXISTS (SELECT 1 FROM jsonb_array_elements_text(a.partitions) AS p(partition) "
+    "WHERE NOT EXISTS (SELECT 1 FROM {schema}.ledger AS l WHERE l.approval_id = a.approval_id "
+    "AND l.partition = p.partition AND l.status IN ('verified', 'skipped-already-verified'))) "
+    "ORDER BY a.approval_id"
+)
+APPROVAL_FIELDS = ("approval_id", "plan_id", "approved_by", "approved_at", "partitions", "target_readings")
 
 
 def record_approval(conn: psycopg.Connection, schema: str, **fields: Any) -> int:
-    """Record an approval; returns its id."""
-    fields = {**fields, "partitions": Jsonb(fields["partitions"])}
+    """Record an approval with the target readings it was given against; returns its id."""
+    fields = {**fields, "partitions": Jsonb(fields["partitions"]),
+              "target_readings": Jsonb(fields["target_readings"])}
     row = conn.execute(_INSERT_APPROVAL.format(schema=sql.Identifier(schema)), fields).fetchone()
     assert row is not None
     return int(row[0])
 
 
-def latest_approval(conn: psycopg.Connection, schema: str, plan_id: str) -> tuple[int, str, Any] | None:
-    """(approval_id, approved_by, approved_at) of the newest approval of a plan, or None."""
+def latest_approval(conn: psycopg.Connection, schema: str, plan_id: str) -> dict[str, Any] | None:
+    """The newest approval of a plan (``APPROVAL_FIELDS``), or None."""
     row = conn.execute(
         _LATEST_APPROVAL.format(schema=sql.Identifier(schema)), {"plan_id": plan_id}
     ).fetchone()
-    return None if row is None else (int(row[0]), row[1], row[2])
+    return None if row is None else dict(zip(APPROVAL_FIELDS, row))
+
+
+def open_approvals(conn: psycopg.Connection, schema: str, spec_name: str) -> list[dict[str, Any]]:
+    """The newest approval of each plan of a spec not yet verified by its own runs in every
+    partition (``APPROVAL_FIELDS``), oldest first."""
+    rows = conn.execute(
+        _OPEN_APPROVALS.format(schema=sql.Identifier(schema)), {"spec_name": spec_name}
+    ).fetchall()
+    return [dict(zip(APPROVAL_FIELDS, r)) for r in rows]
 
 
 _LEDGER_START = sql.SQL(
@@ -289,6 +317,14 @@ LEDGER_FIELDS = (
     "partition", "status", "run_id", "plan_id", "row_count", "total", "content_hash",
     "run_started_at", "finished_at", "error", "last_verified_hash",
 )
+# Every run that reached a partition (a 'pending' or 'not-attempted' row never touched it).
+_PARTITION_HISTORY = sql.SQL(
+    "SELECT partition, run_id, plan_id, approval_id, status, content_hash, finished_at "
+    "FROM {schema}.ledger WHERE target_table = %(target_table)s AND partition = ANY(%(partitions)s) "
+    "AND status IN ('started', 'verified', 'skipped-already-verified', 'failed') "
+    "ORDER BY finished_at DESC NULLS LAST, run_started_at DESC"
+)
+HISTORY_FIELDS = ("partition", "run_id", "plan_id", "approval_id", "status", "content_hash", "finished_at")
 
 
 def ledger_start(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
@@ -312,6 +348,18 @@ def ledger_latest(conn: psycopg.Connection, schema: str, target_table: str) -> l
         _LEDGER_LATEST.format(schema=sql.Identifier(schema)), {"target_table": target_table}
     ).fetchall()
     return [dict(zip(LEDGER_FIELDS, r)) for r in rows]
+
+
+def partition_history(
+    conn: psycopg.Connection, schema: str, target_table: str, partitions: list[str]
+) -> list[dict[str, Any]]:
+    """Every ledger row of a run that reached one of ``partitions`` of a target
+    (``HISTORY_FIELDS``), newest first."""
+    rows = conn.execute(
+        _PARTITION_HISTORY.format(schema=sql.Identifier(schema)),
+        {"target_table": target_table, "partitions": partitions},
+    ).fetchall()
+    return [dict(zip(HISTORY_FIELDS, r)) for r in rows]
 
 
 def ledger_run(conn: psycopg.Connection, schema: str, run_id: str) -> list[tuple]:

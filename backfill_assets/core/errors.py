@@ -109,6 +109,22 @@ class ApprovalError(BackfillError):
     exit_code = 6
 
 
+class ApprovalOutdatedError(ApprovalError):
+    """An approval no longer covers some partitions: their target is not what it was given
+    against (``reasons``: partition -> why, for people)."""
+
+    def __init__(self, approval_id: int, plan_id: str, reasons: dict[str, str]) -> None:
+        self.approval_id = approval_id
+        self.plan_id = plan_id
+        self.reasons = dict(reasons)
+        listed = "; ".join(f"{label}: {why}" for label, why in self.reasons.items())
+        super().__init__(
+            f"approval {approval_id} of plan {plan_id[:16]} no longer covers partition(s) "
+            f"{', '.join(self.reasons)} ({listed}). Those partitions were not written; review "
+            "the target as it is now and approve the plan again to replace it."
+        )
+
+
 class VerificationError(BackfillError):
     """A fingerprint read back does not equal the one expected."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 
 import psycopg
@@ -13,7 +14,7 @@ from backfill_assets.core import control
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import (
-    ApprovalError, ConcurrentRunError, SourceDataError, SpecError, TransientDatabaseError,
+    ApprovalError, ApprovalOutdatedError, ConcurrentRunError, SourceDataError, SpecError, TransientDatabaseError,
     VerificationError,
 )
 from backfill_assets.core.plan import make_plan
@@ -80,8 +81,12 @@ def test_apply_twice_gives_byte_identical_partitions_and_a_ledger_row_per_partit
     second = run(spec, plan, factory)
     assert {p["status"] for p in second.partitions} == {"skipped-already-verified"}
     assert all_target_rows(demo_db) == rows_after_first
-    # A rerun after the target was damaged rewrites it back to the same bytes.
+    # The target was damaged since the approval: it is not what was approved against, so it is
+    # refused until someone approves again; then a rerun rewrites it back to the same bytes.
     demo_db.execute("UPDATE public.orders_daily SET note = 'damaged' WHERE order_date = '2024-01-02'")
+    with pytest.raises(ApprovalOutdatedError, match="2024-01-02: target changed since approval 1.*changed outside"):
+        run(spec, plan, factory)
+    approve_plan(demo_db, factory, spec, find_plan(demo_db, spec, plan.plan_id), "alice")
     third = run(spec, plan, factory)
     statuses = {p["partition"]: p["status"] for p in third.partitions}
     assert statuses["2024-01-02"] == "verified" and statuses["2024-01-01"] == "skipped-already-verified"
@@ -126,7 +131,8 @@ def test_stage_checks_read_the_seal_and_hash_only_partitions_whose_rows_were_rew
     real = plan_module.Context.readings
 
     def counting(self, conn, rel, partition):
-        hashed.append(partition)
+        if rel == self.stage("a"):  # the checks read the target too: what an approval records
+            hashed.append(partition)
         return real(self, conn, rel, partition)
 
     monkeypatch.setattr(plan_module.Context, "readings", counting)
@@ -341,3 +347,174 @@ def test_a_moved_key_whose_new_partition_is_unknown_stops_the_plan(demo_db, fact
         make_plan(make_spec(), ALL_DAYS, factory)
     assert f"(order_id={order_id})" in str(err.value) and "cannot be identified" in str(err.value)
     assert demo_db.execute("SELECT to_regnamespace('backfill_control')").fetchone()[0] is None
+
+
+# --- an approval covers the target it was given against (issue 10, part 2) ----------------
+
+V1 = make_spec(records_can_move=False)
+V2 = make_spec(records_can_move=False, transform_version="v2", transform_sql=(
+    "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, upper(status) AS status, note "
+    "FROM source"))
+
+
+def ledger_rows(conn) -> int:
+    return conn.execute("SELECT count(*) FROM backfill_control.ledger").fetchone()[0]
+
+
+def test_an_old_approval_of_a_plan_made_again_cannot_roll_back_a_newer_backfill(unmoved_db, factory):
+    v1 = approved(unmoved_db, factory, V1)
+    run(V1, v1, factory)
+    v1_hashes = target_day_hashes(unmoved_db, demo.DEMO_DAYS)
+    v2 = approved(unmoved_db, factory, V2)
+    v2_run = run(V2, v2, factory)
+    v2_hashes = target_day_hashes(unmoved_db, demo.DEMO_DAYS)
+    assert v2_hashes != v1_hashes
+    # Months later the v1 spec is planned again: the same plan id, still approved (approval 1).
+    again = make_plan(V1, ALL_DAYS, factory)
+    assert again.plan_id == v1.plan_id
+    rows_before = ledger_rows(unmoved_db)
+    with pytest.raises(ApprovalOutdatedError) as err:
+        run(V1, again, factory)
+    assert err.value.exit_code == 6 and err.value.approval_id == 1
+    assert sorted(err.value.reasons) == [d.isoformat() for d in demo.DEMO_DAYS if v1_hashes[d.isoformat()] != v2_hashes[d.isoformat()]]
+    reason = next(iter(err.value.reasons.values()))
+    assert "target changed since approval 1: it now has" in reason
+    assert f"a later run {v2_run.run_id} of plan {v2.plan_id[:16]} verified it at" in reason
+    # Nothing written, not even a ledger row.
+    assert target_day_hashes(unmoved_db, demo.DEMO_DAYS) == v2_hashes and ledger_rows(unmoved_db) == rows_before
+    # Someone who sees the target as it is now approves v1 again: then it applies.
+    approve_plan(unmoved_db, factory, V1, find_plan(unmoved_db, V1, again.plan_id), "bob")
+    assert {p["status"] for p in run(V1, again, factory).partitions} >= {"verified"}
+    assert target_day_hashes(unmoved_db, demo.DEMO_DAYS) == v1_hashes
+
+
+def test_a_target_changed_outside_the_tool_since_the_approval_is_refused_before_any_write(demo_db, factory):
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+    demo_db.execute("UPDATE public.orders_daily SET note = 'hand fix' WHERE order_date = '2024-01-06'")
+    before = target_day_hashes(demo_db)
+    with pytest.raises(ApprovalOutdatedError) as err:
+        run(spec, plan, factory)
+    assert list(err.value.reasons) == ["2024-01-06"]
+    assert re.search(r"target changed since approval 1: it now has \d+ rows, total [\d.]+, hash [0-9a-f]{16}, "
+                     r"approved against \d+ rows, total [\d.]+, hash [0-9a-f]{16}; changed outside backfill_assets",
+                     err.value.reasons["2024-01-06"])
+    # Refused before the first write: 2024-01-01, first in order, was not replaced either.
+    assert target_day_hashes(demo_db) == before and ledger_rows(demo_db) == 0
+    # A change in a partition this run does not choose does not stop the others.
+    result = run(spec, plan, factory, only=["2024-01-01"])
+    assert [(p["partition"], p["status"]) for p in result.partitions] == [("2024-01-01", "verified")]
+
+
+def test_a_change_that_slips_in_before_the_lock_is_refused_under_it(demo_db, factory, db_url):
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+    before = target_day_hashes(demo_db)
+
+    def slip_in(step: str, labels: list[str]) -> None:
+        if step == "verified" and labels == ["2024-01-01"]:  # after apply's first check of every partition
+            with psycopg.connect(db_url.reveal(), autocommit=True) as writer:
+                writer.execute("UPDATE public.orders_daily SET amount = amount + 1 WHERE order_date = '2024-01-02'")
+
+    with pytest.raises(ApprovalOutdatedError) as err:
+        run(spec, plan, factory, checkpoint=slip_in)
+    assert list(err.value.reasons) == ["2024-01-02"] and "changed outside backfill_assets" in err.value.reasons["2024-01-02"]
+    after = target_day_hashes(demo_db)
+    assert after["2024-01-01"] == plan.document["partitions"][0]["stage_a"]["content_hash"]
+    assert after["2024-01-02"] not in (before["2024-01-02"], plan.document["partitions"][1]["stage_a"]["content_hash"])
+    assert {k: after[k] for k in list(after)[2:]} == {k: before[k] for k in list(before)[2:]}
+    ledger = {r["partition"]: (r["status"], r["error"]) for r in control.ledger_status(demo_db, spec)}
+    assert ledger["2024-01-01"][0] == "verified"
+    assert ledger["2024-01-02"][0] == "failed" and "no longer covers" in ledger["2024-01-02"][1]
+    assert {ledger[d.isoformat()][0] for d in DAYS8[2:]} == {"not-attempted"}
+
+
+@pytest.mark.parametrize(("crash", "left"), [
+    (KeyboardInterrupt, "started"),  # the process dies right after the commit
+    (psycopg.OperationalError, "failed"),  # the post-commit check loses its connection
+])
+def test_a_run_stopped_after_its_commit_resumes_under_the_same_approval(demo_db, factory, crash, left):
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+
+    def stop(step: str, labels: list[str]) -> None:
+        if step == "committed" and labels == ["2024-01-02"]:
+            raise crash("stopped after the commit")
+
+    with pytest.raises(crash):
+        run(spec, plan, factory, checkpoint=stop)
+    ledger = {r["partition"]: r["status"] for r in control.ledger_status(demo_db, spec)}
+    assert ledger["2024-01-02"] == left
+    # 2024-01-02 now carries the approved rows, not the ones approved against: this approval's
+    # own run put them there, so the rerun takes it as done and carries on.
+    rerun = run(spec, plan, factory)
+    statuses = {p["partition"]: p["status"] for p in rerun.partitions}
+    assert statuses["2024-01-01"] == statuses["2024-01-02"] == "skipped-already-verified"
+    assert {statuses[d.isoformat()] for d in DAYS8[2:]} == {"verified"}
+    assert target_day_hashes(demo_db) == {p["partition"]: p["stage_a"]["content_hash"] for p in plan.document["partitions"]}
+
+
+def test_a_rerun_after_success_skips_every_partition_and_closes_the_approval(demo_db, factory):
+    from backfill_assets.core.approve import open_approvals
+
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+    first = run(spec, plan, factory, only=["2024-01-01", "2024-01-02"])
+    (still_open,) = open_approvals(demo_db, factory, spec)
+    states = {c.partition: c.state for c in still_open.partitions}
+    assert states["2024-01-01"] == states["2024-01-02"] == "applied" and states["2024-01-06"] == "unchanged"
+    second = run(spec, plan, factory)
+    third = run(spec, plan, factory)
+    assert [p["status"] for p in first.partitions] == ["verified"] * 2
+    assert {p["partition"]: p["status"] for p in second.partitions}["2024-01-01"] == "skipped-already-verified"
+    assert {p["status"] for p in third.partitions} == {"skipped-already-verified"}
+    assert open_approvals(demo_db, factory, spec) == []
+
+
+def test_a_target_put_back_after_a_later_backfill_is_not_the_one_approved_against(unmoved_db, factory):
+    day = "2024-01-02"
+    v1 = approved(unmoved_db, factory, V1, PartitionRequest(day))  # approved against the stale rows
+    stale = all_target_rows(unmoved_db, dt.date(2024, 1, 2))
+    v2 = approved(unmoved_db, factory, V2, PartitionRequest(day))
+    v2_run = run(V2, v2, factory)
+    # Someone puts the stale rows back by hand: the same readings approval 1 recorded.
+    unmoved_db.execute("DELETE FROM public.orders_daily WHERE order_date = %s", (day,))
+    with unmoved_db.cursor() as cur:
+        cur.executemany("INSERT INTO public.orders_daily (order_date, order_id, customer_id, updated_at, ingest_seq, "
+                        "amount, status, note) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", stale)
+    assert all_target_rows(unmoved_db, dt.date(2024, 1, 2)) == stale
+    with pytest.raises(ApprovalOutdatedError) as err:
+        run(V1, make_plan(V1, PartitionRequest(day), factory), factory)
+    assert (f"target replaced since approval 1: a later run {v2_run.run_id} of plan {v2.plan_id[:16]} (approval 2)"
+            in err.value.reasons[day])
+    assert all_target_rows(unmoved_db, dt.date(2024, 1, 2)) == stale
+    assert v1.plan_id == make_plan(V1, PartitionRequest(day), factory).plan_id
+
+
+def test_an_approval_recorded_without_the_target_readings_must_be_given_again(demo_db, factory):
+    spec = make_spec()
+    plan = approved(demo_db, factory, spec)
+    demo_db.execute("UPDATE backfill_control.approvals SET target_readings = NULL")  # as an older version left it
+    before = target_day_hashes(demo_db)
+    with pytest.raises(ApprovalOutdatedError, match="recorded by an older version without the target's readings.*"
+                                                   "approve the plan again"):
+        run(spec, plan, factory)
+    assert target_day_hashes(demo_db) == before and ledger_rows(demo_db) == 0
+    approve_plan(demo_db, factory, spec, find_plan(demo_db, spec, plan.plan_id), "alice")
+    assert {p["status"] for p in run(spec, plan, factory).partitions} == {"verified"}
+
+
+def test_an_approval_records_every_partitions_target_readings_as_approved_against(demo_db, factory):
+    from backfill_assets.core.approve import record_approval
+
+    spec = make_spec()
+    plan = make_plan(spec, ALL_DAYS, factory)
+    before = target_day_hashes(demo_db)
+    approve_plan(demo_db, factory, spec, find_plan(demo_db, spec, plan.plan_id), "alice")
+    (recorded,) = demo_db.execute("SELECT target_readings FROM backfill_control.approvals").fetchone()
+    assert sorted(recorded) == [d.isoformat() for d in DAYS8]
+    assert {k: v["content_hash"] for k, v in recorded.items()} == before
+    assert set(recorded["2024-01-01"]) == set(plan.document["partitions"][0]["stage_a"])
+    with pytest.raises(ApprovalError, match=r"the target was not read in partition\(s\) 2024-01-08"):
+        record_approval(demo_db, spec, find_plan(demo_db, spec, plan.plan_id), "alice",
+                        target={k: v for k, v in recorded.items() if k != "2024-01-08"})

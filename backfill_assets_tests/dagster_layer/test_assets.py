@@ -231,3 +231,25 @@ def test_source_snapshot_sensor_restages_changed_partitions(dagster_env, demo_db
         (request,) = sensor.evaluate_tick(context).run_requests
     assert request.job_name == "orders_daily__build_stages"
     assert (request.tags[RANGE_START], request.tags[RANGE_END]) == ("2024-01-02", "2024-01-03")
+
+
+def test_the_target_gate_says_why_an_approval_no_longer_covers_a_partition(dagster_env, demo_db):
+    defs, resources, instance = dagster_env
+    result = stage_week(defs, resources, instance)
+    plan_id = evaluations(result, "stages_match")["2024-01-01"].metadata["plan_id"].value
+    assert approve(defs, resources, instance, plan_id).success
+    demo_db.execute("UPDATE public.orders_daily SET note = 'hand fix' WHERE order_date = '2024-01-03'")
+    before = target_day_hashes(demo_db)
+    for tags in ({**WEEK, PLAN_TAG: plan_id}, {"dagster/partition": "2024-01-03"}):  # the sensor's run, by hand
+        run = materialize(defs, resources, instance, ["target"], tags)
+        assert not run.success
+        checks = evaluations(run, "target_matches_approved_plan")
+        assert not checks["2024-01-03"].passed
+        reason = checks["2024-01-03"].metadata["reason"].value
+        assert reason.startswith("target changed since approval 1: it now has ")
+        assert reason.endswith("changed outside backfill_assets")
+        error = run.failure_data_for_node("orders_daily__target").error.cause.message
+        assert "no longer covers partition(s) 2024-01-03" in error and reason in error
+        assert not materializations(run, "target")
+    assert target_day_hashes(demo_db) == before
+

@@ -11,7 +11,7 @@ import pytest
 
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
-from backfill_assets.core.errors import ApprovalError, SpecError, TransientDatabaseError
+from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError, TransientDatabaseError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
 from backfill_assets_tests.conftest import make_spec
@@ -38,7 +38,8 @@ def wait_until(condition, timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
-def test_two_plans_over_one_partition_at_once_serialize_without_duplicates(unmoved_db, factory, db_url):
+def test_two_plans_over_one_partition_at_once_serialize_and_the_second_is_refused_under_the_lock(
+        unmoved_db, factory, db_url):
     plain = make_spec(records_can_move=False, lock_timeout_ms=30_000)
     upper = make_spec(name="orders_upper", records_can_move=False, lock_timeout_ms=30_000, transform_version="upper",
                       transform_sql="SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
@@ -48,7 +49,10 @@ def test_two_plans_over_one_partition_at_once_serialize_without_duplicates(unmov
     results: dict[str, object] = {}
 
     def run_second() -> None:
-        results["second"] = apply_plan(upper, second.plan_id, factory, run_id="second")
+        try:
+            results["second"] = apply_plan(upper, second.plan_id, factory, run_id="second")
+        except ApprovalOutdatedError as err:
+            results["second"] = err
 
     thread = threading.Thread(target=run_second)
 
@@ -62,9 +66,15 @@ def test_two_plans_over_one_partition_at_once_serialize_without_duplicates(unmov
 
     apply_plan(plain, first.plan_id, factory, run_id="first", checkpoint=hold)
     thread.join(timeout=60)
-    assert results["second"].partitions[0]["status"] == "verified"
-    # The last one to commit wins whole; no duplicate key, no lost partition.
-    assert target_hashes(unmoved_db, [DAYS8[1]])[DAY] == second.document["partitions"][0]["stage_a"]["content_hash"]
+    # The second passed its first check while the first held the partition, waited for the
+    # lock, then saw the first one's rows: not the target it was approved against. Refused
+    # under the lock, naming the run that changed it; the first one's partition stays whole.
+    refused = results["second"]
+    assert isinstance(refused, ApprovalOutdatedError), refused
+    assert list(refused.reasons) == [DAY] and "a later run first of plan" in refused.reasons[DAY]
+    assert target_hashes(unmoved_db, [DAYS8[1]])[DAY] == first.document["partitions"][0]["stage_a"]["content_hash"]
+    second_ledger = unmoved_db.execute("SELECT status FROM backfill_control.ledger WHERE run_id = 'second'").fetchall()
+    assert second_ledger == [("failed",)]  # it got as far as the lock: refused there, not before
     rows = all_target_rows(unmoved_db)
     assert len(rows) == len({r[1] for r in rows}) and day_count(unmoved_db) == 24
 

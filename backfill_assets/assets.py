@@ -6,9 +6,12 @@ partition range. Dagster records one materialization per partition of the range 
 step's output (its metadata describes the whole run: snapshot id, plan id); each body then
 yields a materialization per partition with that partition's own readings, and one check
 evaluation per partition, so the UI shows per-partition metadata, plots and checks (the
-latest materialization of a partition is the detailed one).
+latest materialization of a partition is the detailed one). A refused plan records its
+checks and fails the step, with no stage materialization; a selection of only the stage
+checks evaluates them on the stages as they are (core.plan.read_stages), building nothing.
 The target's gate is the core's approval check, inside the target itself: it holds for a
-backfill re-executed from failure, a hand-launched run and a sensor run alike.
+backfill re-executed from failure, a hand-launched run and a sensor run alike, and each
+partition's failing check says why the approval does not cover it.
 """
 
 
@@ -23,11 +26,11 @@ import dagster as dg
 
 from backfill_assets.core.apply import apply_plan, approved_plan_for
 from backfill_assets.core.errors import (
-    ApprovalError, ApprovalOutdatedError, BackfillError, ConcurrentRunError, SnapshotError,
-    StageError, TransientDatabaseError, VerificationError,
+    ApprovalError, ApprovalOutdatedError, BackfillError, ConcurrentRunError, DeterminismError,
+    SnapshotError, StageError, TransientDatabaseError, VerificationError,
 )
 from backfill_assets.core.fingerprint import Fingerprint
-from backfill_assets.core.plan import snapshot_step, stages_step
+from backfill_assets.core.plan import read_stages, snapshot_step, stages_step
 from backfill_assets.core.spec import Spec
 from backfill_assets.partitions import partitions_def
 from backfill_assets.render import plan_markdown
@@ -172,6 +175,15 @@ def spec_assets(spec: Spec) -> list[Any]:
     def check(name: str, key: dg.AssetKey, description: str, blocking: bool = False) -> dg.AssetCheckSpec:
         return dg.AssetCheckSpec(name, asset=key, description=description, blocking=blocking, partitions_def=parts)
 
+    def _stages_match(partition: str, passed: bool, a: dict[str, Any], b: dict[str, Any],
+                      **metadata: Any) -> dg.AssetCheckEvaluation:
+        """The blocking check of one partition: stages A and B agree on every reading."""
+        return dg.AssetCheckEvaluation(
+            asset_key=keys.stage_b, check_name="stages_match", passed=passed, partition=partition,
+            severity=dg.AssetCheckSeverity.ERROR, blocking=True,
+            metadata={**metadata, "readings": dg.MetadataValue.md(_side_by_side(a, b))},
+        )
+
     source = dg.AssetSpec(
         keys.source, group_name=group, kinds={"postgres"},
         description=f"The source table {spec.source_ref}; read only, never written.",
@@ -221,11 +233,17 @@ def spec_assets(spec: Spec) -> list[Any]:
     )
     def stages(context: dg.AssetExecutionContext):
         """Both builds at once, on two connections, then the plan: one step, as in the CLI.
-        (Two steps would run one after the other and read both stages again to plan.)"""
-        if not {keys.stage_a, keys.stage_b} <= context.selected_asset_keys:
+        (Two steps would run one after the other and read both stages again to plan.)
+        With only the stage checks selected, the checks run again on the stages as they are."""
+        chosen = context.selected_asset_keys & {keys.stage_a, keys.stage_b}
+        if not chosen:
+            yield from stage_checks_again(context)
+            return
+        if chosen != {keys.stage_a, keys.stage_b}:
             raise StageError(
                 f"{keys.stage_a.to_user_string()} and {keys.stage_b.to_user_string()} are built "
-                "together (two independent builds compared into one plan); select both"
+                "together (two independent builds compared into one plan); select both, or only "
+                "their checks to check the stages again without building them"
             )
         snapshot_id = _snapshot_id(context, keys.snapshot)
         with transient_retry(), _progress(context) as progress:
@@ -233,24 +251,45 @@ def spec_assets(spec: Spec) -> list[Any]:
         table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id))
         schema = _schema([(c.name, c.type_name) for c in ctx.target_columns])
         common = {"snapshot_id": snapshot_id, "plan_id": plan.plan_id, "plan_status": plan.status}
+        entries = [e for e in plan.document["partitions"] if parts.has_partition_key(e["partition"])]
+        checks = [
+            evaluation for entry in entries for evaluation in (
+                _key_check(keys.stage_a, entry["partition"], built_a[entry["partition"]], plan_id=plan.plan_id),
+                _key_check(keys.stage_b, entry["partition"], built_b[entry["partition"]], plan_id=plan.plan_id),
+                _stages_match(entry["partition"], entry["match"], entry["stage_a"], entry["stage_b"],
+                              plan_id=plan.plan_id, plan=table),
+            )
+        ]
+        if plan.status == "refused":
+            # The differing partitions' stages were deleted: record no materialization of any
+            # partition, only the checks saying why, and fail the step.
+            yield from checks
+            raise DeterminismError(plan.plan_id, plan.problems)
         yield dg.MaterializeResult(asset_key=keys.stage_a, metadata=common)
         yield dg.MaterializeResult(asset_key=keys.stage_b, metadata={**common, "plan": table})
-        for entry in plan.document["partitions"]:
-            label = entry["partition"]
-            if not parts.has_partition_key(label):
-                continue
+        for entry in entries:
             for key, side in ((keys.stage_a, "stage_a"), (keys.stage_b, "stage_b")):
-                yield dg.AssetMaterialization(key, partition=label, metadata={
+                yield dg.AssetMaterialization(key, partition=entry["partition"], metadata={
                     **_readings_metadata(entry[side]), **common, "plan": table, "dagster/column_schema": schema,
                 })
-            yield _key_check(keys.stage_a, label, built_a[label], plan_id=plan.plan_id)
-            yield _key_check(keys.stage_b, label, built_b[label], plan_id=plan.plan_id)
-            yield dg.AssetCheckEvaluation(
-                asset_key=keys.stage_b, check_name="stages_match", passed=entry["match"],
-                partition=label, severity=dg.AssetCheckSeverity.ERROR, blocking=True,
-                metadata={"plan_id": plan.plan_id, "readings": dg.MetadataValue.md(
-                    _side_by_side(entry["stage_a"], entry["stage_b"])), "plan": table},
-            )
+        yield from checks
+
+    def stage_checks_again(context: dg.AssetExecutionContext):
+        """Only the stage checks selected (a check-only re-execution): evaluate them on both
+        stages as they are now, against each other, their builds and the plans; build nothing."""
+        if not (context.has_partition_key or context.has_partition_key_range):
+            raise StageError("checking the stages again needs the partitions to check; pick them when launching")
+        wanted = context.selected_asset_check_keys
+        with transient_retry():
+            found = read_stages(spec, list(context.partition_keys), _factory(context, spec))
+        for state in found:
+            about = {"plan_id": state.plan_id or "none", "checked": "the stages as they are, without building"}
+            for key, fp in ((keys.stage_a, state.a), (keys.stage_b, state.b)):
+                if dg.AssetCheckKey(key, "business_key_unique_and_not_null") in wanted:
+                    yield _key_check(key, state.partition, fp, **about)
+            if dg.AssetCheckKey(keys.stage_b, "stages_match") in wanted:
+                yield _stages_match(state.partition, state.match, state.a.as_dict(), state.b.as_dict(),
+                                    **about, **({"problems": "; ".join(state.problems)} if state.problems else {}))
 
     @dg.multi_asset(
         name=f"{spec.name}__target", partitions_def=parts, backfill_policy=policy, can_subset=True,

@@ -376,6 +376,12 @@ def ledger_status(conn: psycopg.Connection, spec: Any) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (0, int(r["partition"])) if r["partition"].lstrip("-").isdigit() else (1, r["partition"]))
 
 
+_PLANS_WITH = sql.SQL(
+    "SELECT e ->> 'partition', p.plan_id, e -> 'stage_a', e -> 'stage_b' "
+    "FROM {schema}.plans AS p, jsonb_array_elements(p.plan -> 'partitions') AS e "
+    "WHERE p.spec_name = %(spec_name)s AND e ->> 'partition' = ANY(%(partitions)s) "
+    "ORDER BY p.created_at DESC, p.plan_id"
+)
 _APPROVED_PLAN_WITH = sql.SQL(
     "SELECT a.plan_id FROM {schema}.approvals AS a JOIN {schema}.plans AS p "
     "ON p.plan_id = a.plan_id WHERE a.spec_name = %(spec_name)s AND p.status = 'ready' "
@@ -391,6 +397,20 @@ _LATEST_SNAPSHOTTED = sql.SQL(
     "FROM {schema}.snapshots AS s, jsonb_array_elements(s.partitions) AS e "
     "WHERE s.source_table = %(source_table)s ORDER BY e ->> 'partition', s.created_at DESC"
 )
+
+
+def plans_with(
+    conn: psycopg.Connection, schema: str, spec_name: str, partitions: list[str]
+) -> dict[str, list[tuple[str, dict[str, Any], dict[str, Any]]]]:
+    """partition -> (plan_id, stage_a readings, stage_b readings) of every plan of a spec that
+    includes it, newest first."""
+    rows = conn.execute(
+        _PLANS_WITH.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "partitions": partitions}
+    ).fetchall()
+    out: dict[str, list[tuple[str, dict[str, Any], dict[str, Any]]]] = {}
+    for label, plan_id, a, b in rows:
+        out.setdefault(label, []).append((plan_id, a, b))
+    return out
 
 
 def newest_approved_plan_with(conn: psycopg.Connection, schema: str, spec_name: str, partition: str) -> str | None:

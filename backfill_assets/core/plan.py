@@ -24,7 +24,7 @@ from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables,
 from backfill_assets.core.db import (
     ConnectionFactory, advisory_session_lock, read_committed, repeatable_read, transient_errors,
 )
-from backfill_assets.core.errors import SnapshotError, SourceDataError
+from backfill_assets.core.errors import SnapshotError, SourceDataError, StageError
 from backfill_assets.core.fingerprint import (
     Fingerprint, all_columns_order, business_key_order, content_hash, content_hash_where,
     fingerprint_partition,
@@ -546,6 +546,72 @@ def stage_partitions_changed(
         if ctx.readings(conn, stage, value).as_dict() != expected[label]:
             changed.append(label)
     return changed
+
+
+@dataclass(frozen=True)
+class StageState:
+    """Both stages of one partition as they are now, compared with each other, with what their
+    latest builds recorded, and with the plans (see :func:`read_stages`)."""
+
+    partition: str
+    a: Fingerprint
+    b: Fingerprint
+    plan_id: str | None  # the newest plan that recorded exactly these two stages
+    problems: tuple[str, ...]
+
+    @property
+    def match(self) -> bool:
+        return not self.problems
+
+
+def read_stages(spec: Spec, labels: list[str], factory: ConnectionFactory) -> list[StageState]:
+    """Read both stages' partitions ``labels`` as they are now, without building anything, and
+    compare them: with each other, with their latest builds, and with the newest plan that
+    recorded them (for re-running the stage checks alone).
+
+    Two stages that agree are not enough: a refused plan deletes the partitions whose stages
+    differ, which leaves both empty and equal. The builds' records tell that apart, and the
+    plans say whether anyone planned these exact stages.
+
+    Raises:
+        StageError: the stages of this spec have never been built.
+        SpecError: the spec no longer matches the catalog, or a label is malformed.
+    """
+    with factory() as conn:
+        if not control.control_ready(conn, spec.control_schema):
+            raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
+        ctx = resolve(conn, factory, spec, labels)
+        with transient_errors("reading the stages"), repeatable_read(conn, read_only=True):
+            set_timeouts(conn, spec)
+            for variant in ("a", "b"):
+                if table_kind(conn, ctx.stage(variant)) is None:
+                    raise StageError(f"stage {ctx.stage(variant)} has never been built; materialize both stages first")
+            built = {v: control.builds(conn, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
+            now = {v: {label: ctx.readings(conn, ctx.stage(v), value) for value, label in zip(ctx.partitions, ctx.labels)}
+                   for v in ("a", "b")}
+            plans = control.plans_with(conn, spec.control_schema, spec.name, ctx.labels)
+    out = []
+    for label in ctx.labels:
+        a, b = now["a"][label], now["b"][label]
+        problems = []
+        for v, fp in (("a", a), ("b", b)):
+            record = built[v].get(label)
+            if record is None:
+                problems.append(f"stage {v.upper()} has no recorded build of this partition")
+            elif fp.as_dict() != record[0]:
+                problems.append(
+                    f"stage {v.upper()} changed since its latest build ({record[0]['row_count']} rows, hash "
+                    f"{record[0]['content_hash'][:16]}; now {fp.row_count} rows, hash {fp.content_hash[:16]}); "
+                    "a refused plan removes the partitions whose stages differ"
+                )
+        diffs = a.differences(b)
+        if diffs:
+            problems.append(f"stages A and B differ on {', '.join(diffs)}")
+        plan_id = next((pid for pid, pa, pb in plans.get(label, []) if pa == a.as_dict() and pb == b.as_dict()), None)
+        if plan_id is None and not problems:
+            problems.append("no plan recorded these stages; plan again")
+        out.append(StageState(label, a, b, plan_id, tuple(problems)))
+    return out
 
 
 def _input_reports(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> dict[str, tuple[int, int]]:

@@ -253,3 +253,78 @@ def test_the_target_gate_says_why_an_approval_no_longer_covers_a_partition(dagst
         assert not materializations(run, "target")
     assert target_day_hashes(demo_db) == before
 
+
+def skew_stage_b(conn, day: str = "2024-01-02") -> None:
+    """Stage B writes another note on one day: the two builds differ there."""
+    conn.execute("CREATE FUNCTION public.skew() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                 "IF NEW.order_date = TG_ARGV[0]::date THEN NEW.note := 'skewed'; END IF; RETURN NEW; END $$")
+    conn.execute(psycopg.sql.SQL("CREATE TRIGGER skew BEFORE INSERT ON backfill_control.orders_daily__stage_b "
+                                 "FOR EACH ROW EXECUTE FUNCTION public.skew({})").format(psycopg.sql.Literal(day)))
+
+
+def test_a_refused_plan_records_no_stage_materialization_only_its_checks(dagster_env, demo_db):
+    defs, resources, instance = dagster_env
+    stage_week(defs, resources, instance)  # creates the stage tables
+    materialized_before = {key: len(instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=KEYS[key]), limit=100).records) for key in ("stage_a", "stage_b")}
+    skew_stage_b(demo_db)
+    run = materialize(defs, resources, instance, ["snapshot", "stage_a", "stage_b"], WEEK)
+    assert not run.success
+    failure = run.failure_data_for_node("orders_daily__stages").error.cause
+    assert "DeterminismError" in failure.cls_name and "stages A and B differ" in failure.message
+    assert not materializations(run, "stage_a") and not materializations(run, "stage_b")
+    assert {key: len(instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=KEYS[key]), limit=100).records) for key in ("stage_a", "stage_b")} == materialized_before
+    matched = evaluations(run, "stages_match")
+    assert sorted(matched) == [d.isoformat() for d in DAYS8]
+    assert not matched["2024-01-02"].passed and all(e.passed for k, e in matched.items() if k != "2024-01-02")
+    assert "**differs**" in matched["2024-01-02"].metadata["readings"].value
+    keys_ok = [e for e in run.get_asset_check_evaluations() if e.check_name == "business_key_unique_and_not_null"]
+    assert len(keys_ok) == 2 * 8
+
+
+STAGE_CHECKS = [dg.AssetCheckKey(KEYS["stage_a"], "business_key_unique_and_not_null"),
+                dg.AssetCheckKey(KEYS["stage_b"], "business_key_unique_and_not_null"),
+                dg.AssetCheckKey(KEYS["stage_b"], "stages_match")]
+
+
+def check_again(resources, instance, checks, tags):
+    return dg.materialize(spec_assets(SPEC), selection=dg.AssetSelection.checks(*checks), instance=instance,
+                          resources=resources, tags=tags, raise_on_error=False)
+
+
+def test_the_stage_checks_alone_check_the_stages_as_they_are_without_building(dagster_env, demo_db):
+    defs, resources, instance = dagster_env
+    plan_id = evaluations(stage_week(defs, resources, instance), "stages_match")["2024-01-01"].metadata["plan_id"].value
+    plans = demo_db.execute("SELECT count(*) FROM backfill_control.plans").fetchone()
+    again = check_again(resources, instance, STAGE_CHECKS, WEEK)
+    assert again.success
+    matched = evaluations(again, "stages_match")
+    assert sorted(matched) == [d.isoformat() for d in DAYS8[:7]] and all(e.passed for e in matched.values())
+    assert {e.metadata["plan_id"].value for e in matched.values()} == {plan_id}
+    assert len([e for e in again.get_asset_check_evaluations() if e.check_name == "business_key_unique_and_not_null"]) == 14
+    assert not materializations(again, "stage_a") and not materializations(again, "stage_b")
+    assert demo_db.execute("SELECT count(*) FROM backfill_control.plans").fetchone() == plans  # nothing planned
+    # Only the selected check is evaluated; a stage changed since its build fails it.
+    demo_db.execute("UPDATE backfill_control.orders_daily__stage_a SET note = 'x' WHERE order_date = '2024-01-03'")
+    one = check_again(resources, instance, STAGE_CHECKS[2:], {"dagster/partition": "2024-01-03"})
+    (evaluation,) = one.get_asset_check_evaluations()
+    assert evaluation.check_name == "stages_match" and not evaluation.passed
+    problems = evaluation.metadata["problems"].value
+    assert "stage A changed since its latest build" in problems and "stages A and B differ on content_hash" in problems
+    # After a refused plan (its differing partitions deleted, so both stages are empty alike).
+    skew_stage_b(demo_db)
+    assert not materialize(defs, resources, instance, ["snapshot", "stage_a", "stage_b"], WEEK).success
+    refused = evaluations(check_again(resources, instance, STAGE_CHECKS, WEEK), "stages_match")
+    assert not refused["2024-01-02"].passed and refused["2024-01-01"].passed
+    assert "a refused plan removes the partitions whose stages differ" in refused["2024-01-02"].metadata["problems"].value
+
+
+def test_one_stage_alone_is_refused_naming_what_to_select(dagster_env):
+    defs, resources, instance = dagster_env
+    stage_week(defs, resources, instance)
+    alone = dg.materialize(spec_assets(SPEC), selection=dg.AssetSelection.assets(KEYS["stage_a"]) | dg.AssetSelection.checks(
+        *STAGE_CHECKS), instance=instance, resources=resources, tags=WEEK, raise_on_error=False)
+    assert not alone.success
+    message = alone.failure_data_for_node("orders_daily__stages").error.cause.message
+    assert "select both, or only their checks to check the stages again without building them" in message

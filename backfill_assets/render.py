@@ -56,6 +56,20 @@ def render_profile(profile: Profile) -> str:
     for c in profile.columns:
         lines.append(f"  {c.name:<24} {c.type_name:<28} {c.null_count:>7} {c.distinct_per_partition:>19}")
     lines += ["", f"  business key: {profile.business_key or 'none proposed'}", f"    {profile.key_reason}"]
+    shown = profile.notable_candidates()
+    if shown:
+        sample = (f", measured on the first {profile.key_partitions} partition(s), {profile.key_rows} row(s)"
+                  if profile.key_partitions < len(profile.partitions) else "")
+        lines.append(f"  key candidates (groups per partition{sample}; versions: groups whose rows differ "
+                     "beyond row ids):")
+    for cand in shown:
+        label = "PROPOSED" if list(cand.columns) == profile.business_key else "safe" if cand.safe else "unsafe"
+        nulls = f", {cand.null_key_rows} NULL-key row(s)" if cand.null_key_rows else ""
+        lines.append(f"    {label:<8} [{', '.join(cand.columns)}]: {cand.groups} group(s), {cand.version_groups} "
+                     f"with versions, {cand.multi_row_groups - cand.version_groups} with copies only{nulls}")
+        lines += [f"      + {e}" for e in cand.evidence_for] + [f"      - {e}" for e in cand.evidence_against]
+    if len(profile.key_candidates) > len(shown):
+        lines.append(f"    ({len(profile.key_candidates) - len(shown)} more candidate(s) in profile --json)")
     if profile.orderings:
         lines.append("  orderings tried (newest first):")
         for t in profile.orderings:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from backfill_assets.core.profile import profile_source
 from backfill_assets_tests.conftest import make_spec
 
@@ -17,17 +19,20 @@ def test_profile_proposes_the_demo_key_and_tiebreak(demo_db):
 
 
 def test_profile_says_so_when_no_ordering_is_total(conn):
-    conn.execute("CREATE TABLE public.src (d date, k int, ts timestamptz, v text)")
-    conn.execute(
-        "INSERT INTO public.src (d, k, ts, v) VALUES ('2024-01-01', 1, '2024-01-01', 'a'), "
-        "('2024-01-01', 1, '2024-01-01', 'b'), ('2024-01-01', 2, '2024-01-01', 'c'), "
-        "('2024-01-01', 3, '2024-01-02', 'd')"
-    )
+    # Ten keys, each with its own weight; six corrected an hour later, three with a second row
+    # at the same time that nothing breaks.
+    at = dt.datetime(2024, 1, 1, 8, tzinfo=dt.timezone.utc)
+    rows = [(dt.date(2024, 1, 1), k, at + dt.timedelta(minutes=k), "a", k / 3) for k in range(1, 11)]
+    rows += [(d, k, ts + dt.timedelta(hours=1), "b", w) for d, k, ts, _, w in rows[:6]]
+    rows += [(d, k, ts, "c", w) for d, k, ts, _, w in rows[6:9]]
+    conn.execute("CREATE TABLE public.src (d date, k int, ts timestamptz, v text, w float8)")
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO public.src (d, k, ts, v, w) VALUES (%s, %s, %s, %s, %s)", rows)
     spec = make_spec(source={"table": "public.src", "snapshot": "copy"}, partition_key="d",
                      business_key=["k"], ordering=[{"column": "ts", "direction": "desc"}],
-                     columns=["d", "k", "ts", "v"], total=None)
+                     columns=["d", "k", "ts", "v", "w"], total=None)
     profile = profile_source(conn, spec, None)
-    assert profile.business_key == ["k"]
+    assert profile.business_key == ["k"], profile.key_reason
     assert profile.ordering is None and "add a tiebreak column" in profile.ordering_reason
 
 
@@ -40,4 +45,5 @@ def test_profile_says_so_when_no_column_can_be_a_key(conn):
                      business_key=["status"], ordering=[{"column": "amount", "direction": "desc"}],
                      columns=["d", "status", "amount"], total=None)
     profile = profile_source(conn, spec, None)
-    assert profile.business_key is None and "declare the (composite) business_key" in profile.key_reason
+    assert profile.business_key is None and profile.key_reason.startswith("no candidate key is safe")
+    assert "declare business_key yourself" in profile.key_reason

@@ -37,7 +37,7 @@ from backfill_assets.core.db import (
     connection_factory,
     url_from_env,
 )
-from backfill_assets.core.errors import ApprovalError, BackfillError
+from backfill_assets.core.errors import ApprovalError, BackfillError, DeterminismError
 from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile import profile_source
 from backfill_assets.core.spec import PartitionRequest, Spec, TableRef, load_spec
@@ -141,20 +141,19 @@ def cmd_plan(args: argparse.Namespace, out: Output) -> int:
     else:
         out.result(render_plan(plan))
     if plan.status != "ready":
-        print("error: the plan is refused: " + "; ".join(plan.problems)
-              + ". Nothing was written to the target.", file=out.err)
-        return 5
+        raise DeterminismError.from_partitions(plan.plan_id, plan.problems, plan.document["partitions"])
     return 0
 
 
-def _confirm(out: Output, args: argparse.Namespace) -> None:
+def _confirm(args: argparse.Namespace, plan_id: str) -> None:
     if args.yes:
         return
     if not sys.stdin.isatty():
-        raise ApprovalError("no terminal to confirm on; review the plan above and pass --yes to approve it")
+        raise ApprovalError("no terminal to confirm on; review the plan above and pass --yes to approve it",
+                            plan_id=plan_id)
     answer = input("Type 'yes' to approve this exact plan: ")
     if answer.strip().lower() != "yes":
-        raise ApprovalError("not approved: the answer was not 'yes'")
+        raise ApprovalError("not approved: the answer was not 'yes'", plan_id=plan_id)
 
 
 def cmd_approve(args: argparse.Namespace, out: Output) -> int:
@@ -169,7 +168,7 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
             out.result(render_plan(plan))
             out.result("\n" + render_target_now(stored.document, target))
             out.result("\n" + render_replacement(stored.document))
-        _confirm(out, args)
+        _confirm(args, stored.plan_id)
         approval_id = record_approval(conn, spec, stored, args.by, target=target)
     if out.json_mode:
         out.json({"approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": args.by,

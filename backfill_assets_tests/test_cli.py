@@ -11,9 +11,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from backfill_assets import cli
 from backfill_assets.cli import main
-from backfill_assets_tests.conftest import CANARY, DEMO_SPEC, REPO, URL_ENV
-
+from backfill_assets.core.approve import find_plan
+from backfill_assets.core.errors import (
+    ApprovalError,
+    DeterminismError,
+    PlanReferenceError,
+    SpecError,
+    StageDifference,
+    VerificationError,
+)
+from backfill_assets_tests.conftest import CANARY, DEMO_SPEC, REPO, URL_ENV, make_spec
 
 
 def write_spec(tmp_path: Path, **changes: object) -> Path:
@@ -49,14 +58,69 @@ def test_plan_text_shows_fingerprints_and_progress(demo_db, url_env, tmp_path, c
     assert "stage a: 2/2" in err and "snapshot:" in err
 
 
-def test_refused_plan_exits_5(demo_db, url_env, tmp_path, capsys):
-    demo_db.execute("CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
-                    "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$")
-    spec = write_spec(tmp_path, records_can_move=False, transform_sql="SELECT order_date, order_id, customer_id + jitter() AS customer_id, "
-                      "updated_at, ingest_seq, amount, status, note FROM source")
+JITTER_FN = ("CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
+             "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$")
+JITTER_SQL = ("SELECT order_date, order_id, customer_id + jitter() AS customer_id, "
+              "updated_at, ingest_seq, amount, status, note FROM source")
+
+
+def test_refused_plan_prints_the_plan_then_exits_5_as_a_determinism_error(demo_db, url_env, tmp_path, capsys):
+    demo_db.execute(JITTER_FN)
+    spec = write_spec(tmp_path, records_can_move=False, transform_sql=JITTER_SQL)
     code, out, err = run(capsys, "plan", "--spec", str(spec), "--partitions", "2024-01-01", "--json")
-    assert code == 5 and json.loads(out)["status"] == "refused"
-    assert "stages A and B differ" in err and "Nothing was written" in err
+    plan = json.loads(out)  # still exactly one JSON object on stdout
+    assert code == 5 and plan["status"] == "refused"
+    assert err.startswith(f"error: plan {plan['plan_id'][:16]} is refused: partition 2024-01-01: stages A and B differ")
+    assert "Nothing was written" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_refused_plan_raises_determinism_error_with_the_partitions_and_readings_that_differ(
+        demo_db, url_env, tmp_path, capsys):
+    demo_db.execute(JITTER_FN)
+    spec = write_spec(tmp_path, records_can_move=False, transform_sql=JITTER_SQL)
+    args = cli.build_parser().parse_args(["plan", "--spec", str(spec), "--partitions", "2024-01-01", "--json"])
+    with pytest.raises(DeterminismError) as raised:
+        cli.cmd_plan(args, cli.Output(json_mode=True, quiet=True))
+    plan = json.loads(capsys.readouterr().out)
+    a, b = plan["partitions"][0]["stage_a"], plan["partitions"][0]["stage_b"]
+    assert raised.value.plan_id == plan["plan_id"] and raised.value.problems == tuple(plan["problems"])
+    # customer_id + a random number: same rows and total, other content.
+    assert raised.value.differences == (
+        StageDifference("2024-01-01", {"content_hash": (a["content_hash"], b["content_hash"])}),
+    )
+
+
+@pytest.mark.parametrize("error, code", [
+    (PlanReferenceError("abc", 8), 2),
+    (SpecError("bad"), 2),
+    (DeterminismError("ab" * 32, ["partition x: stages A and B differ on content_hash"]), 5),
+    (ApprovalError("not approved", plan_id="ab" * 32), 6),
+    (VerificationError("2024-01-01", "verify", 1, 2), 7),
+])
+def test_main_takes_the_exit_code_from_the_error_class(error, code, capsys, monkeypatch):
+    def fails(args, out):
+        raise error
+
+    monkeypatch.setattr(cli, "cmd_status", fails)
+    assert main(["status", "--spec", "unused.yaml"]) == code
+    assert capsys.readouterr().err == f"error: {error}\n"
+
+
+def test_a_malformed_plan_id_is_a_bad_argument_and_an_unknown_one_an_approval_error(
+        demo_db, url_env, tmp_path, capsys):
+    spec = str(write_spec(tmp_path))
+    code, out, _ = run(capsys, "plan", "--spec", spec, "--partitions", "2024-01-01", "--json")
+    plan_id = json.loads(out)["plan_id"]
+    assert code == 0
+    for command in (["approve", "--by", "x", "--yes"], ["apply"]):
+        for bad in ("abc", "not-a-plan-id", plan_id + "0"):
+            code, _, err = run(capsys, *command, "--spec", spec, "--plan", bad)
+            assert code == 2 and "--plan must be a plan id (at least 8 hex digits of it)" in err, (command, bad)
+        code, _, err = run(capsys, *command, "--spec", spec, "--plan", "0123456789abcdef")
+        assert code == 6 and "there is no plan 0123456789abcdef" in err
+    with pytest.raises(ApprovalError) as raised:
+        find_plan(demo_db, make_spec(name="other"), plan_id)
+    assert raised.value.plan_id == plan_id and "belongs to spec orders_daily" in str(raised.value)
 
 
 def test_ties_exit_4_with_an_example(demo_db, url_env, tmp_path, capsys):

@@ -25,7 +25,7 @@ import psycopg
 
 from backfill_assets.core import control
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
-from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError
+from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, PlanReferenceError, SpecError
 from backfill_assets.core.plan import (
     Clock, Context, copy_problem, resolve, source_fingerprints, spec_document,
     stage_partitions_changed, utc_now,
@@ -54,13 +54,12 @@ def find_plan(conn: psycopg.Connection, spec: Spec, plan_ref: str) -> StoredPlan
     """The stored plan with this id, or the only one starting with this prefix.
 
     Raises:
+        PlanReferenceError: ``plan_ref`` is not 8 to 64 hex digits (a bad argument).
         ApprovalError: no such plan, an ambiguous prefix, or a plan of another spec.
     """
     ref = plan_ref.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{%d,64}" % MIN_PREFIX, ref):
-        raise ApprovalError(
-            f"--plan must be a plan id (at least {MIN_PREFIX} hex digits of it), as printed by plan"
-        )
+        raise PlanReferenceError(plan_ref, MIN_PREFIX)
     if not control.control_ready(conn, spec.control_schema):
         raise ApprovalError(f"no plans exist in schema {spec.control_schema}; run plan first")
     found = control.plans_by_prefix(conn, spec.control_schema, ref)
@@ -70,7 +69,8 @@ def find_plan(conn: psycopg.Connection, spec: Spec, plan_ref: str) -> StoredPlan
         raise ApprovalError(f"plan prefix {ref} is ambiguous; give more of the plan id")
     plan_id, status, doc = found[0]
     if doc.get("spec") != spec.name:
-        raise ApprovalError(f"plan {plan_id[:16]} belongs to spec {doc.get('spec')}, not {spec.name}")
+        raise ApprovalError(f"plan {plan_id[:16]} belongs to spec {doc.get('spec')}, not {spec.name}",
+                            plan_id=plan_id)
     return StoredPlan(plan_id, status, doc)
 
 

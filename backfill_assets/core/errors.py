@@ -8,8 +8,9 @@ connection string or a password.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class BackfillError(Exception):
@@ -82,19 +83,53 @@ class SnapshotError(BackfillError):
     exit_code = 4
 
 
+@dataclass(frozen=True)
+class StageDifference:
+    """One partition whose stages A and B disagree: each differing reading as ``(a, b)``."""
+
+    partition: str
+    readings: dict[str, tuple[object, object]]
+
+    def describe(self) -> str:
+        listed = ", ".join(f"{name} {a} vs {b}" for name, (a, b) in self.readings.items())
+        return f"{self.partition}: {listed}"
+
+
 class DeterminismError(BackfillError):
-    """The two independent stage builds disagree, or break the target grain."""
+    """The two independent stage builds disagree, or break the target grain.
+
+    ``problems`` are the plan's problems, for people; ``differences`` the partitions whose
+    stages differ, with the readings that differ (empty where only the grain is broken, or
+    where the caller did not give them).
+    """
 
     exit_code = 5
 
-    def __init__(self, plan_id: str, problems: Sequence[str]) -> None:
+    def __init__(
+        self, plan_id: str, problems: Sequence[str], differences: Sequence[StageDifference] = (),
+    ) -> None:
         self.plan_id = plan_id
         self.problems = tuple(problems)
+        self.differences = tuple(differences)
         super().__init__(
             f"plan {plan_id[:16]} is refused: " + "; ".join(self.problems)
             + ". Nothing was written to the target and the plan cannot be approved; "
             "fix the transform or the ordering and plan again."
         )
+
+    @classmethod
+    def from_partitions(
+        cls, plan_id: str, problems: Sequence[str], partitions: Sequence[Mapping[str, Any]],
+    ) -> DeterminismError:
+        """The error for a refused plan, from its document's ``partitions`` (each with
+        ``partition``, ``stage_a`` and ``stage_b`` readings)."""
+        differences = []
+        for entry in partitions:
+            a, b = entry["stage_a"], entry["stage_b"]
+            differing = {name: (a[name], b.get(name)) for name in a if a[name] != b.get(name)}
+            if differing:
+                differences.append(StageDifference(entry["partition"], differing))
+        return cls(plan_id, problems, differences)
 
 
 class StageError(BackfillError):
@@ -104,9 +139,34 @@ class StageError(BackfillError):
 
 
 class ApprovalError(BackfillError):
-    """An approval is missing, or does not match the plan or the current stages."""
+    """An approval is missing, or does not match the plan or the current stages.
+
+    ``plan_id``: the plan concerned, where known; ``partitions``: the partitions concerned,
+    where the refusal names some.
+    """
 
     exit_code = 6
+
+    def __init__(self, message: str, *, plan_id: str | None = None, partitions: Sequence[str] = ()) -> None:
+        self.plan_id = plan_id
+        self.partitions = tuple(partitions)
+        super().__init__(message)
+
+
+class PlanReferenceError(SpecError, ApprovalError):
+    """A ``--plan`` (or ``plan_id``) that is not a plan id or a prefix of one: a bad argument
+    (exit 2, from :class:`SpecError`, first in the method resolution order).
+
+    It is an :class:`ApprovalError` too, so a caller that guards a plan lookup by that class
+    keeps catching it.
+    """
+
+    def __init__(self, reference: str, min_prefix: int) -> None:
+        self.reference = reference
+        self.min_prefix = min_prefix
+        ApprovalError.__init__(
+            self, f"--plan must be a plan id (at least {min_prefix} hex digits of it), as printed by plan"
+        )
 
 
 class ApprovalOutdatedError(ApprovalError):
@@ -121,7 +181,8 @@ class ApprovalOutdatedError(ApprovalError):
         super().__init__(
             f"approval {approval_id} of plan {plan_id[:16]} no longer covers partition(s) "
             f"{', '.join(self.reasons)} ({listed}). Those partitions were not written; review "
-            "the target as it is now and approve the plan again to replace it."
+            "the target as it is now and approve the plan again to replace it.",
+            plan_id=plan_id, partitions=list(self.reasons),
         )
 
 

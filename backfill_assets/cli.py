@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TextIO
 
 import psycopg
@@ -22,14 +22,13 @@ import psycopg
 from backfill_assets.core import embedded
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import (
-    approve_plan,
     check_data_unchanged,
     check_spec_unchanged,
     find_plan,
     open_approvals,
     record_approval,
 )
-from backfill_assets.core.catalog import inspect_tables, table_kind
+from backfill_assets.core.catalog import inspect_tables
 from backfill_assets.core.control import ledger_status
 from backfill_assets.core.db import (
     ConnectionFactory,
@@ -40,12 +39,12 @@ from backfill_assets.core.db import (
 from backfill_assets.core.errors import ApprovalError, BackfillError, DeterminismError
 from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile import profile_source
-from backfill_assets.core.spec import PartitionRequest, Spec, TableRef, load_spec
+from backfill_assets.core.spec import PartitionRequest, Spec, load_spec
 from backfill_assets.render import (
     render_apply,
+    render_approvals,
     render_plan,
     render_profile,
-    render_approvals,
     render_replacement,
     render_status,
     render_target_now,
@@ -179,38 +178,24 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-# A test hook for crash tests: "<step>:<partition>" (steps: core.apply.STEPS) makes apply
-# write its pid to the file named by PAUSE_FILE_ENV and wait there until it is killed.
-PAUSE_ENV = "BACKFILL_ASSETS_TEST_PAUSE_AT"
-PAUSE_FILE_ENV = "BACKFILL_ASSETS_TEST_PAUSE_FILE"
+# The crash tests' pause hook: test support, imported only when its variable is set.
+TEST_PAUSE_ENV = "BACKFILL_ASSETS_TEST_PAUSE_AT"
 
 
-def _test_pause() -> Callable[[str, list[str]], None] | None:
-    import os
-    import signal
+def _test_checkpoint() -> dict[str, Any]:
+    if not os.environ.get(TEST_PAUSE_ENV):
+        return {}
+    from backfill_assets.crash_hook import pause_checkpoint
 
-    where = os.environ.get(PAUSE_ENV)
-    if not where:
-        return None
-    step, _, label = where.partition(":")
-    marker = Path(os.environ[PAUSE_FILE_ENV])
-
-    def pause(at: str, labels: list[str]) -> None:
-        if at == step and label in labels:
-            marker.write_text(str(os.getpid()))
-            while True:
-                signal.pause()
-
-    return pause
+    return {"checkpoint": pause_checkpoint()}
 
 
 def cmd_apply(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     run_id = uuid.uuid4().hex
     out.progress(f"apply: run {run_id}")
-    pause = _test_pause()
     result = apply_plan(spec, args.plan, _factory(spec, args), run_id=run_id, progress=out.progress,
-                        **({"checkpoint": pause} if pause else {}))
+                        **_test_checkpoint())
     if out.json_mode:
         out.json(result.as_json())
     else:
@@ -236,96 +221,16 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, out: Output) -> int:
-    from backfill_assets import demo
+    from backfill_assets.demo_run import run_demo
 
-    spec = load_spec(args.spec)
-    out.result(f"== backfill-assets demo, on the embedded PostgreSQL (under {embedded.home()}) ==")
-    url = embedded.database_url()
-    factory = connection_factory(url, application_name="backfill_assets:demo")
-    with factory() as conn:
-        demo.load(conn)
-    out.result(f"\n-- 1. loaded a messy sample source {spec.source_ref} and a stale target {spec.target_ref}")
-    out.result("\n-- 2. inspect (read-only)")
-    with factory() as conn:
-        inspection = inspect_tables(conn, factory, spec)
-        out.result(f"{inspection.server.engine} {inspection.server.version}; target keys: "
-                   + "; ".join(f"{n} ({', '.join(c)})" for n, c in inspection.target_unique_keys))
-        out.result("\n-- 3. profile: propose a key and a tiebreak from the data")
-        out.result(render_profile(profile_source(conn, spec, None)))
-    request = PartitionRequest(args.partitions)
-    out.result(f"\n-- 4. plan {args.partitions}: snapshot, build twice, fingerprint, compare")
-    plan = make_plan(spec, request, factory, progress=out.progress)
-    out.result(render_plan(plan))
-    if plan.status != "ready":
-        return 5
-    out.result("\n-- 5. approve that exact plan")
-    with factory() as conn:
-        stored = find_plan(conn, spec, plan.plan_id)
-        out.result(render_replacement(stored.document))
-        approval = approve_plan(conn, factory, spec, stored, "demo")
-    out.result(f"approved as approval {approval} by 'demo' (in real use a person runs "
-               "`backfill-assets approve`, which asks on the terminal)")
-    out.result("\n-- 6. apply: replace and verify one partition (or moved-key group) per transaction")
-    first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
-    out.result(render_apply(first))
-    out.result("\n-- 7. the ledger")
-    with factory() as conn:
-        out.result(render_status(ledger_status(conn, spec)))
-    out.result("\n-- 8. the same backfill again, from the same source")
-    again = make_plan(spec, request, factory, progress=out.progress)
-    with factory() as conn:
-        approve_plan(conn, factory, spec, find_plan(conn, spec, again.plan_id), "demo")
-    second = apply_plan(spec, again.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
-    def stages(p: Plan) -> list[tuple[str, str]]:
-        return [(e["partition"], e["stage_a"]["content_hash"]) for e in p.document["partitions"]]
-
-    same = stages(again) == stages(plan)
-    out.result(
-        f"plan {again.plan_id}: "
-        + (f"the same {len(stages(again))} partitions and stage hashes" if same else "OTHER STAGES")
-        + ("; the moved keys are home now, so it records no moves and has another id"
-           if again.plan_id != plan.plan_id else "; the same plan id")
-    )
-    out.result(render_apply(second))
-    before = {p["partition"]: p["content_hash"] for p in first.partitions}
-    unchanged = [p["content_hash"] == before.get(p["partition"]) for p in second.partitions]
-    out.result(f"target hashes unchanged in {sum(unchanged)} of {len(before)} partition(s)")
-    return 0 if same and len(unchanged) == len(before) and all(unchanged) else 7
+    run_demo(load_spec(args.spec), args.partitions, out)
+    return 0
 
 
 def cmd_ui(args: argparse.Namespace, out: Output) -> int:
-    """Start dagster-webserver and dagster-daemon (``dagster dev``) on loopback, with Dagster's
-    instance storage and the demo data on the embedded PostgreSQL."""
-    import os
-    import shutil
-    import subprocess
+    from backfill_assets.ui import launch
 
-    from backfill_assets import demo
-    from backfill_assets.definitions import load_specs
-
-    home = embedded.home()
-    dagster_home = home / "dagster_home"
-    dagster_home.mkdir(parents=True, exist_ok=True)
-    repo = Path(__file__).resolve().parents[1]
-    shutil.copyfile(repo / "deploy" / "dagster.yaml", dagster_home / "dagster.yaml")
-    env = dict(os.environ, DAGSTER_HOME=str(dagster_home))
-    if not env.get("DAGSTER_PG_URL"):
-        env["DAGSTER_PG_URL"] = embedded.database_url("dagster").reveal()
-    data = embedded.database_url()
-    factory = connection_factory(data, application_name="backfill_assets:ui")
-    with factory() as conn:
-        if table_kind(conn, TableRef("public", "orders_raw")) is None:
-            demo.load(conn)
-    for spec in load_specs():
-        env[spec.database_url_env] = data.reveal()  # the embedded default, for this process tree only
-    out.result(f"Dagster UI on http://127.0.0.1:{args.port} (instance storage and data on the "
-               f"embedded PostgreSQL under {home}); Ctrl-C stops it.")
-    dagster = Path(sys.executable).parent / "dagster"
-    cmd = [str(dagster), "dev", "-w", str(repo / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(args.port)]
-    try:
-        return subprocess.call(cmd, env=env, cwd=repo)
-    except KeyboardInterrupt:
-        return 0
+    return launch(args.port, out.result)
 
 
 # --- entry point -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backfill_assets import cli
+from backfill_assets import cli, crash_hook
 from backfill_assets.cli import main
 from backfill_assets.core.approve import find_plan
 from backfill_assets.core.errors import (
@@ -121,6 +121,20 @@ def test_a_malformed_plan_id_is_a_bad_argument_and_an_unknown_one_an_approval_er
     with pytest.raises(ApprovalError) as raised:
         find_plan(demo_db, make_spec(name="other"), plan_id)
     assert raised.value.plan_id == plan_id and "belongs to spec orders_daily" in str(raised.value)
+
+
+def test_the_crash_hook_is_imported_only_when_its_variable_is_set(demo_db, url_env, tmp_path):
+    assert cli.TEST_PAUSE_ENV == crash_hook.PAUSE_ENV
+    probe = ("import sys\nfrom backfill_assets.cli import main\n"
+             f"code = main(['apply', '--spec', {str(write_spec(tmp_path))!r}, '--plan', 'abc', '--quiet'])\n"
+             "print(code, 'backfill_assets.crash_hook' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in (crash_hook.PAUSE_ENV, crash_hook.PAUSE_FILE_ENV)}
+    for extra, expected in (({}, "2 False"), ({crash_hook.PAUSE_ENV: "", crash_hook.PAUSE_FILE_ENV: "x"}, "2 False"),
+                            ({crash_hook.PAUSE_ENV: "deleted:2024-01-01",
+                              crash_hook.PAUSE_FILE_ENV: str(tmp_path / "never")}, "2 True")):
+        done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env={**env, **extra},
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.stdout.strip() == expected, done.stderr
 
 
 def test_ties_exit_4_with_an_example(demo_db, url_env, tmp_path, capsys):

@@ -17,12 +17,12 @@ import pytest
 import yaml
 from psycopg import sql
 
-from backfill_assets.cli import PAUSE_ENV, PAUSE_FILE_ENV
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.db import DatabaseUrl, connection_factory
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import make_plan
+from backfill_assets.crash_hook import PAUSE_ENV, PAUSE_FILE_ENV
 from backfill_assets_tests.conftest import DEMO_SPEC, REPO, URL_ENV, make_spec
 from backfill_assets_tests.core.test_apply import DAYS8, all_target_rows
 from backfill_assets_tests.core.test_plan import ALL_DAYS, target_hashes

@@ -1,0 +1,126 @@
+"""The scripted demo (``backfill-assets demo``): the whole flow on the embedded PostgreSQL.
+
+It loads the messy sample source of :mod:`backfill_assets.demo`, then inspects, profiles,
+plans, approves, applies, shows the ledger, and runs the same backfill again, printing each
+step. The command line only parses its arguments and calls :func:`run_demo`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Protocol
+
+from backfill_assets import demo
+from backfill_assets.core import embedded
+from backfill_assets.core.apply import ApplyResult, apply_plan
+from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.catalog import inspect_tables
+from backfill_assets.core.control import ledger_status
+from backfill_assets.core.db import ConnectionFactory, connection_factory
+from backfill_assets.core.errors import DeterminismError, VerificationError
+from backfill_assets.core.plan import Plan, make_plan
+from backfill_assets.core.profile import profile_source
+from backfill_assets.core.spec import PartitionRequest, Spec
+from backfill_assets.render import (
+    render_apply,
+    render_plan,
+    render_profile,
+    render_replacement,
+    render_status,
+)
+
+
+class Printer(Protocol):
+    """Where the demo writes: results for people, progress on the side."""
+
+    def result(self, text: str) -> None: ...
+
+    def progress(self, message: str) -> None: ...
+
+
+def run_demo(spec: Spec, partitions: str, out: Printer) -> None:
+    """Run the demo of ``spec`` over ``partitions`` on the embedded PostgreSQL.
+
+    Raises:
+        DeterminismError: the plan was refused.
+        VerificationError: the second run did not reproduce the first one's stages or
+            target (after printing what it found).
+    """
+    out.result(f"== backfill-assets demo, on the embedded PostgreSQL (under {embedded.home()}) ==")
+    factory = connection_factory(embedded.database_url(), application_name="backfill_assets:demo")
+    with factory() as conn:
+        demo.load(conn)
+    out.result(f"\n-- 1. loaded a messy sample source {spec.source_ref} and a stale target {spec.target_ref}")
+    _inspect_and_profile(spec, factory, out)
+    request = PartitionRequest(partitions)
+    out.result(f"\n-- 4. plan {partitions}: snapshot, build twice, fingerprint, compare")
+    plan = make_plan(spec, request, factory, progress=out.progress)
+    out.result(render_plan(plan))
+    if plan.status != "ready":
+        raise DeterminismError.from_partitions(plan.plan_id, plan.problems, plan.document["partitions"])
+    first = _approve_and_apply(spec, factory, plan, out)
+    out.result("\n-- 7. the ledger")
+    with factory() as conn:
+        out.result(render_status(ledger_status(conn, spec)))
+    out.result("\n-- 8. the same backfill again, from the same source")
+    again = make_plan(spec, request, factory, progress=out.progress)
+    with factory() as conn:
+        approve_plan(conn, factory, spec, find_plan(conn, spec, again.plan_id), "demo")
+    second = apply_plan(spec, again.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    _report_rerun(plan, again, first, second, out)
+
+
+def _inspect_and_profile(spec: Spec, factory: ConnectionFactory, out: Printer) -> None:
+    out.result("\n-- 2. inspect (read-only)")
+    with factory() as conn:
+        inspection = inspect_tables(conn, factory, spec)
+        out.result(f"{inspection.server.engine} {inspection.server.version}; target keys: "
+                   + "; ".join(f"{n} ({', '.join(c)})" for n, c in inspection.target_unique_keys))
+        out.result("\n-- 3. profile: propose a key and a tiebreak from the data")
+        out.result(render_profile(profile_source(conn, spec, None)))
+
+
+def _approve_and_apply(spec: Spec, factory: ConnectionFactory, plan: Plan, out: Printer) -> ApplyResult:
+    out.result("\n-- 5. approve that exact plan")
+    with factory() as conn:
+        stored = find_plan(conn, spec, plan.plan_id)
+        out.result(render_replacement(stored.document))
+        approval = approve_plan(conn, factory, spec, stored, "demo")
+    out.result(f"approved as approval {approval} by 'demo' (in real use a person runs "
+               "`backfill-assets approve`, which asks on the terminal)")
+    out.result("\n-- 6. apply: replace and verify one partition (or moved-key group) per transaction")
+    first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    out.result(render_apply(first))
+    return first
+
+
+def _stage_hashes(plan: Plan) -> list[tuple[str, str]]:
+    return [(e["partition"], e["stage_a"]["content_hash"]) for e in plan.document["partitions"]]
+
+
+def _report_rerun(plan: Plan, again: Plan, first: ApplyResult, second: ApplyResult, out: Printer) -> None:
+    """Print what the second run found, and raise unless it reproduced the first."""
+    same = _stage_hashes(again) == _stage_hashes(plan)
+    out.result(
+        f"plan {again.plan_id}: "
+        + (f"the same {len(_stage_hashes(again))} partitions and stage hashes" if same else "OTHER STAGES")
+        + ("; the moved keys are home now, so it records no moves and has another id"
+           if again.plan_id != plan.plan_id else "; the same plan id")
+    )
+    out.result(render_apply(second))
+    before = {p["partition"]: p["content_hash"] for p in first.partitions}
+    unchanged = [p["content_hash"] == before.get(p["partition"]) for p in second.partitions]
+    out.result(f"target hashes unchanged in {sum(unchanged)} of {len(before)} partition(s)")
+    if not same:
+        planned, now = dict(_stage_hashes(plan)), dict(_stage_hashes(again))
+        label = next((k for k in sorted(planned.keys() | now.keys()) if planned.get(k) != now.get(k)), None)
+        if label is None:  # the same hashes, in another order
+            raise VerificationError("all", "the second plan's partitions", list(planned), list(now))
+        raise VerificationError(label, "the second plan's stage A hash", planned.get(label), now.get(label))
+    for p in second.partitions:
+        if p["content_hash"] != before.get(p["partition"]):
+            raise VerificationError(p["partition"], "the target hash after the second run",
+                                    before.get(p["partition"]), p["content_hash"])
+    if len(unchanged) != len(before):
+        missing = sorted(before.keys() - {p["partition"] for p in second.partitions})
+        raise VerificationError(", ".join(missing), "the second run", "every partition of the first", "not reached")

@@ -16,7 +16,7 @@ import dagster as dg
 from backfill_assets.assets import spec_assets
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import Spec, load_spec
-from backfill_assets.jobs import approval_job, spec_jobs
+from backfill_assets.jobs import approval_job, not_launched_job, spec_jobs
 from backfill_assets.resources import resource_for, resource_key
 from backfill_assets.sensors import approval_sensor, source_snapshot_sensor
 
@@ -51,10 +51,11 @@ def build_definitions(specs: list[Spec]) -> dg.Definitions:
     jobs = {s.name: spec_jobs(s) for s in specs}
     stage_jobs = [j[0] for j in jobs.values()]
     target_jobs = [j[1] for j in jobs.values()]
+    not_launched = not_launched_job()
     return dg.Definitions(
         assets=[a for s in specs for a in spec_assets(s)],
-        jobs=[*stage_jobs, *target_jobs, approval_job(specs)],
-        sensors=[approval_sensor(specs, target_jobs), source_snapshot_sensor(specs, stage_jobs)],
+        jobs=[*stage_jobs, *target_jobs, approval_job(specs), not_launched],
+        sensors=[approval_sensor(specs, [*target_jobs, not_launched]), source_snapshot_sensor(specs, stage_jobs)],
         resources={resource_key(s): resource_for(s) for s in specs},
     )
 

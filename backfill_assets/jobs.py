@@ -3,23 +3,17 @@
 
 import dagster as dg
 
-from backfill_assets.assets import Keys
 from backfill_assets.core.approve import (
     check_data_unchanged, check_spec_unchanged, find_plan, record_approval,
 )
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.plan import Plan
 from backfill_assets.core.spec import Spec
+from backfill_assets.names import (
+    APPROVE_JOB, APPROVE_OP, UNLAUNCHABLE_JOB, UNLAUNCHABLE_OP, Keys, stages_job_name, target_job_name,
+)
 from backfill_assets.render import plan_markdown, render_plan, render_replacement, render_target_now
 from backfill_assets.resources import PostgresResource, resource_key
-
-
-def stages_job_name(spec: Spec) -> str:
-    return f"{spec.name}__build_stages"
-
-
-def target_job_name(spec: Spec) -> str:
-    return f"{spec.name}__replace_target"
 
 
 def spec_jobs(spec: Spec) -> list:
@@ -46,7 +40,7 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
     matches the stages, and records the approval through the core."""
     by_name = {s.name: s for s in specs}
 
-    @dg.op(required_resource_keys={resource_key(s) for s in specs}, out=dg.Out(int))
+    @dg.op(name=APPROVE_OP, required_resource_keys={resource_key(s) for s in specs}, out=dg.Out(int))
     def approve_plan_gate(context: dg.OpExecutionContext, config: ApproveConfig) -> int:
         if config.spec:
             if config.spec not in by_name:
@@ -74,7 +68,7 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
         context.log.info(f"approved plan {stored.plan_id} as approval {approval_id} by {config.approved_by}")
         return approval_id
 
-    @dg.job(name="approve_backfill", description=(
+    @dg.job(name=APPROVE_JOB, description=(
         "The manual approval gate: launch it with the plan_id shown by the stages_match check and "
         "your name. It refuses a plan that no longer matches the stages; approval_sensor then "
         "launches the target for exactly the approved partitions."))
@@ -84,4 +78,40 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
     return approve_backfill
 
 
-__all__ = ["ApproveConfig", "approval_job", "spec_jobs", "stages_job_name", "target_job_name"]
+class NotLaunchedConfig(dg.Config):
+    """What approval_sensor found: the approval it could not launch, and why."""
+
+    spec: str
+    approval_id: int
+    plan_id: str
+    partitions: list[str]
+    reason: str
+
+
+def not_launched_job() -> dg.JobDefinition:
+    """``approval_not_launched``: approval_sensor requests one run of it per approval it cannot
+    launch (run key per approval). Its op fails with the reason, so the approval shows in
+    Runs as a failed run, tagged with its plan and approval, instead of being consumed
+    silently; the sensor's cursor moves on, so later approvals are not held up."""
+
+    @dg.op(name=UNLAUNCHABLE_OP)
+    def report(context: dg.OpExecutionContext, config: NotLaunchedConfig) -> None:
+        context.log.error(config.reason)
+        raise dg.Failure(
+            description=(f"approval {config.approval_id} of plan {config.plan_id[:16]} ({config.spec}) "
+                         f"was not launched: {config.reason}"),
+            metadata={"approval_id": config.approval_id, "plan_id": config.plan_id,
+                      "partitions": ", ".join(config.partitions)},
+            allow_retries=False,
+        )
+
+    @dg.job(name=UNLAUNCHABLE_JOB, description=(
+        "Launched by approval_sensor, never by hand: one failed run per approval the sensor could "
+        "not launch, with the reason. Widen the spec's partitions (or plan within them) and approve again."))
+    def approval_not_launched() -> None:
+        report()
+
+    return approval_not_launched
+
+
+__all__ = ["ApproveConfig", "NotLaunchedConfig", "approval_job", "not_launched_job", "spec_jobs"]

@@ -1,4 +1,5 @@
-"""Sensors: launch the target for each new approval; restage partitions whose source moved on."""
+"""Sensors: launch the target for each approval not yet applied; restage partitions whose
+source moved on."""
 
 
 import hashlib
@@ -6,17 +7,18 @@ import json
 
 import dagster as dg
 
-from backfill_assets.assets import APPROVAL_TAG, PLAN_TAG
 from backfill_assets.core import control
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.plan import source_changes
 from backfill_assets.core.spec import Spec
-from backfill_assets.jobs import stages_job_name, target_job_name
+from backfill_assets.names import (
+    APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB, UNLAUNCHABLE_OP, approval_run_key,
+    stages_job_name, target_job_name, unlaunchable_run_key,
+)
 from backfill_assets.partitions import contiguous_segments, partitions_def
 from backfill_assets.resources import PostgresResource, resource_key
 
-RANGE_START = "dagster/asset_partition_range_start"
-RANGE_END = "dagster/asset_partition_range_end"
+__all__ = ["RANGE_END", "RANGE_START", "approval_sensor", "segment_request", "source_snapshot_sensor"]
 
 
 def _factory(context: dg.SensorEvaluationContext, spec: Spec):
@@ -32,17 +34,51 @@ def segment_request(job_name: str, segment: list[str], run_key: str, tags: dict[
                          tags={**tags, RANGE_START: segment[0], RANGE_END: segment[-1]})
 
 
-def approval_sensor(specs: list[Spec], jobs: list) -> dg.SensorDefinition:
-    """For each new approval, launch the target for the approved partitions.
+def not_launched_request(spec: Spec, approval: dict, reason: str) -> dg.RunRequest:
+    """A run of ``approval_not_launched`` that fails with ``reason``: the approval stays
+    visible in Runs (one per approval, by its run key), not consumed silently."""
+    config = {"spec": spec.name, "approval_id": approval["approval_id"], "plan_id": approval["plan_id"],
+              "partitions": approval["partitions"], "reason": reason}
+    return dg.RunRequest(
+        run_key=unlaunchable_run_key(spec, approval["approval_id"]), job_name=UNLAUNCHABLE_JOB,
+        run_config={"ops": {UNLAUNCHABLE_OP: {"config": config}}},
+        tags={PLAN_TAG: approval["plan_id"], APPROVAL_TAG: str(approval["approval_id"])},
+    )
 
-    The cursor is the last approval id seen per spec; a run key is unique to its approval, so
-    approving the same partitions again launches again.
+
+def approval_requests(context: dg.SensorEvaluationContext, spec: Spec, approval: dict) -> list[dg.RunRequest]:
+    """The target runs of one approval (one per contiguous segment of its partitions); none
+    when it is applied or superseded; a failing report run when it cannot be launched."""
+    approval_id, plan_id = approval["approval_id"], approval["plan_id"]
+    if approval["applied"] or approval["superseded"]:
+        context.log.info(f"approval {approval_id} of plan {plan_id[:16]}: "
+                         + ("already applied" if approval["applied"] else "superseded by a newer approval of its plan")
+                         + "; not launched")
+        return []
+    try:
+        segments = contiguous_segments(partitions_def(spec), approval["partitions"])
+    except SpecError as err:
+        context.log.error(f"approval {approval_id} of plan {plan_id[:16]} cannot run: {err}")
+        return [not_launched_request(spec, approval, str(err))]
+    tags = {PLAN_TAG: plan_id, APPROVAL_TAG: str(approval_id)}
+    return [segment_request(target_job_name(spec), segment, approval_run_key(spec, approval_id, n), tags)
+            for n, segment in enumerate(segments)]
+
+
+def approval_sensor(specs: list[Spec], jobs: list) -> dg.SensorDefinition:
+    """For each new approval not yet applied, launch the target for the approved partitions.
+
+    The cursor is the last approval id seen per spec. An approval whose own runs verified all
+    its partitions (the CLI applied it, say), or whose plan was approved again since, is
+    passed over, so a fresh Dagster instance does not replace the target again. A run key is
+    unique to its approval, so approving the same partitions again launches again. An
+    approval that cannot be launched becomes a failed run of ``approval_not_launched``.
     """
 
     @dg.sensor(name="approval_sensor", jobs=jobs, minimum_interval_seconds=5,
                default_status=dg.DefaultSensorStatus.RUNNING,
                required_resource_keys={resource_key(s) for s in specs},
-               description="Launches the target for exactly the partitions of each new approval.")
+               description="Launches the target for exactly the partitions of each approval not yet applied.")
     def _sensor(context: dg.SensorEvaluationContext):
         cursor = json.loads(context.cursor) if context.cursor else {}
         requests: list[dg.RunRequest] = []
@@ -50,19 +86,10 @@ def approval_sensor(specs: list[Spec], jobs: list) -> dg.SensorDefinition:
             with _factory(context, spec)() as conn:
                 if not control.control_ready(conn, spec.control_schema):
                     continue
-                new = control.approvals_after(conn, spec.control_schema, spec.name, cursor.get(spec.name, 0))
-            for approval_id, plan_id, labels in new:
-                cursor[spec.name] = approval_id
-                try:
-                    segments = contiguous_segments(partitions_def(spec), labels)
-                except SpecError as err:
-                    context.log.error(f"approval {approval_id} of plan {plan_id[:16]} cannot run: {err}")
-                    continue
-                tags = {PLAN_TAG: plan_id, APPROVAL_TAG: str(approval_id)}
-                for n, segment in enumerate(segments):
-                    requests.append(segment_request(
-                        target_job_name(spec), segment, f"approval-{spec.name}-{approval_id}-{n}", tags
-                    ))
+                new = control.approvals_since(conn, spec.control_schema, spec.name, cursor.get(spec.name, 0))
+            for approval in new:
+                cursor[spec.name] = approval["approval_id"]
+                requests.extend(approval_requests(context, spec, approval))
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
 
     return _sensor

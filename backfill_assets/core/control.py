@@ -436,3 +436,31 @@ def latest_snapshotted(conn: psycopg.Connection, schema: str, source_table: str)
         _LATEST_SNAPSHOTTED.format(schema=sql.Identifier(schema)), {"source_table": source_table}
     ).fetchall()
     return {r[0]: r[1] for r in rows}
+
+
+# Each approval of a spec newer than a cursor, whether its own runs verified every one of its
+# partitions (applied), and whether a newer approval of the same plan exists (superseded:
+# apply takes the newest approval of a plan, so an older one is never applied as itself).
+_APPROVALS_SINCE = sql.SQL(
+    "SELECT a.approval_id, a.plan_id, a.partitions, "
+    "NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(a.partitions) AS p(partition) "
+    "WHERE NOT EXISTS (SELECT 1 FROM {schema}.ledger AS l WHERE l.approval_id = a.approval_id "
+    "AND l.partition = p.partition AND l.status IN ('verified', 'skipped-already-verified'))), "
+    "EXISTS (SELECT 1 FROM {schema}.approvals AS n WHERE n.plan_id = a.plan_id "
+    "AND n.approval_id > a.approval_id) "
+    "FROM {schema}.approvals AS a WHERE a.spec_name = %(spec_name)s AND a.approval_id > %(after)s "
+    "ORDER BY a.approval_id"
+)
+APPROVAL_STATE_FIELDS = ("approval_id", "plan_id", "partitions", "applied", "superseded")
+
+
+def approvals_since(conn: psycopg.Connection, schema: str, spec_name: str, after: int) -> list[dict[str, Any]]:
+    """The approvals of a spec newer than ``after`` (``APPROVAL_STATE_FIELDS``), oldest first:
+    ``applied`` when runs of that approval verified every one of its partitions (status
+    verified or skipped-already-verified), ``superseded`` when the same plan has a newer
+    approval. One query; nothing is fingerprinted."""
+    rows = conn.execute(
+        _APPROVALS_SINCE.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "after": after}
+    ).fetchall()
+    return [dict(zip(APPROVAL_STATE_FIELDS, (int(r[0]), r[1], list(r[2]), r[3], r[4]))) for r in rows]
+

@@ -1,0 +1,57 @@
+"""The names the Dagster layer shares: asset keys, job names, run tags and run keys.
+
+``assets``, ``jobs`` and ``sensors`` stand side by side over this module; none imports
+another for a name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import dagster as dg
+
+from backfill_assets.core.spec import Spec
+
+PLAN_TAG = "backfill_assets/plan_id"
+APPROVAL_TAG = "backfill_assets/approval_id"
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+
+APPROVE_JOB = "approve_backfill"
+APPROVE_OP = "approve_plan_gate"
+# A run of this job stands for an approval the sensor could not launch: it fails with the reason.
+UNLAUNCHABLE_JOB = "approval_not_launched"
+UNLAUNCHABLE_OP = "report_approval_not_launched"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The asset keys of one spec."""
+
+    source: dg.AssetKey
+    snapshot: dg.AssetKey
+    stage_a: dg.AssetKey
+    stage_b: dg.AssetKey
+    target: dg.AssetKey
+
+    @classmethod
+    def of(cls, spec: Spec) -> Keys:
+        return cls(*(dg.AssetKey([spec.name, n]) for n in ("source", "snapshot", "stage_a", "stage_b", "target")))
+
+
+def stages_job_name(spec: Spec) -> str:
+    return f"{spec.name}__build_stages"
+
+
+def target_job_name(spec: Spec) -> str:
+    return f"{spec.name}__replace_target"
+
+
+def approval_run_key(spec: Spec, approval_id: int, segment: int) -> str:
+    """Unique to its approval (run keys are deduplicated forever): approving the same
+    partitions again launches again."""
+    return f"approval-{spec.name}-{approval_id}-{segment}"
+
+
+def unlaunchable_run_key(spec: Spec, approval_id: int) -> str:
+    return f"approval-{spec.name}-{approval_id}-not-launched"

@@ -1,0 +1,82 @@
+"""approval_sensor on a fresh Dagster instance."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+
+from backfill_assets.core.apply import apply_plan
+from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.plan import make_plan
+from backfill_assets.core.spec import PartitionRequest
+from backfill_assets.definitions import build_definitions
+from backfill_assets.names import APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
+from backfill_assets.resources import PostgresResource
+from backfill_assets_tests.conftest import make_spec
+
+SPEC = make_spec()
+WEEK = PartitionRequest("2024-01-01..2024-01-07")
+
+
+@pytest.fixture
+def resources(demo_db, db_url):
+    return {"pg_orders_daily": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
+
+
+def approve(conn, factory, spec=SPEC, request=WEEK):
+    """Plan and approve through the core, as the CLI does."""
+    plan = make_plan(spec, request, factory)
+    return plan, approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), "alice")
+
+
+def tick(defs, resources, cursor=None):
+    sensor = defs.resolve_sensor_def("approval_sensor")
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), resources=resources,
+                                 cursor=cursor) as context:
+        return sensor.evaluate_tick(context)
+
+
+def test_a_fresh_instance_launches_only_the_approval_not_yet_applied(resources, demo_db, factory):
+    plan, first = approve(demo_db, factory)
+    apply_plan(SPEC, plan.plan_id, factory, run_id="cli-run")  # applied by the CLI, before any UI
+    again, second = approve(demo_db, factory)  # the moved keys are home: another plan
+    third = approve_plan(demo_db, factory, SPEC, find_plan(demo_db, SPEC, again.plan_id), "bob")
+    assert again.plan_id != plan.plan_id and (first, second, third) == (1, 2, 3)
+    result = tick(build_definitions([SPEC]), resources)
+    # Approval 1 is applied, 2 is superseded by 3 (apply takes a plan's newest approval).
+    assert [r.tags[APPROVAL_TAG] for r in result.run_requests] == ["3"]
+    (request,) = result.run_requests
+    assert request.job_name == "orders_daily__replace_target" and request.tags[PLAN_TAG] == again.plan_id
+    assert (request.tags[RANGE_START], request.tags[RANGE_END]) == ("2024-01-01", "2024-01-08")
+    assert json.loads(result.cursor) == {"orders_daily": 3}
+
+
+def test_a_fresh_instance_after_the_cli_applied_everything_launches_nothing(resources, demo_db, factory):
+    for _ in range(2):  # `make demo`: two plans, each approved and applied
+        plan, _ = approve(demo_db, factory)
+        apply_plan(SPEC, plan.plan_id, factory, run_id=f"cli-{plan.plan_id[:8]}")
+    result = tick(build_definitions([SPEC]), resources)
+    assert result.run_requests == [] and json.loads(result.cursor) == {"orders_daily": 2}
+
+
+def test_an_approval_the_sensor_cannot_launch_is_a_failed_run_with_the_reason(resources, demo_db, factory):
+    plan, approval_id = approve(demo_db, factory)  # 2024-01-01..08, planned by the CLI
+    narrow = make_spec(partitions={"type": "daily", "start": "2024-01-01", "end": "2024-01-05"})
+    defs = build_definitions([narrow])  # a code location whose partitions end on 2024-01-04
+    result = tick(defs, resources)
+    (request,) = result.run_requests
+    assert request.job_name == UNLAUNCHABLE_JOB
+    assert request.run_key == f"approval-orders_daily-{approval_id}-not-launched"
+    assert request.tags.items() >= {PLAN_TAG: plan.plan_id, APPROVAL_TAG: str(approval_id)}.items()
+    assert json.loads(result.cursor) == {"orders_daily": approval_id}  # later approvals are not held up
+    instance = dg.DagsterInstance.ephemeral()
+    run = defs.resolve_job_def(UNLAUNCHABLE_JOB).execute_in_process(
+        run_config=request.run_config, instance=instance, tags=request.tags, raise_on_error=False)
+    assert not run.success
+    failure = run.failure_data_for_node("report_approval_not_launched").user_failure_data
+    assert f"approval {approval_id} of plan {plan.plan_id[:16]}" in failure.description
+    assert "2024-01-05, 2024-01-06, 2024-01-07, 2024-01-08 are outside the Dagster partitions" in failure.description
+    (record,) = instance.get_run_records(dg.RunsFilter(tags={APPROVAL_TAG: str(approval_id)}))
+    assert record.dagster_run.status == dg.DagsterRunStatus.FAILURE

@@ -30,7 +30,8 @@ from backfill_assets.core.errors import (
     SnapshotError, StageError, TransientDatabaseError, VerificationError,
 )
 from backfill_assets.core.fingerprint import Fingerprint
-from backfill_assets.core.plan import read_stages, snapshot_step, stages_step
+from backfill_assets.core.plan import snapshot_step, stages_step
+from backfill_assets.core.stages import read_stages
 from backfill_assets.core.spec import Spec
 from backfill_assets.partitions import partitions_def
 from backfill_assets.render import plan_markdown

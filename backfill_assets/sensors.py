@@ -9,7 +9,7 @@ import dagster as dg
 
 from backfill_assets.core import control
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.plan import source_changes
+from backfill_assets.core.snapshot import source_changes
 from backfill_assets.core.spec import Spec
 from backfill_assets.names import (
     APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB, UNLAUNCHABLE_OP, approval_run_key,

@@ -29,7 +29,6 @@ Every step is recorded in the ledger.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,9 +43,8 @@ from backfill_assets.core.approve import (
 from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
 from backfill_assets.core.fingerprint import business_key_order
-from backfill_assets.core.plan import (
-    Clock, Context, Progress, set_timeouts, source_fingerprints, spec_lock, utc_now,
-)
+from backfill_assets.core.context import Clock, Context, Progress, quiet, set_timeouts, spec_lock, utc_now
+from backfill_assets.core.snapshot import immutable_source_changes
 from backfill_assets.core.spec import Spec
 
 # A test or an operator may pause at these points (see Checkpoint).
@@ -55,10 +53,6 @@ Checkpoint = Callable[[str, list[str]], None]
 
 
 def _no_checkpoint(step: str, labels: list[str]) -> None:
-    pass
-
-
-def _quiet(_: str) -> None:
     pass
 
 
@@ -117,15 +111,11 @@ def replace_group(
             if now != approved[label]:
                 raise VerificationError(label, "recheck of the approved stage", _short(approved[label]), _short(now))
         if ctx.spec.source.snapshot == "immutable":  # only this group's partitions
-            current = source_fingerprints(conn, dataclasses.replace(ctx, partitions=values), spec.source_ref)
-            for p in stored.document["partitions"]:
-                if p["partition"] in labels:
-                    planned = {"row_count": p["source"]["snapshot_rows"], "content_hash": p["source"]["snapshot_hash"]}
-                    if current[p["partition"]] != planned:
-                        raise VerificationError(
-                            p["partition"], "recheck of the immutable source",
-                            f"hash {planned['content_hash'][:16]}", f"hash {current[p['partition']]['content_hash'][:16]}",
-                        )
+            for label, (planned, now) in immutable_source_changes(conn, ctx, stored.pinned_source(labels)).items():
+                raise VerificationError(
+                    label, "recheck of the immutable source",
+                    f"hash {planned['content_hash'][:16]}", f"hash {now['content_hash'][:16]}",
+                )
         for value in values:
             conn.execute(*sqlbuild.delete_partition(target, spec.partition_key, value))
         checkpoint("deleted", labels)
@@ -177,7 +167,7 @@ def verify_committed(factory: ConnectionFactory, ctx: Context, stored: StoredPla
 
 def apply_plan(
     spec: Spec, plan_ref: str, factory: ConnectionFactory, *, run_id: str,
-    only: list[str] | None = None, clock: Clock = utc_now, progress: Progress = _quiet,
+    only: list[str] | None = None, clock: Clock = utc_now, progress: Progress = quiet,
     checkpoint: Checkpoint = _no_checkpoint, on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> ApplyResult:
     """Replace the partitions of an approved plan, in order, verifying each.
@@ -240,6 +230,9 @@ def apply_plan(
                     if status == "verified":
                         verify_committed(factory, ctx, stored, labels)
                         checkpoint("verified", labels)
+                    # Recorded before the partition is released: the next run to lock it
+                    # judges its approval against a ledger that names this run.
+                    control.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock())
             except (BackfillError, psycopg.Error) as err:
                 # Our errors and the driver's carry no credential (see db.connect).
                 message = " ".join(str(err).split()) or err.__class__.__name__
@@ -249,7 +242,6 @@ def apply_plan(
                     control.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
                                         f"stopped after partition(s) {', '.join(labels)} failed")
                 raise
-            control.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock())
             for label in labels:
                 entry = {"partition": label, "status": status, **stored.approved(label)}
                 result.partitions.append(entry)

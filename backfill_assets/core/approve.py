@@ -26,10 +26,10 @@ import psycopg
 from backfill_assets.core import control
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, PlanReferenceError, SpecError
-from backfill_assets.core.plan import (
-    Clock, Context, copy_problem, resolve, source_fingerprints, spec_document,
-    stage_partitions_changed, utc_now,
-)
+from backfill_assets.core.context import Clock, Context, resolve, utc_now
+from backfill_assets.core.plan import spec_document
+from backfill_assets.core.snapshot import copy_problem, immutable_source_changes
+from backfill_assets.core.stages import stage_partitions_changed
 from backfill_assets.core.spec import Spec, parse_table_name
 
 MIN_PREFIX = 8
@@ -48,6 +48,14 @@ class StoredPlan:
     def approved(self, label: str) -> dict[str, Any]:
         """The approved readings (stage A's) of one partition."""
         return next(p["stage_a"] for p in self.document["partitions"] if p["partition"] == label)
+
+    def pinned_source(self, labels: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """The source fingerprints the plan's snapshot pinned, of ``labels`` (default all):
+        label -> ``{"row_count", "content_hash"}``."""
+        return {
+            p["partition"]: {"row_count": p["source"]["snapshot_rows"], "content_hash": p["source"]["snapshot_hash"]}
+            for p in self.document["partitions"] if labels is None or p["partition"] in labels
+        }
 
 
 def find_plan(conn: psycopg.Connection, spec: Spec, plan_ref: str) -> StoredPlan:
@@ -133,13 +141,7 @@ def check_data_unchanged(
         problem = None if copy is None else copy_problem(conn, ctx, parse_table_name(copy), snap["fingerprint"])
         if problem is not None:
             raise ApprovalError(f"the copy {copy} of snapshot {snap['id']} {problem}; plan again")
-        current = source_fingerprints(conn, ctx, spec.source_ref) if immutable else {}
-        source_changed = [
-            p["partition"] for p in doc["partitions"]
-            if immutable and current[p["partition"]] != {
-                "row_count": p["source"]["snapshot_rows"], "content_hash": p["source"]["snapshot_hash"]
-            }
-        ]
+        source_changed = list(immutable_source_changes(conn, ctx, stored.pinned_source())) if immutable else []
         stage = ctx.stage("a")
         approved = {label: stored.approved(label) for label in ctx.labels}
         stage_changed = stage_partitions_changed(conn, ctx, "a", approved)

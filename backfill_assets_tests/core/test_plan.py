@@ -189,7 +189,8 @@ def test_a_later_plan_reuses_an_intact_copy_and_copies_again_when_its_seal_broke
     "ALTER TABLE {copy} ALTER COLUMN amount TYPE numeric(14,4)",
 ])
 def test_any_change_to_a_copy_breaks_its_seal(demo_db, factory, change):
-    from backfill_assets.core.plan import copy_intact, resolve
+    from backfill_assets.core.context import resolve
+    from backfill_assets.core.snapshot import copy_intact
 
     plan = make_plan(make_spec(), ALL_DAYS, factory)
     copy = TableRef("backfill_control", f"snap_{plan.document['snapshot']['fingerprint'][:16]}")
@@ -408,7 +409,7 @@ def test_the_stages_step_refuses_a_snapshot_that_does_not_exist(unmoved_db, fact
 
 
 def test_source_changes_name_the_partitions_whose_source_moved_on(unmoved_db, factory, conn):
-    from backfill_assets.core.plan import source_changes
+    from backfill_assets.core.snapshot import source_changes
 
     assert source_changes(conn, factory, STATIC) == {}
     make_plan(STATIC, PartitionRequest("2024-01-01..2024-01-03"), factory)

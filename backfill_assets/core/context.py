@@ -1,0 +1,151 @@
+"""The context of a run: the spec resolved against the catalog, its clock and progress, the
+finite timeouts and the per-spec lock every step takes.
+
+``resolve`` inspects read-only and validates everything about a spec (identifiers, the
+partitions, the transform) before anything is written; the :class:`Context` it returns is
+what the snapshot, the stages, the plan, approval and apply work from.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from backfill_assets.core import sqlbuild
+from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables
+from backfill_assets.core.db import ConnectionFactory, advisory_session_lock
+from backfill_assets.core.fingerprint import Fingerprint, fingerprint_partition
+from backfill_assets.core.moves import Scope
+from backfill_assets.core.spec import (
+    PartitionKind, PartitionRequest, PartitionValue, Spec, TableRef, parse_labels, partition_label,
+)
+from backfill_assets.core.transform import validate_transform_in_catalog, validate_transform_text
+
+Clock = Callable[[], dt.datetime]
+
+
+Progress = Callable[[str], None]
+
+
+_SET_LOCAL = sql.SQL("SELECT set_config(%(name)s, %(value)s, true)")
+
+
+
+def utc_now() -> dt.datetime:
+    """The default clock; only metadata timestamps read it, never a build."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def quiet(_: str) -> None:
+    """A progress sink that drops every message."""
+
+
+def set_local(conn: psycopg.Connection, name: str, value: str) -> None:
+    """Set a setting for the current transaction only."""
+    conn.execute(_SET_LOCAL, {"name": name, "value": value})
+
+
+def set_timeouts(conn: psycopg.Connection, spec: Spec) -> None:
+    """Finite lock and statement timeouts for the current transaction."""
+    set_local(conn, "statement_timeout", f"{spec.statement_timeout_ms}ms")
+    set_local(conn, "lock_timeout", f"{spec.lock_timeout_ms}ms")
+
+
+def spec_lock(conn: psycopg.Connection, spec: Spec):
+    """A session lock per spec: plan and apply of one spec never overlap, so a stage cannot
+    be rebuilt while it is being applied. A second run is refused at once."""
+    return advisory_session_lock(
+        conn, f"backfill_assets:plan:{spec.control_schema}:{spec.name}",
+        f"a plan or apply of spec {spec.name}",
+    )
+
+
+@dataclass(frozen=True)
+class Context:
+    """A spec checked against the catalog, with its partitions and transform resolved."""
+
+    spec: Spec
+    inspection: Inspection
+    partitions: list[PartitionValue]  # requested, plus those moved records add
+    transform: str | None  # the re-printed, validated transform_sql
+    scope: Scope | None = None  # records_can_move: the added partitions and moves
+
+    @property
+    def kind(self) -> PartitionKind:
+        assert self.inspection.partition_kind is not None
+        return self.inspection.partition_kind
+
+    @property
+    def labels(self) -> list[str]:
+        return [partition_label(p) for p in self.partitions]
+
+    @property
+    def target_columns(self) -> list[ColumnInfo]:
+        return self.inspection.spec_target_columns(self.spec)
+
+    @property
+    def source_column_names(self) -> list[str]:
+        return [c.name for c in self.inspection.source_columns]
+
+    def input_relation(self, base: TableRef, *, filtered: bool) -> sql.Composed:
+        return sqlbuild.input_relation(
+            base, self.source_column_names, self.spec.partition_key, self.spec.input_columns,
+            self.transform, filtered=filtered,
+        )
+
+    def ordering_keys(self) -> list[sqlbuild.OrderKey]:
+        """The declared newest-wins order; collatable columns sort by bytes."""
+        collatable = {c.name: c.collatable for c in self.inspection.source_columns}
+        return [
+            sqlbuild.OrderKey(o.column, o.direction, o.nulls, collate_c=collatable.get(o.column, False))
+            for o in self.spec.ordering
+        ]
+
+    def stage(self, variant: str) -> TableRef:
+        return TableRef(self.spec.control_schema, f"{self.spec.name}__stage_{variant}")
+
+    def readings(self, conn: psycopg.Connection, rel: TableRef, partition: PartitionValue) -> Fingerprint:
+        """The fingerprint of one partition of a stage or of the target, in the caller's
+        transaction. Both rule duplicates out (a stage's unique index; the grain check every
+        plan and apply starts with), so they are not counted. A stage's index, and the
+        target's when it has one, give the business-key order without a sort."""
+        spec = self.spec
+        indexed = rel != spec.target_ref or self.inspection.target_key_indexed
+        return fingerprint_partition(
+            conn, rel, self.target_columns, spec.partition_key, spec.business_key, spec.total,
+            partition, key_unique=True, indexed=indexed,
+        )
+
+
+def resolve(
+    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
+    request: PartitionRequest | list[str],
+) -> Context:
+    """Inspect read-only and validate everything about the spec before any write.
+
+    ``request`` is the command line's partitions, or the labels stored in a plan.
+
+    Raises:
+        SpecError: the catalog disagrees with the spec, the partitions are malformed, or
+            the transform is refused.
+    """
+    if spec.transform_sql is not None:
+        transform = validate_transform_text(spec.transform_sql)  # the parser first: no I/O
+    else:
+        transform = None
+    inspection = inspect_tables(conn, factory, spec)
+    kind = inspection.require_plannable()
+    if isinstance(request, PartitionRequest):
+        partitions = request.resolve(kind)
+    else:
+        partitions = parse_labels(request, kind)
+    if transform is not None:
+        validate_transform_in_catalog(
+            conn, spec.source_ref, [c.name for c in inspection.source_columns],
+            spec.partition_key, spec.input_columns, transform, original=spec.transform_sql,
+        )
+    return Context(spec, inspection, partitions, transform)

@@ -1,0 +1,356 @@
+"""The snapshot: the fixed source a plan is built from, and its checks.
+
+``take_snapshot`` fingerprints the declared partitions in one REPEATABLE READ transaction and
+either copies exactly those rows into a sealed table (``copy``) or pins their fingerprint
+(``immutable``). A copy is reused, approved and built from only while its seal holds
+(:func:`copy_problem`); an immutable source is rechecked by :func:`immutable_source_changes`,
+the one recheck plan, approval and apply share. ``source_changes`` tells a sensor which
+snapshotted partitions moved on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from backfill_assets.core import control, sqlbuild
+from backfill_assets.core.catalog import table_columns, table_kind
+from backfill_assets.core.context import Clock, Context, Progress, resolve, set_timeouts
+from backfill_assets.core.db import ConnectionFactory, repeatable_read, transient_errors
+from backfill_assets.core.errors import SnapshotError, SourceDataError
+from backfill_assets.core.fingerprint import all_columns_order, content_hash, content_hash_where
+from backfill_assets.core.identity import SNAPSHOT_FORMAT, snapshot_identity
+from backfill_assets.core.moves import Scope, close_scope
+from backfill_assets.core.spec import Spec, TableRef, parse_table_name, partition_label
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A fixed source: a copied table (``copy``) or the live source pinned by fingerprint."""
+
+    snapshot_id: str
+    mode: Literal["copy", "immutable"]
+    relation: TableRef
+    filtered: bool  # True when the relation is the live source, read for the partitions only
+    fingerprint: str
+    partitions: dict[str, dict[str, Any]]  # label -> {"row_count", "content_hash"}
+    requested: list[str]  # the partitions asked for; the others were added by moved records
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint}
+
+
+def source_fingerprints(conn: psycopg.Connection, ctx: Context, rel: TableRef) -> dict[str, dict[str, Any]]:
+    """Row count and content hash of every declared partition of a source-shaped relation,
+    ordered by every column's text form (a source has no key to order by)."""
+    cols = ctx.inspection.source_columns
+    query, params = sqlbuild.partition_counts(rel, ctx.spec.partition_key, ctx.partitions)
+    counts = {partition_label(p): int(n) for p, n in conn.execute(query, params).fetchall()}
+    order = all_columns_order(cols)
+    return {
+        label: {
+            "row_count": counts.get(label, 0),
+            "content_hash": content_hash(conn, rel, cols, ctx.spec.partition_key, order, p),
+        }
+        for p, label in zip(ctx.partitions, ctx.labels)
+    }
+
+
+def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -> dict[str, Any]:
+    """Row count and hash of the versions of the scope's keys that lie outside its partitions
+    (records that can move), read from a source-shaped relation."""
+    spec = ctx.spec
+    where = sqlbuild.outside_scope(rel, spec.target_ref, spec.partition_key, spec.business_key)
+    params = {"partitions": ctx.partitions}
+    cols = ctx.inspection.source_columns
+    count = conn.execute(*sqlbuild.count_where(rel, where, params)).fetchone()
+    return {
+        "row_count": int(count[0]) if count else 0,
+        "content_hash": content_hash_where(conn, rel, cols, where, all_columns_order(cols), params),
+    }
+
+
+def _scope_document(ctx: Context, requested: list[str]) -> dict[str, Any]:
+    scope = ctx.scope
+    return {
+        "requested": requested,
+        "added": scope.added if scope else {},
+        "moves": [list(m) for m in scope.moves] if scope else [],
+    }
+
+
+def _snapshot_identity(
+    ctx: Context, parts: dict[str, dict[str, Any]], outside: dict[str, Any] | None,
+    scope: dict[str, Any],
+) -> tuple[str, str]:
+    """(snapshot id, fingerprint). The fingerprint covers the data and names the copy; the
+    id also covers the scope (requested partitions, and the moves found in the target)."""
+    doc = {
+        "format": SNAPSHOT_FORMAT, "source": str(ctx.spec.source_ref),
+        "partition_key": ctx.spec.partition_key,
+        "columns": [[c.name, c.type_name] for c in ctx.inspection.source_columns],
+        "partitions": [{"partition": k, **parts[k]} for k in ctx.labels],
+    }
+    if outside is not None:
+        doc["versions_outside"] = outside
+    return snapshot_identity(doc, scope, ctx.spec.source.snapshot)
+
+
+def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed, params: dict[str, Any]) -> None:
+    """Refuse source data whose newest-wins order is not total, or that a transform moves
+    out of the declared partitions.
+
+    Raises:
+        SourceDataError: NULLs in an ordering column without declared NULL placement, ties
+            on every ordering column between rows that differ, rows outside the partitions.
+    """
+    spec = ctx.spec
+    ordering = [o.column for o in spec.ordering]
+    query, qp = sqlbuild.ordering_null_counts(input_rel, spec.business_key, ordering, params)
+    counts = conn.execute(query, qp).fetchone() or ()
+    undeclared = [
+        f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, counts) if n and o.nulls is None
+    ]
+    if undeclared:
+        raise SourceDataError(
+            "ordering columns have NULL values and no declared NULL placement",
+            "Declare where NULLs sort with `nulls: first` or `nulls: last` on that ordering "
+            "column, or fix the source",
+            undeclared,
+        )
+    others = [c for c in spec.columns if c not in {spec.partition_key, *spec.business_key, *ordering}]
+    query, qp = sqlbuild.input_report(input_rel, spec.partition_key, spec.business_key, params)
+    keyless = [f"partition {partition_label(p)}: {n} row(s)" for p, n, nulls in conn.execute(query, qp).fetchall()
+               if n and nulls == n]
+    if keyless:
+        # Every row dropped would empty the target partition: far more likely a wrong key.
+        raise SourceDataError(
+            "every source row of some partitions has a NULL business key "
+            f"({', '.join(spec.business_key)}), so the rebuild would empty them",
+            "Check business_key against the source (run `backfill-assets profile`)",
+            keyless[:3],
+        )
+    # A key that can move has one newest version across partitions, so ties are per key;
+    # otherwise per (partition, key), and the partition counts among the output columns.
+    scope_key = None if spec.records_can_move else spec.partition_key
+    if scope_key is None:
+        others = [spec.partition_key, *others]
+    # Grouped as values, compared as written: 1.5 and 1.50 in an output column are a tie.
+    others += [c for c in [*spec.business_key, *ordering] if c in spec.columns]
+    query, qp = sqlbuild.ordering_ties(input_rel, scope_key, spec.business_key, ordering, others, params)
+    ties = conn.execute(query, qp).fetchall()
+    if ties:
+        width = 1 + len(spec.business_key)
+        examples = []
+        for row in ties:
+            key = ", ".join(f"{c}={v}" for c, v in zip(spec.business_key, row[1:width]))
+            where = f"partition {row[0]}, " if row[0] is not None else ""
+            examples.append(f"{where}key ({key}): {row[width]} different rows")
+        raise SourceDataError(
+            f"{ties[0][width + 1]} key(s) have rows that tie on every ordering column "
+            f"({', '.join(ordering)}) but differ, so newest-wins would pick one by chance",
+            "Add a final tiebreak column to `ordering` (run `backfill-assets profile` to find "
+            "one); do not guess",
+            examples,
+        )
+    if ctx.transform is not None:
+        query, qp = sqlbuild.rows_outside_partitions(input_rel, spec.partition_key, params)
+        row = conn.execute(query, qp).fetchone()
+        if row and row[0]:
+            raise SourceDataError(
+                f"transform_sql puts {row[0]} row(s) outside the declared partitions or in a "
+                f"NULL partition",
+                "A transform must keep every row in its source partition",
+            )
+
+
+def take_snapshot(
+    conn: psycopg.Connection, ctx: Context, clock: Clock, progress: Progress
+) -> tuple[Snapshot, Context]:
+    """Fix the source: find the scope, fingerprint it, copy or pin it, and check its data.
+
+    All of it happens in one REPEATABLE READ transaction: ``copy`` copies exactly the rows
+    that were fingerprinted and checks the copy; ``immutable`` pins their fingerprint. The
+    snapshot id is derived from the content, so an unchanged source gives the same id (and
+    the same copy, reused only while its seal holds; see :func:`copy_intact`). A refused
+    source rolls back everything, the control schema included.
+
+    Returns the snapshot and the context, whose partitions now include those that moved
+    records add (with ``records_can_move``).
+    """
+    spec = ctx.spec
+    src = spec.source_ref
+    requested = ctx.labels
+    with transient_errors("taking the snapshot"), repeatable_read(conn):
+        set_timeouts(conn, spec)
+        if spec.records_can_move:
+            scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys())
+            ctx = dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
+            if scope.added:
+                progress(f"moved records add partition(s) {', '.join(scope.added)}")
+        progress(f"snapshot: fingerprinting {len(ctx.partitions)} source partition(s) of {src}")
+        parts = source_fingerprints(conn, ctx, src)
+        outside = outside_fingerprint(conn, ctx, src) if spec.records_can_move else None
+        scope = _scope_document(ctx, requested)
+        snapshot_id, fingerprint = _snapshot_identity(ctx, parts, outside, scope)
+        control.ensure_control_schema(conn, spec.control_schema)
+        if spec.source.snapshot == "immutable":
+            relation, filtered = src, True
+        else:
+            relation, filtered = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}"), False
+            if copy_intact(conn, ctx, relation, fingerprint):
+                progress(f"snapshot: {snapshot_id}: the copy {relation} is intact; reusing it")
+            else:
+                rows = sum(p["row_count"] for p in parts.values()) + (outside or {}).get("row_count", 0)
+                progress(f"snapshot: copying {rows} row(s) into {relation}")
+                _copy_snapshot(conn, ctx, relation, fingerprint, clock)
+        check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
+        control.record_snapshot(
+            conn, spec.control_schema, snapshot_id=snapshot_id, source_table=str(src),
+            mode=spec.source.snapshot, snapshot_table=None if filtered else str(relation),
+            partition_key=spec.partition_key,
+            partitions=[{"partition": k, **parts[k]} for k in ctx.labels],
+            fingerprint=fingerprint, scope=scope, created_at=clock(),
+        )
+    snapshot = Snapshot(snapshot_id, spec.source.snapshot, relation, filtered, fingerprint, parts, requested)
+    return snapshot, ctx
+
+
+def load_snapshot(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, snapshot_id: str) -> tuple[Snapshot, Context]:
+    """A recorded snapshot and the context it was taken in (its partitions and scope).
+
+    Raises:
+        SnapshotError: no such snapshot.
+        SpecError: the spec no longer matches the catalog.
+    """
+    found = control.find_snapshot(conn, spec.control_schema, snapshot_id) if control.control_ready(conn, spec.control_schema) else None
+    if found is None:
+        raise SnapshotError(f"snapshot {snapshot_id} does not exist; take a snapshot first")
+    labels = [p["partition"] for p in found["partitions"]]
+    ctx = resolve(conn, factory, spec, labels)
+    scope = found["scope"] or {}
+    if spec.records_can_move:
+        ctx = dataclasses.replace(ctx, scope=Scope(
+            ctx.partitions, dict(scope.get("added", {})), [tuple(m) for m in scope.get("moves", [])]
+        ))
+    parts = {p["partition"]: {"row_count": p["row_count"], "content_hash": p["content_hash"]} for p in found["partitions"]}
+    table = found["snapshot_table"]
+    snapshot = Snapshot(
+        snapshot_id, found["mode"], spec.source_ref if table is None else parse_table_name(table),
+        table is None, found["fingerprint"], parts, list(scope.get("requested", labels)),
+    )
+    return snapshot, ctx
+
+
+def _copy_snapshot(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str, clock: Clock) -> None:
+    """Copy the scope's rows (the transaction's snapshot of the source) and seal the copy."""
+    spec, src = ctx.spec, ctx.spec.source_ref
+    names = ctx.source_column_names
+    conn.execute(sqlbuild.drop_table(relation))
+    conn.execute(sqlbuild.create_empty_copy(relation, src, names, unlogged=False))
+    if spec.records_can_move:
+        query, params = sqlbuild.copy_scope(
+            relation, src, spec.target_ref, names, spec.partition_key, spec.business_key, ctx.partitions
+        )
+    else:
+        query, params = sqlbuild.copy_partitions(relation, src, names, spec.partition_key, ctx.partitions)
+    rows = conn.execute(query, params).rowcount
+    conn.execute(sqlbuild.create_index(relation, [sqlbuild.OrderKey(spec.partition_key)]))
+    # One statement filled the new table, so every row carries that statement's xmin.
+    writer = conn.execute(sqlbuild.copy_writer(relation)).fetchone()
+    control.record_copy(
+        conn, spec.control_schema, snapshot_table=str(relation), fingerprint=fingerprint,
+        writer_xid=writer[0] if writer else None, row_count=rows,
+        columns=[[c.name, c.type_name] for c in table_columns(conn, relation)], copied_at=clock(),
+    )
+
+
+# A 32-bit transaction id comes round again after 2^32 more; trust a seal for half of that.
+SEAL_HORIZON = 2**31
+
+
+
+def copy_problem(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str) -> str | None:
+    """Why a snapshot copy may no longer hold exactly the rows it was made with, or None.
+
+    Checked by its seal: the same columns, the same row count, and every row still written
+    by the one transaction that made the copy (an UPDATE, INSERT or DELETE and INSERT leaves
+    another xmin; a DELETE changes the count). One pass over the copy without a sort, instead
+    of hashing it again. xmin survives VACUUM FREEZE (the raw id is kept); a seal older than
+    2^31 transactions is not trusted, as its id could have been reused."""
+    kind = table_kind(conn, relation)
+    if kind is None:
+        return "is gone"
+    if kind != "r":
+        return "is no longer a plain table"
+    seal = control.copy_seal(conn, ctx.spec.control_schema, str(relation))
+    if seal is None or seal["transactions_since"] is None:
+        return "has no seal (an earlier version made it)"
+    if seal["fingerprint"] != fingerprint:
+        return "was made for another snapshot"
+    if seal["transactions_since"] >= SEAL_HORIZON:
+        return "is too old for its seal to be trusted"
+    dropped = conn.execute(*sqlbuild.dropped_columns(relation)).fetchone()
+    if [[c.name, c.type_name] for c in table_columns(conn, relation)] != seal["columns"] or (dropped and dropped[0]):
+        return "changed its columns since it was taken"
+    rows, foreign = conn.execute(*sqlbuild.copy_seal_check(relation, seal["writer_xid"])).fetchone() or (None, None)
+    if rows != seal["row_count"] or foreign != 0:
+        return "changed since it was taken"
+    return None
+
+
+def copy_intact(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str) -> bool:
+    """Whether a snapshot copy's seal holds (see :func:`copy_problem`)."""
+    return copy_problem(conn, ctx, relation, fingerprint) is None
+
+
+def source_changes(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> dict[str, str]:
+    """Partitions whose source content differs from their newest snapshot: label -> new hash.
+
+    Only partitions that were snapshotted before are looked at (that is what a rerun of the
+    stages would rebuild).
+    """
+    if not control.control_ready(conn, spec.control_schema):
+        return {}
+    known = control.latest_snapshotted(conn, spec.control_schema, str(spec.source_ref))
+    if not known:
+        return {}
+    ctx = resolve(conn, factory, spec, sorted(known))
+    with transient_errors("reading the source"), repeatable_read(conn, read_only=True):
+        set_timeouts(conn, spec)
+        now = source_fingerprints(conn, ctx, spec.source_ref)
+    return {label: now[label]["content_hash"] for label in ctx.labels if now[label]["content_hash"] != known[label]}
+
+
+def immutable_source_changes(
+    conn: psycopg.Connection, ctx: Context, expected: dict[str, dict[str, Any]],
+) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """The partitions of a source pinned as immutable that no longer carry their pinned
+    fingerprint: label -> (expected, now), read in the caller's transaction.
+
+    The one recheck of an immutable source: the plan (after its builds), approval and apply
+    (under the lock, for the partitions it is about to replace) all call it.
+
+    Args:
+        expected: label -> ``{"row_count", "content_hash"}`` for the partitions to check (a
+            subset of the context's).
+    """
+    values = [v for v, label in zip(ctx.partitions, ctx.labels) if label in expected]
+    now = source_fingerprints(conn, dataclasses.replace(ctx, partitions=values), ctx.spec.source_ref)
+    return {label: (want, now[label]) for label, want in expected.items() if now[label] != want}
+
+
+def recheck_immutable_source(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> None:
+    """Raise SnapshotError if a source pinned as immutable changed since it was pinned."""
+    with transient_errors("rechecking the immutable source"), repeatable_read(conn, read_only=True):
+        set_timeouts(conn, ctx.spec)
+        changed = immutable_source_changes(conn, ctx, snapshot.partitions)
+    if changed:
+        raise SnapshotError(
+            f"source {ctx.spec.source_ref} was declared immutable but changed during the plan "
+            f"in partition(s) {', '.join(changed)}; use `snapshot: copy` or stop the writers, "
+            "then plan again"
+        )

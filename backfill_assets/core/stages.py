@@ -1,0 +1,216 @@
+"""The two builds: stage A (DISTINCT ON) and stage B (a row_number() window), built at once
+on two connections from one snapshot, each partition fingerprinted and sealed as it is built.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from backfill_assets.core import control, sqlbuild
+from backfill_assets.core.catalog import table_columns, table_kind
+from backfill_assets.core.context import Clock, Context, Progress, resolve, set_local, set_timeouts
+from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
+from backfill_assets.core.errors import SnapshotError, StageError
+from backfill_assets.core.fingerprint import Fingerprint, business_key_order
+from backfill_assets.core.snapshot import SEAL_HORIZON, Snapshot, copy_problem
+from backfill_assets.core.spec import PartitionValue, Spec, TableRef, partition_label
+
+_TXID = sql.SQL("SELECT txid_current()")
+
+
+
+def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableRef:
+    """Create the stage table (unlogged, the target's column types, a unique index on the grain
+    in business-key order); recreate it if the target's columns changed since it was made.
+
+    The unique index makes a build that breaks the grain fail loudly, lets the fingerprint
+    skip counting duplicates, and serves the ordered read of the fingerprint."""
+    stage = ctx.stage(variant)
+    expected = [(c.name, c.type_name) for c in ctx.target_columns]
+    with conn.transaction():
+        current = [(c.name, c.type_name) for c in table_columns(conn, stage)]
+        unique = conn.execute(*sqlbuild.has_unique_index(stage)).fetchone()
+        if current != expected or not (unique and unique[0]):
+            conn.execute(sqlbuild.drop_table(stage))
+            conn.execute(sqlbuild.create_empty_copy(stage, ctx.spec.target_ref, ctx.spec.columns, unlogged=True))
+            keys = [sqlbuild.OrderKey(ctx.spec.partition_key)] + business_key_order(ctx.target_columns, ctx.spec.business_key)
+            conn.execute(sqlbuild.create_index(stage, keys, unique=True))
+    return stage
+
+
+def build_partition(
+    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
+    partition: PartitionValue,
+) -> tuple[Fingerprint, str | None, int]:
+    """Rebuild one partition of one stage and fingerprint it, in one transaction.
+
+    Returns the readings, the transaction that wrote the partition's rows (their xmin, None
+    when it is empty) and the same transaction's 64-bit id: the partition's seal and its age,
+    see :func:`stage_partitions_changed`."""
+    spec = ctx.spec
+    stage = ctx.stage(variant)
+    input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
+    with transient_errors(f"building stage {variant} of partition {partition_label(partition)}"), conn.transaction():
+        set_timeouts(conn, spec)
+        conn.execute(*sqlbuild.delete_partition(stage, spec.partition_key, partition))
+        conn.execute(*sqlbuild.build_stage(
+            variant, stage, input_rel, spec.columns, spec.partition_key, spec.business_key,
+            ctx.ordering_keys(), {"partitions": ctx.partitions}, partition,
+            moving=spec.records_can_move,
+        ))
+        writer = conn.execute(*sqlbuild.partition_writer(stage, spec.partition_key, partition)).fetchone()
+        txid = conn.execute(_TXID).fetchone()
+        assert txid is not None
+        return ctx.readings(conn, stage, partition), writer[0] if writer else None, int(txid[0])
+
+
+def build_stage(
+    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
+    clock: Clock, progress: Progress,
+) -> dict[str, Fingerprint]:
+    """Build every partition of one stage from the snapshot, and record each build."""
+    out: dict[str, Fingerprint] = {}
+    ensure_stage(conn, ctx, variant)
+    for n, (p, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
+        out[label], writer, txid = build_partition(conn, ctx, snapshot, variant, p)
+        control.record_build(
+            conn, ctx.spec.control_schema, spec_name=ctx.spec.name, variant=variant, partition=label,
+            snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), writer_xid=writer,
+            writer_txid=txid, built_at=clock(),
+        )
+        progress(f"stage {variant}: {n}/{len(ctx.partitions)} {label}: {out[label].row_count} row(s)")
+    return out
+
+
+def stage_partitions_changed(
+    conn: psycopg.Connection, ctx: Context, variant: str, expected: dict[str, dict[str, Any]],
+) -> list[str]:
+    """The partitions of a stage that no longer carry the ``expected`` readings (label ->
+    readings), in the caller's transaction.
+
+    A partition whose latest build recorded exactly those readings, and whose rows are still
+    all the ones that build's transaction wrote (same count, same xmin: any UPDATE, INSERT or
+    DELETE breaks that), is unchanged without being hashed again: one pass without a sort.
+    A seal older than :data:`SEAL_HORIZON` transactions (its 32-bit xmin could have come round
+    again), or recorded without its 64-bit id by an older version, does not hold. Any other
+    partition is fingerprinted and compared in full, so the answer is the same as hashing
+    every partition, unless the data files themselves were damaged (apply still hashes each
+    partition under its lock before writing it)."""
+    spec, stage = ctx.spec, ctx.stage(variant)
+    built = control.builds(conn, spec.control_schema, spec.name, variant, ctx.labels)
+    changed = []
+    for value, label in zip(ctx.partitions, ctx.labels):
+        readings, writer, since = built.get(label, (None, None, None))
+        if readings == expected[label] and since is not None and since < SEAL_HORIZON:
+            query, params = sqlbuild.partition_seal_check(stage, spec.partition_key, value, writer)
+            row = conn.execute(query, params).fetchone()
+            if row is not None and (int(row[0]), int(row[1])) == (expected[label]["row_count"], 0):
+                continue
+        if ctx.readings(conn, stage, value).as_dict() != expected[label]:
+            changed.append(label)
+    return changed
+
+
+def build_both(
+    ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
+) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """Build stages A and B at once, each on its own connection, and fingerprint them.
+
+    A copied snapshot is locked against writers for the whole of both builds, and its seal
+    checked under that lock, so both builds read exactly the rows the snapshot fingerprinted
+    (the snapshot may have been taken long before, in another step).
+
+    Raises:
+        SnapshotError: the copy changed since the snapshot was taken.
+    """
+
+    def build(variant: Literal["a", "b"]) -> dict[str, Fingerprint]:
+        with factory() as own:
+            return build_stage(own, ctx, snapshot, variant, clock, progress)
+
+    with factory() as guard, transient_errors("locking the snapshot copy"), read_committed(guard):
+        if not snapshot.filtered:
+            set_timeouts(guard, ctx.spec)
+            # The guard waits, idle in its transaction, for both builds.
+            set_local(guard, "idle_in_transaction_session_timeout", "0")
+            guard.execute(sqlbuild.lock_against_writers(snapshot.relation))
+            problem = copy_problem(guard, ctx, snapshot.relation, snapshot.fingerprint)
+            if problem is not None:
+                raise SnapshotError(
+                    f"the copy {snapshot.relation} of snapshot {snapshot.snapshot_id} {problem}; "
+                    "take the snapshot again (plan again)"
+                )
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
+            a, b = pool.submit(build, "a"), pool.submit(build, "b")
+            return a.result(), b.result()
+
+
+@dataclass(frozen=True)
+class StageState:
+    """Both stages of one partition as they are now, compared with each other, with what their
+    latest builds recorded, and with the plans (see :func:`read_stages`)."""
+
+    partition: str
+    a: Fingerprint
+    b: Fingerprint
+    plan_id: str | None  # the newest plan that recorded exactly these two stages
+    problems: tuple[str, ...]
+
+    @property
+    def match(self) -> bool:
+        return not self.problems
+
+
+def read_stages(spec: Spec, labels: list[str], factory: ConnectionFactory) -> list[StageState]:
+    """Read both stages' partitions ``labels`` as they are now, without building anything, and
+    compare them: with each other, with their latest builds, and with the newest plan that
+    recorded them (for re-running the stage checks alone).
+
+    Two stages that agree are not enough: a refused plan deletes the partitions whose stages
+    differ, which leaves both empty and equal. The builds' records tell that apart, and the
+    plans say whether anyone planned these exact stages.
+
+    Raises:
+        StageError: the stages of this spec have never been built.
+        SpecError: the spec no longer matches the catalog, or a label is malformed.
+    """
+    with factory() as conn:
+        if not control.control_ready(conn, spec.control_schema):
+            raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
+        ctx = resolve(conn, factory, spec, labels)
+        with transient_errors("reading the stages"), repeatable_read(conn, read_only=True):
+            set_timeouts(conn, spec)
+            for variant in ("a", "b"):
+                if table_kind(conn, ctx.stage(variant)) is None:
+                    raise StageError(f"stage {ctx.stage(variant)} has never been built; materialize both stages first")
+            built = {v: control.builds(conn, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
+            now = {v: {label: ctx.readings(conn, ctx.stage(v), value) for value, label in zip(ctx.partitions, ctx.labels)}
+                   for v in ("a", "b")}
+            plans = control.plans_with(conn, spec.control_schema, spec.name, ctx.labels)
+    out = []
+    for label in ctx.labels:
+        a, b = now["a"][label], now["b"][label]
+        problems = []
+        for v, fp in (("a", a), ("b", b)):
+            record = built[v].get(label)
+            if record is None:
+                problems.append(f"stage {v.upper()} has no recorded build of this partition")
+            elif fp.as_dict() != record[0]:
+                problems.append(
+                    f"stage {v.upper()} changed since its latest build ({record[0]['row_count']} rows, hash "
+                    f"{record[0]['content_hash'][:16]}; now {fp.row_count} rows, hash {fp.content_hash[:16]}); "
+                    "a refused plan removes the partitions whose stages differ"
+                )
+        diffs = a.differences(b)
+        if diffs:
+            problems.append(f"stages A and B differ on {', '.join(diffs)}")
+        plan_id = next((pid for pid, pa, pb in plans.get(label, []) if pa == a.as_dict() and pb == b.as_dict()), None)
+        if plan_id is None and not problems:
+            problems.append("no plan recorded these stages; plan again")
+        out.append(StageState(label, a, b, plan_id, tuple(problems)))
+    return out

@@ -1,14 +1,16 @@
 """The assets of one spec: source -> snapshot -> stage_a, stage_b -> target.
 
 Stages A and B are materialized by one step that builds both at once on two connections and
-plans, as the CLI does. Every asset body is a thin call into the core. They run as single-run backfills over a
-partition range. Dagster records one materialization per partition of the range from the
-step's output (its metadata describes the whole run: snapshot id, plan id); each body then
-yields a materialization per partition with that partition's own readings, and one check
-evaluation per partition, so the UI shows per-partition metadata, plots and checks (the
-latest materialization of a partition is the detailed one). A refused plan records its
-checks and fails the step, with no stage materialization; a selection of only the stage
-checks evaluates them on the stages as they are (core.plan.read_stages), building nothing.
+plans, as the CLI does. Every asset body is a thin call into the core; ``events`` maps what
+the core returns onto materializations and check evaluations. They run as single-run
+backfills over a partition range. Dagster records one materialization per partition of the
+range from the step's output (its metadata describes the whole run: snapshot id, plan id);
+each body then yields a materialization per partition with that partition's own readings,
+and one check evaluation per partition, so the UI shows per-partition metadata, plots and
+checks (the latest materialization of a partition is the detailed one). The stages step
+reads the snapshot to build from in the control schema. A refused plan records its checks
+and fails the step, with no stage materialization; a selection of only the stage checks
+evaluates them on the stages as they are (read_stages), building nothing.
 The target's gate is the core's approval check, inside the target itself: it holds for a
 backfill re-executed from failure, a hand-launched run and a sensor run alike, and each
 partition's failing check says why the approval does not cover it.
@@ -23,36 +25,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+import psycopg
 
+from backfill_assets import events
+from backfill_assets.core import control
 from backfill_assets.core.apply import apply_plan, approved_plan_for
 from backfill_assets.core.errors import (
-    ApprovalError, ApprovalOutdatedError, BackfillError, ConcurrentRunError, DeterminismError,
-    SnapshotError, StageError, TransientDatabaseError, VerificationError,
+    ApprovalError, ConcurrentRunError, DeterminismError, SnapshotError, StageError,
+    TransientDatabaseError, VerificationError,
 )
-from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.plan import snapshot_step, stages_step
-from backfill_assets.core.stages import read_stages
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.stages import read_stages
+from backfill_assets.names import APPROVAL_TAG, PLAN_TAG, Keys
 from backfill_assets.partitions import partitions_def
-from backfill_assets.render import plan_markdown
 from backfill_assets.resources import PostgresResource, resource_key
 
-PLAN_TAG = "backfill_assets/plan_id"
-APPROVAL_TAG = "backfill_assets/approval_id"
+__all__ = ["APPROVAL_TAG", "PLAN_TAG", "Keys", "spec_assets", "transient_retry"]
+
 MAX_TRANSIENT_RETRIES = 3
-
-
-@dataclass(frozen=True)
-class Keys:
-    source: dg.AssetKey
-    snapshot: dg.AssetKey
-    stage_a: dg.AssetKey
-    stage_b: dg.AssetKey
-    target: dg.AssetKey
-
-    @classmethod
-    def of(cls, spec: Spec) -> "Keys":
-        return cls(*(dg.AssetKey([spec.name, n]) for n in ("source", "snapshot", "stage_a", "stage_b", "target")))
 
 
 @contextlib.contextmanager
@@ -110,126 +101,97 @@ def _factory(context: dg.AssetExecutionContext, spec: Spec):
     return resource.factory(f"backfill_assets:{spec.name}:dagster")
 
 
-def _readings_metadata(fp: dict[str, Any] | Fingerprint) -> dict[str, Any]:
-    r = fp.as_dict() if isinstance(fp, Fingerprint) else fp
-    return {
-        "dagster/row_count": r["row_count"],
-        "null_key_count": r["null_key_count"],
-        "duplicate_key_count": r["duplicate_key_count"],
-        # A float to plot across partitions; the exact decimal as text.
-        "total": float(r["total"]) if r["total"] is not None else None,
-        "total_exact": r["total"],
-        "content_hash": r["content_hash"],
-    }
+def snapshot_of(conn: psycopg.Connection, spec: Spec, labels: list[str], key: dg.AssetKey) -> str:
+    """The snapshot the partitions were last snapshotted in, read in the control schema: the
+    newest snapshot of each, when that is one snapshot; else the newest snapshot holding them
+    all with the source content of each one's newest snapshot (they were snapshotted together
+    again since, with the same data).
 
-
-def _schema(columns: list[tuple[str, str]]) -> dg.TableSchema:
-    return dg.TableSchema(columns=[dg.TableColumn(name, type_name) for name, type_name in columns])
-
-
-def _snapshot_id(context: dg.AssetExecutionContext, key: dg.AssetKey) -> str:
-    """The snapshot the run's partitions were last snapshotted in (all in the same one)."""
-    found: dict[str, str] = {}
-    for partition in context.partition_keys:
-        records = context.instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=1
-        ).records
-        if not records or records[0].asset_materialization is None:
-            raise SnapshotError(f"partition {partition} has no snapshot yet; materialize {key.to_user_string()} first")
-        found[partition] = str(records[0].asset_materialization.metadata["snapshot_id"].value)
-    ids = sorted(set(found.values()))
-    if len(ids) != 1:
+    Raises:
+        SnapshotError: a partition has no snapshot; or their newest snapshots differ in data
+            and no one snapshot holds them all as they are (snapshotted separately).
+    """
+    schema, source, by = spec.control_schema, str(spec.source_ref), spec.partition_key
+    newest = control.newest_snapshots(conn, schema, source, by, labels) if control.control_ready(conn, schema) else {}
+    missing = [label for label in labels if label not in newest]
+    if missing:
+        raise SnapshotError(f"partition {missing[0]} has no snapshot yet; materialize {key.to_user_string()} first")
+    ids = sorted({newest[label][0] for label in labels})
+    together = ids[0] if len(ids) == 1 else control.snapshot_with(
+        conn, schema, source, by, {label: newest[label][1] for label in labels})
+    if together is None:
         raise SnapshotError(
-            f"partitions {', '.join(found)} were snapshotted separately ({', '.join(ids)}); "
+            f"partitions {', '.join(labels)} were snapshotted separately ({', '.join(ids)}); "
             "snapshot them together, in one run, before building their stages"
         )
-    return ids[0]
+    return together
 
 
-def _key_check(key: dg.AssetKey, partition: str, fp: Fingerprint, **context: str) -> dg.AssetCheckEvaluation:
-    """The key check of one stage partition; ``context`` names the plan, so the dashboard
-    leads to the approval."""
-    ok = fp.null_key_count == 0 and fp.duplicate_key_count == 0
-    return dg.AssetCheckEvaluation(
-        asset_key=key, check_name="business_key_unique_and_not_null", passed=ok, partition=partition,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={"null_key_count": fp.null_key_count, "duplicate_key_count": fp.duplicate_key_count, **context},
-    )
+@dataclass(frozen=True)
+class _Shape:
+    """What every asset of one spec shares: its keys and its one partitions definition."""
 
+    spec: Spec
+    keys: Keys
+    parts: dg.PartitionsDefinition
 
-def _side_by_side(a: dict[str, Any], b: dict[str, Any]) -> str:
-    rows = ["| reading | stage A | stage B |", "|---|---|---|"]
-    for k in a:
-        mark = "" if a[k] == b[k] else " **differs**"
-        rows.append(f"| {k} | `{a[k]}` | `{b[k]}`{mark} |")
-    return "\n".join(rows)
+    def multi_asset(self, step: str, **kwargs: Any) -> Callable[..., Any]:
+        """A single-run multi-asset over the spec's partitions, named ``<spec>__<step>``.
+
+        Subsettable so that per-partition check evaluations may stand in for the check
+        outputs; the stages body refuses a selection of one stage."""
+        return dg.multi_asset(
+            name=f"{self.spec.name}__{step}", partitions_def=self.parts, backfill_policy=dg.BackfillPolicy.single_run(),
+            can_subset=True, required_resource_keys={resource_key(self.spec)}, **kwargs,
+        )
+
+    def check(self, name: str, key: dg.AssetKey, description: str, blocking: bool = False) -> dg.AssetCheckSpec:
+        return dg.AssetCheckSpec(name, asset=key, description=description, blocking=blocking, partitions_def=self.parts)
 
 
 def spec_assets(spec: Spec) -> list[Any]:
     """The asset definitions of one spec."""
-    keys = Keys.of(spec)
-    parts = partitions_def(spec)
-    res = {resource_key(spec)}
-    policy = dg.BackfillPolicy.single_run()
-    group = spec.name
-
-    def check(name: str, key: dg.AssetKey, description: str, blocking: bool = False) -> dg.AssetCheckSpec:
-        return dg.AssetCheckSpec(name, asset=key, description=description, blocking=blocking, partitions_def=parts)
-
-    def _stages_match(partition: str, passed: bool, a: dict[str, Any], b: dict[str, Any],
-                      **metadata: Any) -> dg.AssetCheckEvaluation:
-        """The blocking check of one partition: stages A and B agree on every reading."""
-        return dg.AssetCheckEvaluation(
-            asset_key=keys.stage_b, check_name="stages_match", passed=passed, partition=partition,
-            severity=dg.AssetCheckSeverity.ERROR, blocking=True,
-            metadata={**metadata, "readings": dg.MetadataValue.md(_side_by_side(a, b))},
-        )
-
+    shape = _Shape(spec, Keys.of(spec), partitions_def(spec))
     source = dg.AssetSpec(
-        keys.source, group_name=group, kinds={"postgres"},
+        shape.keys.source, group_name=spec.name, kinds={"postgres"},
         description=f"The source table {spec.source_ref}; read only, never written.",
         metadata={"table": str(spec.source_ref)},
     )
+    return [source, _snapshot_asset(shape), _stages_asset(shape), _target_asset(shape)]
 
-    @dg.multi_asset(
-        name=f"{spec.name}__snapshot", partitions_def=parts, backfill_policy=policy, can_subset=True,
-        required_resource_keys=res,
-        specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=group, kinds={"postgres"},
+
+def _snapshot_asset(shape: _Shape) -> dg.AssetsDefinition:
+    spec, keys, parts = shape.spec, shape.keys, shape.parts
+
+    @shape.multi_asset(
+        "snapshot",
+        specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=spec.name, kinds={"postgres"},
                             description="A fixed copy (or pinned fingerprint) of the source partitions.")],
     )
     def snapshot(context: dg.AssetExecutionContext):
         with transient_retry():
             snap = snapshot_step(spec, list(context.partition_keys), _factory(context, spec), progress=context.log.info)
-        yield dg.MaterializeResult(asset_key=keys.snapshot, metadata={
-            "snapshot_id": snap.snapshot_id, "snapshot_fingerprint": snap.fingerprint,
-            "partitions": ", ".join(snap.partitions)})
-        for label, readings in snap.partitions.items():
-            if parts.has_partition_key(label):
-                yield dg.AssetMaterialization(keys.snapshot, partition=label, metadata={
-                    "snapshot_id": snap.snapshot_id, "snapshot_fingerprint": snap.fingerprint,
-                    "mode": snap.mode, "source_rows": readings["row_count"],
-                    "source_hash": readings["content_hash"],
-                    "requested": label in snap.requested,
-                })
+        yield from events.snapshot_events(keys, parts, snap)
 
-    @dg.multi_asset(
-        # Subsettable only so that the per-partition check evaluations below may stand in for
-        # the check outputs; the body refuses a selection of one stage.
-        name=f"{spec.name}__stages", partitions_def=parts, backfill_policy=policy, can_subset=True,
-        required_resource_keys=res,
+    return snapshot
+
+
+def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
+    spec, keys, parts = shape.spec, shape.keys, shape.parts
+
+    @shape.multi_asset(
+        "stages",
         specs=[
-            dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=group, kinds={"postgres"},
+            dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=spec.name, kinds={"postgres"},
                          description="Newest row per business key, built with DISTINCT ON."),
-            dg.AssetSpec(keys.stage_b, deps=[keys.snapshot], group_name=group, kinds={"postgres"},
+            dg.AssetSpec(keys.stage_b, deps=[keys.snapshot], group_name=spec.name, kinds={"postgres"},
                          description="Newest row per business key, built independently with a window "
                                      "function; compared with stage A into a plan."),
         ],
         check_specs=[
-            check("business_key_unique_and_not_null", keys.stage_a,
-                  "No NULL and no duplicate business key in the stage partition."),
-            check("stages_match", keys.stage_b, "Stages A and B agree on every reading.", blocking=True),
-            check("business_key_unique_and_not_null", keys.stage_b,
-                  "No NULL and no duplicate business key in the stage partition."),
+            shape.check(events.KEY_CHECK, keys.stage_a, "No NULL and no duplicate business key in the stage partition."),
+            shape.check(events.MATCH_CHECK, keys.stage_b, "Stages A and B agree on every reading.", blocking=True),
+            shape.check(events.KEY_CHECK, keys.stage_b, "No NULL and no duplicate business key in the stage partition."),
         ],
     )
     def stages(context: dg.AssetExecutionContext):
@@ -246,33 +208,19 @@ def spec_assets(spec: Spec) -> list[Any]:
                 "together (two independent builds compared into one plan); select both, or only "
                 "their checks to check the stages again without building them"
             )
-        snapshot_id = _snapshot_id(context, keys.snapshot)
+        factory = _factory(context, spec)
         with transient_retry(), _progress(context) as progress:
-            ctx, plan, built_a, built_b = stages_step(spec, snapshot_id, _factory(context, spec), progress=progress)
-        table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id))
-        schema = _schema([(c.name, c.type_name) for c in ctx.target_columns])
-        common = {"snapshot_id": snapshot_id, "plan_id": plan.plan_id, "plan_status": plan.status}
-        entries = [e for e in plan.document["partitions"] if parts.has_partition_key(e["partition"])]
-        checks = [
-            evaluation for entry in entries for evaluation in (
-                _key_check(keys.stage_a, entry["partition"], built_a[entry["partition"]], plan_id=plan.plan_id),
-                _key_check(keys.stage_b, entry["partition"], built_b[entry["partition"]], plan_id=plan.plan_id),
-                _stages_match(entry["partition"], entry["match"], entry["stage_a"], entry["stage_b"],
-                              plan_id=plan.plan_id, plan=table),
-            )
-        ]
+            with factory() as conn:
+                snapshot_id = snapshot_of(conn, spec, list(context.partition_keys), keys.snapshot)
+            ctx, plan, built_a, built_b = stages_step(spec, snapshot_id, factory, progress=progress)
+        checks = events.stage_checks(keys, parts, plan, built_a, built_b)
         if plan.status == "refused":
             # The differing partitions' stages were deleted: record no materialization of any
             # partition, only the checks saying why, and fail the step.
             yield from checks
             raise DeterminismError(plan.plan_id, plan.problems)
-        yield dg.MaterializeResult(asset_key=keys.stage_a, metadata=common)
-        yield dg.MaterializeResult(asset_key=keys.stage_b, metadata={**common, "plan": table})
-        for entry in entries:
-            for key, side in ((keys.stage_a, "stage_a"), (keys.stage_b, "stage_b")):
-                yield dg.AssetMaterialization(key, partition=entry["partition"], metadata={
-                    **_readings_metadata(entry[side]), **common, "plan": table, "dagster/column_schema": schema,
-                })
+        columns = [(c.name, c.type_name) for c in ctx.target_columns]
+        yield from events.stage_materializations(keys, parts, snapshot_id, columns, plan)
         yield from checks
 
     def stage_checks_again(context: dg.AssetExecutionContext):
@@ -280,58 +228,29 @@ def spec_assets(spec: Spec) -> list[Any]:
         stages as they are now, against each other, their builds and the plans; build nothing."""
         if not (context.has_partition_key or context.has_partition_key_range):
             raise StageError("checking the stages again needs the partitions to check; pick them when launching")
-        wanted = context.selected_asset_check_keys
         with transient_retry():
             found = read_stages(spec, list(context.partition_keys), _factory(context, spec))
-        for state in found:
-            about = {"plan_id": state.plan_id or "none", "checked": "the stages as they are, without building"}
-            for key, fp in ((keys.stage_a, state.a), (keys.stage_b, state.b)):
-                if dg.AssetCheckKey(key, "business_key_unique_and_not_null") in wanted:
-                    yield _key_check(key, state.partition, fp, **about)
-            if dg.AssetCheckKey(keys.stage_b, "stages_match") in wanted:
-                yield _stages_match(state.partition, state.match, state.a.as_dict(), state.b.as_dict(),
-                                    **about, **({"problems": "; ".join(state.problems)} if state.problems else {}))
+        yield from events.stage_checks_as_they_are(keys, found, context.selected_asset_check_keys)
 
-    @dg.multi_asset(
-        name=f"{spec.name}__target", partitions_def=parts, backfill_policy=policy, can_subset=True,
-        required_resource_keys=res,
-        specs=[dg.AssetSpec(keys.target, deps=[keys.stage_a, keys.stage_b], group_name=group, kinds={"postgres"},
+    return stages
+
+
+def _target_asset(shape: _Shape) -> dg.AssetsDefinition:
+    spec, keys, parts = shape.spec, shape.keys, shape.parts
+
+    @shape.multi_asset(
+        "target",
+        specs=[dg.AssetSpec(keys.target, deps=[keys.stage_a, keys.stage_b], group_name=spec.name, kinds={"postgres"},
                             description=f"{spec.target_ref}: approved partitions replaced from stage A, "
                                         "one verified transaction each.")],
-        check_specs=[check("target_matches_approved_plan", keys.target,
-                           "After the replace, the target partition carries the approved fingerprint.")],
+        check_specs=[shape.check(events.TARGET_CHECK, keys.target,
+                                 "After the replace, the target partition carries the approved fingerprint.")],
     )
     def target(context: dg.AssetExecutionContext):
         labels = list(context.partition_keys)
         factory = _factory(context, spec)
         results: list[dict[str, Any]] = []
         plan_id = context.run.tags.get(PLAN_TAG)
-
-        def events(error: BackfillError | None = None):
-            for r in results:
-                if not parts.has_partition_key(r["partition"]):
-                    continue
-                meta = {**_readings_metadata(r), "status": r["status"], "plan_id": plan_id}
-                yield dg.AssetMaterialization(keys.target, partition=r["partition"], metadata=meta)
-                yield dg.AssetCheckEvaluation(
-                    asset_key=keys.target, check_name="target_matches_approved_plan", passed=True,
-                    partition=r["partition"], metadata={"plan_id": plan_id, "status": r["status"]},
-                )
-            if error is not None:
-                done = {r["partition"] for r in results}
-                failed = [getattr(error, "partition", None)] if isinstance(error, VerificationError) else [
-                    label for label in labels if label not in done]
-                # An approval that no longer covers a partition says why, per partition.
-                reasons = error.reasons if isinstance(error, ApprovalOutdatedError) else {}
-                for label in failed:
-                    reason = reasons.get(label)
-                    yield dg.AssetCheckEvaluation(
-                        asset_key=keys.target, check_name="target_matches_approved_plan", passed=False,
-                        partition=label, severity=dg.AssetCheckSeverity.ERROR,
-                        metadata={"plan_id": plan_id or "none", "error": str(error),
-                                  **({"reason": reason} if reason else {})},
-                    )
-
         try:
             with transient_retry():
                 if plan_id is None:
@@ -343,9 +262,9 @@ def spec_assets(spec: Spec) -> list[Any]:
                         only=labels, on_result=results.append, progress=progress,
                     )
         except (ApprovalError, VerificationError) as err:
-            yield from events(err)
+            yield from events.target_events(keys, parts, labels, results, plan_id, err)
             raise
         yield dg.MaterializeResult(asset_key=keys.target, metadata={"plan_id": plan_id})
-        yield from events()
+        yield from events.target_events(keys, parts, labels, results, plan_id)
 
-    return [source, snapshot, stages, target]
+    return target

@@ -452,6 +452,22 @@ _APPROVALS_SINCE = sql.SQL(
     "ORDER BY a.approval_id"
 )
 APPROVAL_STATE_FIELDS = ("approval_id", "plan_id", "partitions", "applied", "superseded")
+_NEWEST_SNAPSHOTS = sql.SQL(
+    "SELECT DISTINCT ON (e ->> 'partition') e ->> 'partition', s.snapshot_id, e ->> 'content_hash' "
+    "FROM {schema}.snapshots AS s, jsonb_array_elements(s.partitions) AS e "
+    "WHERE s.source_table = %(source_table)s AND s.partition_key = %(partition_key)s "
+    "AND e ->> 'partition' = ANY(%(partitions)s) "
+    "ORDER BY e ->> 'partition', s.created_at DESC, s.snapshot_id"
+)
+# The newest snapshot holding every given partition with the given source content hash.
+_SNAPSHOT_WITH = sql.SQL(
+    "SELECT s.snapshot_id FROM {schema}.snapshots AS s "
+    "WHERE s.source_table = %(source_table)s AND s.partition_key = %(partition_key)s "
+    "AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(%(hashes)s) AS w(partition, content_hash) "
+    "WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(s.partitions) AS e "
+    "WHERE e ->> 'partition' = w.partition AND e ->> 'content_hash' = w.content_hash)) "
+    "ORDER BY s.created_at DESC, s.snapshot_id LIMIT 1"
+)
 
 
 def approvals_since(conn: psycopg.Connection, schema: str, spec_name: str, after: int) -> list[dict[str, Any]]:
@@ -464,3 +480,26 @@ def approvals_since(conn: psycopg.Connection, schema: str, spec_name: str, after
     ).fetchall()
     return [dict(zip(APPROVAL_STATE_FIELDS, (int(r[0]), r[1], list(r[2]), r[3], r[4]))) for r in rows]
 
+
+def newest_snapshots(
+    conn: psycopg.Connection, schema: str, source_table: str, partition_key: str, partitions: list[str]
+) -> dict[str, tuple[str, str]]:
+    """partition -> (snapshot_id, source content hash) of the newest snapshot holding each of
+    ``partitions`` (partitions never snapshotted are absent)."""
+    rows = conn.execute(
+        _NEWEST_SNAPSHOTS.format(schema=sql.Identifier(schema)),
+        {"source_table": source_table, "partition_key": partition_key, "partitions": partitions},
+    ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def snapshot_with(
+    conn: psycopg.Connection, schema: str, source_table: str, partition_key: str, hashes: dict[str, str]
+) -> str | None:
+    """The newest snapshot holding every partition of ``hashes`` (partition -> source
+    content hash) with that content, or None."""
+    row = conn.execute(
+        _SNAPSHOT_WITH.format(schema=sql.Identifier(schema)),
+        {"source_table": source_table, "partition_key": partition_key, "hashes": Jsonb(hashes)},
+    ).fetchone()
+    return None if row is None else row[0]

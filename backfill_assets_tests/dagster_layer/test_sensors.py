@@ -1,4 +1,4 @@
-"""approval_sensor on a fresh Dagster instance."""
+"""approval_sensor on a fresh Dagster instance, and where the stages find their snapshot."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import dagster as dg
 import pytest
 
+from backfill_assets.assets import spec_assets
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.plan import make_plan
@@ -18,6 +19,7 @@ from backfill_assets_tests.conftest import make_spec
 
 SPEC = make_spec()
 WEEK = PartitionRequest("2024-01-01..2024-01-07")
+KEYS = {n: dg.AssetKey(["orders_daily", n]) for n in ("snapshot", "stage_a", "stage_b")}
 
 
 @pytest.fixture
@@ -80,3 +82,48 @@ def test_an_approval_the_sensor_cannot_launch_is_a_failed_run_with_the_reason(re
     assert "2024-01-05, 2024-01-06, 2024-01-07, 2024-01-08 are outside the Dagster partitions" in failure.description
     (record,) = instance.get_run_records(dg.RunsFilter(tags={APPROVAL_TAG: str(approval_id)}))
     assert record.dagster_run.status == dg.DagsterRunStatus.FAILURE
+
+
+def stages(resources, instance, partitions):
+    tags = ({"dagster/partition": partitions[0]} if len(partitions) == 1
+            else {RANGE_START: partitions[0], RANGE_END: partitions[-1]})
+    return dg.materialize(spec_assets(SPEC), selection=[KEYS["stage_a"], KEYS["stage_b"]], instance=instance,
+                          resources=resources, tags=tags, raise_on_error=False)
+
+
+def snapshot(resources, partitions):
+    tags = ({"dagster/partition": partitions[0]} if len(partitions) == 1
+            else {RANGE_START: partitions[0], RANGE_END: partitions[-1]})
+    result = dg.materialize(spec_assets(SPEC), selection=[KEYS["snapshot"]], instance=dg.DagsterInstance.ephemeral(),
+                            resources=resources, tags=tags)
+    return result.asset_materializations_for_node("orders_daily__snapshot")[0].metadata["snapshot_id"].value
+
+
+def built_from(result):
+    return {m.metadata["snapshot_id"].value for m in result.asset_materializations_for_node("orders_daily__stages")}
+
+
+WEEK7 = ["2024-01-01", "2024-01-07"]
+
+
+def test_the_stages_find_their_snapshot_in_the_control_schema_not_in_dagsters_event_log(resources, demo_db):
+    first = stages(resources, dg.DagsterInstance.ephemeral(), WEEK7)
+    assert not first.success
+    assert "partition 2024-01-01 has no snapshot yet" in first.failure_data_for_node(
+        "orders_daily__stages").error.cause.message
+    week = snapshot(resources, WEEK7)
+    fresh = dg.DagsterInstance.ephemeral()  # has never seen a snapshot materialization
+    assert built_from(stages(resources, fresh, WEEK7)) == {week}
+    # The day alone again, with the same data: the week's snapshot still holds it as it is.
+    assert snapshot(resources, ["2024-01-02"]) != week
+    assert built_from(stages(resources, fresh, WEEK7)) == {week}
+    # The day's source changes and only the day is snapshotted: the week was snapshotted separately.
+    demo_db.execute("UPDATE public.orders_raw SET note = 'late' WHERE order_date = '2024-01-02'")
+    day = snapshot(resources, ["2024-01-02"])
+    refused = stages(resources, fresh, WEEK7)
+    assert not refused.success
+    message = refused.failure_data_for_node("orders_daily__stages").error.cause.message
+    assert "were snapshotted separately" in message and day in message and week in message
+    assert built_from(stages(resources, fresh, ["2024-01-02"])) == {day}
+    again = snapshot(resources, WEEK7)  # the week together again
+    assert again not in (week, day) and built_from(stages(resources, fresh, WEEK7)) == {again}

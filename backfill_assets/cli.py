@@ -22,11 +22,9 @@ import psycopg
 from backfill_assets.core import embedded
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import (
-    check_data_unchanged,
-    check_spec_unchanged,
-    find_plan,
+    confirm,
     open_approvals,
-    record_approval,
+    review,
 )
 from backfill_assets.core.catalog import inspect_tables
 from backfill_assets.core.control import ledger_status
@@ -37,7 +35,7 @@ from backfill_assets.core.db import (
     url_from_env,
 )
 from backfill_assets.core.errors import ApprovalError, BackfillError, DeterminismError
-from backfill_assets.core.plan import Plan, make_plan
+from backfill_assets.core.plan import make_plan
 from backfill_assets.core.profile import profile_source
 from backfill_assets.core.spec import PartitionRequest, Spec, load_spec
 from backfill_assets.render import (
@@ -45,9 +43,8 @@ from backfill_assets.render import (
     render_approvals,
     render_plan,
     render_profile,
-    render_replacement,
+    render_review,
     render_status,
-    render_target_now,
 )
 
 EXIT_CODES = """exit codes:
@@ -159,22 +156,17 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     factory = _factory(spec, args)
     with factory() as conn:
-        stored = find_plan(conn, spec, args.plan)
-        ctx = check_spec_unchanged(conn, factory, spec, stored)
-        target = check_data_unchanged(conn, ctx, stored)
-        plan = Plan(stored.plan_id, "ready", (), stored.document)
+        checked = review(conn, factory, spec, args.plan)
         if not out.json_mode:
-            out.result(render_plan(plan))
-            out.result("\n" + render_target_now(stored.document, target))
-            out.result("\n" + render_replacement(stored.document))
-        _confirm(args, stored.plan_id)
-        approval_id = record_approval(conn, spec, stored, args.by, target=target)
+            out.result(render_review(checked))
+        _confirm(args, checked.plan_id)
+        approval_id = confirm(conn, checked, args.by)
     if out.json_mode:
-        out.json({"approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": args.by,
-                  "partitions": stored.labels, "target": stored.document["target"],
-                  "target_readings": target})
+        out.json({"approval_id": approval_id, "plan_id": checked.plan_id, "approved_by": args.by,
+                  "partitions": checked.stored.labels, "target": checked.stored.document["target"],
+                  "target_readings": checked.target})
     else:
-        out.result(f"approved plan {stored.plan_id} as approval {approval_id} by {args.by}")
+        out.result(f"approved plan {checked.plan_id} as approval {approval_id} by {args.by}")
     return 0
 
 

@@ -13,7 +13,7 @@ from typing import Protocol
 from backfill_assets import demo
 from backfill_assets.core import embedded
 from backfill_assets.core.apply import ApplyResult, apply_plan
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import confirm, review
 from backfill_assets.core.catalog import inspect_tables
 from backfill_assets.core.control import ledger_status
 from backfill_assets.core.db import ConnectionFactory, connection_factory
@@ -65,7 +65,7 @@ def run_demo(spec: Spec, partitions: str, out: Printer) -> None:
     out.result("\n-- 8. the same backfill again, from the same source")
     again = make_plan(spec, request, factory, progress=out.progress)
     with factory() as conn:
-        approve_plan(conn, factory, spec, find_plan(conn, spec, again.plan_id), "demo")
+        confirm(conn, review(conn, factory, spec, again.plan_id), "demo")
     second = apply_plan(spec, again.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
     _report_rerun(plan, again, first, second, out)
 
@@ -83,9 +83,9 @@ def _inspect_and_profile(spec: Spec, factory: ConnectionFactory, out: Printer) -
 def _approve_and_apply(spec: Spec, factory: ConnectionFactory, plan: Plan, out: Printer) -> ApplyResult:
     out.result("\n-- 5. approve that exact plan")
     with factory() as conn:
-        stored = find_plan(conn, spec, plan.plan_id)
-        out.result(render_replacement(stored.document))
-        approval = approve_plan(conn, factory, spec, stored, "demo")
+        checked = review(conn, factory, spec, plan.plan_id)
+        out.result(render_replacement(checked.stored.document))
+        approval = confirm(conn, checked, "demo")
     out.result(f"approved as approval {approval} by 'demo' (in real use a person runs "
                "`backfill-assets approve`, which asks on the terminal)")
     out.result("\n-- 6. apply: replace and verify one partition (or moved-key group) per transaction")

@@ -3,16 +3,13 @@
 
 import dagster as dg
 
-from backfill_assets.core.approve import (
-    check_data_unchanged, check_spec_unchanged, find_plan, record_approval,
-)
+from backfill_assets.core.approve import confirm, review
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.plan import Plan
 from backfill_assets.core.spec import Spec
 from backfill_assets.names import (
     APPROVE_JOB, APPROVE_OP, UNLAUNCHABLE_JOB, UNLAUNCHABLE_OP, Keys, stages_job_name, target_job_name,
 )
-from backfill_assets.render import plan_markdown, render_plan, render_replacement, render_target_now
+from backfill_assets.render import plan_markdown, render_review
 from backfill_assets.resources import PostgresResource, resource_key
 
 
@@ -53,13 +50,10 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
         resource: PostgresResource = getattr(context.resources, resource_key(spec))
         factory = resource.factory(f"backfill_assets:{spec.name}:approve")
         with factory() as conn:
-            stored = find_plan(conn, spec, config.plan_id)
-            context.log.info(render_plan(Plan(stored.plan_id, stored.status, (), stored.document)))
-            context.log.info(render_replacement(stored.document))
-            ctx = check_spec_unchanged(conn, factory, spec, stored)
-            target = check_data_unchanged(conn, ctx, stored)
-            context.log.info(render_target_now(stored.document, target))
-            approval_id = record_approval(conn, spec, stored, config.approved_by, target=target)
+            checked = review(conn, factory, spec, config.plan_id)
+            context.log.info(render_review(checked))
+            approval_id = confirm(conn, checked, config.approved_by)
+        stored = checked.stored
         context.add_output_metadata({
             "approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": config.approved_by,
             "partitions": ", ".join(stored.labels),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from backfill_assets.core.apply import ApplyResult
-from backfill_assets.core.approve import OpenApproval
+from backfill_assets.core.approve import OpenApproval, Review
 from backfill_assets.core.plan import Plan
 from backfill_assets.core.profile import Profile
 
@@ -165,3 +165,12 @@ def plan_markdown(doc: dict[str, Any], plan_id: str) -> str:
     for added in doc.get("added_partitions", []):
         lines.append(f"\nadded {added['partition']}: " + "; ".join(added["reasons"]))
     return "\n".join(lines)
+
+
+def render_review(checked: Review) -> str:
+    """What a person approves: the plan, the target as it is now, and what will be replaced."""
+    stored = checked.stored
+    plan = Plan(stored.plan_id, stored.status, stored.problems, stored.document)
+    return "\n\n".join([
+        render_plan(plan), render_target_now(stored.document, checked.target), render_replacement(stored.document),
+    ])

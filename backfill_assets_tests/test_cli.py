@@ -290,3 +290,21 @@ def test_status_shows_what_each_open_approval_still_covers_and_why_not(demo_db, 
     demo_db.execute("UPDATE backfill_control.orders_daily__stage_a SET note = 'x' WHERE order_date = '2024-01-03'")
     code, out, _ = run(capsys, "status", "--spec", spec)
     assert code == 0 and "covers nothing: stage backfill_control.orders_daily__stage_a no longer has" in out
+
+
+def test_approve_renders_the_core_review_and_checks_the_data_once(demo_db, url_env, tmp_path, capsys, monkeypatch):
+    """One approval flow: the core's review runs every check once; the CLI renders what it
+    returns (the plan, the target now, what will be replaced) and confirms it."""
+    from backfill_assets.core import approve as approve_module
+
+    spec = str(write_spec(tmp_path))
+    code, out, _ = run(capsys, "plan", "--spec", spec, "--partitions", "2024-01-01..2024-01-07", "--json")
+    plan_id = json.loads(out)["plan_id"]
+    calls = []
+    real = approve_module.check_data_unchanged
+    monkeypatch.setattr(approve_module, "check_data_unchanged", lambda *a, **k: calls.append(1) or real(*a, **k))
+    code, out, err = run(capsys, "approve", "--spec", spec, "--plan", plan_id, "--by", "alice", "--yes")
+    assert code == 0, err
+    assert len(calls) == 1
+    assert out.index(f"plan {plan_id}") < out.index("The target now") < out.index("Approving will REPLACE")
+    assert f"approved plan {plan_id} as approval 1 by alice" in out

@@ -49,6 +49,11 @@ class StoredPlan:
         """The approved readings (stage A's) of one partition."""
         return next(p["stage_a"] for p in self.document["partitions"] if p["partition"] == label)
 
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Why the plan was refused (empty for a ready plan)."""
+        return tuple(self.document.get("problems", ()))
+
     def pinned_source(self, labels: list[str] | None = None) -> dict[str, dict[str, Any]]:
         """The source fingerprints the plan's snapshot pinned, of ``labels`` (default all):
         label -> ``{"row_count", "content_hash"}``."""
@@ -93,7 +98,7 @@ def check_spec_unchanged(
         SpecError: the spec no longer matches the catalog.
     """
     if stored.status != "ready":
-        problems = "; ".join(stored.document.get("problems", [])) or "its stages did not match"
+        problems = "; ".join(stored.problems) or "its stages did not match"
         raise ApprovalError(
             f"plan {stored.plan_id[:16]} was refused ({problems}); it cannot be approved or applied"
         )
@@ -166,21 +171,60 @@ def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -
     return {label: ctx.readings(conn, ctx.spec.target_ref, values[label]).as_dict() for label in labels}
 
 
+@dataclass(frozen=True)
+class Review:
+    """Everything a person must see before approving a plan, after every check passed: the
+    plan (with its problems), and each partition's target as it is now, which the approval
+    will record it was given against. Front-ends render it and ask; :func:`confirm` records."""
+
+    spec: Spec
+    stored: StoredPlan
+    target: dict[str, dict[str, Any]]
+
+    @property
+    def plan_id(self) -> str:
+        return self.stored.plan_id
+
+
+def review(
+    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, plan: str | StoredPlan,
+) -> Review:
+    """Every check an approval needs, once: the plan exists, belongs to the spec and was not
+    refused; the spec and the target's columns are unchanged; the snapshot's seal holds (an
+    immutable source still carries its fingerprint); stage A still carries the planned
+    readings. Reads the target as it is now.
+
+    Args:
+        plan: a plan id or unique prefix, or a plan already found.
+
+    Raises:
+        PlanReferenceError: a malformed plan id.
+        ApprovalError, SpecError: see :func:`find_plan`, :func:`check_spec_unchanged`,
+            :func:`check_data_unchanged`.
+    """
+    stored = plan if isinstance(plan, StoredPlan) else find_plan(conn, spec, plan)
+    ctx = check_spec_unchanged(conn, factory, spec, stored)
+    return Review(spec, stored, check_data_unchanged(conn, ctx, stored))
+
+
+def confirm(conn: psycopg.Connection, checked: Review, approved_by: str, *, clock: Clock = utc_now) -> int:
+    """Record the approval of a reviewed plan, against the target the review read. Returns
+    the approval id. apply checks the stage and the target again before it writes."""
+    return record_approval(conn, checked.spec, checked.stored, approved_by, target=checked.target, clock=clock)
+
+
 def approve_plan(
     conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, stored: StoredPlan,
     approved_by: str, *, clock: Clock = utc_now,
 ) -> int:
-    """Check that the plan still describes the data, then record the approval.
-
-    Show the plan to the approver before calling this. Returns the approval id.
+    """Review and confirm at once, for scripts that have shown the plan already (the demo,
+    the benchmark, tests). Returns the approval id.
 
     Raises:
-        ApprovalError, SpecError: see :func:`check_spec_unchanged`, :func:`check_data_unchanged`.
+        ApprovalError, SpecError: see :func:`review`.
     """
     _approver(approved_by)
-    ctx = check_spec_unchanged(conn, factory, spec, stored)
-    target = check_data_unchanged(conn, ctx, stored)
-    return record_approval(conn, spec, stored, approved_by, target=target, clock=clock)
+    return confirm(conn, review(conn, factory, spec, stored), approved_by, clock=clock)
 
 
 def record_approval(

@@ -146,6 +146,21 @@ def test_approval_gate_then_sensor_launches_exactly_the_approved_partitions(dags
     assert all(hashes[k] == target[k]["content_hash"].value for k in hashes)
 
 
+def test_the_approval_gate_logs_the_core_review_and_checks_the_data_once(dagster_env, demo_db, monkeypatch):
+    from backfill_assets.core import approve as approve_module
+
+    defs, resources, instance = dagster_env
+    result = stage_week(defs, resources, instance)
+    plan_id = evaluations(result, "stages_match")["2024-01-01"].metadata["plan_id"].value
+    calls = []
+    real = approve_module.check_data_unchanged
+    monkeypatch.setattr(approve_module, "check_data_unchanged", lambda *a, **k: calls.append(1) or real(*a, **k))
+    approved = approve(defs, resources, instance, plan_id)
+    assert approved.success and len(calls) == 1
+    logged = [e.user_message for e in instance.all_logs(approved.run_id) if "Approving will REPLACE" in e.user_message]
+    assert len(logged) == 1 and f"plan {plan_id}" in logged[0] and "The target now" in logged[0]
+
+
 def test_approve_backfill_refuses_a_plan_that_no_longer_matches(dagster_env, demo_db):
     defs, resources, instance = dagster_env
     result = stage_week(defs, resources, instance)

@@ -25,6 +25,9 @@ _DDL = (
         "fingerprint text NOT NULL, created_at timestamptz NOT NULL)"
     ),
     sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS scope jsonb"),  # added later
+    # When the snapshot was last taken: an identical snapshot taken again (a source that went
+    # A -> B -> A) keeps its id and created_at, but is the newest again.
+    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS taken_at timestamptz"),  # added later
     # The seal of each snapshot copy: every row was written by one transaction (writer_xid,
     # the rows' xmin), so a later change to any row, or a new or missing row, shows.
     # writer_txid: the same transaction's 64-bit id, to tell when its 32-bit xmin could have
@@ -81,9 +84,10 @@ _SNAPSHOT_ROW = sql.SQL(
 )
 _INSERT_SNAPSHOT = sql.SQL(
     "INSERT INTO {schema}.snapshots (snapshot_id, source_table, mode, snapshot_table, "
-    "partition_key, partitions, fingerprint, scope, created_at) VALUES (%(snapshot_id)s, "
+    "partition_key, partitions, fingerprint, scope, created_at, taken_at) VALUES (%(snapshot_id)s, "
     "%(source_table)s, %(mode)s, %(snapshot_table)s, %(partition_key)s, %(partitions)s, "
-    "%(fingerprint)s, %(scope)s, %(created_at)s) ON CONFLICT (snapshot_id) DO NOTHING"
+    "%(fingerprint)s, %(scope)s, %(created_at)s, %(created_at)s) ON CONFLICT (snapshot_id) "
+    "DO UPDATE SET taken_at = EXCLUDED.taken_at"
 )
 _UPSERT_BUILD = sql.SQL(
     "INSERT INTO {schema}.stage_builds (spec_name, variant, partition, snapshot_id, readings, "
@@ -128,7 +132,8 @@ def find_snapshot(conn: psycopg.Connection, schema: str, snapshot_id: str) -> di
 
 
 def record_snapshot(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
-    """Record a snapshot (idempotent: the id is derived from its content and scope)."""
+    """Record a snapshot (idempotent: the id is derived from its content and scope; taking
+    the same snapshot again only moves its ``taken_at``, so it is the newest again)."""
     fields = {**fields, "partitions": Jsonb(fields["partitions"]), "scope": Jsonb(fields["scope"])}
     conn.execute(_INSERT_SNAPSHOT.format(schema=sql.Identifier(schema)), fields)
 
@@ -201,6 +206,8 @@ _SCHEMA_STATE = sql.SQL(
     "AND to_regclass(%(copies)s) IS NOT NULL "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
     "AND attname = 'scope' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
+    "AND attname = 'taken_at' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
     "AND attname = 'writer_xid' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(copies)s) "
@@ -395,7 +402,7 @@ _APPROVALS_AFTER = sql.SQL(
 _LATEST_SNAPSHOTTED = sql.SQL(
     "SELECT DISTINCT ON (e ->> 'partition') e ->> 'partition', e ->> 'content_hash' "
     "FROM {schema}.snapshots AS s, jsonb_array_elements(s.partitions) AS e "
-    "WHERE s.source_table = %(source_table)s ORDER BY e ->> 'partition', s.created_at DESC"
+    "WHERE s.source_table = %(source_table)s ORDER BY e ->> 'partition', coalesce(s.taken_at, s.created_at) DESC"
 )
 
 
@@ -457,7 +464,7 @@ _NEWEST_SNAPSHOTS = sql.SQL(
     "FROM {schema}.snapshots AS s, jsonb_array_elements(s.partitions) AS e "
     "WHERE s.source_table = %(source_table)s AND s.partition_key = %(partition_key)s "
     "AND e ->> 'partition' = ANY(%(partitions)s) "
-    "ORDER BY e ->> 'partition', s.created_at DESC, s.snapshot_id"
+    "ORDER BY e ->> 'partition', coalesce(s.taken_at, s.created_at) DESC, s.snapshot_id"
 )
 # The newest snapshot holding every given partition with the given source content hash.
 _SNAPSHOT_WITH = sql.SQL(
@@ -466,7 +473,7 @@ _SNAPSHOT_WITH = sql.SQL(
     "AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(%(hashes)s) AS w(partition, content_hash) "
     "WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(s.partitions) AS e "
     "WHERE e ->> 'partition' = w.partition AND e ->> 'content_hash' = w.content_hash)) "
-    "ORDER BY s.created_at DESC, s.snapshot_id LIMIT 1"
+    "ORDER BY coalesce(s.taken_at, s.created_at) DESC, s.snapshot_id LIMIT 1"
 )
 
 

@@ -418,6 +418,30 @@ def test_source_changes_name_the_partitions_whose_source_moved_on(unmoved_db, fa
     assert list(source_changes(conn, factory, STATIC)) == ["2024-01-02"]
 
 
+def test_a_source_that_comes_back_to_an_earlier_state_is_snapshotted_as_the_newest(unmoved_db, factory, conn):
+    """A -> B -> A: the third snapshot has the first one's id (content-addressed) and is the
+    newest, so the sensor sees no change and the stages step builds from it, not from B."""
+    from backfill_assets.core import control
+    from backfill_assets.core.plan import snapshot_step
+    from backfill_assets.core.snapshot import source_changes
+
+    day = PartitionRequest("2024-01-02")
+    (seq, note) = unmoved_db.execute(
+        "SELECT ingest_seq, note FROM public.orders_raw WHERE order_date = '2024-01-02' "
+        "ORDER BY ingest_seq LIMIT 1").fetchone()
+    first = snapshot_step(STATIC, day, factory)
+    unmoved_db.execute("UPDATE public.orders_raw SET note = 'late fix' WHERE ingest_seq = %s", (seq,))
+    changed = snapshot_step(STATIC, day, factory)
+    assert list(source_changes(conn, factory, STATIC)) == []
+    unmoved_db.execute("UPDATE public.orders_raw SET note = %s WHERE ingest_seq = %s", (note, seq))
+    assert list(source_changes(conn, factory, STATIC)) == ["2024-01-02"]  # back to A, newest is B
+    again = snapshot_step(STATIC, day, factory)
+    assert changed.snapshot_id != first.snapshot_id and again.snapshot_id == first.snapshot_id
+    assert source_changes(conn, factory, STATIC) == {}
+    newest = control.newest_snapshots(conn, "backfill_control", str(STATIC.source_ref), STATIC.partition_key, ["2024-01-02"])
+    assert newest["2024-01-02"][0] == first.snapshot_id
+
+
 def test_a_control_schema_from_an_older_version_is_upgraded_in_place(unmoved_db, factory, conn):
     from backfill_assets.core import control
 
@@ -426,7 +450,7 @@ def test_a_control_schema_from_an_older_version_is_upgraded_in_place(unmoved_db,
     conn.execute("DROP TABLE backfill_control.stage_builds")
     assert control.control_ready(conn, "backfill_control")
     assert conn.execute("SELECT to_regclass('backfill_control.stage_builds') IS NOT NULL").fetchone()[0]
-    for table, column in (("stage_builds", "writer_txid"), ("approvals", "target_readings")):
+    for table, column in (("stage_builds", "writer_txid"), ("approvals", "target_readings"), ("snapshots", "taken_at")):
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(
             sql.Identifier("backfill_control", table), sql.Identifier(column)))
         assert control.control_ready(conn, "backfill_control")

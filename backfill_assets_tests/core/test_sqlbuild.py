@@ -6,6 +6,7 @@ import datetime as dt
 
 from backfill_assets.core import sqlbuild
 from backfill_assets.core.sqlbuild import OrderKey
+from backfill_assets.core.sqlbuild.parts import order_by
 from backfill_assets.core.spec import TableRef
 
 SRC = TableRef("public", "orders_raw")
@@ -29,7 +30,7 @@ def test_order_keys_render_collation_direction_and_nulls(conn):
         OrderKey("a", "desc", "last", collate_c=True),
         OrderKey("b", as_text=True, nulls="first"),
     ]
-    assert sqlbuild._order_by("t", keys).as_string(conn) == (
+    assert order_by("t", keys).as_string(conn) == (
         '"t"."a" COLLATE "C" DESC NULLS LAST, "t"."b"::text COLLATE "C" ASC NULLS FIRST'
     )
 

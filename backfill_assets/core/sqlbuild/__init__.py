@@ -1,0 +1,87 @@
+"""SQL builders: pure functions returning ``(Composed, params)``.
+
+Identifiers are always ``sql.Identifier`` (two parts for tables), values always bound
+parameters. Templates are module-level literals. No statement selects ``*``.
+
+The builders live in rooms by what the statement is for: ``parts`` (what every statement is
+built from), ``readings`` (fingerprint streams and partition readings), ``builds`` (the input
+relation and the stage builds), ``checks`` (input checks before a build), ``copies``
+(snapshot and stage tables and their seals), ``moves`` (records that can move), ``replace``
+(locks and the insert into the target) and ``profiling`` (what ``profile`` measures). This
+package re-exports every public name so that there is one namespace for every statement
+builder: callers write ``sqlbuild.<name>`` and need not know which room a builder is in.
+"""
+
+from __future__ import annotations
+
+from backfill_assets.core.sqlbuild.builds import (
+    SOURCE_CTE,
+    build_stage,
+    delete_partition,
+    input_relation,
+)
+from backfill_assets.core.sqlbuild.checks import (
+    input_report,
+    ordering_null_counts,
+    ordering_ties,
+    rows_outside_partitions,
+)
+from backfill_assets.core.sqlbuild.copies import (
+    add_unique_constraint,
+    copy_partitions,
+    copy_seal_check,
+    copy_writer,
+    create_empty_copy,
+    create_index,
+    drop_table,
+    dropped_columns,
+    partition_seal_check,
+    partition_writer,
+)
+from backfill_assets.core.sqlbuild.moves import (
+    copy_scope,
+    count_where,
+    key_homes,
+    outside_scope,
+    scope_keys,
+)
+from backfill_assets.core.sqlbuild.parts import (
+    GROUP_SIZE_COLUMN,
+    RANK_COLUMN,
+    OrderKey,
+    Query,
+    table,
+)
+from backfill_assets.core.sqlbuild.profiling import (
+    column_profile,
+    distinct_partitions,
+    key_evidence,
+    key_splits,
+)
+from backfill_assets.core.sqlbuild.readings import (
+    copy_canonical_stream,
+    in_partition,
+    partition_counts,
+    partition_readings,
+)
+from backfill_assets.core.sqlbuild.replace import (
+    advisory_lock,
+    advisory_unlock,
+    has_unique_index,
+    insert_from_stage,
+    lock_against_writers,
+    lock_for_replace,
+)
+
+__all__ = [
+    "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
+    "add_unique_constraint", "advisory_lock", "advisory_unlock", "build_stage",
+    "column_profile", "copy_canonical_stream", "copy_partitions", "copy_scope",
+    "copy_seal_check", "copy_writer", "count_where", "create_empty_copy", "create_index",
+    "delete_partition", "distinct_partitions", "drop_table", "dropped_columns",
+    "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
+    "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace",
+    "ordering_null_counts", "ordering_ties", "outside_scope", "partition_counts",
+    "partition_readings", "partition_seal_check", "partition_writer", "rows_outside_partitions",
+    "scope_keys", "table",
+]

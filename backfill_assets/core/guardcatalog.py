@@ -1,0 +1,93 @@
+"""What the determinism guard asks pg_catalog and what it reports.
+
+``referenced`` lists the function, operator and type OIDs of an analysed query tree;
+``core.transform`` reads those from the catalog into a ``Catalog``; the rules of
+``core.determinism`` and ``core.roworder`` judge the tree against it and report each
+construct that can change the rows between runs as a ``Finding``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from backfill_assets.core.querytree import as_int, expr_type, nodes
+
+PG_CATALOG = "pg_catalog"
+
+
+@dataclass(frozen=True)
+class Function:
+    signature: str  # regprocedure text, e.g. now()
+    name: str
+    schema: str
+    kind: str  # f, a (aggregate), w (window), p
+    volatility: str  # i, s, v
+
+    @property
+    def builtin(self) -> bool:
+        return self.schema == PG_CATALOG
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What the rules need from pg_catalog, read once per check (see core.transform)."""
+
+    functions: dict[int, Function]
+    operator_functions: dict[int, int]  # operator OID -> its function OID
+    type_io: dict[int, tuple[int, int]]  # type OID -> (input, output) function OIDs
+    exact: set[tuple[int, int, int]] = field(default_factory=set)  # (type, typmod, collation)
+
+    def function(self, oid: int) -> Function | None:
+        return self.functions.get(oid)
+
+    def is_exact(self, typed: tuple[int, int, int] | None) -> bool:
+        return typed is not None and typed in self.exact
+
+    def is_exact_expr(self, expr: Any) -> bool:
+        """Whether an expression's values are of an exact type; a relabelling (a domain
+        passed as its base type) does not change the values, so its argument counts."""
+        while isinstance(expr, dict):
+            if self.is_exact(expr_type(expr)):
+                return True
+            expr = expr.get("expr") if expr["@"] == "TARGETENTRY" else (
+                expr.get("arg") if expr["@"] == "RELABELTYPE" else None)
+        return False
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One construct that can make the transform's rows change between runs."""
+
+    kind: str  # volatility | session | order | equal-but-different
+    construct: str
+    location: int | None  # byte offset in the analysed statement
+    problem: str
+    instead: str
+
+
+def referenced(tree: Any) -> tuple[set[int], set[int], set[int], set[tuple[int, int, int]]]:
+    """Function, operator and type OIDs, and the expression types, that the rules ask the
+    catalog about."""
+    funcs: set[int] = set()
+    ops: set[int] = set()
+    types: set[int] = set()
+    typed: set[tuple[int, int, int]] = set()
+    for node in nodes(tree):
+        kind = node["@"]
+        for f in ("funcid", "aggfnoid", "winfnoid", "startInRangeFunc", "endInRangeFunc"):
+            if as_int(node.get(f), 0) > 0:
+                funcs.add(as_int(node[f]))
+        if kind in ("OPEXPR", "DISTINCTEXPR", "NULLIFEXPR", "SCALARARRAYOPEXPR"):
+            ops.add(as_int(node["opno"]))
+        if kind == "ROWCOMPAREEXPR":
+            ops.update(node.get("opnos") or [])
+        if kind == "COERCEVIAIO":
+            types.add(as_int(node["resulttype"]))
+            arg = expr_type(node.get("arg"))
+            if arg is not None:
+                types.add(arg[0])
+        t = expr_type(node)
+        if t is not None:
+            typed.add(t)
+    return funcs, ops, types, typed

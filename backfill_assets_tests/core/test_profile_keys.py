@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core import profile as profile_mod
+from backfill_assets.core import keysearch as profile_mod
 from backfill_assets.core.profile import profile_source
 from backfill_assets.render import render_profile
 from backfill_assets_tests.conftest import make_spec

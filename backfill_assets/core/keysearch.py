@@ -160,7 +160,7 @@ def confirm(search: KeySearch, pool: list[str], variety: set[str], times: set[st
 
 
 def judge(search: KeySearch, variety: set[str], times: set[str]) -> None:
-    """Apply rules 1 to 4 of the module docstring to every measured candidate."""
+    """Apply rules 1 to 4 of the key rule (``core.keyrule``) to every measured candidate."""
     _measure_parts(search, variety, times)
     candidates = list(search.found.values())
     for cand in candidates:

@@ -133,7 +133,7 @@ def profile_source(conn: psycopg.Connection, spec: Spec, partitions: list[Partit
 
     The declared business key and ordering are ignored for the proposal and tried as
     candidates like any other, so a wrong declaration shows up. The key follows the rule in
-    this module's docstring; every candidate measured is kept with its evidence. Candidates
+    ``core.keyrule``; every candidate measured is kept with its evidence. Candidates
     are measured on the first partitions holding up to ``key_sample_rows`` rows (at least one
     partition), and the key chosen there again on all of them.
 

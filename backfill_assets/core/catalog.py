@@ -202,6 +202,28 @@ def _grain_name(target: TableRef, columns: Sequence[str]) -> str:
     return name
 
 
+def _partition_kind(
+    spec: Spec, snames: dict[str, ColumnInfo], tnames: dict[str, ColumnInfo], problems: list[str],
+) -> PartitionKind | None:
+    """The kind of the target's partition key (None, with a problem, when it cannot be one),
+    which the source's must share."""
+    if spec.partition_key not in tnames:
+        return None
+    target_type = tnames[spec.partition_key]
+    kind = _PARTITION_KINDS.get(target_type.base_type)
+    if kind is None:
+        problems.append(
+            f"partition_key {spec.partition_key} has type {target_type.type_name}; "
+            "use a date, integer or text partition key"
+        )
+    elif spec.partition_key in snames and _PARTITION_KINDS.get(snames[spec.partition_key].base_type) != kind:
+        problems.append(
+            f"partition_key {spec.partition_key} is {snames[spec.partition_key].type_name} "
+            f"in the source but {target_type.type_name} in the target"
+        )
+    return kind
+
+
 def inspect_tables(conn: psycopg.Connection, conn_factory, spec: Spec) -> Inspection:
     """Inspect source and target read-only and collect every problem with the spec.
 
@@ -229,7 +251,6 @@ def inspect_tables(conn: psycopg.Connection, conn_factory, spec: Spec) -> Inspec
 
     tnames = {c.name: c for c in target_cols}
     snames = {c.name: c for c in source_cols}
-    partition_kind: PartitionKind | None = None
     if target_kind:
         missing = [c for c in spec.columns if c not in tnames]
         if missing:
@@ -244,21 +265,7 @@ def inspect_tables(conn: psycopg.Connection, conn_factory, spec: Spec) -> Inspec
         clash = [c for c in spec.input_columns if c.startswith("__backfill") or c.startswith("__v")]
         if clash:
             problems.append(f"column names starting with '__backfill' or '__v' are reserved: {clash}")
-    if spec.partition_key in tnames:
-        base = tnames[spec.partition_key].base_type
-        partition_kind = _PARTITION_KINDS.get(base)
-        if partition_kind is None:
-            problems.append(
-                f"partition_key {spec.partition_key} has type {tnames[spec.partition_key].type_name}; "
-                "use a date, integer or text partition key"
-            )
-        elif spec.partition_key in snames:
-            src_kind = _PARTITION_KINDS.get(snames[spec.partition_key].base_type)
-            if src_kind != partition_kind:
-                problems.append(
-                    f"partition_key {spec.partition_key} is {snames[spec.partition_key].type_name} "
-                    f"in the source but {tnames[spec.partition_key].type_name} in the target"
-                )
+    partition_kind = _partition_kind(spec, snames, tnames, problems)
     if spec.total is not None and spec.total in tnames and tnames[spec.total].base_type not in _EXACT_NUMERIC:
         problems.append(
             f"total {spec.total} has type {tnames[spec.total].type_name}; an additive total must "

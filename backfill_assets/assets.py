@@ -35,6 +35,7 @@ from backfill_assets.core.errors import (
     TransientDatabaseError, VerificationError,
 )
 from backfill_assets.core.plan import snapshot_step, stages_step
+from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import read_stages
 from backfill_assets.names import APPROVAL_TAG, PLAN_TAG, Keys
@@ -60,40 +61,39 @@ PROGRESS_INTERVAL_S = 2.0
 
 
 @contextlib.contextmanager
-def _progress(context: dg.AssetExecutionContext, interval: float = PROGRESS_INTERVAL_S) -> Iterator[Callable[[str], None]]:
-    """The core's progress lines as run logs, the per-partition ones ("stage a: 3/20 ...",
-    "apply: 2024-01-03: ...") at most one per ``interval`` seconds per stream (stage a,
-    stage b, apply), the last line of each kept. Every log line is an event in Dagster's
-    storage (a new database connection each with dagster-postgres), and the per-partition
-    results are events already (materializations and checks). Lines are written under one
-    lock, so the two build threads' lines keep their order."""
+def _progress(context: dg.AssetExecutionContext, interval: float = PROGRESS_INTERVAL_S) -> Iterator[Progress]:
+    """The core's progress events as run logs: a step's per-partition events (stage a,
+    stage b, apply) at most one per ``interval`` seconds per step, the last of each kept.
+    Every log line is an event in Dagster's storage (a new database connection each with
+    dagster-postgres), and the per-partition results are events already (materializations
+    and checks). Lines are written under one lock, so the two build threads' lines keep
+    their order; a one-off event writes the held lines first."""
     lock = threading.Lock()
     last: dict[str, float] = {}
-    held: dict[str, str] = {}  # stream -> its newest line not yet written
+    held: dict[str, ProgressEvent] = {}  # step -> its newest event not yet written
 
-    def log(message: str) -> None:
-        stream = message.split(":", 1)[0] if message.startswith(("stage ", "apply: ")) else None
+    def log(event: ProgressEvent) -> None:
         with lock:
-            if stream is not None:
+            if event.counted:
                 now = time.monotonic()
-                if now - last.get(stream, float("-inf")) < interval:
-                    held[stream] = message
+                if now - last.get(event.step, float("-inf")) < interval and not event.last:
+                    held[event.step] = event
                     return
-                last[stream] = now
-                held.pop(stream, None)
-                out = [message]
-            else:  # a step's own line: the held lines first, so the order holds
-                out = [*held.values(), message]
+                last[event.step] = now
+                held.pop(event.step, None)
+                out = [event]
+            else:
+                out = [*held.values(), event]
                 held.clear()
-            for line in out:
-                context.log.info(line)
+            for each in out:
+                context.log.info(str(each))
 
     try:
         yield log
     finally:
         with lock:
-            for line in held.values():
-                context.log.info(line)
+            for event in held.values():
+                context.log.info(str(event))
 
 
 def _factory(context: dg.AssetExecutionContext, spec: Spec):
@@ -169,8 +169,8 @@ def _snapshot_asset(shape: _Shape) -> dg.AssetsDefinition:
                             description="A fixed copy (or pinned fingerprint) of the source partitions.")],
     )
     def snapshot(context: dg.AssetExecutionContext):
-        with transient_retry():
-            snap = snapshot_step(spec, list(context.partition_keys), _factory(context, spec), progress=context.log.info)
+        with transient_retry(), _progress(context) as progress:
+            snap = snapshot_step(spec, list(context.partition_keys), _factory(context, spec), progress=progress)
         yield from events.snapshot_events(keys, parts, snap)
 
     return snapshot

@@ -37,6 +37,7 @@ from backfill_assets.core.db import (
 from backfill_assets.core.errors import ApprovalError, BackfillError, DeterminismError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.profile import profile_source
+from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.spec import PartitionRequest, Spec, load_spec
 from backfill_assets.render import (
     render_apply,
@@ -64,10 +65,10 @@ class Output:
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self._lock = threading.Lock()  # the two stage builds report from two threads
 
-    def progress(self, message: str) -> None:
+    def progress(self, event: ProgressEvent) -> None:
         if not self.quiet:
             with self._lock:
-                print(f"  .. {message}", file=self.err, flush=True)
+                print(f"  .. {event}", file=self.err, flush=True)
 
     def result(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -185,7 +186,7 @@ def _test_checkpoint() -> dict[str, Any]:
 def cmd_apply(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     run_id = uuid.uuid4().hex
-    out.progress(f"apply: run {run_id}")
+    out.progress(ProgressEvent("apply", f"run {run_id}"))
     result = apply_plan(spec, args.plan, _factory(spec, args), run_id=run_id, progress=out.progress,
                         **_test_checkpoint())
     if out.json_mode:

@@ -20,6 +20,7 @@ from backfill_assets.core.db import ConnectionFactory, connection_factory
 from backfill_assets.core.errors import DeterminismError, VerificationError
 from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile import profile_source
+from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.spec import PartitionRequest, Spec
 from backfill_assets.render import (
     render_apply,
@@ -35,7 +36,7 @@ class Printer(Protocol):
 
     def result(self, text: str) -> None: ...
 
-    def progress(self, message: str) -> None: ...
+    def progress(self, event: ProgressEvent) -> None: ...
 
 
 def run_demo(spec: Spec, partitions: str, out: Printer) -> None:

@@ -35,6 +35,7 @@ from backfill_assets.core.fingerprint import (
     business_key_order, content_hash, fingerprint_partition, sorts_disabled,
 )
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.spec import PartitionRequest, TableRef, spec_from_mapping
 from backfill_assets.core.sqlbuild import copy_canonical_stream, in_partition, partition_readings
 
@@ -107,13 +108,29 @@ def timed(fn):
     return time.perf_counter() - start, value
 
 
+def step_seconds(marks: list[tuple[float, ProgressEvent]], t_plan: float, t_approve: float,
+                 total: float) -> dict[str, float]:
+    """Seconds per step, from the progress events' times (seconds since the start) and
+    fields: the builds run from the stages' first event (their ``done=0`` announcement) to
+    their last partition."""
+    built = [t for t, e in marks if e.step in ("stage a", "stage b")]
+    first, last = built[0], built[-1]
+    return {
+        "inspect + snapshot (fingerprint source, copy, check)": first,
+        "build A and B at once, each with its fingerprints": last - first,
+        "compare and store the plan": t_plan - last,
+        "approve (recheck the stage)": t_approve - t_plan,
+        "apply (check the stage, then per partition: recheck, replace, verify twice)": total - t_approve,
+    }
+
+
 def safe_backfill(spec, factory) -> tuple[float, dict[str, float], str]:
     """Plan (snapshot, two builds, compare), approve, apply; seconds per step from progress."""
-    marks: list[tuple[float, str]] = []
+    marks: list[tuple[float, ProgressEvent]] = []
     start = time.perf_counter()
 
-    def mark(message: str) -> None:
-        marks.append((time.perf_counter() - start, message))
+    def mark(event: ProgressEvent) -> None:
+        marks.append((time.perf_counter() - start, event))
 
     request = PartitionRequest("2024-01-01..2024-01-20")
     plan = make_plan(spec, request, factory, progress=mark)
@@ -123,19 +140,7 @@ def safe_backfill(spec, factory) -> tuple[float, dict[str, float], str]:
     t_approve = time.perf_counter() - start
     apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=mark)
     total = time.perf_counter() - start
-
-    def at(prefix: str, last: bool = False) -> float:
-        times = [t for t, m in marks if m.startswith(prefix)]
-        return times[-1] if last else times[0]
-
-    steps = {
-        "inspect + snapshot (fingerprint source, copy, check)": at("stage"),
-        "build A and B at once, each with its fingerprints": at("stage", last=True) - at("stage"),
-        "compare and store the plan": t_plan - at("stage", last=True),
-        "approve (recheck the stage)": t_approve - t_plan,
-        "apply (check the stage, then per partition: recheck, replace, verify twice)": total - t_approve,
-    }
-    return total, steps, plan.plan_id
+    return total, step_seconds(marks, t_plan, t_approve, total), plan.plan_id
 
 
 def naive_backfill(conn: psycopg.Connection) -> float:

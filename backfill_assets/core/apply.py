@@ -44,6 +44,7 @@ from backfill_assets.core.db import ConnectionFactory, read_committed, repeatabl
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
 from backfill_assets.core.fingerprint import business_key_order
 from backfill_assets.core.context import Clock, Context, Progress, quiet, set_timeouts, spec_lock, utc_now
+from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.snapshot import immutable_source_changes
 from backfill_assets.core.spec import Spec
 
@@ -69,6 +70,12 @@ class ApplyResult:
 
 
 _short = short_readings
+
+
+def _replaced(label: str, status: str, approved: dict[str, Any], done: int, total: int) -> ProgressEvent:
+    """The progress event of one partition replaced (or found already replaced)."""
+    return ProgressEvent("apply", f"{status} ({_short(approved)})", partition=label, done=done, total=total,
+                         rows=approved["row_count"], status=status)
 
 
 def _readings(conn: psycopg.Connection, ctx: Context, rel, value: object) -> dict[str, Any]:
@@ -215,6 +222,8 @@ def apply_plan(
         in_order = [label for label in stored.labels if label in chosen]
         now = check_data_unchanged(conn, ctx, stored, in_order)
         require_coverage(conn, ctx, stored, approval, in_order, now)
+        progress(ProgressEvent("apply", f"replacing {len(in_order)} partition(s)", done=0, total=len(in_order),
+                               status="started"))
         control.ledger_start(
             conn, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval.approval_id,
             snapshot_id=doc["snapshot"]["id"], target_table=doc["target"],
@@ -247,7 +256,7 @@ def apply_plan(
                 result.partitions.append(entry)
                 if on_result is not None:
                     on_result(entry)
-                progress(f"apply: {label}: {status} ({_short(stored.approved(label))})")
+                progress(_replaced(label, status, stored.approved(label), len(result.partitions), len(in_order)))
         return result
 
 

@@ -16,6 +16,7 @@ import psycopg
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.context import Clock, Context, Progress, quiet, resolve, spec_lock, utc_now
+from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.db import ConnectionFactory
 from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.identity import PLAN_FORMAT, plan_id_of, sha256_hex
@@ -127,7 +128,7 @@ def make_plan(
         TransientDatabaseError, ConcurrentRunError.
     """
     with factory() as conn, spec_lock(conn, spec):
-        progress(f"inspect: {spec.source_ref} -> {spec.target_ref}")
+        progress(ProgressEvent("inspect", f"{spec.source_ref} -> {spec.target_ref}"))
         ctx = resolve(conn, factory, spec, request)
         snapshot, ctx = take_snapshot(conn, ctx, clock, progress)
         a, b = build_both(ctx, snapshot, factory, clock, progress)
@@ -183,7 +184,7 @@ def finish_plan(
                     value = ctx.partitions[ctx.labels.index(entry["partition"])]
                     for v in ("a", "b"):
                         conn.execute(*sqlbuild.delete_partition(ctx.stage(v), spec.partition_key, value))
-    progress(f"plan {plan.plan_id[:16]}: {plan.status}")
+    progress(ProgressEvent("plan", f"{plan.plan_id[:16]}: {plan.status}", status=plan.status))
     return plan
 
 

@@ -20,6 +20,7 @@ from psycopg import sql
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import table_columns, table_kind
 from backfill_assets.core.context import Clock, Context, Progress, resolve, set_timeouts
+from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.db import ConnectionFactory, repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint import all_columns_order, content_hash, content_hash_where
@@ -190,8 +191,8 @@ def take_snapshot(
             scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys())
             ctx = dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
             if scope.added:
-                progress(f"moved records add partition(s) {', '.join(scope.added)}")
-        progress(f"snapshot: fingerprinting {len(ctx.partitions)} source partition(s) of {src}")
+                progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))
+        progress(ProgressEvent("snapshot", f"fingerprinting {len(ctx.partitions)} source partition(s) of {src}"))
         parts = source_fingerprints(conn, ctx, src)
         outside = outside_fingerprint(conn, ctx, src) if spec.records_can_move else None
         scope = _scope_document(ctx, requested)
@@ -202,10 +203,12 @@ def take_snapshot(
         else:
             relation, filtered = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}"), False
             if copy_intact(conn, ctx, relation, fingerprint):
-                progress(f"snapshot: {snapshot_id}: the copy {relation} is intact; reusing it")
+                progress(ProgressEvent("snapshot", f"{snapshot_id}: the copy {relation} is intact; reusing it",
+                                       status="reused"))
             else:
                 rows = sum(p["row_count"] for p in parts.values()) + (outside or {}).get("row_count", 0)
-                progress(f"snapshot: copying {rows} row(s) into {relation}")
+                progress(ProgressEvent("snapshot", f"copying {rows} row(s) into {relation}", rows=rows,
+                                       status="copying"))
                 _copy_snapshot(conn, ctx, relation, fingerprint, clock)
         check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
         control.record_snapshot(

@@ -14,6 +14,7 @@ from psycopg import sql
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import table_columns, table_kind
 from backfill_assets.core.context import Clock, Context, Progress, resolve, set_local, set_timeouts
+from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, StageError
 from backfill_assets.core.fingerprint import Fingerprint, business_key_order
@@ -75,7 +76,9 @@ def build_stage(
 ) -> dict[str, Fingerprint]:
     """Build every partition of one stage from the snapshot, and record each build."""
     out: dict[str, Fingerprint] = {}
+    step, total = f"stage {variant}", len(ctx.partitions)
     ensure_stage(conn, ctx, variant)
+    progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
     for n, (p, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
         out[label], writer, txid = build_partition(conn, ctx, snapshot, variant, p)
         control.record_build(
@@ -83,7 +86,9 @@ def build_stage(
             snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), writer_xid=writer,
             writer_txid=txid, built_at=clock(),
         )
-        progress(f"stage {variant}: {n}/{len(ctx.partitions)} {label}: {out[label].row_count} row(s)")
+        rows = out[label].row_count
+        progress(ProgressEvent(step, f"{rows} row(s)", partition=label, done=n, total=total, rows=rows,
+                               status="built"))
     return out
 
 

@@ -19,6 +19,7 @@ from backfill_assets.core.errors import (
 )
 from backfill_assets.core.fingerprint import business_key_order, content_hash, reference_digest
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.spec import PartitionRequest, TableRef
 from backfill_assets_tests.conftest import make_spec
 
@@ -164,14 +165,14 @@ def _copy_of(plan) -> sql.Identifier:
 
 def test_a_later_plan_reuses_an_intact_copy_and_copies_again_when_its_seal_broke(demo_db, factory):
     first = make_plan(make_spec(), ALL_DAYS, factory)
-    messages: list[str] = []
-    make_plan(make_spec(), ALL_DAYS, factory, progress=messages.append)
-    assert any("is intact; reusing it" in m for m in messages)
+    events: list[ProgressEvent] = []
+    make_plan(make_spec(), ALL_DAYS, factory, progress=events.append)
+    assert any(e.step == "snapshot" and e.status == "reused" for e in events)
     demo_db.execute(sql.SQL("UPDATE {} SET amount = amount + 1 WHERE order_date = %s").format(_copy_of(first)),
                     (dt.date(2024, 1, 3),))
-    messages.clear()
-    again = make_plan(make_spec(), ALL_DAYS, factory, progress=messages.append)
-    assert any(m.startswith("snapshot: copying") for m in messages)
+    events.clear()
+    again = make_plan(make_spec(), ALL_DAYS, factory, progress=events.append)
+    assert any(e.step == "snapshot" and e.status == "copying" and e.rows for e in events)
     assert again.plan_id == first.plan_id  # built from the source's rows, not the altered ones
     total = sql.SQL("SELECT sum(amount) FROM {} WHERE order_date = %s")
     day = (dt.date(2024, 1, 3),)
@@ -332,9 +333,9 @@ def test_immutable_source_changed_during_the_plan_is_refused(unmoved_db, factory
     writer = psycopg.connect(db_url.reveal(), autocommit=True)
     changed = threading.Event()
 
-    def progress(message: str) -> None:
+    def progress(event: ProgressEvent) -> None:
         # A writer sneaks in after the source was pinned, while the stages are built.
-        if message.startswith("stage") and not changed.is_set():
+        if event.step.startswith("stage") and event.partition is not None and not changed.is_set():
             changed.set()
             writer.execute("UPDATE public.orders_raw SET amount = amount + 1 WHERE order_date = '2024-01-02'")
 
@@ -506,8 +507,8 @@ def test_nobody_can_change_the_copy_while_the_stages_are_built_from_it(demo_db, 
     copy = sql.Identifier(snapshot.relation.schema, snapshot.relation.name)
     refused: list[str] = []
 
-    def try_to_write(message: str) -> None:
-        if refused or not message.startswith("stage "):
+    def try_to_write(event: ProgressEvent) -> None:
+        if refused or not event.step.startswith("stage "):
             return
         with factory() as writer:
             writer.execute(b"SET lock_timeout = '200ms'")
@@ -559,7 +560,7 @@ def test_the_copy_guard_outlives_a_short_idle_in_transaction_timeout(demo_db, fa
     name = psycopg.conninfo.conninfo_to_dict(db_url.reveal())["dbname"]
     demo_db.execute(sql.SQL("ALTER DATABASE {} SET idle_in_transaction_session_timeout = '200ms'").format(
         sql.Identifier(name)))
-    slow_builds = lambda message: time.sleep(0.5) if message.startswith("stage a: 1/") else None  # noqa: E731
+    slow_builds = lambda e: time.sleep(0.5) if (e.step, e.done) == ("stage a", 1) else None  # noqa: E731
     assert make_plan(make_spec(), ALL_DAYS, factory, progress=slow_builds).status == "ready"
 
 

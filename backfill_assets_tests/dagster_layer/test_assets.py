@@ -91,10 +91,10 @@ def test_per_partition_progress_is_logged_at_most_every_two_seconds_and_the_last
     lines = [e.user_message for e in instance.all_logs(result.run_id) if e.dagster_event is None]
     per_partition = [m for m in lines if m.startswith("stage ")]
     assert 2 <= len(per_partition) < 16  # 8 partitions, two stages, built in well under 2 s
-    for stream in ("stage a", "stage b"):  # each stream's first and last line are kept
+    for stream in ("stage a", "stage b"):  # each step's first (its announcement) and last line are kept
         own = [m for m in per_partition if m.startswith(stream + ":")]
-        assert own[0].startswith(f"{stream}: 1/8") and own[-1].startswith(f"{stream}: 8/8 2024-01-08")
-    assert lines.index(per_partition[-1]) < next(i for i, m in enumerate(lines) if m.startswith("plan "))
+        assert own[0].startswith(f"{stream}: 0/8") and own[-1].startswith(f"{stream}: 8/8 2024-01-08")
+    assert lines.index(per_partition[-1]) < next(i for i, m in enumerate(lines) if m.startswith("plan: "))
 
 
 def test_one_stage_alone_is_refused_with_the_reason(dagster_env, demo_db):

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -39,6 +40,7 @@ from backfill_assets.core.plan import make_plan
 from backfill_assets.core.profile import profile_source
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.spec import PartitionRequest, Spec, load_spec
+from backfill_assets.progress_bar import ProgressBar, plain
 from backfill_assets.render import (
     render_apply,
     render_approvals,
@@ -58,19 +60,42 @@ EXIT_CODES = """exit codes:
 
 
 class Output:
-    """stdout for results, stderr for progress; progress is silent with --quiet or --json."""
+    """stdout for results, stderr for progress; progress is silent with --quiet or --json.
 
-    def __init__(self, *, json_mode: bool, quiet: bool, out: TextIO | None = None, err: TextIO | None = None):
+    Progress is a bar per step when stderr is a terminal (``tty`` overrides the check), and
+    plain lines otherwise. Used as a context manager, it ends a bar line left half drawn.
+    """
+
+    def __init__(self, *, json_mode: bool, quiet: bool, out: TextIO | None = None, err: TextIO | None = None,
+                 tty: bool | None = None, clock: Callable[[], float] = time.monotonic):
         self.json_mode, self.quiet = json_mode, quiet
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self._lock = threading.Lock()  # the two stage builds report from two threads
+        on_terminal = self.err.isatty() if tty is None else tty
+        self._bar = ProgressBar(self.err, clock) if on_terminal and not quiet else None
 
     def progress(self, event: ProgressEvent) -> None:
-        if not self.quiet:
+        if self.quiet:
+            return
+        with self._lock:
+            if self._bar is not None:
+                self._bar.show(event)
+            else:
+                print(plain(event), file=self.err, flush=True)
+
+    def end_line(self) -> None:
+        if self._bar is not None:
             with self._lock:
-                print(f"  .. {event}", file=self.err, flush=True)
+                self._bar.end_line()
+
+    def __enter__(self) -> Output:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.end_line()
 
     def result(self, text: str) -> None:
+        self.end_line()
         print(text, file=self.out, flush=True)
 
     def json(self, value: Any) -> None:
@@ -283,7 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Output(json_mode=args.json, quiet=args.quiet or args.json)
     try:
-        return args.fn(args, out)
+        with out:
+            return args.fn(args, out)
     except BackfillError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

@@ -34,3 +34,11 @@ def test_each_step_logs_its_first_and_last_event_and_holds_the_rest_until_a_one_
 
 def test_an_event_still_held_when_the_step_ends_is_logged():
     assert logged([step("apply", 0), step("apply", 1)]) == ["apply: 0/3", "apply: 1/3 2024-01-01"]
+
+
+def test_a_steps_last_event_is_logged_when_it_happens_not_when_the_next_line_comes():
+    lines: list[str] = []
+    with _progress(SimpleNamespace(log=SimpleNamespace(info=lines.append)), interval=3600) as progress:
+        for done in range(4):
+            progress(step("stage a", done))
+        assert lines == ["stage a: 0/3", "stage a: 3/3 2024-01-03"]

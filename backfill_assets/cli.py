@@ -35,7 +35,7 @@ from backfill_assets.core.db import (
     connection_factory,
     url_from_env,
 )
-from backfill_assets.core.errors import ApprovalError, BackfillError, DeterminismError
+from backfill_assets.core.errors import ApprovalError, BackfillError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.profile import profile_source
 from backfill_assets.core.progress import ProgressEvent
@@ -163,7 +163,7 @@ def cmd_plan(args: argparse.Namespace, out: Output) -> int:
     else:
         out.result(render_plan(plan))
     if plan.status != "ready":
-        raise DeterminismError.from_partitions(plan.plan_id, plan.problems, plan.document["partitions"])
+        raise plan.refusal()
     return 0
 
 
@@ -189,7 +189,7 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
         approval_id = confirm(conn, checked, args.by)
     if out.json_mode:
         out.json({"approval_id": approval_id, "plan_id": checked.plan_id, "approved_by": args.by,
-                  "partitions": checked.stored.labels, "target": checked.stored.document["target"],
+                  "partitions": checked.stored.labels, "target": checked.stored.document.target,
                   "target_readings": checked.target})
     else:
         out.result(f"approved plan {checked.plan_id} as approval {approval_id} by {args.by}")

@@ -17,7 +17,7 @@ from backfill_assets.core.approve import confirm, review
 from backfill_assets.core.catalog import inspect_tables
 from backfill_assets.core.control import ledger_status
 from backfill_assets.core.db import ConnectionFactory, connection_factory
-from backfill_assets.core.errors import DeterminismError, VerificationError
+from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile import profile_source
 from backfill_assets.core.progress import ProgressEvent
@@ -58,7 +58,7 @@ def run_demo(spec: Spec, partitions: str, out: Printer) -> None:
     plan = make_plan(spec, request, factory, progress=out.progress)
     out.result(render_plan(plan))
     if plan.status != "ready":
-        raise DeterminismError.from_partitions(plan.plan_id, plan.problems, plan.document["partitions"])
+        raise plan.refusal()
     first = _approve_and_apply(spec, factory, plan, out)
     out.result("\n-- 7. the ledger")
     with factory() as conn:
@@ -96,7 +96,7 @@ def _approve_and_apply(spec: Spec, factory: ConnectionFactory, plan: Plan, out: 
 
 
 def _stage_hashes(plan: Plan) -> list[tuple[str, str]]:
-    return [(e["partition"], e["stage_a"]["content_hash"]) for e in plan.document["partitions"]]
+    return [(e.partition, e.stage_a.content_hash) for e in plan.document.partitions]
 
 
 def _report_rerun(plan: Plan, again: Plan, first: ApplyResult, second: ApplyResult, out: Printer) -> None:

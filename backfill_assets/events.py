@@ -13,6 +13,7 @@ import dagster as dg
 
 from backfill_assets.core.errors import ApprovalOutdatedError, BackfillError, VerificationError
 from backfill_assets.core.fingerprint import Fingerprint
+from backfill_assets.core.plan_document import PartitionEntry, Plan
 from backfill_assets.names import Keys
 from backfill_assets.render import plan_markdown
 
@@ -82,26 +83,26 @@ def snapshot_events(keys: Keys, parts: dg.PartitionsDefinition, snap: Any) -> It
             })
 
 
-def _entries(parts: dg.PartitionsDefinition, plan: Any) -> list[dict[str, Any]]:
-    return [e for e in plan.document["partitions"] if parts.has_partition_key(e["partition"])]
+def _entries(parts: dg.PartitionsDefinition, plan: Plan) -> list[PartitionEntry]:
+    return [e for e in plan.document.partitions if parts.has_partition_key(e.partition)]
 
 
-def stage_checks(keys: Keys, parts: dg.PartitionsDefinition, plan: Any,
+def stage_checks(keys: Keys, parts: dg.PartitionsDefinition, plan: Plan,
                  built_a: dict[str, Fingerprint], built_b: dict[str, Fingerprint]) -> list[dg.AssetCheckEvaluation]:
     """Per partition: the key checks of both stages and the blocking stages_match."""
     table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id))
     return [
         evaluation for entry in _entries(parts, plan) for evaluation in (
-            key_check(keys.stage_a, entry["partition"], built_a[entry["partition"]], plan_id=plan.plan_id),
-            key_check(keys.stage_b, entry["partition"], built_b[entry["partition"]], plan_id=plan.plan_id),
-            stages_match(keys, entry["partition"], entry["match"], entry["stage_a"], entry["stage_b"],
+            key_check(keys.stage_a, entry.partition, built_a[entry.partition], plan_id=plan.plan_id),
+            key_check(keys.stage_b, entry.partition, built_b[entry.partition], plan_id=plan.plan_id),
+            stages_match(keys, entry.partition, entry.match, entry.stage_a.as_dict(), entry.stage_b.as_dict(),
                          plan_id=plan.plan_id, plan=table),
         )
     ]
 
 
 def stage_materializations(keys: Keys, parts: dg.PartitionsDefinition, snapshot_id: str,
-                           columns: Iterable[tuple[str, str]], plan: Any) -> Iterator[Any]:
+                           columns: Iterable[tuple[str, str]], plan: Plan) -> Iterator[Any]:
     """The step's results (the whole plan), then both stages' readings per partition."""
     table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id))
     schema = table_schema(columns)
@@ -109,9 +110,9 @@ def stage_materializations(keys: Keys, parts: dg.PartitionsDefinition, snapshot_
     yield dg.MaterializeResult(asset_key=keys.stage_a, metadata=common)
     yield dg.MaterializeResult(asset_key=keys.stage_b, metadata={**common, "plan": table})
     for entry in _entries(parts, plan):
-        for key, side in ((keys.stage_a, "stage_a"), (keys.stage_b, "stage_b")):
-            yield dg.AssetMaterialization(key, partition=entry["partition"], metadata={
-                **readings_metadata(entry[side]), **common, "plan": table, "dagster/column_schema": schema,
+        for key, readings in ((keys.stage_a, entry.stage_a), (keys.stage_b, entry.stage_b)):
+            yield dg.AssetMaterialization(key, partition=entry.partition, metadata={
+                **readings_metadata(readings), **common, "plan": table, "dagster/column_schema": schema,
             })
 
 

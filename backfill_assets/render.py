@@ -7,40 +7,39 @@ from typing import Any
 
 from backfill_assets.core.apply import ApplyResult
 from backfill_assets.core.approve import OpenApproval, Review
-from backfill_assets.core.plan import Plan
+from backfill_assets.core.fingerprint import Fingerprint
+from backfill_assets.core.plan_document import Plan, PlanDocument
 from backfill_assets.core.profile import Profile
 
 
+def _readings_cells(fp: Fingerprint) -> str:
+    return f"{fp.row_count:>7} {fp.total if fp.total is not None else '-':>14}  {fp.content_hash[:16]}.."
+
+
 def render_plan(plan: Plan) -> str:
-    doc = plan.document
-    snap = doc["snapshot"]
+    doc, snap = plan.document, plan.document.snapshot
     lines = [
         f"plan {plan.plan_id}",
         f"  status:            {plan.status}",
-        f"  target:            {doc['target']} (plan does not write to it)",
-        f"  source:            {doc['source']}",
-        f"  snapshot:          {snap['id']} ({snap['mode']}, fingerprint {snap['fingerprint'][:16]}...)",
-        f"  transform version: {doc['transform_version']}",
+        f"  target:            {doc.target} (plan does not write to it)",
+        f"  source:            {doc.source}",
+        f"  snapshot:          {snap.id} ({snap.mode}, fingerprint {snap.fingerprint[:16]}...)",
+        f"  transform version: {doc.transform_version}",
         "",
         f"  {'partition':<12} {'A=B':<4} {'rows':>7} {'total':>14}  {'content hash':<18} "
         f"{'read':>6} {'null key':>8} {'collapsed':>9}",
     ]
-    for p in doc["partitions"]:
-        a, src = p["stage_a"], p["source"]
+    for p in doc.partitions:
+        src = p.source
         lines.append(
-            f"  {p['partition']:<12} {'yes' if p['match'] else 'NO':<4} {a['row_count']:>7} "
-            f"{a['total'] if a['total'] is not None else '-':>14}  {a['content_hash'][:16]}.. "
-            f"{src['rows_read']:>6} {src['null_key_rows_dropped']:>8} {src['duplicates_collapsed']:>9}"
+            f"  {p.partition:<12} {'yes' if p.match else 'NO':<4} {_readings_cells(p.stage_a)} "
+            f"{src.rows_read:>6} {src.null_key_rows_dropped:>8} {src.duplicates_collapsed:>9}"
         )
-        if not p["match"]:
-            b = p["stage_b"]
-            lines.append(
-                f"  {'  stage B':<12} {'':<4} {b['row_count']:>7} "
-                f"{b['total'] if b['total'] is not None else '-':>14}  {b['content_hash'][:16]}.."
-            )
-    for added in doc.get("added_partitions", []):
-        lines.append(f"  added {added['partition']}: " + "; ".join(added["reasons"]))
-    for group in doc.get("replace_groups", []):
+        if not p.match:
+            lines.append(f"  {'  stage B':<12} {'':<4} {_readings_cells(p.stage_b)}")
+    for added in doc.added_partitions:
+        lines.append(f"  added {added.partition}: " + "; ".join(added.reasons))
+    for group in doc.replace_groups:
         if len(group) > 1:
             lines.append(f"  replaced together (a key moves between them): {', '.join(group)}")
     if plan.problems:
@@ -82,10 +81,10 @@ def render_profile(profile: Profile) -> str:
     return "\n".join(lines)
 
 
-def render_replacement(plan_doc: dict[str, Any]) -> str:
-    labels = [p["partition"] for p in plan_doc["partitions"]]
+def render_replacement(doc: PlanDocument) -> str:
+    labels = doc.labels
     return (
-        f"Approving will REPLACE {len(labels)} partition(s) of {plan_doc['target']} "
+        f"Approving will REPLACE {len(labels)} partition(s) of {doc.target} "
         f"({', '.join(labels)}) with the stage rows fingerprinted above: every existing row of "
         "those partitions is deleted. No other partition is touched."
     )
@@ -113,18 +112,17 @@ def render_status(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def render_target_now(plan_doc: dict[str, Any], target: dict[str, dict[str, Any]]) -> str:
+def render_target_now(doc: PlanDocument, target: dict[str, dict[str, Any]]) -> str:
     """The target as it is now, which an approval records it is given against."""
     lines = [
         "The target now (the approval records this; apply refuses a partition whose target "
         "changes before it is replaced):",
         f"  {'partition':<12} {'rows':>7} {'total':>14}  {'content hash':<18} ",
     ]
-    for p in plan_doc["partitions"]:
-        now = target[p["partition"]]
-        same = "  (already as planned)" if now == p["stage_a"] else ""
-        lines.append(f"  {p['partition']:<12} {now['row_count']:>7} "
-                     f"{now['total'] if now['total'] is not None else '-':>14}  {now['content_hash'][:16]}..{same}")
+    for p in doc.partitions:
+        now = Fingerprint(**target[p.partition])
+        same = "  (already as planned)" if now == p.stage_a else ""
+        lines.append(f"  {p.partition:<12} {_readings_cells(now)}{same}")
     return "\n".join(lines)
 
 
@@ -146,31 +144,30 @@ def render_approvals(approvals: list[OpenApproval]) -> str:
     return "\n".join(lines)
 
 
-def plan_markdown(doc: dict[str, Any], plan_id: str) -> str:
+def plan_markdown(doc: PlanDocument, plan_id: str) -> str:
     """A markdown table of a plan: what an approver approves."""
-    snap = doc["snapshot"]
+    snap = doc.snapshot
     lines = [
         f"**plan** `{plan_id}`  ",
-        f"target `{doc['target']}`, snapshot `{snap['id']}`, transform `{doc['transform_version']}`",
+        f"target `{doc.target}`, snapshot `{snap.id}`, transform `{doc.transform_version}`",
         "",
         "| partition | A = B | rows | total | content hash |",
         "|---|---|---:|---:|---|",
     ]
-    for p in doc["partitions"]:
-        a = p["stage_a"]
+    for p in doc.partitions:
+        a = p.stage_a
         lines.append(
-            f"| {p['partition']} | {'yes' if p['match'] else '**no**'} | {a['row_count']} | "
-            f"{a['total'] if a['total'] is not None else '-'} | `{a['content_hash']}` |"
+            f"| {p.partition} | {'yes' if p.match else '**no**'} | {a.row_count} | "
+            f"{a.total if a.total is not None else '-'} | `{a.content_hash}` |"
         )
-    for added in doc.get("added_partitions", []):
-        lines.append(f"\nadded {added['partition']}: " + "; ".join(added["reasons"]))
+    for added in doc.added_partitions:
+        lines.append(f"\nadded {added.partition}: " + "; ".join(added.reasons))
     return "\n".join(lines)
 
 
 def render_review(checked: Review) -> str:
     """What a person approves: the plan, the target as it is now, and what will be replaced."""
-    stored = checked.stored
-    plan = Plan(stored.plan_id, stored.status, stored.problems, stored.document)
+    plan = checked.stored
     return "\n\n".join([
-        render_plan(plan), render_target_now(stored.document, checked.target), render_replacement(stored.document),
+        render_plan(plan), render_target_now(plan.document, checked.target), render_replacement(plan.document),
     ])

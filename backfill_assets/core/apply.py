@@ -37,12 +37,13 @@ import psycopg
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.approve import (
-    Approval, StoredPlan, check_data_unchanged, check_spec_unchanged, find_plan, latest_approval,
+    Approval, check_data_unchanged, check_spec_unchanged, find_plan, latest_approval,
     require_coverage, short_readings,
 )
 from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
 from backfill_assets.core.fingerprint import business_key_order
+from backfill_assets.core.plan_document import Plan
 from backfill_assets.core.context import Clock, Context, Progress, quiet, set_timeouts, spec_lock, utc_now
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.snapshot import immutable_source_changes
@@ -87,7 +88,7 @@ def _values(ctx: Context, labels: list[str]) -> list[object]:
 
 
 def replace_group(
-    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, approval: Approval, labels: list[str],
+    conn: psycopg.Connection, ctx: Context, stored: Plan, approval: Approval, labels: list[str],
     checkpoint: Checkpoint = _no_checkpoint,
 ) -> str:
     """Replace the partitions ``labels`` in one transaction; return the ledger status.
@@ -159,7 +160,7 @@ def partition_locks(conn: psycopg.Connection, ctx: Context, labels: list[str]) -
                 conn.execute(*sqlbuild.advisory_unlock(key))
 
 
-def verify_committed(factory: ConnectionFactory, ctx: Context, stored: StoredPlan, labels: list[str]) -> None:
+def verify_committed(factory: ConnectionFactory, ctx: Context, stored: Plan, labels: list[str]) -> None:
     """Read the committed target on a fresh connection and compare with the approval.
 
     Raises:
@@ -206,7 +207,7 @@ def apply_plan(
         ctx = check_spec_unchanged(conn, factory, spec, stored)
         result = ApplyResult(run_id, stored.plan_id, approval.approval_id)
         doc = stored.document
-        groups: list[list[str]] = doc["replace_groups"]
+        groups = [list(g) for g in doc.replace_groups]
         if only is not None:
             missing = sorted(set(only) - set(stored.labels))
             if missing:
@@ -226,10 +227,9 @@ def apply_plan(
                                status="started"))
         control.ledger_start(
             conn, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval.approval_id,
-            snapshot_id=doc["snapshot"]["id"], target_table=doc["target"],
-            transform_version=doc["transform_version"], run_started_at=clock(),
-            partitions=[{"partition": p["partition"], **p["stage_a"]} for p in doc["partitions"]
-                        if p["partition"] in chosen],
+            snapshot_id=doc.snapshot.id, target_table=doc.target,
+            transform_version=doc.transform_version, run_started_at=clock(),
+            partitions=[{"partition": label, **stored.approved(label)} for label in in_order],
         )
         for n, labels in enumerate(groups):
             control.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import psycopg
+from pydantic import ValidationError
 
 from backfill_assets.core import control
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, PlanReferenceError, SpecError
 from backfill_assets.core.context import Clock, Context, resolve, utc_now
 from backfill_assets.core.plan import spec_document
+from backfill_assets.core.plan_document import Plan
 from backfill_assets.core.snapshot import copy_problem, immutable_source_changes
 from backfill_assets.core.stages import stage_partitions_changed
 from backfill_assets.core.spec import Spec, parse_table_name
@@ -35,35 +37,7 @@ from backfill_assets.core.spec import Spec, parse_table_name
 MIN_PREFIX = 8
 
 
-@dataclass(frozen=True)
-class StoredPlan:
-    plan_id: str
-    status: str
-    document: dict[str, Any]
-
-    @property
-    def labels(self) -> list[str]:
-        return [p["partition"] for p in self.document["partitions"]]
-
-    def approved(self, label: str) -> dict[str, Any]:
-        """The approved readings (stage A's) of one partition."""
-        return next(p["stage_a"] for p in self.document["partitions"] if p["partition"] == label)
-
-    @property
-    def problems(self) -> tuple[str, ...]:
-        """Why the plan was refused (empty for a ready plan)."""
-        return tuple(self.document.get("problems", ()))
-
-    def pinned_source(self, labels: list[str] | None = None) -> dict[str, dict[str, Any]]:
-        """The source fingerprints the plan's snapshot pinned, of ``labels`` (default all):
-        label -> ``{"row_count", "content_hash"}``."""
-        return {
-            p["partition"]: {"row_count": p["source"]["snapshot_rows"], "content_hash": p["source"]["snapshot_hash"]}
-            for p in self.document["partitions"] if labels is None or p["partition"] in labels
-        }
-
-
-def find_plan(conn: psycopg.Connection, spec: Spec, plan_ref: str) -> StoredPlan:
+def find_plan(conn: psycopg.Connection, spec: Spec, plan_ref: str) -> Plan:
     """The stored plan with this id, or the only one starting with this prefix.
 
     Raises:
@@ -80,15 +54,22 @@ def find_plan(conn: psycopg.Connection, spec: Spec, plan_ref: str) -> StoredPlan
         raise ApprovalError(f"there is no plan {ref}; run plan and use the plan_id it prints")
     if len(found) > 1:
         raise ApprovalError(f"plan prefix {ref} is ambiguous; give more of the plan id")
-    plan_id, status, doc = found[0]
-    if doc.get("spec") != spec.name:
-        raise ApprovalError(f"plan {plan_id[:16]} belongs to spec {doc.get('spec')}, not {spec.name}",
+    plan_id, _, stored = found[0]
+    try:
+        plan = Plan.from_json(stored)
+    except ValidationError as err:
+        raise ApprovalError(
+            f"plan {plan_id[:16]} was stored in a form this version cannot read "
+            f"({err.error_count()} problem(s)); plan again", plan_id=plan_id,
+        ) from None
+    if plan.document.spec != spec.name:
+        raise ApprovalError(f"plan {plan_id[:16]} belongs to spec {plan.document.spec}, not {spec.name}",
                             plan_id=plan_id)
-    return StoredPlan(plan_id, status, doc)
+    return plan
 
 
 def check_spec_unchanged(
-    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, stored: StoredPlan
+    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, stored: Plan
 ) -> Context:
     """Resolve the current spec against the catalog and require the plan's spec-derived
     fields to be unchanged (target, keys, ordering, column types, transform).
@@ -104,7 +85,8 @@ def check_spec_unchanged(
         )
     ctx = resolve(conn, factory, spec, stored.labels)
     now = spec_document(ctx)
-    changed = [k for k, v in now.items() if stored.document.get(k) != v]
+    planned = stored.document.spec_fields()
+    changed = [k for k, v in now.items() if planned.get(k) != v]
     if changed:
         raise ApprovalError(
             f"the spec or the target changed since plan {stored.plan_id[:16]} was made "
@@ -114,7 +96,7 @@ def check_spec_unchanged(
 
 
 def check_data_unchanged(
-    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, partitions: list[str] | None = None,
+    conn: psycopg.Connection, ctx: Context, stored: Plan, partitions: list[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Require stage A, and an immutable source, to still carry the planned fingerprints, and
     read the target as it is now.
@@ -134,18 +116,17 @@ def check_data_unchanged(
     Raises:
         ApprovalError: naming the partitions that changed.
     """
-    spec, doc = ctx.spec, stored.document
+    spec, snap = ctx.spec, stored.document.snapshot
     wanted = stored.labels if partitions is None else partitions
-    snap = doc["snapshot"]
-    immutable = snap["mode"] == "immutable"
+    immutable = snap.mode == "immutable"
     with repeatable_read(conn):
-        found = control.find_snapshot(conn, spec.control_schema, snap["id"])
-        if found is None or found["fingerprint"] != snap["fingerprint"]:
-            raise ApprovalError(f"snapshot {snap['id']} of plan {stored.plan_id[:16]} is gone; plan again")
+        found = control.find_snapshot(conn, spec.control_schema, snap.id)
+        if found is None or found["fingerprint"] != snap.fingerprint:
+            raise ApprovalError(f"snapshot {snap.id} of plan {stored.plan_id[:16]} is gone; plan again")
         copy = found["snapshot_table"]
-        problem = None if copy is None else copy_problem(conn, ctx, parse_table_name(copy), snap["fingerprint"])
+        problem = None if copy is None else copy_problem(conn, ctx, parse_table_name(copy), snap.fingerprint)
         if problem is not None:
-            raise ApprovalError(f"the copy {copy} of snapshot {snap['id']} {problem}; plan again")
+            raise ApprovalError(f"the copy {copy} of snapshot {snap.id} {problem}; plan again")
         source_changed = list(immutable_source_changes(conn, ctx, stored.pinned_source())) if immutable else []
         stage = ctx.stage("a")
         approved = {label: stored.approved(label) for label in ctx.labels}
@@ -178,7 +159,7 @@ class Review:
     will record it was given against. Front-ends render it and ask; :func:`confirm` records."""
 
     spec: Spec
-    stored: StoredPlan
+    stored: Plan
     target: dict[str, dict[str, Any]]
 
     @property
@@ -187,7 +168,7 @@ class Review:
 
 
 def review(
-    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, plan: str | StoredPlan,
+    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, plan: str | Plan,
 ) -> Review:
     """Every check an approval needs, once: the plan exists, belongs to the spec and was not
     refused; the spec and the target's columns are unchanged; the snapshot's seal holds (an
@@ -202,7 +183,7 @@ def review(
         ApprovalError, SpecError: see :func:`find_plan`, :func:`check_spec_unchanged`,
             :func:`check_data_unchanged`.
     """
-    stored = plan if isinstance(plan, StoredPlan) else find_plan(conn, spec, plan)
+    stored = plan if isinstance(plan, Plan) else find_plan(conn, spec, plan)
     ctx = check_spec_unchanged(conn, factory, spec, stored)
     return Review(spec, stored, check_data_unchanged(conn, ctx, stored))
 
@@ -214,7 +195,7 @@ def confirm(conn: psycopg.Connection, checked: Review, approved_by: str, *, cloc
 
 
 def approve_plan(
-    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, stored: StoredPlan,
+    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, stored: Plan,
     approved_by: str, *, clock: Clock = utc_now,
 ) -> int:
     """Review and confirm at once, for scripts that have shown the plan already (the demo,
@@ -228,7 +209,7 @@ def approve_plan(
 
 
 def record_approval(
-    conn: psycopg.Connection, spec: Spec, stored: StoredPlan, approved_by: str, *,
+    conn: psycopg.Connection, spec: Spec, stored: Plan, approved_by: str, *,
     target: dict[str, dict[str, Any]], clock: Clock = utc_now,
 ) -> int:
     """Record an approval of a plan that the caller has just checked (with
@@ -250,7 +231,7 @@ def record_approval(
     with conn.transaction():
         return control.record_approval(
             conn, spec.control_schema, plan_id=stored.plan_id, spec_name=spec.name,
-            target_table=stored.document["target"], partitions=stored.labels,
+            target_table=stored.document.target, partitions=stored.labels,
             approved_by=_approver(approved_by), approved_at=clock(),
             target_readings={label: target[label] for label in stored.labels},
         )
@@ -330,7 +311,7 @@ def _at(when: dt.datetime | None) -> str:
 
 
 def judge(
-    approval: Approval, stored: StoredPlan, label: str, now: dict[str, Any],
+    approval: Approval, stored: Plan, label: str, now: dict[str, Any],
     history: list[dict[str, Any]],
 ) -> Coverage:
     """Whether ``approval`` still covers partition ``label`` whose target reads ``now``.
@@ -371,19 +352,19 @@ def judge(
 
 
 def coverage(
-    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, approval: Approval, labels: list[str],
+    conn: psycopg.Connection, ctx: Context, stored: Plan, approval: Approval, labels: list[str],
     now: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Coverage]:
     """Whether ``approval`` still covers each of ``labels`` (see :func:`judge`), reading the
     target (unless ``now`` gives its readings) and the ledger in the caller's transaction."""
     if now is None:
         now = target_readings(conn, ctx, labels)
-    history = control.partition_history(conn, ctx.spec.control_schema, stored.document["target"], labels)
+    history = control.partition_history(conn, ctx.spec.control_schema, stored.document.target, labels)
     return {label: judge(approval, stored, label, now[label], history) for label in labels}
 
 
 def require_coverage(
-    conn: psycopg.Connection, ctx: Context, stored: StoredPlan, approval: Approval, labels: list[str],
+    conn: psycopg.Connection, ctx: Context, stored: Plan, approval: Approval, labels: list[str],
     now: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Coverage]:
     """:func:`coverage`, refusing any partition the approval no longer covers.

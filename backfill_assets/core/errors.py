@@ -8,9 +8,8 @@ connection string or a password.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 
 class BackfillError(Exception):
@@ -116,20 +115,6 @@ class DeterminismError(BackfillError):
             + ". Nothing was written to the target and the plan cannot be approved; "
             "fix the transform or the ordering and plan again."
         )
-
-    @classmethod
-    def from_partitions(
-        cls, plan_id: str, problems: Sequence[str], partitions: Sequence[Mapping[str, Any]],
-    ) -> DeterminismError:
-        """The error for a refused plan, from its document's ``partitions`` (each with
-        ``partition``, ``stage_a`` and ``stage_b`` readings)."""
-        differences = []
-        for entry in partitions:
-            a, b = entry["stage_a"], entry["stage_b"]
-            differing = {name: (a[name], b.get(name)) for name in a if a[name] != b.get(name)}
-            if differing:
-                differences.append(StageDifference(entry["partition"], differing))
-        return cls(plan_id, problems, differences)
 
 
 class StageError(BackfillError):

@@ -9,8 +9,7 @@ its two halves for an orchestrator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 
@@ -19,26 +18,15 @@ from backfill_assets.core.context import Clock, Context, Progress, quiet, resolv
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.db import ConnectionFactory
 from backfill_assets.core.fingerprint import Fingerprint
-from backfill_assets.core.identity import PLAN_FORMAT, plan_id_of, sha256_hex
+from backfill_assets.core.identity import PLAN_FORMAT, sha256_hex
+from backfill_assets.core.plan_document import (
+    AddedPartition, PartitionEntry, Plan, PlanDocument, SnapshotRef, SourceReport,
+)
 from backfill_assets.core.snapshot import (
     Snapshot, load_snapshot, recheck_immutable_source, take_snapshot,
 )
 from backfill_assets.core.spec import PartitionRequest, Spec, partition_label
 from backfill_assets.core.stages import build_both
-
-@dataclass(frozen=True)
-class Plan:
-    """A fingerprinted plan. ``document`` is what an approver approves; ``plan_id`` its hash."""
-
-    plan_id: str
-    status: Literal["ready", "refused"]
-    problems: tuple[str, ...]
-    document: dict[str, Any] = field(repr=False)
-
-    def as_json(self) -> dict[str, Any]:
-        """The plan as printed by ``plan --json``: one object."""
-        return {"plan_id": self.plan_id, "status": self.status, "problems": list(self.problems), **self.document}
-
 
 def spec_document(ctx: Context) -> dict[str, Any]:
     """The parts of a plan that come from the spec and the target's catalog.
@@ -69,7 +57,7 @@ def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dic
              reports: dict[str, tuple[int, int]], requested: list[str]) -> Plan:
     """Compare the stages on every reading and build the plan document and id."""
     problems: list[str] = []
-    partitions = []
+    partitions: list[PartitionEntry] = []
     for label in ctx.labels:
         fa, fb = a[label], b[label]
         diffs = fa.differences(fb)
@@ -82,33 +70,27 @@ def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dic
                     f"{fp.duplicate_key_count} duplicate business key(s)"
                 )
         rows_read, null_keys = reports.get(label, (0, 0))
-        partitions.append({
-            "partition": label,
-            "match": not diffs,
-            "stage_a": fa.as_dict(),
-            "stage_b": fb.as_dict(),
-            "source": {
-                "rows_read": rows_read,
-                "null_key_rows_dropped": null_keys,
-                "duplicates_collapsed": rows_read - null_keys - fa.row_count,
-                "snapshot_rows": snapshot.partitions[label]["row_count"],
-                "snapshot_hash": snapshot.partitions[label]["content_hash"],
-            },
-        })
+        partitions.append(PartitionEntry(
+            partition=label, match=not diffs, stage_a=fa, stage_b=fb,
+            source=SourceReport(
+                rows_read=rows_read, null_key_rows_dropped=null_keys,
+                duplicates_collapsed=rows_read - null_keys - fa.row_count,
+                snapshot_rows=snapshot.partitions[label]["row_count"],
+                snapshot_hash=snapshot.partitions[label]["content_hash"],
+            ),
+        ))
     scope = ctx.scope
-    document = {
+    document = PlanDocument(
         **spec_document(ctx),
-        "snapshot": snapshot.as_dict(),
-        "requested_partitions": requested,
-        "added_partitions": [
-            {"partition": label, "reasons": reasons} for label, reasons in (scope.added.items() if scope else [])
-        ],
+        snapshot=SnapshotRef(**snapshot.as_dict()),
+        requested_partitions=requested,
+        added_partitions=[AddedPartition(partition=label, reasons=reasons)
+                          for label, reasons in (scope.added.items() if scope else [])],
         # Partitions that moved keys link are replaced together, in one transaction.
-        "replace_groups": scope.groups() if scope else [[label] for label in ctx.labels],
-        "partitions": partitions,
-    }
-    plan_id = plan_id_of(document)
-    return Plan(plan_id, "refused" if problems else "ready", tuple(problems), document)
+        replace_groups=scope.groups() if scope else [[label] for label in ctx.labels],
+        partitions=partitions,
+    )
+    return Plan.of(document, problems)
 
 
 def make_plan(
@@ -179,9 +161,9 @@ def finish_plan(
             snapshot_id=snapshot.snapshot_id, plan=plan.as_json(), created_at=clock(),
         )
         if plan.status == "refused":
-            for entry in plan.document["partitions"]:
-                if not entry["match"]:
-                    value = ctx.partitions[ctx.labels.index(entry["partition"])]
+            for entry in plan.document.partitions:
+                if not entry.match:
+                    value = ctx.partitions[ctx.labels.index(entry.partition)]
                     for v in ("a", "b"):
                         conn.execute(*sqlbuild.delete_partition(ctx.stage(v), spec.partition_key, value))
     progress(ProgressEvent("plan", f"{plan.plan_id[:16]}: {plan.status}", status=plan.status))

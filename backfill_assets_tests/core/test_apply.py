@@ -420,8 +420,8 @@ def test_a_change_that_slips_in_before_the_lock_is_refused_under_it(demo_db, fac
         run(spec, plan, factory, checkpoint=slip_in)
     assert list(err.value.reasons) == ["2024-01-02"] and "changed outside backfill_assets" in err.value.reasons["2024-01-02"]
     after = target_day_hashes(demo_db)
-    assert after["2024-01-01"] == plan.document["partitions"][0]["stage_a"]["content_hash"]
-    assert after["2024-01-02"] not in (before["2024-01-02"], plan.document["partitions"][1]["stage_a"]["content_hash"])
+    assert after["2024-01-01"] == plan.as_json()["partitions"][0]["stage_a"]["content_hash"]
+    assert after["2024-01-02"] not in (before["2024-01-02"], plan.as_json()["partitions"][1]["stage_a"]["content_hash"])
     assert {k: after[k] for k in list(after)[2:]} == {k: before[k] for k in list(before)[2:]}
     ledger = {r["partition"]: (r["status"], r["error"]) for r in control.ledger_status(demo_db, spec)}
     assert ledger["2024-01-01"][0] == "verified"
@@ -451,7 +451,7 @@ def test_a_run_stopped_after_its_commit_resumes_under_the_same_approval(demo_db,
     statuses = {p["partition"]: p["status"] for p in rerun.partitions}
     assert statuses["2024-01-01"] == statuses["2024-01-02"] == "skipped-already-verified"
     assert {statuses[d.isoformat()] for d in DAYS8[2:]} == {"verified"}
-    assert target_day_hashes(demo_db) == {p["partition"]: p["stage_a"]["content_hash"] for p in plan.document["partitions"]}
+    assert target_day_hashes(demo_db) == {p["partition"]: p["stage_a"]["content_hash"] for p in plan.as_json()["partitions"]}
 
 
 def test_a_rerun_after_success_skips_every_partition_and_closes_the_approval(demo_db, factory):
@@ -514,7 +514,7 @@ def test_an_approval_records_every_partitions_target_readings_as_approved_agains
     (recorded,) = demo_db.execute("SELECT target_readings FROM backfill_control.approvals").fetchone()
     assert sorted(recorded) == [d.isoformat() for d in DAYS8]
     assert {k: v["content_hash"] for k, v in recorded.items()} == before
-    assert set(recorded["2024-01-01"]) == set(plan.document["partitions"][0]["stage_a"])
+    assert set(recorded["2024-01-01"]) == set(plan.as_json()["partitions"][0]["stage_a"])
     with pytest.raises(ApprovalError, match=r"the target was not read in partition\(s\) 2024-01-08"):
         record_approval(demo_db, spec, find_plan(demo_db, spec, plan.plan_id), "alice",
                         target={k: v for k, v in recorded.items() if k != "2024-01-08"})

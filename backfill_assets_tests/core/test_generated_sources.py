@@ -66,7 +66,7 @@ def test_generated_sources_converge_to_newest_wins(conn, factory, generated):
     for row in source:
         if row[1] is not None and ((row[0], row[1]) not in best or row[2:4] > best[(row[0], row[1])][2:4]):
             best[(row[0], row[1])] = row
-    for entry, day in zip(plan.document["partitions"], DAYS):
+    for entry, day in zip(plan.as_json()["partitions"], DAYS):
         expected = [best[key] for key in sorted(best) if key[0] == day]
         text_rows = [[day.isoformat(), str(k), str(u), str(seq), str(amount.quantize(Decimal("0.01"))), t]
                      for _, k, u, seq, amount, t in expected]

@@ -31,8 +31,8 @@ TRANSFORM = (
 def test_the_demo_plan_and_snapshot_ids_are_pinned(demo_db, factory):
     plan = make_plan(make_spec(), WEEK, factory)
     assert plan.status == "ready"
-    assert plan.document["snapshot"]["id"] == DEMO_SNAPSHOT_ID
-    assert plan.document["snapshot"]["fingerprint"] == DEMO_SNAPSHOT_FINGERPRINT
+    assert plan.as_json()["snapshot"]["id"] == DEMO_SNAPSHOT_ID
+    assert plan.as_json()["snapshot"]["fingerprint"] == DEMO_SNAPSHOT_FINGERPRINT
     assert plan.plan_id == DEMO_PLAN_ID
 
 
@@ -41,5 +41,5 @@ def test_an_immutable_source_with_a_transform_has_pinned_ids(unmoved_db, factory
                      transform_sql=TRANSFORM, transform_version="upper-v1")
     plan = make_plan(spec, WEEK, factory)
     assert plan.status == "ready"
-    assert plan.document["snapshot"]["id"] == IMMUTABLE_SNAPSHOT_ID
+    assert plan.as_json()["snapshot"]["id"] == IMMUTABLE_SNAPSHOT_ID
     assert plan.plan_id == IMMUTABLE_PLAN_ID

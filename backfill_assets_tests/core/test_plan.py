@@ -76,7 +76,7 @@ def control_schema_exists(conn: psycopg.Connection) -> bool:
 
 def check_against_newest_wins(conn, plan, rows, *, per_day: bool, days: list[dt.date]) -> None:
     expected = newest_wins(rows, per_day=per_day)
-    by_day = {p["partition"]: p for p in plan.document["partitions"]}
+    by_day = {p["partition"]: p for p in plan.as_json()["partitions"]}
     assert list(by_day) == [d.isoformat() for d in days]
     for day in days:
         entry, want = by_day[day.isoformat()], expected.get(day, [])
@@ -95,11 +95,11 @@ def test_plan_builds_both_stages_equal_to_an_independent_newest_wins(unmoved_db,
     rows = demo.source_rows(moved=False)
     check_against_newest_wins(unmoved_db, plan, rows, per_day=True, days=demo.DEMO_DAYS)
     # The source side: every row read is kept, dropped for a NULL key, or collapsed.
-    day1 = plan.document["partitions"][0]["source"]
+    day1 = plan.as_json()["partitions"][0]["source"]
     raw = [r for r in rows if r[0] == dt.date(2024, 1, 1)]
     assert day1["rows_read"] == len(raw)
     assert day1["null_key_rows_dropped"] == sum(1 for r in raw if r[1] is None)
-    kept = plan.document["partitions"][0]["stage_a"]["row_count"]
+    kept = plan.as_json()["partitions"][0]["stage_a"]["row_count"]
     assert day1["duplicates_collapsed"] == len(raw) - day1["null_key_rows_dropped"] - kept > 0
     # Plan never writes to the target.
     assert target_hashes(unmoved_db) == before
@@ -110,20 +110,20 @@ def test_moved_records_add_their_old_and_new_partitions_with_reasons(demo_db, fa
     assert plan.status == "ready"
     days = [*demo.DEMO_DAYS, dt.date(2024, 1, 8)]
     check_against_newest_wins(demo_db, plan, demo.source_rows(), per_day=False, days=days)
-    (added,) = plan.document["added_partitions"]
+    (added,) = plan.as_json()["added_partitions"]
     moved_out = demo.MOVES[1][0]
     assert added == {"partition": "2024-01-08",
                      "reasons": [f"key (order_id={moved_out}) moves here from 2024-01-07"]}
-    assert plan.document["requested_partitions"] == [d.isoformat() for d in demo.DEMO_DAYS]
+    assert plan.as_json()["requested_partitions"] == [d.isoformat() for d in demo.DEMO_DAYS]
     # Partitions linked by a moved key are replaced together.
-    groups = plan.document["replace_groups"]
+    groups = plan.as_json()["replace_groups"]
     assert ["2024-01-03", "2024-01-04"] in groups and ["2024-01-07", "2024-01-08"] in groups
     assert ["2024-01-01"] in groups
 
 
 def test_empty_partition_is_planned_as_empty(demo_db, factory):
     plan = make_plan(make_spec(), PartitionRequest(demo.EMPTY_DAY.isoformat()), factory)
-    (entry,) = plan.document["partitions"]
+    (entry,) = plan.as_json()["partitions"]
     assert entry["stage_a"]["row_count"] == 0 and entry["stage_a"]["total"] == "0"
     assert entry["stage_a"]["content_hash"] == expected_hash(demo_db, [])
 
@@ -135,7 +135,7 @@ def test_second_plan_gives_the_same_plan_id_and_the_same_snapshot(demo_db, facto
     assert demo_db.execute("SELECT count(*) FROM backfill_control.plans").fetchone()[0] == 1
     assert demo_db.execute("SELECT count(*) FROM backfill_control.snapshots").fetchone()[0] == 1
     stored = find_plan(demo_db, make_spec(), first.plan_id)
-    assert stored.status == "ready" and stored.document["plan_id"] == first.plan_id
+    assert stored.status == "ready" and stored.as_json()["plan_id"] == first.plan_id
 
 
 def test_plan_id_changes_with_the_source_and_the_transform_version(demo_db, factory):
@@ -144,14 +144,14 @@ def test_plan_id_changes_with_the_source_and_the_transform_version(demo_db, fact
     demo_db.execute("UPDATE public.orders_raw SET note = 'changed' WHERE order_id = %s", (dt.date(2024, 1, 2).toordinal() * 1000,))
     changed = make_plan(make_spec(), ALL_DAYS, factory)
     assert changed.plan_id != base.plan_id
-    assert changed.document["snapshot"]["id"] != base.document["snapshot"]["id"]
-    moved = {p["partition"] for p, q in zip(changed.document["partitions"], base.document["partitions"]) if p != q}
+    assert changed.as_json()["snapshot"]["id"] != base.as_json()["snapshot"]["id"]
+    moved = {p["partition"] for p, q in zip(changed.as_json()["partitions"], base.as_json()["partitions"]) if p != q}
     assert moved == {"2024-01-02"}
 
 
 def test_the_snapshot_copy_isolates_the_builds_from_later_source_changes(demo_db, factory):
     plan = make_plan(make_spec(), ALL_DAYS, factory)
-    snap = plan.document["snapshot"]["fingerprint"][:16]
+    snap = plan.as_json()["snapshot"]["fingerprint"][:16]
     demo_db.execute("DELETE FROM public.orders_raw")
     rows = demo_db.execute(
         sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier("backfill_control", f"snap_{snap}"))
@@ -160,7 +160,7 @@ def test_the_snapshot_copy_isolates_the_builds_from_later_source_changes(demo_db
 
 
 def _copy_of(plan) -> sql.Identifier:
-    return sql.Identifier("backfill_control", f"snap_{plan.document['snapshot']['fingerprint'][:16]}")
+    return sql.Identifier("backfill_control", f"snap_{plan.as_json()['snapshot']['fingerprint'][:16]}")
 
 
 def test_a_later_plan_reuses_an_intact_copy_and_copies_again_when_its_seal_broke(demo_db, factory):
@@ -194,9 +194,9 @@ def test_any_change_to_a_copy_breaks_its_seal(demo_db, factory, change):
     from backfill_assets.core.snapshot import copy_intact
 
     plan = make_plan(make_spec(), ALL_DAYS, factory)
-    copy = TableRef("backfill_control", f"snap_{plan.document['snapshot']['fingerprint'][:16]}")
-    ctx = resolve(demo_db, factory, make_spec(), [p["partition"] for p in plan.document["partitions"]])
-    fingerprint = plan.document["snapshot"]["fingerprint"]
+    copy = TableRef("backfill_control", f"snap_{plan.as_json()['snapshot']['fingerprint'][:16]}")
+    ctx = resolve(demo_db, factory, make_spec(), [p["partition"] for p in plan.as_json()["partitions"]])
+    fingerprint = plan.as_json()["snapshot"]["fingerprint"]
     demo_db.execute(b"VACUUM FREEZE backfill_control." + copy.name.encode())  # freezing is no change
     assert copy_intact(demo_db, ctx, copy, fingerprint)
     for statement in change.split("; "):
@@ -214,7 +214,7 @@ def test_a_copy_altered_after_the_plan_is_refused_by_approval_and_by_the_stages_
     with pytest.raises(ApprovalError, match="changed since it was taken; plan again"):
         approve_plan(demo_db, factory, make_spec(), find_plan(demo_db, make_spec(), plan.plan_id), "alice")
     with pytest.raises(SnapshotError, match="changed since it was taken; take the snapshot again"):
-        stages_step(make_spec(), plan.document["snapshot"]["id"], factory)
+        stages_step(make_spec(), plan.as_json()["snapshot"]["id"], factory)
     snapshot = snapshot_step(make_spec(), ALL_DAYS, factory)  # copies again
     assert stages_step(make_spec(), snapshot.snapshot_id, factory)[1].plan_id == plan.plan_id
 
@@ -303,7 +303,7 @@ def test_a_transform_is_applied_to_both_stages(unmoved_db, factory):
     statuses = {r[0] for r in demo_db.execute(
         "SELECT DISTINCT status FROM backfill_control.orders_daily__stage_a").fetchall()}
     assert statuses <= {"PLACED", "CORRECTED", "SHIPPED"} and "PLACED" in statuses
-    assert plan.document["transform_sql_sha256"] is not None
+    assert plan.as_json()["transform_sql_sha256"] is not None
 
 
 def test_builds_that_disagree_refuse_the_plan_and_leave_nothing_to_apply(unmoved_db, factory):
@@ -319,7 +319,7 @@ def test_builds_that_disagree_refuse_the_plan_and_leave_nothing_to_apply(unmoved
     plan = make_plan(spec, PartitionRequest("2024-01-01,2024-01-05"), factory)
     assert plan.status == "refused"
     assert any("2024-01-01: stages A and B differ on content_hash" in p for p in plan.problems)
-    by_day = {p["partition"]: p for p in plan.document["partitions"]}
+    by_day = {p["partition"]: p for p in plan.as_json()["partitions"]}
     assert not by_day["2024-01-01"]["match"] and by_day["2024-01-05"]["match"]
     left = demo_db.execute(
         "SELECT count(*) FROM backfill_control.orders_daily__stage_a WHERE order_date = '2024-01-01'"
@@ -348,8 +348,8 @@ def test_immutable_source_plan_reads_the_source_directly(unmoved_db, factory):
     spec = make_spec(source={"table": "public.orders_raw", "snapshot": "immutable"}, records_can_move=False)
     plan = make_plan(spec, ALL_DAYS, factory)
     copy_plan = make_plan(STATIC, ALL_DAYS, factory)
-    assert plan.status == "ready" and plan.document["snapshot"]["mode"] == "immutable"
-    assert [p["stage_a"] for p in plan.document["partitions"]] == [p["stage_a"] for p in copy_plan.document["partitions"]]
+    assert plan.status == "ready" and plan.as_json()["snapshot"]["mode"] == "immutable"
+    assert [p["stage_a"] for p in plan.as_json()["partitions"]] == [p["stage_a"] for p in copy_plan.as_json()["partitions"]]
     tables = demo_db.execute(
         "SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill_control' AND tablename ~ '^snap_[0-9a-f]{16}$'"
     ).fetchone()[0]
@@ -378,14 +378,14 @@ def test_integer_and_text_partition_keys(conn, factory):
     by_region = make_spec(source={"table": "public.ev", "snapshot": "copy"}, target={"table": "public.ev_by_region"},
                           partition_key="region", columns=["region", "k", "v", "seq"], **common)
     plan = make_plan(by_region, PartitionRequest("eu,us,none"), factory)
-    assert [(p["partition"], p["stage_a"]["row_count"], p["stage_a"]["total"]) for p in plan.document["partitions"]] == [
+    assert [(p["partition"], p["stage_a"]["row_count"], p["stage_a"]["total"]) for p in plan.as_json()["partitions"]] == [
         ("eu", 2, "3"), ("none", 0, "0"), ("us", 2, "6.5")]
     by_batch = make_spec(name="by_batch", source={"table": "public.ev", "snapshot": "copy"},
                          target={"table": "public.ev_by_batch"}, partition_key="batch",
                          columns=["batch", "k", "v", "seq"], **common)
     plan = make_plan(by_batch, PartitionRequest("1..3"), factory)
-    assert [p["partition"] for p in plan.document["partitions"]] == ["1", "2", "3"]
-    assert all(p["match"] for p in plan.document["partitions"])
+    assert [p["partition"] for p in plan.as_json()["partitions"]] == ["1", "2", "3"]
+    assert all(p["match"] for p in plan.as_json()["partitions"])
 
 
 def test_the_step_by_step_path_gives_the_same_plan_as_make_plan(demo_db, factory):
@@ -393,10 +393,10 @@ def test_the_step_by_step_path_gives_the_same_plan_as_make_plan(demo_db, factory
 
     whole = make_plan(make_spec(), ALL_DAYS, factory)
     snapshot = snapshot_step(make_spec(), ALL_DAYS, factory)
-    assert snapshot.snapshot_id == whole.document["snapshot"]["id"]
+    assert snapshot.snapshot_id == whole.as_json()["snapshot"]["id"]
     assert snapshot.requested == [d.isoformat() for d in demo.DEMO_DAYS]
     ctx, plan, a, b = stages_step(make_spec(), snapshot.snapshot_id, factory)
-    assert list(a) == list(b) == ctx.labels == [p["partition"] for p in whole.document["partitions"]]
+    assert list(a) == list(b) == ctx.labels == [p["partition"] for p in whole.as_json()["partitions"]]
     assert plan.plan_id == whole.plan_id
 
 
@@ -497,7 +497,7 @@ def test_rows_that_differ_only_in_the_text_of_a_column_not_written_are_not_a_tie
     # version orders the rows but is not written: whichever wins, the target row is the same.
     spec = _versions_spec(conn, [(1, 1, "1.5", 7), (1, 1, "1.50", 7)], version_written=False)
     plan = make_plan(spec, PartitionRequest("1"), factory)
-    assert plan.status == "ready" and plan.document["partitions"][0]["stage_a"]["row_count"] == 1
+    assert plan.status == "ready" and plan.as_json()["partitions"][0]["stage_a"]["row_count"] == 1
 
 
 def test_nobody_can_change_the_copy_while_the_stages_are_built_from_it(demo_db, factory):

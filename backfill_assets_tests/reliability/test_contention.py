@@ -72,7 +72,7 @@ def test_two_plans_over_one_partition_at_once_serialize_and_the_second_is_refuse
     refused = results["second"]
     assert isinstance(refused, ApprovalOutdatedError), refused
     assert list(refused.reasons) == [DAY] and "a later run first of plan" in refused.reasons[DAY]
-    assert target_hashes(unmoved_db, [DAYS8[1]])[DAY] == first.document["partitions"][0]["stage_a"]["content_hash"]
+    assert target_hashes(unmoved_db, [DAYS8[1]])[DAY] == first.as_json()["partitions"][0]["stage_a"]["content_hash"]
     second_ledger = unmoved_db.execute("SELECT status FROM backfill_control.ledger WHERE run_id = 'second'").fetchall()
     assert second_ledger == [("failed",)]  # it got as far as the lock: refused there, not before
     rows = all_target_rows(unmoved_db)
@@ -82,7 +82,7 @@ def test_two_plans_over_one_partition_at_once_serialize_and_the_second_is_refuse
 def test_readers_see_the_old_or_the_new_partition_never_a_partial_one(demo_db, factory, db_url):
     spec = make_spec()
     plan = approved(demo_db, factory, spec)
-    old_count, new_count = day_count(demo_db), plan.document["partitions"][1]["stage_a"]["row_count"]
+    old_count, new_count = day_count(demo_db), plan.as_json()["partitions"][1]["stage_a"]["row_count"]
     old_hash = target_hashes(demo_db, [DAYS8[1]])[DAY]
     seen: dict[str, tuple[int, str]] = {}
     counts: list[int] = []
@@ -130,7 +130,7 @@ def test_an_approved_plan_for_another_snapshot_is_refused(unmoved_db, factory):
     old_plan = approved(unmoved_db, factory, spec)
     unmoved_db.execute("UPDATE public.orders_raw SET note = 'late' WHERE order_date = '2024-01-03'")
     new_plan = make_plan(spec, ALL_DAYS, factory)  # a new snapshot; its stages replace the old ones
-    assert new_plan.document["snapshot"]["id"] != old_plan.document["snapshot"]["id"]
+    assert new_plan.as_json()["snapshot"]["id"] != old_plan.as_json()["snapshot"]["id"]
     before = target_hashes(unmoved_db, DAYS8)
     with pytest.raises(ApprovalError, match="2024-01-03"):
         apply_plan(spec, old_plan.plan_id, factory, run_id="stale")

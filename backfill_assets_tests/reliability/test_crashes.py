@@ -74,7 +74,7 @@ def approved_plan(demo_db, factory, tmp_path, db_url):
     old = target_hashes(demo_db, DAYS8)
     plan = make_plan(spec, ALL_DAYS, factory)
     approve_plan(demo_db, factory, spec, find_plan(demo_db, spec, plan.plan_id), "crash-test")
-    new = {p["partition"]: p["stage_a"]["content_hash"] for p in plan.document["partitions"]}
+    new = {p["partition"]: p["stage_a"]["content_hash"] for p in plan.as_json()["partitions"]}
     return spec, spec_file, plan, old, new
 
 
@@ -115,7 +115,7 @@ def test_an_immediate_server_shutdown_mid_apply_leaves_old_or_new_and_a_rerun_co
         old = target_hashes(conn, DAYS8)
         plan = make_plan(spec, ALL_DAYS, factory)
         approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), "crash-test")
-    new = {p["partition"]: p["stage_a"]["content_hash"] for p in plan.document["partitions"]}
+    new = {p["partition"]: p["stage_a"]["content_hash"] for p in plan.as_json()["partitions"]}
 
     proc = start_paused_apply(spec_file, url.reveal(), plan.plan_id, "inserted", tmp_path)
     postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])

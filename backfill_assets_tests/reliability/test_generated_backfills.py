@@ -83,7 +83,7 @@ def test_generated_backfills_converge_and_a_second_run_is_byte_identical(conn, f
             make_plan(SPEC, REQUEST, factory)
         return
     plan, first = run_backfill(conn, factory, "first")
-    assert all(p["match"] for p in plan.document["partitions"])
+    assert all(p["match"] for p in plan.as_json()["partitions"])
     expected = newest_wins(source)
     got = target(conn)
     # Keys with no source row at all keep their stale row only if their day was not rebuilt.
@@ -94,6 +94,6 @@ def test_generated_backfills_converge_and_a_second_run_is_byte_identical(conn, f
         (r[1], r[4].as_tuple().exponent) for r in expected]
 
     again, second = run_backfill(conn, factory, "second")
-    assert [p["stage_a"] for p in again.document["partitions"]] == [p["stage_a"] for p in plan.document["partitions"]]
+    assert [p["stage_a"] for p in again.as_json()["partitions"]] == [p["stage_a"] for p in plan.as_json()["partitions"]]
     assert {p["status"] for p in second.partitions} == {"skipped-already-verified"}
     assert target(conn) == got

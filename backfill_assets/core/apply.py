@@ -24,38 +24,36 @@ For each partition (or each group of partitions that moved keys link), in plan o
 
 Any failure stops before the next partition; partitions already verified stay verified.
 Every step is recorded in the ledger.
+
+The protocol is written once against core.target.Target (locks, one atomic write, reads
+under it, committed reads); the PostgreSQL specifics of steps 1, 4 and 6 live in
+core.target.PostgresTarget, so another engine adds a Target, not a second apply.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from backfill_assets.core import control, sqlbuild
+from backfill_assets.core import control
 from backfill_assets.core.approve import (
     Approval, check_data_unchanged, check_spec_unchanged, find_plan, latest_approval,
     require_coverage, short_readings,
 )
-from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
+from backfill_assets.core.db import ConnectionFactory
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
-from backfill_assets.core.fingerprint import business_key_order
 from backfill_assets.core.plan_document import Plan
-from backfill_assets.core.context import Clock, Context, Progress, quiet, set_timeouts, spec_lock, utc_now
+from backfill_assets.core.context import Clock, Context, Progress, quiet, spec_lock, utc_now
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.snapshot import immutable_source_changes
+from backfill_assets.core.target import Checkpoint, Target, no_checkpoint, target_for
 from backfill_assets.core.spec import Spec
 
-# A test or an operator may pause at these points (see Checkpoint).
+# A test or an operator may pause at these points (see core.target.Checkpoint).
 STEPS = ("locked", "deleted", "inserted", "before-commit", "committed", "verified")
-Checkpoint = Callable[[str, list[str]], None]
-
-
-def _no_checkpoint(step: str, labels: list[str]) -> None:
-    pass
 
 
 @dataclass
@@ -79,104 +77,75 @@ def _replaced(label: str, status: str, approved: dict[str, Any], done: int, tota
                          rows=approved["row_count"], status=status)
 
 
-def _readings(conn: psycopg.Connection, ctx: Context, rel, value: object) -> dict[str, Any]:
-    return ctx.readings(conn, rel, value).as_dict()
-
-
-def _values(ctx: Context, labels: list[str]) -> list[object]:
-    return [ctx.partitions[ctx.labels.index(label)] for label in labels]
-
-
 def replace_group(
-    conn: psycopg.Connection, ctx: Context, stored: Plan, approval: Approval, labels: list[str],
-    checkpoint: Checkpoint = _no_checkpoint,
+    conn: psycopg.Connection, target: Target, ctx: Context, stored: Plan, approval: Approval,
+    labels: list[str], checkpoint: Checkpoint = no_checkpoint,
 ) -> str:
-    """Replace the partitions ``labels`` in one transaction; return the ledger status.
+    """Replace the partitions ``labels`` in one atomic write of ``target``; return the ledger
+    status. The protocol is the same for every engine (core.target).
 
     Raises:
         ApprovalOutdatedError: under the lock, the approval no longer covers a partition (its
             target changed since the approval; rolled back, nothing written).
-        VerificationError: a recheck or the in-transaction verification failed (rolled back).
+        VerificationError: a recheck or the verification before commit failed (rolled back).
         TransientDatabaseError: a lock or statement timeout (rolled back).
     """
-    spec = ctx.spec
-    target, stage = spec.target_ref, ctx.stage("a")
-    values = _values(ctx, labels)
     approved = {label: stored.approved(label) for label in labels}
-    # READ COMMITTED whatever the server's default: every read after the lock sees every
-    # write the lock waited for.
-    with transient_errors(f"replacing partition(s) {', '.join(labels)} of {target}"), read_committed(conn):
-        set_timeouts(conn, spec)
-        conn.execute(sqlbuild.lock_for_replace(target))
+    with target.writing(labels) as write:
         checkpoint("locked", labels)
         # A writer may have slipped in since apply's first check: read the target again here,
         # where nobody else can write it until the commit.
-        covered = require_coverage(conn, ctx, stored, approval, labels)
+        covered = require_coverage(conn, ctx, stored, approval, labels, write.readings(labels))
         if all(covered[label].now == approved[label] for label in labels):
             return "skipped-already-verified"
-        for value, label in zip(values, labels):
-            now = _readings(conn, ctx, stage, value)
-            if now != approved[label]:
-                raise VerificationError(label, "recheck of the approved stage", _short(approved[label]), _short(now))
-        if ctx.spec.source.snapshot == "immutable":  # only this group's partitions
-            for label, (planned, now) in immutable_source_changes(conn, ctx, stored.pinned_source(labels)).items():
-                raise VerificationError(
-                    label, "recheck of the immutable source",
-                    f"hash {planned['content_hash'][:16]}", f"hash {now['content_hash'][:16]}",
-                )
-        for value in values:
-            conn.execute(*sqlbuild.delete_partition(target, spec.partition_key, value))
-        checkpoint("deleted", labels)
-        order = business_key_order(ctx.target_columns, spec.business_key)
-        for value in values:
-            conn.execute(*sqlbuild.insert_from_stage(target, stage, spec.columns, spec.partition_key, order, value))
-        checkpoint("inserted", labels)
-        for value, label in zip(values, labels):
-            now = _readings(conn, ctx, target, value)
-            if now != approved[label]:
-                raise VerificationError(label, "verification before commit", _short(approved[label]), _short(now))
+        recheck_stage(conn, ctx, stored, labels)
+        write.replace(labels)
+        _compare(approved, write.readings(labels), "verification before commit")
         checkpoint("before-commit", labels)
     checkpoint("committed", labels)
     return "verified"
 
 
-@contextlib.contextmanager
-def partition_locks(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> Iterator[None]:
-    """Session advisory locks on (target, partition), taken in one order by every run (no
-    deadlock between groups), waiting at most ``lock_timeout``."""
-    keys = [f"backfill_assets:target:{ctx.spec.target_ref}:{label}" for label in sorted(labels)]
-    taken: list[str] = []
-    try:
-        with transient_errors(f"locking partition(s) {', '.join(labels)} of {ctx.spec.target_ref}"):
-            for key in keys:
-                with conn.transaction():
-                    set_timeouts(conn, ctx.spec)
-                    conn.execute(*sqlbuild.advisory_lock(key))
-                taken.append(key)
-        yield
-    finally:
-        if not conn.closed and not conn.broken:
-            for key in taken:
-                conn.execute(*sqlbuild.advisory_unlock(key))
-
-
-def verify_committed(factory: ConnectionFactory, ctx: Context, stored: Plan, labels: list[str]) -> None:
-    """Read the committed target on a fresh connection and compare with the approval.
+def recheck_stage(conn: psycopg.Connection, ctx: Context, stored: Plan, labels: list[str]) -> None:
+    """Stage A's partitions, and an immutable source's, must still carry what was approved.
 
     Raises:
         VerificationError: naming the partition and both readings.
     """
-    with factory() as conn, repeatable_read(conn, read_only=True):
-        for value, label in zip(_values(ctx, labels), labels):
-            now = _readings(conn, ctx, ctx.spec.target_ref, value)
-            if now != stored.approved(label):
-                raise VerificationError(label, "verification after commit", _short(stored.approved(label)), _short(now))
+    values = dict(zip(ctx.labels, ctx.partitions))
+    stage = ctx.stage("a")
+    _compare({label: stored.approved(label) for label in labels},
+             {label: ctx.readings(conn, stage, values[label]).as_dict() for label in labels},
+             "recheck of the approved stage")
+    if ctx.spec.source.snapshot == "immutable":  # only these partitions
+        for label, (planned, now) in immutable_source_changes(conn, ctx, stored.pinned_source(labels)).items():
+            raise VerificationError(
+                label, "recheck of the immutable source",
+                f"hash {planned['content_hash'][:16]}", f"hash {now['content_hash'][:16]}",
+            )
+
+
+def _compare(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any]], step: str) -> None:
+    for label, want in expected.items():
+        if actual[label] != want:
+            raise VerificationError(label, step, _short(want), _short(actual[label]))
+
+
+def verify_committed(target: Target, stored: Plan, labels: list[str]) -> None:
+    """Read the committed partitions afresh and compare them with the approval.
+
+    Raises:
+        VerificationError: naming the partition and both readings.
+    """
+    _compare({label: stored.approved(label) for label in labels}, target.committed_readings(labels),
+             "verification after commit")
 
 
 def apply_plan(
     spec: Spec, plan_ref: str, factory: ConnectionFactory, *, run_id: str,
     only: list[str] | None = None, clock: Clock = utc_now, progress: Progress = quiet,
-    checkpoint: Checkpoint = _no_checkpoint, on_result: Callable[[dict[str, Any]], None] | None = None,
+    checkpoint: Checkpoint = no_checkpoint, on_result: Callable[[dict[str, Any]], None] | None = None,
+    make_target: Callable[..., Target] = target_for,
 ) -> ApplyResult:
     """Replace the partitions of an approved plan, in order, verifying each.
 
@@ -186,6 +155,8 @@ def apply_plan(
             links them to, which are replaced in the same transaction).
         checkpoint: called at each step of each replace (see ``STEPS``); for tests.
         on_result: called with each partition's result as soon as it is final.
+        make_target: ``(conn, factory, ctx, checkpoint) -> Target``, the engine written to
+            (default: the spec's, see core.target.target_for).
 
     Raises:
         ApprovalError: unknown, refused, unapproved or outdated plan; nothing written.
@@ -198,59 +169,21 @@ def apply_plan(
         TransientDatabaseError, ConcurrentRunError: safe to retry with the same plan.
     """
     with factory() as conn, spec_lock(conn, spec):
-        stored = find_plan(conn, spec, plan_ref)
-        approval = latest_approval(conn, spec, stored.plan_id)
-        if approval is None:
-            raise ApprovalError(
-                f"plan {stored.plan_id[:16]} has not been approved; run approve and review it first"
-            )
-        ctx = check_spec_unchanged(conn, factory, spec, stored)
-        result = ApplyResult(run_id, stored.plan_id, approval.approval_id)
-        doc = stored.document
-        groups = [list(g) for g in doc.replace_groups]
-        if only is not None:
-            missing = sorted(set(only) - set(stored.labels))
-            if missing:
-                raise ApprovalError(
-                    f"partition(s) {', '.join(missing)} are not in plan {stored.plan_id[:16]}; "
-                    "plan and approve them first"
-                )
-            groups = [g for g in groups if set(g) & set(only)]
-        chosen = {label for g in groups for label in g}
-        # Refuse a changed stage (or immutable source), and a target the approval no longer
-        # covers, before the first write; each replace checks its own partitions again under
-        # the lock.
-        in_order = [label for label in stored.labels if label in chosen]
-        now = check_data_unchanged(conn, ctx, stored, in_order)
-        require_coverage(conn, ctx, stored, approval, in_order, now)
+        stored, approval, ctx, groups = _checked_before_writing(conn, factory, spec, plan_ref, only)
+        in_order = [label for g in groups for label in g]
         progress(ProgressEvent("apply", f"replacing {len(in_order)} partition(s)", done=0, total=len(in_order),
                                status="started"))
+        doc = stored.document
         control.ledger_start(
             conn, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval.approval_id,
             snapshot_id=doc.snapshot.id, target_table=doc.target,
             transform_version=doc.transform_version, run_started_at=clock(),
             partitions=[{"partition": label, **stored.approved(label)} for label in in_order],
         )
+        result = ApplyResult(run_id, stored.plan_id, approval.approval_id)
+        target = make_target(conn, factory, ctx, checkpoint)
         for n, labels in enumerate(groups):
-            control.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
-            try:
-                with partition_locks(conn, ctx, labels):
-                    status = replace_group(conn, ctx, stored, approval, labels, checkpoint)
-                    if status == "verified":
-                        verify_committed(factory, ctx, stored, labels)
-                        checkpoint("verified", labels)
-                    # Recorded before the partition is released: the next run to lock it
-                    # judges its approval against a ledger that names this run.
-                    control.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock())
-            except (BackfillError, psycopg.Error) as err:
-                # Our errors and the driver's carry no credential (see db.connect).
-                message = " ".join(str(err).split()) or err.__class__.__name__
-                control.ledger_mark(conn, spec.control_schema, run_id, labels, "failed", clock(), message)
-                rest = [label for group in groups[n + 1:] for label in group]
-                if rest:
-                    control.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
-                                        f"stopped after partition(s) {', '.join(labels)} failed")
-                raise
+            status = _replace_and_record(conn, target, ctx, stored, approval, run_id, groups, n, clock, checkpoint)
             for label in labels:
                 entry = {"partition": label, "status": status, **stored.approved(label)}
                 result.partitions.append(entry)
@@ -258,6 +191,64 @@ def apply_plan(
                     on_result(entry)
                 progress(_replaced(label, status, stored.approved(label), len(result.partitions), len(in_order)))
         return result
+
+
+def _checked_before_writing(
+    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, plan_ref: str, only: list[str] | None,
+) -> tuple[Plan, Approval, Context, list[list[str]]]:
+    """The approved plan, its approval, the context and the groups to replace (in plan order),
+    after every check apply makes before its first write: the spec and the target's columns
+    unchanged, the stage (and an immutable source) as planned, the target still covered."""
+    stored = find_plan(conn, spec, plan_ref)
+    approval = latest_approval(conn, spec, stored.plan_id)
+    if approval is None:
+        raise ApprovalError(
+            f"plan {stored.plan_id[:16]} has not been approved; run approve and review it first"
+        )
+    ctx = check_spec_unchanged(conn, factory, spec, stored)
+    groups = [list(g) for g in stored.document.replace_groups]
+    if only is not None:
+        missing = sorted(set(only) - set(stored.labels))
+        if missing:
+            raise ApprovalError(
+                f"partition(s) {', '.join(missing)} are not in plan {stored.plan_id[:16]}; "
+                "plan and approve them first"
+            )
+        groups = [g for g in groups if set(g) & set(only)]
+    chosen = {label for g in groups for label in g}
+    in_order = [label for label in stored.labels if label in chosen]
+    # Each replace checks its own partitions again under the lock.
+    require_coverage(conn, ctx, stored, approval, in_order, check_data_unchanged(conn, ctx, stored, in_order))
+    return stored, approval, ctx, groups
+
+
+def _replace_and_record(
+    conn: psycopg.Connection, target: Target, ctx: Context, stored: Plan, approval: Approval, run_id: str,
+    groups: list[list[str]], n: int, clock: Clock, checkpoint: Checkpoint,
+) -> str:
+    """Replace and verify group ``n`` under its partition locks, recording each step in the
+    ledger; on failure, mark it failed and the following groups not attempted, and raise."""
+    spec, labels = ctx.spec, groups[n]
+    control.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
+    try:
+        with target.locked(labels):
+            status = replace_group(conn, target, ctx, stored, approval, labels, checkpoint)
+            if status == "verified":
+                verify_committed(target, stored, labels)
+                checkpoint("verified", labels)
+            # Recorded before the partition is released: the next run to lock it
+            # judges its approval against a ledger that names this run.
+            control.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock())
+            return status
+    except (BackfillError, psycopg.Error) as err:
+        # Our errors and the driver's carry no credential (see db.connect).
+        message = " ".join(str(err).split()) or err.__class__.__name__
+        control.ledger_mark(conn, spec.control_schema, run_id, labels, "failed", clock(), message)
+        rest = [label for group in groups[n + 1:] for label in group]
+        if rest:
+            control.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
+                                f"stopped after partition(s) {', '.join(labels)} failed")
+        raise
 
 
 def approved_plan_for(conn: psycopg.Connection, spec: Spec, labels: list[str]) -> str:

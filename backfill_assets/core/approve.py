@@ -32,6 +32,7 @@ from backfill_assets.core.plan import spec_document
 from backfill_assets.core.plan_document import Plan
 from backfill_assets.core.snapshot import copy_problem, immutable_source_changes
 from backfill_assets.core.stages import stage_partitions_changed
+from backfill_assets.core.target import target_for
 from backfill_assets.core.spec import Spec, parse_table_name
 
 MIN_PREFIX = 8
@@ -148,8 +149,7 @@ def check_data_unchanged(
 def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
     """The target's readings of partitions ``labels`` of the context, in the caller's
     transaction (the same readings a plan records for its stages)."""
-    values = dict(zip(ctx.labels, ctx.partitions))
-    return {label: ctx.readings(conn, ctx.spec.target_ref, values[label]).as_dict() for label in labels}
+    return target_for(conn, None, ctx).readings(labels)
 
 
 @dataclass(frozen=True)

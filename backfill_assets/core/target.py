@@ -1,0 +1,156 @@
+"""The engine seam: the table whose partitions apply replaces.
+
+apply's protocol (core.apply) is written once against :class:`Target`: keep other backfills
+of the partitions out, open one atomic write, read the target under it (is the approval
+still covering it? is it already done?), recheck the approved stage, replace, read back
+before the commit, commit, and read the committed state again. An engine supplies only these
+operations; PostgreSQL (:class:`PostgresTarget`) is the first. A lake format (Delta, Iceberg)
+adds another implementation: its ``writing`` is a native partition overwrite committed on
+exit, and its ``committed_readings`` reads the version it committed.
+
+Readings are the canonical fingerprint of core.fingerprint as dicts, whatever the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import psycopg
+
+from backfill_assets.core import sqlbuild
+from backfill_assets.core.context import Context, set_timeouts
+from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
+from backfill_assets.core.fingerprint import business_key_order
+
+Readings = dict[str, Any]
+Checkpoint = Callable[[str, list[str]], None]
+
+
+def no_checkpoint(step: str, labels: list[str]) -> None:
+    """The default checkpoint: go on."""
+
+
+class TargetWrite(Protocol):
+    """One atomic write of some partitions: everything in it commits together on a clean
+    exit of :meth:`Target.writing`, or not at all."""
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        """The partitions as this write sees them (before the replace: as they are, with
+        other writers kept out; after it: as they will be committed)."""
+        ...
+
+    def replace(self, labels: list[str]) -> None:
+        """Replace the partitions with the approved stage's rows."""
+        ...
+
+
+class Target(Protocol):
+    """A table whose partitions apply replaces and verifies."""
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        """The partitions as they are now, in the caller's transaction where the engine has one."""
+        ...
+
+    def locked(self, labels: list[str]) -> contextlib.AbstractContextManager[None]:
+        """Keep every other backfill of these partitions out until the committed state has
+        been read back."""
+        ...
+
+    def writing(self, labels: list[str]) -> contextlib.AbstractContextManager[TargetWrite]:
+        """One atomic write of these partitions, with other writers kept out."""
+        ...
+
+    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+        """The partitions as committed, read afresh (not through the write)."""
+        ...
+
+
+def target_for(conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
+               checkpoint: Checkpoint = no_checkpoint) -> Target:
+    """The target of a spec, on apply's (or approval's) connection: where another engine
+    plugs in. ``factory`` opens the fresh connection committed readings are read on."""
+    return PostgresTarget(conn, factory, ctx, checkpoint)
+
+
+class PostgresTarget:
+    """A PostgreSQL table, written on apply's own connection (the stage lives in the same
+    database, so its recheck runs in the same transaction as the replace).
+
+    Locks: a session advisory lock per (target, partition), taken in one order by every run
+    and held until the committed state is read back; inside the write, ``LOCK TABLE ... IN
+    SHARE ROW EXCLUSIVE MODE``, which conflicts with every other writer (row locks cannot
+    cover rows not yet inserted) and blocks no reader. Finite lock and statement timeouts.
+    """
+
+    def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
+                 checkpoint: Checkpoint = no_checkpoint) -> None:
+        self.conn, self.factory, self.ctx, self.checkpoint = conn, factory, ctx, checkpoint
+
+    def _values(self, labels: list[str]) -> list[object]:
+        return [self.ctx.partitions[self.ctx.labels.index(label)] for label in labels]
+
+    def read(self, conn: psycopg.Connection, labels: list[str]) -> dict[str, Readings]:
+        rel = self.ctx.spec.target_ref
+        return {label: self.ctx.readings(conn, rel, value).as_dict()
+                for value, label in zip(self._values(labels), labels)}
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        return self.read(self.conn, labels)
+
+    @contextlib.contextmanager
+    def locked(self, labels: list[str]) -> Iterator[None]:
+        spec = self.ctx.spec
+        keys = [f"backfill_assets:target:{spec.target_ref}:{label}" for label in sorted(labels)]
+        taken: list[str] = []
+        try:
+            with transient_errors(f"locking partition(s) {', '.join(labels)} of {spec.target_ref}"):
+                for key in keys:
+                    with self.conn.transaction():
+                        set_timeouts(self.conn, spec)
+                        self.conn.execute(*sqlbuild.advisory_lock(key))
+                    taken.append(key)
+            yield
+        finally:
+            if not self.conn.closed and not self.conn.broken:
+                for key in taken:
+                    self.conn.execute(*sqlbuild.advisory_unlock(key))
+
+    @contextlib.contextmanager
+    def writing(self, labels: list[str]) -> Iterator[TargetWrite]:
+        spec = self.ctx.spec
+        # READ COMMITTED whatever the server's default: every read after the lock sees every
+        # write the lock waited for.
+        with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_ref}"), \
+                read_committed(self.conn):
+            set_timeouts(self.conn, spec)
+            self.conn.execute(sqlbuild.lock_for_replace(spec.target_ref))
+            yield _PostgresWrite(self)
+
+    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+        if self.factory is None:
+            raise TypeError("committed readings need a connection factory")
+        with self.factory() as conn, repeatable_read(conn, read_only=True):
+            return self.read(conn, labels)
+
+
+class _PostgresWrite:
+    def __init__(self, target: PostgresTarget) -> None:
+        self.target = target
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        return self.target.readings(labels)
+
+    def replace(self, labels: list[str]) -> None:
+        t = self.target
+        spec, conn = t.ctx.spec, t.conn
+        values = t._values(labels)
+        for value in values:
+            conn.execute(*sqlbuild.delete_partition(spec.target_ref, spec.partition_key, value))
+        t.checkpoint("deleted", labels)
+        order = business_key_order(t.ctx.target_columns, spec.business_key)
+        for value in values:
+            conn.execute(*sqlbuild.insert_from_stage(
+                spec.target_ref, t.ctx.stage("a"), spec.columns, spec.partition_key, order, value))
+        t.checkpoint("inserted", labels)

@@ -28,7 +28,7 @@ from backfill_assets.core.approve import (
     review,
 )
 from backfill_assets.core.catalog import inspect_tables
-from backfill_assets.core.control import ledger_status
+from backfill_assets.core.ledger import ledger_status
 from backfill_assets.core.db import (
     ConnectionFactory,
     DatabaseUrl,

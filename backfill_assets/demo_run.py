@@ -15,7 +15,7 @@ from backfill_assets.core import embedded
 from backfill_assets.core.apply import ApplyResult, apply_plan
 from backfill_assets.core.approve import confirm, review
 from backfill_assets.core.catalog import inspect_tables
-from backfill_assets.core.control import ledger_status
+from backfill_assets.core.ledger import ledger_status
 from backfill_assets.core.db import ConnectionFactory, connection_factory
 from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.plan import Plan, make_plan

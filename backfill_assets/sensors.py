@@ -7,7 +7,7 @@ import json
 
 import dagster as dg
 
-from backfill_assets.core import control
+from backfill_assets.core import control, ledger
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.snapshot import source_changes
 from backfill_assets.core.spec import Spec
@@ -86,7 +86,7 @@ def approval_sensor(specs: list[Spec], jobs: list) -> dg.SensorDefinition:
             with _factory(context, spec)() as conn:
                 if not control.control_ready(conn, spec.control_schema):
                     continue
-                new = control.approvals_since(conn, spec.control_schema, spec.name, cursor.get(spec.name, 0))
+                new = ledger.approvals_since(conn, spec.control_schema, spec.name, cursor.get(spec.name, 0))
             for approval in new:
                 cursor[spec.name] = approval["approval_id"]
                 requests.extend(approval_requests(context, spec, approval))

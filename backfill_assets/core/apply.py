@@ -38,7 +38,7 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core import control
+from backfill_assets.core import control, ledger
 from backfill_assets.core.approve import (
     Approval, check_data_unchanged, check_spec_unchanged, find_plan, latest_approval,
     require_coverage, short_readings,
@@ -174,7 +174,7 @@ def apply_plan(
         progress(ProgressEvent("apply", f"replacing {len(in_order)} partition(s)", done=0, total=len(in_order),
                                status="started"))
         doc = stored.document
-        control.ledger_start(
+        ledger.ledger_start(
             conn, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval.approval_id,
             snapshot_id=doc.snapshot.id, target_table=doc.target,
             transform_version=doc.transform_version, run_started_at=clock(),
@@ -229,7 +229,7 @@ def _replace_and_record(
     """Replace and verify group ``n`` under its partition locks, recording each step in the
     ledger; on failure, mark it failed and the following groups not attempted, and raise."""
     spec, labels = ctx.spec, groups[n]
-    control.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
+    ledger.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
     try:
         with target.locked(labels):
             status = replace_group(conn, target, ctx, stored, approval, labels, checkpoint)
@@ -238,15 +238,15 @@ def _replace_and_record(
                 checkpoint("verified", labels)
             # Recorded before the partition is released: the next run to lock it
             # judges its approval against a ledger that names this run.
-            control.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock())
+            ledger.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock())
             return status
     except (BackfillError, psycopg.Error) as err:
         # Our errors and the driver's carry no credential (see db.connect).
         message = " ".join(str(err).split()) or err.__class__.__name__
-        control.ledger_mark(conn, spec.control_schema, run_id, labels, "failed", clock(), message)
+        ledger.ledger_mark(conn, spec.control_schema, run_id, labels, "failed", clock(), message)
         rest = [label for group in groups[n + 1:] for label in group]
         if rest:
-            control.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
+            ledger.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
                                 f"stopped after partition(s) {', '.join(labels)} failed")
         raise
 
@@ -259,7 +259,7 @@ def approved_plan_for(conn: psycopg.Connection, spec: Spec, labels: list[str]) -
     """
     if not control.control_ready(conn, spec.control_schema):
         raise ApprovalError(f"no plan has been approved for spec {spec.name}; plan and approve first")
-    found = {label: control.newest_approved_plan_with(conn, spec.control_schema, spec.name, label) for label in labels}
+    found = {label: ledger.newest_approved_plan_with(conn, spec.control_schema, spec.name, label) for label in labels}
     missing = [label for label, plan_id in found.items() if plan_id is None]
     if missing:
         raise ApprovalError(

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import psycopg
 from pydantic import ValidationError
 
-from backfill_assets.core import control
+from backfill_assets.core import control, ledger
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, PlanReferenceError, SpecError
 from backfill_assets.core.context import Clock, Context, resolve, utc_now
@@ -229,7 +229,7 @@ def record_approval(
             f"{stored.plan_id[:16]}; check it with check_data_unchanged before approving"
         )
     with conn.transaction():
-        return control.record_approval(
+        return ledger.record_approval(
             conn, spec.control_schema, plan_id=stored.plan_id, spec_name=spec.name,
             target_table=stored.document.target, partitions=stored.labels,
             approved_by=_approver(approved_by), approved_at=clock(),
@@ -269,7 +269,7 @@ class Approval:
 
 def latest_approval(conn: psycopg.Connection, spec: Spec, plan_id: str) -> Approval | None:
     """The newest approval of a plan (the one apply acts on), or None."""
-    row = control.latest_approval(conn, spec.control_schema, plan_id)
+    row = ledger.latest_approval(conn, spec.control_schema, plan_id)
     return None if row is None else Approval.from_row(row)
 
 
@@ -316,7 +316,7 @@ def judge(
 ) -> Coverage:
     """Whether ``approval`` still covers partition ``label`` whose target reads ``now``.
 
-    ``history`` is the partition's ledger rows (control.partition_history), newest first.
+    ``history`` is the partition's ledger rows (ledger.partition_history), newest first.
     Covered: the target equals what the approval recorded and no later approval's run has
     replaced it since (a target replaced and then put back is not the one approved against);
     or it carries the approved readings and a run of this approval reached it (started,
@@ -359,7 +359,7 @@ def coverage(
     target (unless ``now`` gives its readings) and the ledger in the caller's transaction."""
     if now is None:
         now = target_readings(conn, ctx, labels)
-    history = control.partition_history(conn, ctx.spec.control_schema, stored.document.target, labels)
+    history = ledger.partition_history(conn, ctx.spec.control_schema, stored.document.target, labels)
     return {label: judge(approval, stored, label, now[label], history) for label in labels}
 
 
@@ -403,7 +403,7 @@ def open_approvals(conn: psycopg.Connection, factory: ConnectionFactory, spec: S
     if not control.control_ready(conn, spec.control_schema):
         return []
     out = []
-    for row in control.open_approvals(conn, spec.control_schema, spec.name):
+    for row in ledger.open_approvals(conn, spec.control_schema, spec.name):
         approval = Approval.from_row(row)
         stored = find_plan(conn, spec, approval.plan_id)
         try:

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from backfill_assets import demo
-from backfill_assets.core import control
+from backfill_assets.core import ledger
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import (
@@ -92,9 +92,9 @@ def test_apply_twice_gives_byte_identical_partitions_and_a_ledger_row_per_partit
     assert statuses["2024-01-02"] == "verified" and statuses["2024-01-01"] == "skipped-already-verified"
     assert all_target_rows(demo_db) == rows_after_first
     for result in (first, second, third):
-        ledger = control.ledger_run(demo_db, "backfill_control", result.run_id)
-        assert [r[0] for r in ledger] == [d.isoformat() for d in DAYS8]
-        assert all(r[4] for r in ledger) and all(r[5] is None for r in ledger)
+        rows = ledger.ledger_run(demo_db, "backfill_control", result.run_id)
+        assert [r[0] for r in rows] == [d.isoformat() for d in DAYS8]
+        assert all(r[4] for r in rows) and all(r[5] is None for r in rows)
 
 
 def test_unapproved_plan_is_refused_and_nothing_is_written(demo_db, factory):
@@ -224,7 +224,7 @@ def test_a_held_conflicting_lock_ends_in_a_lock_timeout_with_nothing_changed(dem
         assert err.value.retryable
         writer.rollback()
     assert target_day_hashes(demo_db) == before
-    (latest,) = [r for r in control.ledger_status(demo_db, spec) if r["partition"] == "2024-01-01"]
+    (latest,) = [r for r in ledger.ledger_status(demo_db, spec) if r["partition"] == "2024-01-01"]
     assert latest["status"] == "failed" and "lock timeout" in latest["error"]
 
 
@@ -245,9 +245,9 @@ def test_verification_failure_rolls_back_and_stops_before_the_next_partition(dem
     after = target_day_hashes(demo_db)
     assert after["2024-01-01"] != before["2024-01-01"]  # verified before the failure: stays
     assert {k: after[k] for k in list(after)[1:]} == {k: before[k] for k in list(before)[1:]}
-    ledger = {r["partition"]: r["status"] for r in control.ledger_status(demo_db, spec)}
-    assert ledger["2024-01-01"] == "verified" and ledger["2024-01-02"] == "failed"
-    assert {ledger[d.isoformat()] for d in DAYS8[2:]} == {"not-attempted"}
+    states = {r["partition"]: r["status"] for r in ledger.ledger_status(demo_db, spec)}
+    assert states["2024-01-01"] == "verified" and states["2024-01-02"] == "failed"
+    assert {states[d.isoformat()] for d in DAYS8[2:]} == {"not-attempted"}
 
 
 def test_rerun_after_an_interruption_converges_to_an_uninterrupted_run(demo_db, factory, db_url, conn):
@@ -423,10 +423,10 @@ def test_a_change_that_slips_in_before_the_lock_is_refused_under_it(demo_db, fac
     assert after["2024-01-01"] == plan.as_json()["partitions"][0]["stage_a"]["content_hash"]
     assert after["2024-01-02"] not in (before["2024-01-02"], plan.as_json()["partitions"][1]["stage_a"]["content_hash"])
     assert {k: after[k] for k in list(after)[2:]} == {k: before[k] for k in list(before)[2:]}
-    ledger = {r["partition"]: (r["status"], r["error"]) for r in control.ledger_status(demo_db, spec)}
-    assert ledger["2024-01-01"][0] == "verified"
-    assert ledger["2024-01-02"][0] == "failed" and "no longer covers" in ledger["2024-01-02"][1]
-    assert {ledger[d.isoformat()][0] for d in DAYS8[2:]} == {"not-attempted"}
+    states = {r["partition"]: (r["status"], r["error"]) for r in ledger.ledger_status(demo_db, spec)}
+    assert states["2024-01-01"][0] == "verified"
+    assert states["2024-01-02"][0] == "failed" and "no longer covers" in states["2024-01-02"][1]
+    assert {states[d.isoformat()][0] for d in DAYS8[2:]} == {"not-attempted"}
 
 
 @pytest.mark.parametrize(("crash", "left"), [
@@ -443,8 +443,8 @@ def test_a_run_stopped_after_its_commit_resumes_under_the_same_approval(demo_db,
 
     with pytest.raises(crash):
         run(spec, plan, factory, checkpoint=stop)
-    ledger = {r["partition"]: r["status"] for r in control.ledger_status(demo_db, spec)}
-    assert ledger["2024-01-02"] == left
+    states = {r["partition"]: r["status"] for r in ledger.ledger_status(demo_db, spec)}
+    assert states["2024-01-02"] == left
     # 2024-01-02 now carries the approved rows, not the ones approved against: this approval's
     # own run put them there, so the rerun takes it as done and carries on.
     rerun = run(spec, plan, factory)

@@ -54,9 +54,7 @@ from backfill_assets.core.roworder import query_order
 __all__ = ["Catalog", "Finding", "Function", "findings", "referenced"]
 
 REG_TYPES = {2205, 2206, 2202, 2203, 2204, 4089, 4096, 3734, 3769, 4191, 24}
-DATETIME_TYPES = {1082, 1083, 1114, 1184, 1266, 1186}
 CLOCK_WORDS = ("now", "today", "tomorrow", "yesterday")
-COERCE_SQL_SYNTAX = "3"
 
 
 def findings(tree: Any, catalog: Catalog, sql_text: bytes) -> list[Finding]:
@@ -169,7 +167,7 @@ def _session(tree: Any, catalog: Catalog, sql_text: bytes) -> Iterator[Finding]:
                 "depends on the session and the role, and names OIDs that differ between servers",
                 "compare names as text",
             )
-        elif kind == "CONST" and as_int(node["consttype"]) in DATETIME_TYPES:
+        elif kind == "CONST" and as_int(node["consttype"]) in catalog.clock_read:
             literal = _literal_at(sql_text, location(node))
             if literal is not None and _reads_clock(literal):
                 yield Finding(

@@ -37,6 +37,9 @@ class Catalog:
     operator_functions: dict[int, int]  # operator OID -> its function OID
     type_io: dict[int, tuple[int, int]]  # type OID -> (input, output) function OIDs
     exact: set[tuple[int, int, int]] = field(default_factory=set)  # (type, typmod, collation)
+    # Constant types whose literal is read by a date/time input function (date, time,
+    # timestamp, and arrays, ranges, multiranges, domains and composites of them).
+    clock_read: set[int] = field(default_factory=set)
 
     def function(self, oid: int) -> Function | None:
         return self.functions.get(oid)

@@ -132,15 +132,42 @@ def _collapsing(query: Node, catalog: Catalog) -> Iterator[Finding]:
                 "ordering (with a final tiebreak) instead of DISTINCT ON",
             )
         distinct = []  # the rows kept are whole rows; their values are not collapsed
-    having = query.get("havingQual") is not None
     for clause, what in ((distinct, "DISTINCT"), (query.get("groupClause") or [], "GROUP BY")):
         for sgc in clause:
             tle = targets.get(as_int(sgc["tleSortGroupRef"]))
-            if tle is None or (tle.get("resjunk") == "true" and not having):
+            if tle is None or (tle.get("resjunk") == "true" and not _shown(tle.get("expr"), query)):
                 continue
             if not catalog.is_exact_expr(tle):
                 yield _equal_but_different(what, tle.get("resname"), _first_location(tle))
     yield from _set_operations(query, catalog)
+
+
+def _shown(expr: Any, query: Node) -> bool:
+    """Whether a group key that is not itself an output column is still shown: used outside
+    an aggregate in an output column or in HAVING (``SELECT v::text ... GROUP BY v`` prints
+    whichever of the group's equal values was kept; inside an aggregate every row counts)."""
+    wanted = _without_locations(expr)
+    roots = [t.get("expr") for t in query.get("targetList") or [] if t.get("resjunk") != "true"]
+    stack = [*roots, query.get("havingQual")]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if item["@"] in ("AGGREF", "QUERY"):
+                continue
+            if _without_locations(item) == wanted:
+                return True
+            stack.extend(v for k, v in item.items() if k != "@")
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _without_locations(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_locations(v) for k, v in value.items() if k != "location"}
+    if isinstance(value, list):
+        return [_without_locations(v) for v in value]
+    return value
 
 
 def _set_operations(query: Node, catalog: Catalog) -> Iterator[Finding]:

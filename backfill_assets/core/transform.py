@@ -141,7 +141,38 @@ def read_catalog(conn: psycopg.Connection, tree: object) -> Catalog:
     collations = sorted({c for _, _, c in typed if c})
     deterministic = {int(o): bool(d) for o, d in conn.execute(_COLLATIONS, {"oids": collations}).fetchall()}
     exact = {t for t in typed if _is_exact(t, types, deterministic)}
-    return Catalog(functions, operator_functions, {k: v for k, v in io.items() if k in io_types}, exact)
+    clock_read = _clock_read(conn, {t for t, _, _ in typed})
+    return Catalog(functions, operator_functions, {k: v for k, v in io.items() if k in io_types}, exact, clock_read)
+
+
+# The types whose input function reads 'now', 'today', 'tomorrow' and 'yesterday' as the clock.
+_CLOCK_TYPES = {1082, 1083, 1114, 1184, 1266}
+_TYPE_PARTS = sql.SQL(
+    "SELECT t.oid::bigint, CASE WHEN t.typcategory = 'A' THEN t.typelem::bigint END, "
+    "CASE WHEN t.typtype = 'd' THEN t.typbasetype::bigint END, r.rngsubtype::bigint, m.rngtypid::bigint, "
+    "(SELECT array_agg(a.atttypid::bigint) FROM pg_catalog.pg_attribute AS a "
+    "WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) "
+    "FROM pg_catalog.pg_type AS t "
+    "LEFT JOIN pg_catalog.pg_range AS r ON r.rngtypid = t.oid "
+    "LEFT JOIN pg_catalog.pg_range AS m ON m.rngmultitypid = t.oid "
+    "WHERE t.oid = ANY(%(oids)s::oid[])"
+)
+
+
+def _clock_read(conn: psycopg.Connection, oids: set[int]) -> set[int]:
+    """The types among ``oids`` whose literals pass through a date/time input function: the
+    date/time types, and arrays, ranges, multiranges, domains and composites of them."""
+    parts: dict[int, set[int]] = {}
+    wanted = {o for o in oids if o > 0}
+    while wanted:
+        for row in conn.execute(_TYPE_PARTS, {"oids": sorted(wanted)}).fetchall():
+            parts[int(row[0])] = {int(x) for x in [*row[1:5], *(row[5] or [])] if x}
+        wanted = {c for cs in parts.values() for c in cs} - parts.keys()
+
+    def reads(oid: int, seen: frozenset[int] = frozenset()) -> bool:
+        return oid in _CLOCK_TYPES or any(reads(c, seen | {oid}) for c in parts.get(oid, ()) if c not in seen)
+
+    return {o for o in oids if reads(o)}
 
 
 def _types_with_bases(conn: psycopg.Connection, oids: set[int]) -> dict[int, tuple]:

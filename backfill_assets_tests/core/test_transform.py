@@ -169,6 +169,10 @@ SESSION = [
     ("CAST('tomorrow 10:00' AS timestamp)", "'tomorrow 10:00'"),
     ("updated_at > 'yesterday'", "'yesterday'"),
     ("'public.orders_raw'::regclass", "a reg* literal"),
+    # Clock words inside array, range and multirange literals reach the date input function too.
+    ("('{today}'::date[])[1]", "'{today}'"),
+    ("lower('[today,tomorrow)'::daterange)", "'[today,tomorrow)'"),
+    ("'{[yesterday,today)}'::datemultirange", "'{[yesterday,today)}'"),
     # Nested: in a CTE, in a subquery in FROM, in a scalar subquery.
     ("(WITH w AS (SELECT current_user AS u) SELECT u FROM w)", "current_user"),
     ("(SELECT t.x FROM (SELECT current_timestamp AS x) AS t)", "current_timestamp"),
@@ -186,7 +190,8 @@ def test_values_of_the_session_role_or_clock_are_refused_by_name(source_db, expr
 
 
 @pytest.mark.parametrize("expr", ["'2024-01-01'::date", "timestamptz '2024-01-01 00:00:00+00'", "'epoch'::timestamp",
-                                  "'infinity'::date", "note = 'today'"])
+                                  "'infinity'::date", "note = 'today'", "'{2024-01-01}'::date[]",
+                                  "'{today}'::text[]", "'[2024-01-01,2024-02-01)'::daterange"])
 def test_date_time_literals_that_do_not_read_the_clock_are_accepted(source_db, expr):
     check(source_db, transform_with(expr))
 
@@ -270,6 +275,9 @@ EQUAL_BUT_DIFFERENT = [
     ("(SELECT count(*) FROM (SELECT s2.amount / 2 AS a FROM source AS s2 UNION SELECT 1.50) AS u)",
      "UNION/INTERSECT/EXCEPT on a"),
     ("(SELECT mode() WITHIN GROUP (ORDER BY s2.amount / 2) FROM source AS s2)", "mode(...)"),
+    # A group key shown only through an expression prints whichever equal value was kept.
+    ("(SELECT max(g.t) FROM (SELECT q.v::text AS t FROM (SELECT s2.amount / 2 AS v FROM source AS s2) AS q "
+     "GROUP BY q.v) AS g)", "GROUP BY on"),
 ]
 
 
@@ -293,6 +301,8 @@ ACCEPTED = [
     "(SELECT max(s2.amount::numeric(14,2)) FROM source AS s2)",
     "(SELECT max(s2.amount::public.money2) FROM source AS s2)",
     "(SELECT count(DISTINCT s2.amount / 2) FROM source AS s2)",
+    # A group key that is not shown (only counted or aggregated) does not pick a value.
+    "(SELECT max(g.n) FROM (SELECT count(*) AS n, sum(s2.amount / 2) AS t FROM source AS s2 GROUP BY s2.amount / 2) AS g)",
     "(SELECT max(s2.amount::numeric) FROM source AS s2)",  # numeric(12,2) relabelled: still exact
     "(SELECT count(*) FROM (SELECT DISTINCT s2.order_id, s2.status FROM source AS s2) AS d)",
     "(SELECT s2.order_id FROM source AS s2 ORDER BY s2.order_id LIMIT 1)",

@@ -63,6 +63,8 @@ def find_plan(conn: psycopg.Connection, spec: Spec, plan_ref: str) -> Plan:
             f"plan {plan_id[:16]} was stored in a form this version cannot read "
             f"({err.error_count()} problem(s)); plan again", plan_id=plan_id,
         ) from None
+    except ValueError as err:  # edited since it was stored
+        raise ApprovalError(f"{err}; it was changed after it was made: plan again", plan_id=plan_id) from None
     if plan.document.spec != spec.name:
         raise ApprovalError(f"plan {plan_id[:16]} belongs to spec {plan.document.spec}, not {spec.name}",
                             plan_id=plan_id)
@@ -103,8 +105,8 @@ def check_data_unchanged(
     read the target as it is now.
 
     A copied snapshot is not hashed again: its seal is checked (one pass, no sort; see
-    plan.copy_problem). It reaches the target only through the stage, which is checked here
-    by its seal too, or hashed where the seal does not hold (plan.stage_partitions_changed),
+    snapshot.copy_problem). It reaches the target only through the stage, which is checked here
+    by its seal too, or hashed where the seal does not hold (stages.stage_partitions_changed),
     and hashed again under the lock before each replace.
 
     Args:
@@ -405,13 +407,16 @@ def open_approvals(conn: psycopg.Connection, factory: ConnectionFactory, spec: S
     out = []
     for row in ledger.open_approvals(conn, spec.control_schema, spec.name):
         approval = Approval.from_row(row)
-        stored = find_plan(conn, spec, approval.plan_id)
+        labels = list(row["partitions"])
         try:
+            stored = find_plan(conn, spec, approval.plan_id)
             ctx = check_spec_unchanged(conn, factory, spec, stored)
-            found = coverage(conn, ctx, stored, approval, stored.labels, check_data_unchanged(conn, ctx, stored))
+            found = coverage(conn, ctx, stored, approval, labels, check_data_unchanged(conn, ctx, stored))
             problem = None
         except (ApprovalError, SpecError) as err:
+            # One approval that cannot be judged (its plan unreadable or drifted) is shown as
+            # such; it does not hide the others.
             problem = " ".join(str(err).split())
-            found = {label: Coverage(label, "refused", problem) for label in stored.labels}
-        out.append(OpenApproval(approval, [found[label] for label in stored.labels], problem))
+            found = {label: Coverage(label, "refused", problem) for label in labels}
+        out.append(OpenApproval(approval, [found[label] for label in labels], problem))
     return out

@@ -87,7 +87,7 @@ _INSERT_SNAPSHOT = sql.SQL(
     "partition_key, partitions, fingerprint, scope, created_at, taken_at) VALUES (%(snapshot_id)s, "
     "%(source_table)s, %(mode)s, %(snapshot_table)s, %(partition_key)s, %(partitions)s, "
     "%(fingerprint)s, %(scope)s, %(created_at)s, %(created_at)s) ON CONFLICT (snapshot_id) "
-    "DO UPDATE SET taken_at = EXCLUDED.taken_at"
+    "DO UPDATE SET taken_at = greatest({schema}.snapshots.taken_at, EXCLUDED.taken_at)"
 )
 _UPSERT_BUILD = sql.SQL(
     "INSERT INTO {schema}.stage_builds (spec_name, variant, partition, snapshot_id, readings, "

@@ -179,10 +179,6 @@ _APPROVED_PLAN_WITH = sql.SQL(
 )
 
 
-_APPROVALS_AFTER = sql.SQL(
-    "SELECT approval_id, plan_id, partitions FROM {schema}.approvals "
-    "WHERE spec_name = %(spec_name)s AND approval_id > %(after)s ORDER BY approval_id"
-)
 
 
 def newest_approved_plan_with(conn: psycopg.Connection, schema: str, spec_name: str, partition: str) -> str | None:
@@ -192,14 +188,6 @@ def newest_approved_plan_with(conn: psycopg.Connection, schema: str, spec_name: 
         {"spec_name": spec_name, "partition": partition},
     ).fetchone()
     return None if row is None else row[0]
-
-
-def approvals_after(conn: psycopg.Connection, schema: str, spec_name: str, after: int) -> list[tuple[int, str, list[str]]]:
-    """(approval_id, plan_id, partitions) of the approvals of a spec newer than ``after``."""
-    rows = conn.execute(
-        _APPROVALS_AFTER.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "after": after}
-    ).fetchall()
-    return [(int(r[0]), r[1], list(r[2])) for r in rows]
 
 
 # Each approval of a spec newer than a cursor, whether its own runs verified every one of its

@@ -129,9 +129,17 @@ class Plan(_Frozen):
 
     @classmethod
     def from_json(cls, stored: dict[str, Any]) -> Plan:
-        """A plan as stored (:meth:`as_json`)."""
+        """A plan as stored (:meth:`as_json`).
+
+        Raises:
+            pydantic.ValidationError: the document is not a plan of this format.
+            ValueError: the document does not hash to the stored plan id.
+        """
         fields = {k: stored[k] for k in ("plan_id", "status", "problems")}
         document = PlanDocument.model_validate({k: v for k, v in stored.items() if k not in fields})
+        if plan_id_of(document.as_json()) != fields["plan_id"]:
+            # A stored row edited by hand: what would be reviewed is not what the id names.
+            raise ValueError(f"the stored document of plan {fields['plan_id'][:16]} does not hash to its id")
         return cls(document=document, **fields)
 
     def as_json(self) -> dict[str, Any]:

@@ -518,3 +518,26 @@ def test_an_approval_records_every_partitions_target_readings_as_approved_agains
     with pytest.raises(ApprovalError, match=r"the target was not read in partition\(s\) 2024-01-08"):
         record_approval(demo_db, spec, find_plan(demo_db, spec, plan.plan_id), "alice",
                         target={k: v for k, v in recorded.items() if k != "2024-01-08"})
+
+
+def test_a_stored_plan_edited_after_it_was_made_is_refused_and_status_still_lists_the_others(
+        unmoved_db, factory):
+    from backfill_assets.core.approve import open_approvals
+
+    spec = make_spec(records_can_move=False)
+    plan = make_plan(spec, PartitionRequest("2024-01-01..2024-01-02"), factory)
+    approve_plan(unmoved_db, factory, spec, find_plan(unmoved_db, spec, plan.plan_id), "alice")
+    other = make_plan(spec, PartitionRequest("2024-01-03"), factory)
+    approve_plan(unmoved_db, factory, spec, find_plan(unmoved_db, spec, other.plan_id), "bob")
+    # Someone edits the stored plan: its readings no longer hash to its id.
+    unmoved_db.execute(
+        "UPDATE backfill_control.plans SET plan = jsonb_set(plan, '{partitions,0,stage_a,row_count}', '0') "
+        "WHERE plan_id = %s", (plan.plan_id,))
+    with pytest.raises(ApprovalError, match=f"plan {plan.plan_id[:16]} does not hash to its id"):
+        find_plan(unmoved_db, spec, plan.plan_id)
+    with pytest.raises(ApprovalError, match="does not hash to its id"):
+        apply_plan(spec, plan.plan_id, factory, run_id="edited")
+    listed = {a.approval.plan_id: a for a in open_approvals(unmoved_db, factory, spec)}
+    assert "does not hash to its id" in listed[plan.plan_id].problem
+    assert listed[other.plan_id].problem is None
+    assert [c.state for c in listed[other.plan_id].partitions] == ["unchanged"]

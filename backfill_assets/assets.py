@@ -25,24 +25,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-import psycopg
 
 from backfill_assets import events
-from backfill_assets.core import control
 from backfill_assets.core.apply import apply_plan, approved_plan_for
 from backfill_assets.core.errors import (
-    ApprovalError, ConcurrentRunError, DeterminismError, SnapshotError, StageError,
+    ApprovalError, ConcurrentRunError, StageError,
     TransientDatabaseError, VerificationError,
 )
 from backfill_assets.core.plan import snapshot_step, stages_step
 from backfill_assets.core.progress import Progress, ProgressEvent
+from backfill_assets.core.snapshot import snapshot_covering
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import read_stages
-from backfill_assets.names import APPROVAL_TAG, PLAN_TAG, Keys
+from backfill_assets.names import PLAN_TAG, Keys
 from backfill_assets.partitions import partitions_def
 from backfill_assets.resources import PostgresResource, resource_key
 
-__all__ = ["APPROVAL_TAG", "PLAN_TAG", "Keys", "spec_assets", "transient_retry"]
+__all__ = ["spec_assets", "transient_retry"]
 
 MAX_TRANSIENT_RETRIES = 3
 
@@ -99,32 +98,6 @@ def _progress(context: dg.AssetExecutionContext, interval: float = PROGRESS_INTE
 def _factory(context: dg.AssetExecutionContext, spec: Spec):
     resource: PostgresResource = getattr(context.resources, resource_key(spec))
     return resource.factory(f"backfill_assets:{spec.name}:dagster")
-
-
-def snapshot_of(conn: psycopg.Connection, spec: Spec, labels: list[str], key: dg.AssetKey) -> str:
-    """The snapshot the partitions were last snapshotted in, read in the control schema: the
-    newest snapshot of each, when that is one snapshot; else the newest snapshot holding them
-    all with the source content of each one's newest snapshot (they were snapshotted together
-    again since, with the same data).
-
-    Raises:
-        SnapshotError: a partition has no snapshot; or their newest snapshots differ in data
-            and no one snapshot holds them all as they are (snapshotted separately).
-    """
-    schema, source, by = spec.control_schema, str(spec.source_ref), spec.partition_key
-    newest = control.newest_snapshots(conn, schema, source, by, labels) if control.control_ready(conn, schema) else {}
-    missing = [label for label in labels if label not in newest]
-    if missing:
-        raise SnapshotError(f"partition {missing[0]} has no snapshot yet; materialize {key.to_user_string()} first")
-    ids = sorted({newest[label][0] for label in labels})
-    together = ids[0] if len(ids) == 1 else control.snapshot_with(
-        conn, schema, source, by, {label: newest[label][1] for label in labels})
-    if together is None:
-        raise SnapshotError(
-            f"partitions {', '.join(labels)} were snapshotted separately ({', '.join(ids)}); "
-            "snapshot them together, in one run, before building their stages"
-        )
-    return together
 
 
 @dataclass(frozen=True)
@@ -211,14 +184,15 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
         factory = _factory(context, spec)
         with transient_retry(), _progress(context) as progress:
             with factory() as conn:
-                snapshot_id = snapshot_of(conn, spec, list(context.partition_keys), keys.snapshot)
+                snapshot_id = snapshot_covering(conn, spec, list(context.partition_keys),
+                                                 take_hint=f"materialize {keys.snapshot.to_user_string()} first")
             ctx, plan, built_a, built_b = stages_step(spec, snapshot_id, factory, progress=progress)
         checks = events.stage_checks(keys, parts, plan, built_a, built_b)
         if plan.status == "refused":
             # The differing partitions' stages were deleted: record no materialization of any
             # partition, only the checks saying why, and fail the step.
             yield from checks
-            raise DeterminismError(plan.plan_id, plan.problems)
+            raise plan.refusal()
         columns = [(c.name, c.type_name) for c in ctx.target_columns]
         yield from events.stage_materializations(keys, parts, snapshot_id, columns, plan)
         yield from checks

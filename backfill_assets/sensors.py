@@ -18,7 +18,7 @@ from backfill_assets.names import (
 from backfill_assets.partitions import contiguous_segments, partitions_def
 from backfill_assets.resources import PostgresResource, resource_key
 
-__all__ = ["RANGE_END", "RANGE_START", "approval_sensor", "segment_request", "source_snapshot_sensor"]
+__all__ = ["approval_sensor", "segment_request", "source_snapshot_sensor"]
 
 
 def _factory(context: dg.SensorEvaluationContext, spec: Spec):

@@ -287,7 +287,7 @@ def dagster_backfill(spec, url: str, last_day: str = "2024-01-20") -> float:
     """The same safe backfill through Dagster, in process, with the shipped instance storage
     (PostgreSQL through dagster-postgres): stages as one single-run backfill over the range,
     the approval gate job, then the target as a single-run backfill."""
-    from backfill_assets.assets import PLAN_TAG
+    from backfill_assets.names import PLAN_TAG
     from backfill_assets.definitions import build_definitions
     from backfill_assets.resources import PostgresResource
 

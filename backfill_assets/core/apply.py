@@ -46,8 +46,8 @@ from backfill_assets.core.approve import (
 from backfill_assets.core.db import ConnectionFactory
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
 from backfill_assets.core.plan_document import Plan
-from backfill_assets.core.context import Clock, Context, Progress, quiet, spec_lock, utc_now
-from backfill_assets.core.progress import ProgressEvent
+from backfill_assets.core.context import Clock, Context, spec_lock, utc_now
+from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.snapshot import immutable_source_changes
 from backfill_assets.core.target import Checkpoint, Target, no_checkpoint, target_for
 from backfill_assets.core.spec import Spec

@@ -214,8 +214,8 @@ def record_approval(
     conn: psycopg.Connection, spec: Spec, stored: Plan, approved_by: str, *,
     target: dict[str, dict[str, Any]], clock: Clock = utc_now,
 ) -> int:
-    """Record an approval of a plan that the caller has just checked (with
-    :func:`check_spec_unchanged` and :func:`check_data_unchanged`) and shown. Returns its id.
+    """Record an approval of a plan that the caller has just checked and shown (see
+    :func:`review` and :func:`confirm`, which call this). Returns its id.
 
     Args:
         target: what :func:`check_data_unchanged` returned: every plan partition's target

@@ -20,17 +20,13 @@ from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables
 from backfill_assets.core.db import ConnectionFactory, advisory_session_lock
 from backfill_assets.core.fingerprint import Fingerprint, fingerprint_partition
 from backfill_assets.core.moves import Scope
-from backfill_assets.core.progress import Progress, ProgressEvent, quiet  # noqa: F401  (the steps import them here)
 from backfill_assets.core.spec import (
     PartitionKind, PartitionRequest, PartitionValue, Spec, TableRef, parse_labels, partition_label,
 )
 from backfill_assets.core.transform import validate_transform_in_catalog, validate_transform_text
 
 Clock = Callable[[], dt.datetime]
-
-
 _SET_LOCAL = sql.SQL("SELECT set_config(%(name)s, %(value)s, true)")
-
 
 
 def utc_now() -> dt.datetime:

@@ -47,11 +47,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from backfill_assets.core.guardcatalog import Catalog, Finding, Function, referenced
+from backfill_assets.core.guardcatalog import FUNCTION_FIELDS, OPERATOR_NODES, Catalog, Finding
 from backfill_assets.core.querytree import Node, as_int, expr_type, location, nodes
 from backfill_assets.core.roworder import query_order
-
-__all__ = ["Catalog", "Finding", "Function", "findings", "referenced"]
 
 REG_TYPES = {2205, 2206, 2202, 2203, 2204, 4089, 4096, 3734, 3769, 4191, 24}
 CLOCK_WORDS = ("now", "today", "tomorrow", "yesterday")
@@ -119,10 +117,10 @@ def _volatility(tree: Any, catalog: Catalog) -> Iterator[Finding]:
 def _called(node: Node, catalog: Catalog) -> Iterator[tuple[int, str]]:
     """(function OID, how it is called) for every function a node makes the server call."""
     kind = node["@"]
-    for f in ("funcid", "aggfnoid", "winfnoid", "startInRangeFunc", "endInRangeFunc"):
+    for f in FUNCTION_FIELDS:
         if as_int(node.get(f), 0) > 0:
             yield as_int(node[f]), " (the window frame's RANGE offset)" if "InRange" in f else ""
-    if kind in ("OPEXPR", "DISTINCTEXPR", "NULLIFEXPR", "SCALARARRAYOPEXPR"):
+    if kind in OPERATOR_NODES:
         fn = catalog.operator_functions.get(as_int(node["opno"]))
         if fn:
             yield fn, " (an operator's function)"

@@ -69,6 +69,11 @@ class Finding:
     instead: str
 
 
+# The node fields that name a function the server calls, and the nodes that call an operator.
+FUNCTION_FIELDS = ("funcid", "aggfnoid", "winfnoid", "startInRangeFunc", "endInRangeFunc")
+OPERATOR_NODES = ("OPEXPR", "DISTINCTEXPR", "NULLIFEXPR", "SCALARARRAYOPEXPR")
+
+
 def referenced(tree: Any) -> tuple[set[int], set[int], set[int], set[tuple[int, int, int]]]:
     """Function, operator and type OIDs, and the expression types, that the rules ask the
     catalog about."""
@@ -78,10 +83,10 @@ def referenced(tree: Any) -> tuple[set[int], set[int], set[int], set[tuple[int, 
     typed: set[tuple[int, int, int]] = set()
     for node in nodes(tree):
         kind = node["@"]
-        for f in ("funcid", "aggfnoid", "winfnoid", "startInRangeFunc", "endInRangeFunc"):
+        for f in FUNCTION_FIELDS:
             if as_int(node.get(f), 0) > 0:
                 funcs.add(as_int(node[f]))
-        if kind in ("OPEXPR", "DISTINCTEXPR", "NULLIFEXPR", "SCALARARRAYOPEXPR"):
+        if kind in OPERATOR_NODES:
             ops.add(as_int(node["opno"]))
         if kind == "ROWCOMPAREEXPR":
             ops.update(node.get("opnos") or [])

@@ -13,8 +13,6 @@ import json
 from typing import Any
 
 PLAN_FORMAT = "backfill-assets/plan/v1"
-
-
 SNAPSHOT_FORMAT = "backfill-assets/snapshot/v1"
 
 

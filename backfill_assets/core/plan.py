@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 
 from backfill_assets.core import control, sqlbuild
-from backfill_assets.core.context import Clock, Context, Progress, quiet, resolve, spec_lock, utc_now
-from backfill_assets.core.progress import ProgressEvent
+from backfill_assets.core.context import Clock, Context, resolve, spec_lock, utc_now
+from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.db import ConnectionFactory
 from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.identity import PLAN_FORMAT, sha256_hex

@@ -19,8 +19,8 @@ from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import table_columns, table_kind
-from backfill_assets.core.context import Clock, Context, Progress, resolve, set_timeouts
-from backfill_assets.core.progress import ProgressEvent
+from backfill_assets.core.context import Clock, Context, resolve, set_timeouts
+from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.db import ConnectionFactory, repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint import all_columns_order, content_hash, content_hash_where
@@ -274,6 +274,34 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: Context, relation: TableRef, f
 # A 32-bit transaction id comes round again after 2^32 more; trust a seal for half of that.
 SEAL_HORIZON = 2**31
 
+
+
+def snapshot_covering(conn: psycopg.Connection, spec: Spec, labels: list[str], *,
+                      take_hint: str = "take a snapshot of them first") -> str:
+    """The snapshot the partitions were last snapshotted in (for building their stages in a
+    separate step), read in the control schema: the
+    newest snapshot of each, when that is one snapshot; else the newest snapshot holding them
+    all with the source content of each one's newest snapshot (they were snapshotted together
+    again since, with the same data).
+
+    Raises:
+        SnapshotError: a partition has no snapshot; or their newest snapshots differ in data
+            and no one snapshot holds them all as they are (snapshotted separately).
+    """
+    schema, source, by = spec.control_schema, str(spec.source_ref), spec.partition_key
+    newest = control.newest_snapshots(conn, schema, source, by, labels) if control.control_ready(conn, schema) else {}
+    missing = [label for label in labels if label not in newest]
+    if missing:
+        raise SnapshotError(f"partition {missing[0]} has no snapshot yet; {take_hint}")
+    ids = sorted({newest[label][0] for label in labels})
+    together = ids[0] if len(ids) == 1 else control.snapshot_with(
+        conn, schema, source, by, {label: newest[label][1] for label in labels})
+    if together is None:
+        raise SnapshotError(
+            f"partitions {', '.join(labels)} were snapshotted separately ({', '.join(ids)}); "
+            "snapshot them together, in one run, before building their stages"
+        )
+    return together
 
 
 def copy_problem(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str) -> str | None:

@@ -13,8 +13,8 @@ from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import table_columns, table_kind
-from backfill_assets.core.context import Clock, Context, Progress, resolve, set_local, set_timeouts
-from backfill_assets.core.progress import ProgressEvent
+from backfill_assets.core.context import Clock, Context, resolve, set_local, set_timeouts
+from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, StageError
 from backfill_assets.core.fingerprint import Fingerprint, business_key_order

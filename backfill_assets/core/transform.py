@@ -26,7 +26,8 @@ from pglast.visitors import Visitor
 from psycopg import sql
 
 from backfill_assets.core import sqlbuild
-from backfill_assets.core.determinism import Catalog, Function, findings, referenced
+from backfill_assets.core.determinism import findings
+from backfill_assets.core.guardcatalog import Catalog, Function, referenced
 from backfill_assets.core.errors import SpecError, TransformError, TransformProblem
 from backfill_assets.core.querytree import parse_node_tree
 from backfill_assets.core.spec import TableRef
@@ -109,9 +110,17 @@ _OPERATORS = sql.SQL(
     "SELECT o.oid::bigint, o.oprcode::oid::bigint FROM pg_catalog.pg_operator AS o "
     "WHERE o.oid = ANY(%(oids)s::oid[])"
 )
+# Each type with its I/O functions, and its parts: an array's element, a domain's base, a
+# range's subtype, a multirange's range, a composite's attribute types.
 _TYPES = sql.SQL(
     "SELECT t.oid::bigint, t.typinput::oid::bigint, t.typoutput::oid::bigint, t.typtype, "
-    "t.typbasetype::bigint, t.typtypmod FROM pg_catalog.pg_type AS t "
+    "t.typbasetype::bigint, t.typtypmod, "
+    "CASE WHEN t.typcategory = 'A' THEN t.typelem::bigint END, r.rngsubtype::bigint, m.rngtypid::bigint, "
+    "(SELECT array_agg(a.atttypid::bigint) FROM pg_catalog.pg_attribute AS a "
+    "WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) "
+    "FROM pg_catalog.pg_type AS t "
+    "LEFT JOIN pg_catalog.pg_range AS r ON r.rngtypid = t.oid "
+    "LEFT JOIN pg_catalog.pg_range AS m ON m.rngmultitypid = t.oid "
     "WHERE t.oid = ANY(%(oids)s::oid[])"
 )
 _COLLATIONS = sql.SQL(
@@ -128,10 +137,10 @@ _NUMERIC, _BPCHAR = 1700, 1042
 
 def read_catalog(conn: psycopg.Connection, tree: object) -> Catalog:
     """What the determinism rules need to know about the functions, operators and types
-    that the analysed ``tree`` uses, in four catalog reads."""
+    that the analysed ``tree`` uses, in a few catalog reads."""
     funcs, ops, io_types, typed = referenced(tree)
     operator_functions = {int(o): int(f) for o, f in conn.execute(_OPERATORS, {"oids": sorted(ops)}).fetchall()}
-    types = _types_with_bases(conn, io_types | {t for t, _, _ in typed})
+    types = _types_with_parts(conn, io_types | {t for t, _, _ in typed})
     io = {oid: (row[1], row[2]) for oid, row in types.items()}
     funcs |= set(operator_functions.values()) | {f for pair in io.values() for f in pair if f}
     functions = {
@@ -141,50 +150,42 @@ def read_catalog(conn: psycopg.Connection, tree: object) -> Catalog:
     collations = sorted({c for _, _, c in typed if c})
     deterministic = {int(o): bool(d) for o, d in conn.execute(_COLLATIONS, {"oids": collations}).fetchall()}
     exact = {t for t in typed if _is_exact(t, types, deterministic)}
-    clock_read = _clock_read(conn, {t for t, _, _ in typed})
+    clock_read = _clock_read(types, {t for t, _, _ in typed})
     return Catalog(functions, operator_functions, {k: v for k, v in io.items() if k in io_types}, exact, clock_read)
 
 
 # The types whose input function reads 'now', 'today', 'tomorrow' and 'yesterday' as the clock.
 _CLOCK_TYPES = {1082, 1083, 1114, 1184, 1266}
-_TYPE_PARTS = sql.SQL(
-    "SELECT t.oid::bigint, CASE WHEN t.typcategory = 'A' THEN t.typelem::bigint END, "
-    "CASE WHEN t.typtype = 'd' THEN t.typbasetype::bigint END, r.rngsubtype::bigint, m.rngtypid::bigint, "
-    "(SELECT array_agg(a.atttypid::bigint) FROM pg_catalog.pg_attribute AS a "
-    "WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) "
-    "FROM pg_catalog.pg_type AS t "
-    "LEFT JOIN pg_catalog.pg_range AS r ON r.rngtypid = t.oid "
-    "LEFT JOIN pg_catalog.pg_range AS m ON m.rngmultitypid = t.oid "
-    "WHERE t.oid = ANY(%(oids)s::oid[])"
-)
 
 
-def _clock_read(conn: psycopg.Connection, oids: set[int]) -> set[int]:
-    """The types among ``oids`` whose literals pass through a date/time input function: the
-    date/time types, and arrays, ranges, multiranges, domains and composites of them."""
-    parts: dict[int, set[int]] = {}
-    wanted = {o for o in oids if o > 0}
-    while wanted:
-        for row in conn.execute(_TYPE_PARTS, {"oids": sorted(wanted)}).fetchall():
-            parts[int(row[0])] = {int(x) for x in [*row[1:5], *(row[5] or [])] if x}
-        wanted = {c for cs in parts.values() for c in cs} - parts.keys()
-
-    def reads(oid: int, seen: frozenset[int] = frozenset()) -> bool:
-        return oid in _CLOCK_TYPES or any(reads(c, seen | {oid}) for c in parts.get(oid, ()) if c not in seen)
-
-    return {o for o in oids if reads(o)}
+def _parts(row: tuple) -> set[int]:
+    """The types a type is made of (see _TYPES): the base of a domain, and the others."""
+    base = [row[4]] if row[3] == "d" else []
+    return {int(x) for x in [*base, *row[6:9], *(row[9] or [])] if x}
 
 
-def _types_with_bases(conn: psycopg.Connection, oids: set[int]) -> dict[int, tuple]:
-    """type OID -> (oid, input, output, typtype, typbasetype, typtypmod), with the base
-    types of every domain among them (domains over domains too)."""
+def _types_with_parts(conn: psycopg.Connection, oids: set[int]) -> dict[int, tuple]:
+    """type OID -> its _TYPES row, for ``oids`` and every type they are made of (domains over
+    domains, arrays of ranges, ...)."""
     found: dict[int, tuple] = {}
     wanted = {o for o in oids if o > 0}
     while wanted:
         rows = conn.execute(_TYPES, {"oids": sorted(wanted)}).fetchall()
         found.update({int(r[0]): tuple(r) for r in rows})
-        wanted = {int(r[4]) for r in rows if r[3] == "d" and int(r[4]) not in found}
+        wanted = {c for r in rows for c in _parts(r)} - found.keys()
     return found
+
+
+def _clock_read(types: dict[int, tuple], oids: set[int]) -> set[int]:
+    """The types among ``oids`` whose literals pass through a date/time input function: the
+    date/time types, and arrays, ranges, multiranges, domains and composites of them."""
+
+    def reads(oid: int, seen: frozenset[int] = frozenset()) -> bool:
+        row = types.get(oid)
+        return oid in _CLOCK_TYPES or (row is not None and any(
+            reads(c, seen | {oid}) for c in _parts(row) if c not in seen))
+
+    return {o for o in oids if reads(o)}
 
 
 def _is_exact(typed: tuple[int, int, int], types: dict[int, tuple], deterministic: dict[int, bool]) -> bool:

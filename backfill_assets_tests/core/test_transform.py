@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from backfill_assets.core.db import DatabaseUrl, connect
-from backfill_assets.core.determinism import referenced
+from backfill_assets.core.guardcatalog import referenced
 from backfill_assets.core.errors import SpecError, TransformError
 from backfill_assets.core.querytree import expr_type, parse_node_tree
 from backfill_assets.core.transform import _is_exact, validate_transform_in_catalog, validate_transform_text

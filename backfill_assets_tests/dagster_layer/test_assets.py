@@ -6,11 +6,11 @@ import dagster as dg
 import psycopg
 import pytest
 
-from backfill_assets.assets import PLAN_TAG, spec_assets, transient_retry
+from backfill_assets.assets import spec_assets, transient_retry
 from backfill_assets.core.errors import TransientDatabaseError, VerificationError
 from backfill_assets.definitions import build_definitions
 from backfill_assets.resources import PostgresResource
-from backfill_assets.sensors import RANGE_END, RANGE_START
+from backfill_assets.names import PLAN_TAG, RANGE_END, RANGE_START
 from backfill_assets_tests.conftest import make_spec
 from backfill_assets_tests.core.test_apply import DAYS8, target_day_hashes
 

@@ -17,7 +17,8 @@ import yaml
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from backfill_assets.assets import PLAN_TAG, spec_assets
+from backfill_assets.assets import spec_assets
+from backfill_assets.names import PLAN_TAG
 from backfill_assets.core.db import DatabaseUrl, connect
 from backfill_assets.core.errors import ConnectionConfigError
 from backfill_assets.resources import PostgresResource

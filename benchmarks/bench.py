@@ -119,8 +119,8 @@ def step_seconds(marks: list[tuple[float, ProgressEvent]], t_plan: float, t_appr
         "inspect + snapshot (fingerprint source, copy, check)": first,
         "build A and B at once, each with its fingerprints": last - first,
         "compare and store the plan": t_plan - last,
-        "approve (recheck the stage)": t_approve - t_plan,
-        "apply (check the stage, then per partition: recheck, replace, verify twice)": total - t_approve,
+        "approve (recheck the stage, read the target it is given against)": t_approve - t_plan,
+        "apply (check the stage and the target, then per partition: target and stage under the lock, replace, verify twice)": total - t_approve,
     }
 
 

@@ -16,8 +16,10 @@ For each partition (or each group of partitions that moved keys link), in plan o
    the first write too; under the lock it catches a writer that slipped in since.
    If the target already carries the approved fingerprint, record it as verified without
    rewriting (a rerun after an interruption converges).
-3. Recheck: stage A's partition fingerprint, recomputed now, must equal the approved one;
-   for an ``immutable`` snapshot the source partition's too.
+3. Recheck, with the stage locked against writers: stage A's partition must still carry the
+   approved fingerprint, by its seal (the rows its build wrote, untouched) or, where the
+   seal does not hold, by a fingerprint recomputed now; for an ``immutable`` snapshot the
+   source partition's fingerprint is recomputed too.
 4. DELETE the target partition and INSERT the stage with explicit columns.
 5. Fingerprint the target inside the same transaction; a mismatch rolls back.
 6. Commit, then read the target again on a fresh connection and confirm its fingerprint.
@@ -38,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core import control, ledger
+from backfill_assets.core import control, ledger, sqlbuild
 from backfill_assets.core.approve import (
     Approval, check_data_unchanged, check_spec_unchanged, find_plan, latest_approval,
     require_coverage, short_readings,
@@ -49,6 +51,7 @@ from backfill_assets.core.plan_document import Plan
 from backfill_assets.core.context import Clock, Context, spec_lock, utc_now
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.snapshot import immutable_source_changes
+from backfill_assets.core.stages import stage_partitions_changed
 from backfill_assets.core.target import Checkpoint, Target, no_checkpoint, target_for
 from backfill_assets.core.spec import Spec
 
@@ -112,17 +115,25 @@ def recheck_stage(conn: psycopg.Connection, ctx: Context, stored: Plan, labels: 
     Raises:
         VerificationError: naming the partition and both readings.
     """
-    values = dict(zip(ctx.labels, ctx.partitions))
     stage = ctx.stage("a")
-    _compare({label: stored.approved(label) for label in labels},
-             {label: ctx.readings(conn, stage, values[label]).as_dict() for label in labels},
-             "recheck of the approved stage")
+    approved = {label: stored.approved(label) for label in labels}
+    # No writer can touch the stage until the commit; its seal (or, where the seal does not
+    # hold, a full fingerprint) says whether it still holds what was approved. The rows it
+    # gives the target are fingerprinted again before the commit, whatever this says.
+    conn.execute(sqlbuild.lock_against_writers(stage))
+    for label in stage_partitions_changed(conn, ctx, "a", approved):
+        _compare({label: approved[label]}, {label: ctx.readings(conn, stage, _value(ctx, label)).as_dict()},
+                 "recheck of the approved stage")
     if ctx.spec.source.snapshot == "immutable":  # only these partitions
         for label, (planned, now) in immutable_source_changes(conn, ctx, stored.pinned_source(labels)).items():
             raise VerificationError(
                 label, "recheck of the immutable source",
                 f"hash {planned['content_hash'][:16]}", f"hash {now['content_hash'][:16]}",
             )
+
+
+def _value(ctx: Context, label: str) -> object:
+    return ctx.partitions[ctx.labels.index(label)]
 
 
 def _compare(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any]], step: str) -> None:

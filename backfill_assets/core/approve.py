@@ -107,7 +107,8 @@ def check_data_unchanged(
     A copied snapshot is not hashed again: its seal is checked (one pass, no sort; see
     snapshot.copy_problem). It reaches the target only through the stage, which is checked here
     by its seal too, or hashed where the seal does not hold (stages.stage_partitions_changed),
-    and hashed again under the lock before each replace.
+    checked the same way again under the lock before each replace, and what it gives the
+    target fingerprinted in full before the commit.
 
     Args:
         partitions: the target partitions to read (default: every partition of the plan).

@@ -39,10 +39,22 @@ def set_local(conn: psycopg.Connection, name: str, value: str) -> None:
     conn.execute(_SET_LOCAL, {"name": name, "value": value})
 
 
+# The memory each sort or hash of the tool's own statements may use before it spills to disk.
+# A default server gives 4MB, so a 50k-row partition's sort goes to temporary files; this is
+# set for the tool's transactions only, and bounded (a statement has a few such nodes, and at
+# most two connections of one run are busy at once).
+WORK_MEM = "64MB"
+_SET_LIMITS = sql.SQL(
+    "SELECT set_config('statement_timeout', %(statement)s, true), set_config('lock_timeout', %(lock)s, true), "
+    "set_config('work_mem', %(work_mem)s, true)"
+)
+
+
 def set_timeouts(conn: psycopg.Connection, spec: Spec) -> None:
-    """Finite lock and statement timeouts for the current transaction."""
-    set_local(conn, "statement_timeout", f"{spec.statement_timeout_ms}ms")
-    set_local(conn, "lock_timeout", f"{spec.lock_timeout_ms}ms")
+    """Finite lock and statement timeouts, and a bounded ``work_mem`` (:data:`WORK_MEM`),
+    for the current transaction, in one round trip."""
+    conn.execute(_SET_LIMITS, {"statement": f"{spec.statement_timeout_ms}ms",
+                               "lock": f"{spec.lock_timeout_ms}ms", "work_mem": WORK_MEM})
 
 
 def spec_lock(conn: psycopg.Connection, spec: Spec):

@@ -159,6 +159,53 @@ def content_hash_where(
     return h.hexdigest()
 
 
+SNAPSHOT_ROWS_TAG = b"backfill-assets/snapshot-rows/v2\n"
+
+# Types whose equal values have one binary form (see :func:`exact_in_binary`).
+_EXACT_BASES = frozenset({
+    "int2", "int4", "int8", "bool", "date", "timestamp", "timestamptz", "time", "text", "varchar",
+    "uuid", "bytea", "char", "name", "oid",
+})
+
+
+def exact_in_binary(column: ColumnInfo) -> bool:
+    """Whether two values of the column that compare equal (collatable ones under ``COLLATE
+    "C"``, by bytes) always have the same binary form, and the type has a sort order.
+
+    Numeric and blank-padded char only with a declared scale or length (``1.5 = 1.50`` and
+    ``'a' = 'a '`` otherwise); floats (``-0 = 0``), intervals (``'1 day' = '24 hours'``),
+    json, arrays, enums and every other type are read as text instead.
+    """
+    if column.base_type in ("numeric", "bpchar"):
+        return "(" in column.type_name
+    return column.base_type in _EXACT_BASES
+
+
+def snapshot_rows_hash(
+    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], where: sql.Composable,
+    params: dict[str, object],
+) -> str:
+    """SHA-256 of the rows of ``rel`` (aliased ``t``) matching ``where``, independent of their
+    physical order: the content hash of a snapshot's partition (docs/fingerprint.md,
+    "Snapshot identity").
+
+    A source has no key, so its rows are put in a total order of their values, typed where
+    that is exact (:func:`exact_in_binary`: a typed sort, and a binary value nobody decodes,
+    are cheaper than text); the stream is hashed as the server sends it. It names the server's
+    binary forms, so it identifies a snapshot on PostgreSQL; it is not the portable stage
+    fingerprint.
+    """
+    forms = [(c, exact_in_binary(c)) for c in columns]
+    head = [SNAPSHOT_ROWS_TAG, _int16(len(columns))]
+    for c, exact in forms:
+        head += [_field(c.name.encode("utf-8")), _field(f"{c.type_name} {'binary' if exact else 'text'}".encode("utf-8"))]
+    h = hashlib.sha256(b"".join(head))
+    query, params = sqlbuild.copy_snapshot_stream(rel, [(c.name, exact, c.collatable) for c, exact in forms], where, params)
+    with conn.cursor() as cur, cur.copy(query, params) as copy:
+        _hash_copy_stream(copy, h)
+    return h.hexdigest()
+
+
 @contextlib.contextmanager
 def sorts_disabled(conn: psycopg.Connection, disabled: bool = True) -> Iterator[None]:
     """Make the planner read an ordered partition through its index instead of sorting it.

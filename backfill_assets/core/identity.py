@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 PLAN_FORMAT = "backfill-assets/plan/v1"
-SNAPSHOT_FORMAT = "backfill-assets/snapshot/v1"
+SNAPSHOT_FORMAT = "backfill-assets/snapshot/v2"  # v2: order-independent row hash (fingerprint.snapshot_rows_hash)
 
 
 def canonical_json(value: Any) -> bytes:

@@ -23,10 +23,12 @@ from backfill_assets.core.context import Clock, Context, resolve, set_timeouts
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.db import ConnectionFactory, repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, SourceDataError
-from backfill_assets.core.fingerprint import all_columns_order, content_hash, content_hash_where
+from backfill_assets.core.fingerprint import snapshot_rows_hash
 from backfill_assets.core.identity import SNAPSHOT_FORMAT, snapshot_identity
 from backfill_assets.core.moves import Scope, close_scope
 from backfill_assets.core.spec import Spec, TableRef, parse_table_name, partition_label
+
+_TXID = sql.SQL("SELECT txid_current()")
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -45,16 +47,17 @@ class Snapshot:
 
 
 def source_fingerprints(conn: psycopg.Connection, ctx: Context, rel: TableRef) -> dict[str, dict[str, Any]]:
-    """Row count and content hash of every declared partition of a source-shaped relation,
-    ordered by every column's text form (a source has no key to order by)."""
+    """Row count and content hash of every declared partition of a source-shaped relation
+    (the source, or a copy of it): the hash is independent of the rows' physical order
+    (fingerprint.snapshot_rows_hash; a source has no key to order by)."""
     cols = ctx.inspection.source_columns
     query, params = sqlbuild.partition_counts(rel, ctx.spec.partition_key, ctx.partitions)
     counts = {partition_label(p): int(n) for p, n in conn.execute(query, params).fetchall()}
-    order = all_columns_order(cols)
+    where = sqlbuild.in_partition(ctx.spec.partition_key)
     return {
         label: {
             "row_count": counts.get(label, 0),
-            "content_hash": content_hash(conn, rel, cols, ctx.spec.partition_key, order, p),
+            "content_hash": snapshot_rows_hash(conn, rel, cols, where, {"partition": p}),
         }
         for p, label in zip(ctx.partitions, ctx.labels)
     }
@@ -70,7 +73,7 @@ def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     count = conn.execute(*sqlbuild.count_where(rel, where, params)).fetchone()
     return {
         "row_count": int(count[0]) if count else 0,
-        "content_hash": content_hash_where(conn, rel, cols, where, all_columns_order(cols), params),
+        "content_hash": snapshot_rows_hash(conn, rel, cols, where, params),
     }
 
 
@@ -173,8 +176,8 @@ def take_snapshot(
 ) -> tuple[Snapshot, Context]:
     """Fix the source: find the scope, fingerprint it, copy or pin it, and check its data.
 
-    All of it happens in one REPEATABLE READ transaction: ``copy`` copies exactly the rows
-    that were fingerprinted and checks the copy; ``immutable`` pins their fingerprint. The
+    All of it happens in one REPEATABLE READ transaction: ``copy`` copies the rows, then
+    fingerprints and checks the copy; ``immutable`` pins the source's fingerprint. The
     snapshot id is derived from the content, so an unchanged source gives the same id (and
     the same copy, reused only while its seal holds; see :func:`copy_intact`). A refused
     source rolls back everything, the control schema included.
@@ -192,24 +195,19 @@ def take_snapshot(
             ctx = dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
             if scope.added:
                 progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))
+        control.ensure_control_schema(conn, spec.control_schema)
+        relation, filtered, fingerprinted, copied = src, True, src, 0
+        if spec.source.snapshot != "immutable":
+            # Copy first, then fingerprint the copy: one read of the source for every
+            # partition, and an indexed copy to read each partition from.
+            (fingerprinted, copied), filtered = _copy_snapshot(conn, ctx, progress), False
         progress(ProgressEvent("snapshot", f"fingerprinting {len(ctx.partitions)} source partition(s) of {src}"))
-        parts = source_fingerprints(conn, ctx, src)
-        outside = outside_fingerprint(conn, ctx, src) if spec.records_can_move else None
+        parts = source_fingerprints(conn, ctx, fingerprinted)
+        outside = outside_fingerprint(conn, ctx, fingerprinted) if spec.records_can_move else None
         scope = _scope_document(ctx, requested)
         snapshot_id, fingerprint = _snapshot_identity(ctx, parts, outside, scope)
-        control.ensure_control_schema(conn, spec.control_schema)
-        if spec.source.snapshot == "immutable":
-            relation, filtered = src, True
-        else:
-            relation, filtered = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}"), False
-            if copy_intact(conn, ctx, relation, fingerprint):
-                progress(ProgressEvent("snapshot", f"{snapshot_id}: the copy {relation} is intact; reusing it",
-                                       status="reused"))
-            else:
-                rows = sum(p["row_count"] for p in parts.values()) + (outside or {}).get("row_count", 0)
-                progress(ProgressEvent("snapshot", f"copying {rows} row(s) into {relation}", rows=rows,
-                                       status="copying"))
-                _copy_snapshot(conn, ctx, relation, fingerprint, clock)
+        if spec.source.snapshot != "immutable":
+            relation = _name_copy(conn, ctx, fingerprinted, copied, fingerprint, snapshot_id, clock, progress)
         check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
         control.record_snapshot(
             conn, spec.control_schema, snapshot_id=snapshot_id, source_table=str(src),
@@ -248,20 +246,46 @@ def load_snapshot(conn: psycopg.Connection, factory: ConnectionFactory, spec: Sp
     return snapshot, ctx
 
 
-def _copy_snapshot(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str, clock: Clock) -> None:
-    """Copy the scope's rows (the transaction's snapshot of the source) and seal the copy."""
+_PENDING_COPY = "snap_new_{}"
+
+
+def _copy_snapshot(conn: psycopg.Connection, ctx: Context, progress: Progress) -> tuple[TableRef, int]:
+    """Copy the scope's rows (the transaction's snapshot of the source) into a new table,
+    named after the transaction until its content names it (see :func:`_name_copy`)."""
     spec, src = ctx.spec, ctx.spec.source_ref
     names = ctx.source_column_names
-    conn.execute(sqlbuild.drop_table(relation))
-    conn.execute(sqlbuild.create_empty_copy(relation, src, names, unlogged=False))
+    txid = conn.execute(_TXID).fetchone()
+    assert txid is not None
+    pending = TableRef(spec.control_schema, _PENDING_COPY.format(txid[0]))
+    progress(ProgressEvent("snapshot", f"copying the declared partitions of {src}", status="copying"))
+    conn.execute(sqlbuild.create_empty_copy(pending, src, names, unlogged=False))
     if spec.records_can_move:
         query, params = sqlbuild.copy_scope(
-            relation, src, spec.target_ref, names, spec.partition_key, spec.business_key, ctx.partitions
+            pending, src, spec.target_ref, names, spec.partition_key, spec.business_key, ctx.partitions
         )
     else:
-        query, params = sqlbuild.copy_partitions(relation, src, names, spec.partition_key, ctx.partitions)
+        query, params = sqlbuild.copy_partitions(pending, src, names, spec.partition_key, ctx.partitions)
     rows = conn.execute(query, params).rowcount
-    conn.execute(sqlbuild.create_index(relation, [sqlbuild.OrderKey(spec.partition_key)]))
+    conn.execute(sqlbuild.create_index(pending, [sqlbuild.OrderKey(spec.partition_key)]))
+    progress(ProgressEvent("snapshot", f"copied {rows} row(s)", rows=rows, status="copied"))
+    return pending, rows
+
+
+def _name_copy(
+    conn: psycopg.Connection, ctx: Context, pending: TableRef, rows: int, fingerprint: str,
+    snapshot_id: str, clock: Clock, progress: Progress,
+) -> TableRef:
+    """Give the new copy its content's name and seal it, or keep an intact copy of the same
+    content made earlier (plans built from it stay valid) and drop the new one."""
+    spec = ctx.spec
+    relation = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}")
+    if copy_intact(conn, ctx, relation, fingerprint):
+        conn.execute(sqlbuild.drop_table(pending))
+        progress(ProgressEvent("snapshot", f"{snapshot_id}: the copy {relation} is intact; reusing it",
+                               status="reused"))
+        return relation
+    conn.execute(sqlbuild.drop_table(relation))
+    conn.execute(sqlbuild.rename_table(pending, relation.name))
     # One statement filled the new table, so every row carries that statement's xmin.
     writer = conn.execute(sqlbuild.copy_writer(relation)).fetchone()
     control.record_copy(
@@ -269,6 +293,7 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: Context, relation: TableRef, f
         writer_xid=writer[0] if writer else None, row_count=rows,
         columns=[[c.name, c.type_name] for c in table_columns(conn, relation)], copied_at=clock(),
     )
+    return relation
 
 
 # A 32-bit transaction id comes round again after 2^32 more; trust a seal for half of that.

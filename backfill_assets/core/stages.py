@@ -96,7 +96,7 @@ def stage_partitions_changed(
     conn: psycopg.Connection, ctx: Context, variant: str, expected: dict[str, dict[str, Any]],
 ) -> list[str]:
     """The partitions of a stage that no longer carry the ``expected`` readings (label ->
-    readings), in the caller's transaction.
+    readings, for some or all of the context's partitions), in the caller's transaction.
 
     A partition whose latest build recorded exactly those readings, and whose rows are still
     all the ones that build's transaction wrote (same count, same xmin: any UPDATE, INSERT or
@@ -104,12 +104,14 @@ def stage_partitions_changed(
     A seal older than :data:`SEAL_HORIZON` transactions (its 32-bit xmin could have come round
     again), or recorded without its 64-bit id by an older version, does not hold. Any other
     partition is fingerprinted and compared in full, so the answer is the same as hashing
-    every partition, unless the data files themselves were damaged (apply still hashes each
-    partition under its lock before writing it)."""
+    every partition, unless the data files themselves were damaged (what apply copies from a
+    stage into the target is fingerprinted in full before it is committed)."""
     spec, stage = ctx.spec, ctx.stage(variant)
-    built = control.builds(conn, spec.control_schema, spec.name, variant, ctx.labels)
+    built = control.builds(conn, spec.control_schema, spec.name, variant, [label for label in ctx.labels if label in expected])
     changed = []
     for value, label in zip(ctx.partitions, ctx.labels):
+        if label not in expected:
+            continue
         readings, writer, since = built.get(label, (None, None, None))
         if readings == expected[label] and since is not None and since < SEAL_HORIZON:
             query, params = sqlbuild.partition_seal_check(stage, spec.partition_key, value, writer)

@@ -4,6 +4,11 @@ are hashed fails loudly instead of orphaning every stored plan and approval.
 
 If one of these changes on purpose, that is a format change: bump PLAN_FORMAT or
 SNAPSHOT_FORMAT and say how stored plans and approvals carry over.
+
+History: snapshot v2 (issue 12) hashes a snapshot's rows in an order of their values that is
+cheaper to sort and needs no text form for exact types (fingerprint.snapshot_rows_hash);
+every snapshot id, and so every plan id, changed with it (docs/fingerprint.md says how
+stored plans carry over).
 """
 
 from __future__ import annotations
@@ -15,13 +20,13 @@ from backfill_assets_tests.conftest import make_spec
 WEEK = PartitionRequest("2024-01-01..2024-01-07")
 
 # The demo data and spec (README's worked example prints the same ids).
-DEMO_PLAN_ID = "fb7a9c17c7b85f5f300e7166d44ffca0b88c56fa1e829b85d7c7543679a93b72"
-DEMO_SNAPSHOT_ID = "copy-7519995fda8b30f3"
-DEMO_SNAPSHOT_FINGERPRINT = "ff8dfb59f4dda16ecfe7767e93be2173a5333a511055a6230e217c5e6463e514"
+DEMO_PLAN_ID = "37fbd45a3e9daa857830fba5e14e10b32964cdf83f0c7a9bf16a5b63626f2b3e"
+DEMO_SNAPSHOT_ID = "copy-a7ea30bf3a93fed2"
+DEMO_SNAPSHOT_FINGERPRINT = "12fc9c7310c05efafb3523bb863976de811299091cbced950c586caf7fe7c7cb"
 
 # No moved records, an immutable source and a transform: the other parts of the document.
-IMMUTABLE_PLAN_ID = "82fd125f8f1fd4fda170712113b3fd47a937cf16c8bec90a6191ae945f602d94"
-IMMUTABLE_SNAPSHOT_ID = "immutable-68d1879fd789b46d"
+IMMUTABLE_PLAN_ID = "a0455b6394af603b8d31408eaa4dd243ecaafb300602631925a3ff3ca143d30d"
+IMMUTABLE_SNAPSHOT_ID = "immutable-797aacf7aff696b5"
 TRANSFORM = (
     "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
     "upper(status) AS status, note FROM source"

@@ -172,7 +172,8 @@ def test_a_later_plan_reuses_an_intact_copy_and_copies_again_when_its_seal_broke
                     (dt.date(2024, 1, 3),))
     events.clear()
     again = make_plan(make_spec(), ALL_DAYS, factory, progress=events.append)
-    assert any(e.step == "snapshot" and e.status == "copying" and e.rows for e in events)
+    assert any(e.step == "snapshot" and e.status == "copied" and e.rows for e in events)
+    assert not any(e.status == "reused" for e in events)  # the broken copy was replaced
     assert again.plan_id == first.plan_id  # built from the source's rows, not the altered ones
     total = sql.SQL("SELECT sum(amount) FROM {} WHERE order_date = %s")
     day = (dt.date(2024, 1, 3),)

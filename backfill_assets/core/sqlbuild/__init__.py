@@ -37,6 +37,7 @@ from backfill_assets.core.sqlbuild.copies import (
     dropped_columns,
     partition_seal_check,
     partition_writer,
+    rename_table,
 )
 from backfill_assets.core.sqlbuild.moves import (
     copy_scope,
@@ -60,6 +61,7 @@ from backfill_assets.core.sqlbuild.profiling import (
 )
 from backfill_assets.core.sqlbuild.readings import (
     copy_canonical_stream,
+    copy_snapshot_stream,
     in_partition,
     partition_counts,
     partition_readings,
@@ -76,12 +78,12 @@ from backfill_assets.core.sqlbuild.replace import (
 __all__ = [
     "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
     "add_unique_constraint", "advisory_lock", "advisory_unlock", "build_stage",
-    "column_profile", "copy_canonical_stream", "copy_partitions", "copy_scope",
+    "column_profile", "copy_canonical_stream", "copy_snapshot_stream", "copy_partitions", "copy_scope",
     "copy_seal_check", "copy_writer", "count_where", "create_empty_copy", "create_index",
     "delete_partition", "distinct_partitions", "drop_table", "dropped_columns",
     "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
     "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace",
     "ordering_null_counts", "ordering_ties", "outside_scope", "partition_counts",
-    "partition_readings", "partition_seal_check", "partition_writer", "rows_outside_partitions",
+    "partition_readings", "partition_seal_check", "partition_writer", "rename_table", "rows_outside_partitions",
     "scope_keys", "table",
 ]

@@ -18,6 +18,7 @@ _INSERT_PARTITIONS = sql.SQL(
 _CREATE_INDEX = sql.SQL("CREATE INDEX ON {rel} ({items})")
 _CREATE_UNIQUE_INDEX = sql.SQL("CREATE UNIQUE INDEX ON {rel} ({items})")
 _DROP_TABLE = sql.SQL("DROP TABLE IF EXISTS {rel}")
+_RENAME_TABLE = sql.SQL("ALTER TABLE {rel} RENAME TO {name}")
 
 
 def create_empty_copy(new: TableRef, rel: TableRef, columns: Sequence[str], *, unlogged: bool) -> sql.Composed:
@@ -91,6 +92,11 @@ def copy_seal_check(rel: TableRef, writer: str | None) -> Query:
 def dropped_columns(rel: TableRef) -> Query:
     """How many dropped columns a table has (a column dropped and added again keeps xmin)."""
     return _DROPPED_COLUMNS, {"schema": rel.schema, "name": rel.name}
+
+
+def rename_table(rel: TableRef, name: str) -> sql.Composed:
+    """Rename a table within its schema."""
+    return _RENAME_TABLE.format(rel=table(rel), name=sql.Identifier(name))
 
 
 def drop_table(rel: TableRef) -> sql.Composed:

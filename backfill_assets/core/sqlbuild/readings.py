@@ -28,6 +28,37 @@ _COPY_STREAM = sql.SQL(
 _IN_PARTITION = sql.SQL("{pk} = %(partition)s")
 
 
+_SNAPSHOT_STREAM = sql.SQL(
+    "COPY (SELECT {values} FROM {rel} AS t WHERE {where} ORDER BY {order}) TO STDOUT (FORMAT binary)"
+)
+_AS_TEXT = sql.SQL("{}::text")
+_SORT_TYPED = sql.SQL("{} ASC NULLS LAST")
+_SORT_TYPED_C = sql.SQL('{} COLLATE "C" ASC NULLS LAST')
+_SORT_TEXT = sql.SQL('{}::text COLLATE "C" ASC NULLS LAST')
+
+
+def copy_snapshot_stream(
+    rel: TableRef, columns: Sequence[tuple[str, bool, bool]], where: sql.Composable, params: Mapping[str, Any],
+) -> Query:
+    """Binary COPY of the rows of ``rel`` (aliased ``t``) matching ``where``, in a total
+    order of their values: the stream a snapshot's content hash is taken over.
+
+    ``columns`` are ``(name, exact, collatable)``. An exact column is sent as its typed
+    binary value and sorted as a typed value (by bytes when collatable); any other column is
+    sent and sorted as its text form, by bytes. Rows equal on every sort item are then equal
+    byte for byte in the stream, so the digest does not depend on which of them comes first.
+    """
+    values, order = [], []
+    for name, exact, collatable in columns:
+        c = col("t", name)
+        values.append(c if exact else _AS_TEXT.format(c))
+        order.append((_SORT_TYPED_C if collatable else _SORT_TYPED).format(c) if exact else _SORT_TEXT.format(c))
+    query = _SNAPSHOT_STREAM.format(
+        values=sql.SQL(", ").join(values), rel=table(rel), where=where, order=sql.SQL(", ").join(order),
+    )
+    return query, dict(params)
+
+
 def in_partition(partition_key: str, alias: str = "t") -> sql.Composed:
     """``alias.partition_key = %(partition)s``."""
     return _IN_PARTITION.format(pk=col(alias, partition_key))

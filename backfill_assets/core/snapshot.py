@@ -144,8 +144,11 @@ def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed
         others = [spec.partition_key, *others]
     # Grouped as values, compared as written: 1.5 and 1.50 in an output column are a tie.
     others += [c for c in [*spec.business_key, *ordering] if c in spec.columns]
-    query, qp = sqlbuild.ordering_ties(input_rel, scope_key, spec.business_key, ordering, others, params)
-    ties = conn.execute(query, qp).fetchall()
+    query, qp = sqlbuild.any_tied_group(input_rel, scope_key, spec.business_key, ordering, params)
+    ties = []
+    if conn.execute(query, qp).fetchone() is not None:
+        query, qp = sqlbuild.ordering_ties(input_rel, scope_key, spec.business_key, ordering, others, params)
+        ties = conn.execute(query, qp).fetchall()
     if ties:
         width = 1 + len(spec.business_key)
         examples = []

@@ -21,6 +21,7 @@ from backfill_assets.core.sqlbuild.builds import (
     input_relation,
 )
 from backfill_assets.core.sqlbuild.checks import (
+    any_tied_group,
     input_report,
     ordering_null_counts,
     ordering_ties,
@@ -77,7 +78,7 @@ from backfill_assets.core.sqlbuild.replace import (
 
 __all__ = [
     "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
-    "add_unique_constraint", "advisory_lock", "advisory_unlock", "build_stage",
+    "add_unique_constraint", "advisory_lock", "any_tied_group", "advisory_unlock", "build_stage",
     "column_profile", "copy_canonical_stream", "copy_snapshot_stream", "copy_partitions", "copy_scope",
     "copy_seal_check", "copy_writer", "count_where", "create_empty_copy", "create_index",
     "delete_partition", "distinct_partitions", "drop_table", "dropped_columns",

@@ -32,6 +32,10 @@ _TIES = sql.SQL(
     "GROUP BY {g_key_ord} HAVING count(*) > 1 ORDER BY {g_key_ord} LIMIT 3"
 )
 
+_TIED_GROUP = sql.SQL(
+    "SELECT 1 FROM ({input}) AS x WHERE {x_key_not_null} GROUP BY {x_key_ord} HAVING count(*) > 1 LIMIT 1"
+)
+
 _INPUT_REPORT = sql.SQL(
     "SELECT {i_pk}, count(*), count(*) FILTER (WHERE {i_key_null}) "
     "FROM ({input}) AS i GROUP BY {i_pk}"
@@ -54,6 +58,20 @@ def ordering_null_counts(
     )
     return _ORDERING_NULLS.format(
         counts=counts, input=input_rel, i_key_not_null=key_not_null("i", business_key)
+    ), dict(params)
+
+
+def any_tied_group(
+    input_rel: sql.Composed, partition_key: str | None, business_key: Sequence[str],
+    ordering_columns: Sequence[str], params: Mapping[str, Any],
+) -> Query:
+    """A row if some (partition, key, ordering) group has two rows or more: the cheap first
+    pass of :func:`ordering_ties`, which groups the narrow key and ordering columns only.
+    With a unique final tiebreak it finds nothing and the wide comparison never runs."""
+    scope = [partition_key] if partition_key is not None else []
+    return _TIED_GROUP.format(
+        input=input_rel, x_key_not_null=key_not_null("x", business_key),
+        x_key_ord=cols("x", [*scope, *business_key, *ordering_columns]),
     ), dict(params)
 
 

@@ -50,7 +50,7 @@ def create_index(rel: TableRef, keys: Sequence[OrderKey], *, unique: bool = Fals
 
 _COPY_WRITER = sql.SQL("SELECT t.xmin::text FROM {rel} AS t LIMIT 1")
 _COPY_SEAL_CHECK = sql.SQL(
-    "SELECT count(*), count(*) FILTER (WHERE t.xmin::text IS DISTINCT FROM %(writer)s) FROM {rel} AS t"
+    "SELECT count(*), count(*) FILTER (WHERE t.xmin IS DISTINCT FROM %(writer)s::xid) FROM {rel} AS t"
 )
 _DROPPED_COLUMNS = sql.SQL(
     "SELECT count(*) FROM pg_catalog.pg_attribute AS a "
@@ -62,7 +62,7 @@ _DROPPED_COLUMNS = sql.SQL(
 
 _PARTITION_WRITER = sql.SQL("SELECT t.xmin::text FROM {rel} AS t WHERE {pk} = %(partition)s LIMIT 1")
 _PARTITION_SEAL_CHECK = sql.SQL(
-    "SELECT count(*), count(*) FILTER (WHERE t.xmin::text IS DISTINCT FROM %(writer)s) "
+    "SELECT count(*), count(*) FILTER (WHERE t.xmin IS DISTINCT FROM %(writer)s::xid) "
     "FROM {rel} AS t WHERE {pk} = %(partition)s"
 )
 

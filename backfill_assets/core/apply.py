@@ -22,7 +22,8 @@ For each partition (or each group of partitions that moved keys link), in plan o
    source partition's fingerprint is recomputed too.
 4. DELETE the target partition and INSERT the stage with explicit columns.
 5. Fingerprint the target inside the same transaction; a mismatch rolls back.
-6. Commit, then read the target again on a fresh connection and confirm its fingerprint.
+6. Commit, then read the target again in a new transaction on a second connection (opened
+   once per run) and confirm its fingerprint.
 
 Any failure stops before the next partition; partitions already verified stay verified.
 Every step is recorded in the ledger.
@@ -193,14 +194,17 @@ def apply_plan(
         )
         result = ApplyResult(run_id, stored.plan_id, approval.approval_id)
         target = make_target(conn, factory, ctx, checkpoint)
-        for n, labels in enumerate(groups):
-            status = _replace_and_record(conn, target, ctx, stored, approval, run_id, groups, n, clock, checkpoint)
-            for label in labels:
-                entry = {"partition": label, "status": status, **stored.approved(label)}
-                result.partitions.append(entry)
-                if on_result is not None:
-                    on_result(entry)
-                progress(_replaced(label, status, stored.approved(label), len(result.partitions), len(in_order)))
+        try:
+            for n, labels in enumerate(groups):
+                status = _replace_and_record(conn, target, ctx, stored, approval, run_id, groups, n, clock, checkpoint)
+                for label in labels:
+                    entry = {"partition": label, "status": status, **stored.approved(label)}
+                    result.partitions.append(entry)
+                    if on_result is not None:
+                        on_result(entry)
+                    progress(_replaced(label, status, stored.approved(label), len(result.partitions), len(in_order)))
+        finally:
+            target.close()
         return result
 
 

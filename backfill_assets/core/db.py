@@ -31,7 +31,11 @@ PINNED_SETTINGS: tuple[tuple[str, str], ...] = (
     ("client_encoding", "UTF8"),
 )
 
-_SET_CONFIG = sql.SQL("SELECT set_config(%(name)s, %(value)s, false)")
+_PIN_SESSION = sql.SQL("SELECT {}").format(sql.SQL(", ").join(
+    sql.SQL("set_config({}, {}, false)").format(sql.Placeholder(f"name{i}"), sql.Placeholder(f"value{i}"))
+    for i in range(len(PINNED_SETTINGS))
+))
+_PIN_VALUES = {f"{part}{i}": v for i, pair in enumerate(PINNED_SETTINGS) for part, v in zip(("name", "value"), pair)}
 _REPEATABLE_READ = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
 _READ_COMMITTED = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 _REPEATABLE_READ_ONLY = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -108,10 +112,8 @@ def url_from_env(name: str, environ: Mapping[str, str] | None = None) -> Databas
 
 
 def pin_session(conn: psycopg.Connection) -> None:
-    """Set the session settings every fingerprint depends on."""
-    with conn.cursor() as cur:
-        for name, value in PINNED_SETTINGS:
-            cur.execute(_SET_CONFIG, {"name": name, "value": value})
+    """Set the session settings every fingerprint depends on, in one round trip."""
+    conn.execute(_PIN_SESSION, _PIN_VALUES)
 
 
 def connect(url: DatabaseUrl, *, application_name: str = "backfill_assets") -> psycopg.Connection:

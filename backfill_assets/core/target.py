@@ -66,6 +66,10 @@ class Target(Protocol):
         """The partitions as committed, read afresh (not through the write)."""
         ...
 
+    def close(self) -> None:
+        """Release what the target opened (apply calls it when it is done)."""
+        ...
+
 
 def target_for(conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
                checkpoint: Checkpoint = no_checkpoint) -> Target:
@@ -87,6 +91,7 @@ class PostgresTarget:
     def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
         self.conn, self.factory, self.ctx, self.checkpoint = conn, factory, ctx, checkpoint
+        self._reader: psycopg.Connection | None = None
 
     def _values(self, labels: list[str]) -> list[object]:
         return [self.ctx.partitions[self.ctx.labels.index(label)] for label in labels]
@@ -129,10 +134,19 @@ class PostgresTarget:
             yield _PostgresWrite(self)
 
     def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+        # A second connection, opened once per apply, and a new transaction on it for each
+        # read: it sees only what was committed, never the write's own view.
         if self.factory is None:
             raise TypeError("committed readings need a connection factory")
-        with self.factory() as conn, repeatable_read(conn, read_only=True):
-            return self.read(conn, labels)
+        if self._reader is None or self._reader.closed or self._reader.broken:
+            self._reader = self.factory()
+        with repeatable_read(self._reader, read_only=True):
+            return self.read(self._reader, labels)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
 
 class _PostgresWrite:

@@ -52,6 +52,10 @@ class Recording:
             found = {label: {**r, "content_hash": "0" * 64} for label, r in found.items()}
         return found
 
+    def close(self):
+        self.calls.append("close")
+        self.inner.close()
+
 
 class _RecordingWrite:
     def __init__(self, write, calls):
@@ -79,7 +83,7 @@ def test_apply_drives_the_target_through_one_protocol_per_partition(unmoved_db, 
                         make_target=lambda *a: Recording(target_for(*a), calls))
     assert [p["status"] for p in result.partitions] == ["verified", "verified"]
     one = ["begin", "read", "replace", "read", "commit", "read committed", "unlock"]
-    assert calls == ["lock 2024-01-01", *one, "lock 2024-01-02", *one]
+    assert calls == ["lock 2024-01-01", *one, "lock 2024-01-02", *one, "close"]
     # A rerun finds the approved rows under the lock and writes nothing.
     calls.clear()
     apply_plan(SPEC, plan.plan_id, factory, run_id="again", make_target=lambda *a: Recording(target_for(*a), calls))

@@ -261,7 +261,9 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: Context, progress: Progress) -
     assert txid is not None
     pending = TableRef(spec.control_schema, _PENDING_COPY.format(txid[0]))
     progress(ProgressEvent("snapshot", f"copying the declared partitions of {src}", status="copying"))
-    conn.execute(sqlbuild.create_empty_copy(pending, src, names, unlogged=False))
+    # Unlogged, like the stages: no WAL for a table that is only ever read back, and after a
+    # crash it is empty, so its seal fails and the plan is refused, never built from it.
+    conn.execute(sqlbuild.create_empty_copy(pending, src, names, unlogged=True))
     if spec.records_can_move:
         query, params = sqlbuild.copy_scope(
             pending, src, spec.target_ref, names, spec.partition_key, spec.business_key, ctx.partitions

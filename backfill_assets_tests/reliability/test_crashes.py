@@ -131,9 +131,10 @@ def test_an_immediate_server_shutdown_mid_apply_leaves_old_or_new_and_a_rerun_co
             check_old_or_new(conn, old, new, "old")
             ledger = ledger_of_interrupted_run(conn, plan.plan_id)
             assert ledger[VICTIM] == "started" and ledger["2024-01-01"] == "verified"
-            # Unlogged stages do not survive a crash: apply refuses, a new plan rebuilds them
-            # byte for byte, under the same plan id, so the approval still holds.
-            with pytest.raises(ApprovalError, match="no longer has the planned fingerprint"):
+            # The unlogged snapshot copy and stages do not survive a crash: apply refuses (the
+            # copy's seal fails first), a new plan copies and rebuilds them byte for byte,
+            # under the same plan id, so the approval still holds.
+            with pytest.raises(ApprovalError, match="changed since it was taken; plan again"):
                 apply_plan(spec, plan.plan_id, factory, run_id="after-crash")
             assert make_plan(spec, ALL_DAYS, factory).plan_id == plan.plan_id
             apply_plan(spec, plan.plan_id, factory, run_id="converge")

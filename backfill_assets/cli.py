@@ -119,7 +119,7 @@ def cmd_inspect(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     factory = _factory(spec, args)
     with factory() as conn:
-        inspection = inspect_tables(conn, factory, spec)
+        inspection = inspect_tables(conn, spec)
     if out.json_mode:
         out.json(inspection.as_dict())
     else:
@@ -144,7 +144,7 @@ def cmd_profile(args: argparse.Namespace, out: Output) -> int:
     with factory() as conn:
         partitions = None
         if args.partitions:
-            inspection = inspect_tables(conn, factory, spec)
+            inspection = inspect_tables(conn, spec)
             kind = inspection.partition_kind or "text"
             partitions = PartitionRequest(args.partitions).resolve(kind)
         profile = profile_source(conn, spec, partitions)

@@ -74,7 +74,7 @@ def run_demo(spec: Spec, partitions: str, out: Printer) -> None:
 def _inspect_and_profile(spec: Spec, factory: ConnectionFactory, out: Printer) -> None:
     out.result("\n-- 2. inspect (read-only)")
     with factory() as conn:
-        inspection = inspect_tables(conn, factory, spec)
+        inspection = inspect_tables(conn, spec)
         out.result(f"{inspection.server.engine} {inspection.server.version}; target keys: "
                    + "; ".join(f"{n} ({', '.join(c)})" for n, c in inspection.target_unique_keys))
         out.result("\n-- 3. profile: propose a key and a tiebreak from the data")

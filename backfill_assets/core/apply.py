@@ -123,7 +123,7 @@ def recheck_stage(conn: psycopg.Connection, ctx: Context, stored: Plan, labels: 
     # gives the target are fingerprinted again before the commit, whatever this says.
     conn.execute(sqlbuild.lock_against_writers(stage))
     for label in stage_partitions_changed(conn, ctx, "a", approved):
-        _compare({label: approved[label]}, {label: ctx.readings(conn, stage, _value(ctx, label)).as_dict()},
+        _compare({label: approved[label]}, {label: ctx.readings(conn, stage, ctx.value_of(label)).as_dict()},
                  "recheck of the approved stage")
     if ctx.spec.source.snapshot == "immutable":  # only these partitions
         for label, (planned, now) in immutable_source_changes(conn, ctx, stored.pinned_source(labels)).items():
@@ -131,10 +131,6 @@ def recheck_stage(conn: psycopg.Connection, ctx: Context, stored: Plan, labels: 
                 label, "recheck of the immutable source",
                 f"hash {planned['content_hash'][:16]}", f"hash {now['content_hash'][:16]}",
             )
-
-
-def _value(ctx: Context, label: str) -> object:
-    return ctx.partitions[ctx.labels.index(label)]
 
 
 def _compare(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any]], step: str) -> None:

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import psycopg
-import sqlalchemy
 from psycopg import sql
 
 from backfill_assets.core import sqlbuild
@@ -166,33 +165,32 @@ def has_ordered_index(
     return False
 
 
-def unique_keys(conn_factory, ref: TableRef) -> list[tuple[str, list[str]]]:
-    """Primary key, unique constraints and plain unique indexes of a table, via SQLAlchemy.
+_UNIQUE_KEYS = sql.SQL(
+    "SELECT coalesce(con.conname, ic.relname), array_agg(a.attname ORDER BY k.ord), "
+    "bool_or(a.attname IS NULL) "
+    "FROM pg_catalog.pg_index AS i "
+    "JOIN pg_catalog.pg_class AS c ON c.oid = i.indrelid "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "JOIN pg_catalog.pg_class AS ic ON ic.oid = i.indexrelid "
+    "LEFT JOIN pg_catalog.pg_constraint AS con ON con.conindid = i.indexrelid AND con.contype IN ('p', 'u') "
+    "CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) "
+    "LEFT JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = k.attnum AND k.attnum > 0 "
+    "WHERE n.nspname = %(schema)s AND c.relname = %(name)s AND i.indisunique AND i.indisvalid "
+    "AND i.indpred IS NULL AND i.indexprs IS NULL AND k.ord <= i.indnkeyatts "
+    "GROUP BY con.conname, con.contype, ic.relname "
+    "ORDER BY con.contype = 'p' DESC NULLS LAST, con.contype IS NULL, coalesce(con.conname, ic.relname)"
+)
 
-    Partial and expression indexes do not count: they do not guarantee the grain.
+
+def unique_keys(conn: psycopg.Connection, ref: TableRef) -> list[tuple[str, list[str]]]:
+    """Primary key, unique constraints and plain unique indexes of a table (in that order),
+    each named by its constraint, or by its index when no constraint stands behind it.
+
+    Partial, expression and invalid indexes do not count: they do not guarantee the grain.
+    One catalog query on the caller's connection.
     """
-    engine = sqlalchemy.create_engine(
-        "postgresql+psycopg://", creator=conn_factory, poolclass=sqlalchemy.pool.NullPool
-    )
-    try:
-        insp = sqlalchemy.inspect(engine)
-        keys: list[tuple[str, list[str]]] = []
-        pk = insp.get_pk_constraint(ref.name, schema=ref.schema)
-        if pk and pk.get("constrained_columns"):
-            keys.append((pk.get("name") or "primary key", list(pk["constrained_columns"])))
-        for uc in insp.get_unique_constraints(ref.name, schema=ref.schema):
-            keys.append((uc["name"] or "unique", list(uc["column_names"])))
-        for ix in insp.get_indexes(ref.name, schema=ref.schema):
-            options = ix.get("dialect_options", {})
-            if not ix.get("unique") or options.get("postgresql_where") is not None:
-                continue
-            if any(c is None for c in ix["column_names"]) or ix.get("expressions"):
-                continue
-            keys.append((ix["name"] or "unique index", list(ix["column_names"])))
-        # A unique constraint is also listed as its index: keep each (name, columns) once.
-        return [(n, list(c)) for n, c in dict.fromkeys((n, tuple(c)) for n, c in keys)]
-    finally:
-        engine.dispose()
+    rows = conn.execute(_UNIQUE_KEYS, {"schema": ref.schema, "name": ref.name}).fetchall()
+    return [(name, list(columns)) for name, columns, expression in rows if not expression]
 
 
 def _grain_name(target: TableRef, columns: Sequence[str]) -> str:
@@ -224,12 +222,11 @@ def _partition_kind(
     return kind
 
 
-def inspect_tables(conn: psycopg.Connection, conn_factory, spec: Spec) -> Inspection:
+def inspect_tables(conn: psycopg.Connection, spec: Spec) -> Inspection:
     """Inspect source and target read-only and collect every problem with the spec.
 
     Args:
         conn: a pinned connection.
-        conn_factory: opens another connection (SQLAlchemy's inspector uses its own).
         spec: the declared backfill.
     """
     problems: list[str] = []
@@ -276,7 +273,7 @@ def inspect_tables(conn: psycopg.Connection, conn_factory, spec: Spec) -> Inspec
     keys: list[tuple[str, list[str]]] = []
     grain_ddl = None
     if target_kind in _TABLE_KINDS and not any(c not in tnames for c in grain):
-        keys = unique_keys(conn_factory, tgt)
+        keys = unique_keys(conn, tgt)
         # A unique key over a subset of the grain columns guarantees the grain too.
         if not any(set(cols) <= set(grain) for _, cols in keys):
             grain_ddl = sqlbuild.add_unique_constraint(tgt, _grain_name(tgt, grain), grain).as_string(conn) + ";"

@@ -9,6 +9,7 @@ what the snapshot, the stages, the plan, approval and apply work from.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,9 +82,18 @@ class Context:
         assert self.inspection.partition_kind is not None
         return self.inspection.partition_kind
 
-    @property
+    @functools.cached_property
     def labels(self) -> list[str]:
+        """The partitions' labels, computed once (callers look labels up per partition)."""
         return [partition_label(p) for p in self.partitions]
+
+    def value_of(self, label: str) -> PartitionValue:
+        """The partition value with this label."""
+        return self._values[label]
+
+    @functools.cached_property
+    def _values(self) -> dict[str, PartitionValue]:
+        return dict(zip(self.labels, self.partitions))
 
     @property
     def target_columns(self) -> list[ColumnInfo]:
@@ -139,7 +149,7 @@ def resolve(
         transform = validate_transform_text(spec.transform_sql)  # the parser first: no I/O
     else:
         transform = None
-    inspection = inspect_tables(conn, factory, spec)
+    inspection = inspect_tables(conn, spec)
     kind = inspection.require_plannable()
     if isinstance(request, PartitionRequest):
         partitions = request.resolve(kind)

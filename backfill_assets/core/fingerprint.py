@@ -266,10 +266,13 @@ def fingerprint_partition(
     row = conn.execute(query, params).fetchone()
     assert row is not None
     row_count, null_keys, total_text, duplicates = row
-    digest = content_hash(
-        conn, rel, columns, partition_key, business_key_order(columns, business_key), partition,
-        indexed=indexed,
-    )
+    if row_count == 0:  # nothing to stream: the hash of the preamble alone
+        digest = hashlib.sha256(preamble([(c.name, c.type_name) for c in columns])).hexdigest()
+    else:
+        digest = content_hash(
+            conn, rel, columns, partition_key, business_key_order(columns, business_key), partition,
+            indexed=indexed,
+        )
     return Fingerprint(
         row_count=int(row_count), null_key_count=int(null_keys),
         duplicate_key_count=int(duplicates), total=total_text, content_hash=digest,

@@ -94,7 +94,7 @@ class PostgresTarget:
         self._reader: psycopg.Connection | None = None
 
     def _values(self, labels: list[str]) -> list[object]:
-        return [self.ctx.partitions[self.ctx.labels.index(label)] for label in labels]
+        return [self.ctx.value_of(label) for label in labels]
 
     def read(self, conn: psycopg.Connection, labels: list[str]) -> dict[str, Readings]:
         rel = self.ctx.spec.target_ref

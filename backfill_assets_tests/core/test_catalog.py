@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from backfill_assets.core.catalog import has_ordered_index, inspect_tables
+from backfill_assets.core.catalog import has_ordered_index, inspect_tables, unique_keys
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import TableRef
 from backfill_assets_tests.conftest import make_spec
 
 
 def test_demo_tables_are_plannable(demo_db, factory):
-    inspection = inspect_tables(demo_db, factory, make_spec())
+    inspection = inspect_tables(demo_db, make_spec())
     assert inspection.problems == []
     assert inspection.partition_kind == "date"
     assert inspection.server.engine == "PostgreSQL" and inspection.server.version_num >= 120000
@@ -24,7 +24,7 @@ def test_demo_tables_are_plannable(demo_db, factory):
 
 def test_missing_grain_constraint_is_refused_with_the_exact_ddl(demo_db, factory):
     demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_order_key")
-    inspection = inspect_tables(demo_db, factory, make_spec(records_can_move=False))
+    inspection = inspect_tables(demo_db, make_spec(records_can_move=False))
     assert inspection.grain_ddl == (
         'ALTER TABLE "public"."orders_daily" ADD CONSTRAINT "orders_daily_order_date_order_id_key" '
         'UNIQUE ("order_date", "order_id");'
@@ -33,26 +33,42 @@ def test_missing_grain_constraint_is_refused_with_the_exact_ddl(demo_db, factory
         inspection.require_plannable()
     # The DDL it prints works and makes the spec plannable.
     demo_db.execute(inspection.grain_ddl.encode())
-    assert inspect_tables(demo_db, factory, make_spec(records_can_move=False)).problems == []
+    assert inspect_tables(demo_db, make_spec(records_can_move=False)).problems == []
 
 
 def test_a_narrower_unique_key_is_an_equivalent_grain(demo_db, factory):
     # UNIQUE (order_id) guarantees UNIQUE (order_date, order_id).
-    problems = inspect_tables(demo_db, factory, make_spec(records_can_move=False)).problems
+    problems = inspect_tables(demo_db, make_spec(records_can_move=False)).problems
     assert problems == []
 
 
 def test_a_partial_unique_index_is_not_a_grain(demo_db, factory):
     demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_order_key")
     demo_db.execute("CREATE UNIQUE INDEX ON public.orders_daily (order_id) WHERE amount > 0")
-    assert any("no UNIQUE" in p for p in inspect_tables(demo_db, factory, make_spec()).problems)
+    assert any("no UNIQUE" in p for p in inspect_tables(demo_db, make_spec()).problems)
+
+
+def test_unique_keys_are_read_from_the_catalog_in_one_query(demo_db):
+    demo_db.execute(
+        "CREATE TABLE public.keys_t (a int, b int, c text, d int, e int, f int, "
+        "CONSTRAINT keys_t_pk PRIMARY KEY (b, a), CONSTRAINT keys_t_c UNIQUE (c))"
+    )
+    demo_db.execute("CREATE UNIQUE INDEX keys_t_d_inc ON public.keys_t (d) INCLUDE (e)")  # key columns only
+    demo_db.execute("CREATE UNIQUE INDEX keys_t_partial ON public.keys_t (e) WHERE e > 0")  # not a grain
+    demo_db.execute("CREATE UNIQUE INDEX keys_t_expr ON public.keys_t (lower(c))")  # not a grain
+    demo_db.execute("CREATE UNIQUE INDEX keys_t_mixed ON public.keys_t (f, (f + 1))")  # not a grain
+    demo_db.execute("CREATE INDEX keys_t_plain ON public.keys_t (f)")  # not unique
+    assert unique_keys(demo_db, TableRef("public", "keys_t")) == [
+        ("keys_t_pk", ["b", "a"]), ("keys_t_c", ["c"]), ("keys_t_d_inc", ["d"]),
+    ]
+    assert unique_keys(demo_db, TableRef("public", "no_such_table")) == []
 
 
 def test_records_that_can_move_need_a_key_unique_across_the_table(demo_db, factory):
     demo_db.execute("ALTER TABLE public.orders_daily DROP CONSTRAINT orders_daily_order_key")
     demo_db.execute("ALTER TABLE public.orders_daily ADD UNIQUE (order_date, order_id)")
-    assert inspect_tables(demo_db, factory, make_spec(records_can_move=False)).problems == []
-    problems = inspect_tables(demo_db, factory, make_spec()).problems
+    assert inspect_tables(demo_db, make_spec(records_can_move=False)).problems == []
+    problems = inspect_tables(demo_db, make_spec()).problems
     assert any("UNIQUE (order_id)" in p and "across the table" in p for p in problems)
 
 
@@ -69,7 +85,7 @@ def test_records_that_can_move_need_a_key_unique_across_the_table(demo_db, facto
     ],
 )
 def test_catalog_problems_are_named(demo_db, factory, changes, message):
-    problems = inspect_tables(demo_db, factory, make_spec(**changes)).problems
+    problems = inspect_tables(demo_db, make_spec(**changes)).problems
     assert any(message in p for p in problems), problems
     # Inspection is read-only: both tables are still there, unchanged.
     assert demo_db.execute("SELECT count(*) FROM public.orders_raw").fetchone()[0] > 0
@@ -81,7 +97,7 @@ def test_unsupported_partition_key_type_is_refused(conn, factory):
     spec = make_spec(source={"table": "public.src", "snapshot": "copy"}, target={"table": "public.tgt"},
                      partition_key="ts", business_key=["k"], columns=["ts", "k", "v"], total=None,
                      ordering=[{"column": "v", "direction": "desc"}])
-    problems = inspect_tables(conn, factory, spec).problems
+    problems = inspect_tables(conn, spec).problems
     assert any("use a date, integer or text partition key" in p for p in problems)
 
 
@@ -110,6 +126,6 @@ def test_a_text_key_is_ordered_by_an_index_only_with_byte_order(conn):
 
 def test_the_inspection_says_whether_the_target_is_read_in_key_order(demo_db, factory):
     # The demo's grain is UNIQUE (order_id): no index leads with the partition.
-    assert not inspect_tables(demo_db, factory, make_spec()).target_key_indexed
+    assert not inspect_tables(demo_db, make_spec()).target_key_indexed
     demo_db.execute(b"CREATE INDEX ON public.orders_daily (order_date, order_id)")
-    assert inspect_tables(demo_db, factory, make_spec()).target_key_indexed
+    assert inspect_tables(demo_db, make_spec()).target_key_indexed

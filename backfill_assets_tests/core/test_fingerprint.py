@@ -15,8 +15,9 @@ from backfill_assets.core.catalog import table_columns
 from backfill_assets.core.db import pin_session
 from backfill_assets.core.fingerprint import (
     _hash_copy_stream, all_columns_order, business_key_order, content_hash, encode_row,
-    fingerprint_partition, preamble, reference_digest, sorts_disabled,
+    exact_in_binary, fingerprint_partition, preamble, reference_digest, snapshot_rows_hash, sorts_disabled,
 )
+from backfill_assets.core.sqlbuild import in_partition
 from backfill_assets.core.spec import TableRef
 
 GOLDEN = TableRef("public", "golden")
@@ -105,6 +106,12 @@ def test_the_indexed_read_gives_the_same_digest_and_restores_the_planner(golden)
 def test_empty_partition_digest_is_the_preamble_alone(golden):
     assert _golden_hash(golden, partition=8) == EMPTY_DIGEST
     assert EMPTY_DIGEST == hashlib.sha256(preamble(GOLDEN_TYPES)).hexdigest()
+    # fingerprint_partition skips the stream of an empty partition and gives the same digest,
+    # and streams a partition with rows.
+    cols = [c for c in table_columns(golden, GOLDEN) if c.name != "p"]
+    empty = fingerprint_partition(golden, GOLDEN, cols, "p", ["k"], None, 8)
+    assert (empty.row_count, empty.content_hash) == (0, EMPTY_DIGEST)
+    assert fingerprint_partition(golden, GOLDEN, cols, "p", ["k"], None, 7).content_hash == GOLDEN_DIGEST
 
 
 def test_digest_does_not_depend_on_the_session_settings_once_pinned(golden, db_url):
@@ -225,3 +232,54 @@ def test_streamed_digest_equals_reference_for_generated_text(conn, rows):
     got = content_hash(conn, ref, cols, "p", business_key_order(cols, ["k"]), 0)
     expected_rows = [("0", str(n), t, None if i is None else str(i)) for n, (t, i) in enumerate(rows)]
     assert got == reference_digest([(c.name, c.type_name) for c in cols], expected_rows)
+
+
+# Values that compare equal yet print differently, ties on the typed columns, NULLs, unicode,
+# control characters and long text: the snapshot hash must depend on the rows only.
+_SNAP_DDL = sql.SQL(
+    "CREATE TABLE {} (p int, k bigint, f float8, n numeric, s numeric(8,2), i interval, "
+    "t text, ts timestamptz, j jsonb)"
+)
+_SNAP_INSERT = sql.SQL("INSERT INTO {} (p, k, f, n, s, i, t, ts, j) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
+_SNAP_ROWS = [
+    (1, 1, 0.0, "1.5", "1.50", "1 day", "a", "2024-01-01 00:00+00", '{"a": 1}'),
+    (1, 1, -0.0, "1.50", "1.5", "24 hours", "a", "2024-01-01 01:00+01", '{"a": 1}'),
+    (1, 1, 0.0, "1.5", "1.50", "1 day", "a", "2024-01-01 00:00+00", '{"a": 1}'),  # an exact copy
+    (1, None, None, None, None, None, None, None, None),
+    (1, 2, float("nan"), "NaN", "-0.01", "-1 mons", "é\tline\nnext ☕" + "x" * 3000, None, "[]"),
+    (1, 2, float("inf"), "1e-20", "0", "0", "", "infinity", "null"),
+]
+
+
+def _snapshot_hash(conn: psycopg.Connection, name: str, rows) -> str:
+    ref = TableRef("public", name)
+    conn.execute(_SNAP_DDL.format(sql.Identifier("public", name)))
+    with conn.cursor() as cur:
+        cur.executemany(_SNAP_INSERT.format(sql.Identifier("public", name)), rows)
+    cols = table_columns(conn, ref)
+    return snapshot_rows_hash(conn, ref, cols, in_partition("p"), {"partition": 1})
+
+
+def test_the_snapshot_hash_depends_on_the_rows_not_their_order(conn):
+    forward = _snapshot_hash(conn, "snap_fwd", _SNAP_ROWS)
+    assert _snapshot_hash(conn, "snap_rev", list(reversed(_SNAP_ROWS))) == forward
+    shuffled = [_SNAP_ROWS[i] for i in (4, 0, 3, 5, 2, 1)]
+    assert _snapshot_hash(conn, "snap_shuf", shuffled) == forward
+    # Every equal-but-different value, and a dropped copy, is a different snapshot.
+    for n, (row, changed) in enumerate([
+        (0, (1, 1, -0.0, "1.5", "1.50", "1 day", "a", "2024-01-01 00:00+00", '{"a": 1}')),  # -0 vs 0
+        (0, (1, 1, 0.0, "1.50", "1.50", "1 day", "a", "2024-01-01 00:00+00", '{"a": 1}')),  # n: 1.5 vs 1.50
+        (0, (1, 1, 0.0, "1.5", "1.50", "24 hours", "a", "2024-01-01 00:00+00", '{"a": 1}')),  # 1 day vs 24 h
+        (4, (1, 2, float("nan"), "NaN", "-0.01", "-1 mons", "é\tline\nnext ☕" + "x" * 2999, None, "[]")),
+    ]):
+        other = list(_SNAP_ROWS)
+        other[row] = changed
+        assert _snapshot_hash(conn, f"snap_chg{n}", other) != forward
+    assert _snapshot_hash(conn, "snap_fewer", _SNAP_ROWS[1:]) != forward
+
+
+def test_exact_columns_are_streamed_typed_and_the_others_as_text(conn):
+    conn.execute(_SNAP_DDL.format(sql.Identifier("public", "snap_types")))
+    forms = {c.name: exact_in_binary(c) for c in table_columns(conn, TableRef("public", "snap_types"))}
+    assert forms == {"p": True, "k": True, "f": False, "n": False, "s": True, "i": False, "t": True,
+                     "ts": True, "j": False}

@@ -3,8 +3,11 @@
 Stages A and B are materialized by one step that builds both at once on two connections and
 plans, as the CLI does. Every asset body is a thin call into the core; ``events`` maps what
 the core returns onto materializations and check evaluations. They run as single-run
-backfills over a partition range. Dagster records one materialization per partition of the
-range from the step's output (its metadata describes the whole run: snapshot id, plan id);
+backfills over a partition range; with the spec's ``parallel``, as multi-run backfills whose
+steps are in the spec's concurrency pools (build: snapshot and stages, several at once;
+replace: the target, one run at a time, each refusing to start after an earlier run of its
+approval failed a partition not verified since). Dagster records one materialization per
+partition of the range from the step's output (its metadata describes the whole run: snapshot id, plan id);
 each body then yields a materialization per partition with that partition's own readings,
 and one check evaluation per partition, so the UI shows per-partition metadata, plots and
 checks (the latest materialization of a partition is the detailed one). The stages step
@@ -25,11 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+import psycopg
 
 from backfill_assets import events
+from backfill_assets.core import ledger
 from backfill_assets.core.apply import apply_plan, approved_plan_for
 from backfill_assets.core.errors import (
-    ApprovalError, ConcurrentRunError, StageError,
+    ApprovalError, ApprovalHaltedError, ConcurrentRunError, FailedPartition, SpecError, StageError,
     TransientDatabaseError, VerificationError,
 )
 from backfill_assets.core.plan import snapshot_step, stages_step
@@ -37,11 +42,11 @@ from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.snapshot import snapshot_covering
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import read_stages
-from backfill_assets.names import PLAN_TAG, Keys
+from backfill_assets.names import PLAN_TAG, Keys, build_pool, replace_pool
 from backfill_assets.partitions import partitions_def
 from backfill_assets.resources import PostgresResource, resource_key
 
-__all__ = ["spec_assets", "transient_retry"]
+__all__ = ["refuse_after_failure", "require_pool_limit", "spec_assets", "transient_retry"]
 
 MAX_TRANSIENT_RETRIES = 3
 
@@ -100,6 +105,46 @@ def _factory(context: dg.AssetExecutionContext, spec: Spec):
     return resource.factory(f"backfill_assets:{spec.name}:dagster")
 
 
+def require_pool_limit(context: dg.AssetExecutionContext, spec: Spec, pool: str, most: int, why: str) -> None:
+    """A spec with ``parallel``: the instance must limit ``pool`` to at most ``most`` runs at
+    once (its own limit, or ``concurrency: pools: default_limit``), else the runs of a
+    multi-run backfill would all start at once. An instance that cannot limit pools (an
+    in-memory one, in tests) runs one step at a time and passes.
+
+    Raises:
+        SpecError: no limit, or a larger one; it names the command that sets it.
+    """
+    if spec.parallel is None:
+        return
+    storage = context.instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return
+    limits = {p.name: p.limit for p in storage.get_pool_limits()}
+    limit = limits.get(pool, context.instance.global_op_concurrency_default_limit)
+    if limit is None or limit > most:
+        found = "has no limit" if limit is None else f"is limited to {limit}"
+        raise SpecError(
+            f"the Dagster pool {pool} {found} on this instance, but spec {spec.name} allows at most "
+            f"{most} at once ({why}); set it with `dagster instance concurrency set {pool} {most}` "
+            "and launch again. Nothing was written."
+        )
+
+
+def refuse_after_failure(conn: psycopg.Connection, spec: Spec, plan_id: str, labels: list[str]) -> None:
+    """Apply stops after its first failure, across runs too: a run of an approval does not
+    replace partitions while an earlier run of it failed a partition that no run of it has
+    verified since, unless this run retries that partition itself.
+
+    Raises:
+        ApprovalHaltedError: naming each such partition, its run and its error.
+    """
+    failed = [f for f in ledger.unverified_failures(conn, spec.control_schema, plan_id) if f["partition"] not in labels]
+    if failed:
+        raise ApprovalHaltedError(failed[0]["approval_id"], plan_id, [
+            FailedPartition(f["partition"], f["run_id"], f["error"]) for f in failed
+        ])
+
+
 @dataclass(frozen=True)
 class _Shape:
     """What every asset of one spec shares: its keys and its one partitions definition."""
@@ -108,13 +153,20 @@ class _Shape:
     keys: Keys
     parts: dg.PartitionsDefinition
 
-    def multi_asset(self, step: str, **kwargs: Any) -> Callable[..., Any]:
-        """A single-run multi-asset over the spec's partitions, named ``<spec>__<step>``.
+    def multi_asset(self, step: str, pool: str, **kwargs: Any) -> Callable[..., Any]:
+        """A multi-asset over the spec's partitions, named ``<spec>__<step>``: a backfill is
+        one run, or with the spec's ``parallel``, runs of at most ``max_partitions_per_run``
+        partitions whose step is in ``pool`` (the instance's limit of that pool says how many
+        run at once).
 
         Subsettable so that per-partition check evaluations may stand in for the check
         outputs; the stages body refuses a selection of one stage."""
+        parallel = self.spec.parallel
+        policy = (dg.BackfillPolicy.single_run() if parallel is None
+                  else dg.BackfillPolicy.multi_run(max_partitions_per_run=parallel.max_partitions_per_run))
         return dg.multi_asset(
-            name=f"{self.spec.name}__{step}", partitions_def=self.parts, backfill_policy=dg.BackfillPolicy.single_run(),
+            name=f"{self.spec.name}__{step}", partitions_def=self.parts, backfill_policy=policy,
+            pool=None if parallel is None else pool,
             can_subset=True, required_resource_keys={resource_key(self.spec)}, **kwargs,
         )
 
@@ -133,15 +185,22 @@ def spec_assets(spec: Spec) -> list[Any]:
     return [source, _snapshot_asset(shape), _stages_asset(shape), _target_asset(shape)]
 
 
+def _require_build_pool(context: dg.AssetExecutionContext, spec: Spec) -> None:
+    if spec.parallel is not None:
+        require_pool_limit(context, spec, build_pool(spec), spec.parallel.max_concurrent_builds,
+                           "parallel.max_concurrent_builds")
+
+
 def _snapshot_asset(shape: _Shape) -> dg.AssetsDefinition:
     spec, keys, parts = shape.spec, shape.keys, shape.parts
 
     @shape.multi_asset(
-        "snapshot",
+        "snapshot", build_pool(spec),
         specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=spec.name, kinds={"postgres"},
                             description="A fixed copy (or pinned fingerprint) of the source partitions.")],
     )
     def snapshot(context: dg.AssetExecutionContext):
+        _require_build_pool(context, spec)
         with transient_retry(), _progress(context) as progress:
             snap = snapshot_step(spec, list(context.partition_keys), _factory(context, spec), progress=progress)
         yield from events.snapshot_events(keys, parts, snap)
@@ -153,7 +212,7 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
     spec, keys, parts = shape.spec, shape.keys, shape.parts
 
     @shape.multi_asset(
-        "stages",
+        "stages", build_pool(spec),
         specs=[
             dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=spec.name, kinds={"postgres"},
                          description="Newest row per business key, built with DISTINCT ON."),
@@ -181,20 +240,21 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
                 "together (two independent builds compared into one plan); select both, or only "
                 "their checks to check the stages again without building them"
             )
+        _require_build_pool(context, spec)
         factory = _factory(context, spec)
         with transient_retry(), _progress(context) as progress:
             with factory() as conn:
                 snapshot_id = snapshot_covering(conn, spec, list(context.partition_keys),
                                                  take_hint=f"materialize {keys.snapshot.to_user_string()} first")
             ctx, plan, built_a, built_b = stages_step(spec, snapshot_id, factory, progress=progress)
-        checks = events.stage_checks(keys, parts, plan, built_a, built_b)
+        checks = events.stage_checks(keys, parts, plan, built_a, built_b, spec.parallel)
         if plan.status == "refused":
             # The differing partitions' stages were deleted: record no materialization of any
             # partition, only the checks saying why, and fail the step.
             yield from checks
             raise plan.refusal()
         columns = [(c.name, c.type_name) for c in ctx.target_columns]
-        yield from events.stage_materializations(keys, parts, snapshot_id, columns, plan)
+        yield from events.stage_materializations(keys, parts, snapshot_id, columns, plan, spec.parallel)
         yield from checks
 
     def stage_checks_again(context: dg.AssetExecutionContext):
@@ -213,7 +273,7 @@ def _target_asset(shape: _Shape) -> dg.AssetsDefinition:
     spec, keys, parts = shape.spec, shape.keys, shape.parts
 
     @shape.multi_asset(
-        "target",
+        "target", replace_pool(spec),
         specs=[dg.AssetSpec(keys.target, deps=[keys.stage_a, keys.stage_b], group_name=spec.name, kinds={"postgres"},
                             description=f"{spec.target_ref}: approved partitions replaced from stage A, "
                                         "one verified transaction each.")],
@@ -225,11 +285,14 @@ def _target_asset(shape: _Shape) -> dg.AssetsDefinition:
         factory = _factory(context, spec)
         results: list[dict[str, Any]] = []
         plan_id = context.run.tags.get(PLAN_TAG)
+        require_pool_limit(context, spec, replace_pool(spec), 1,
+                           "apply replaces one partition at a time and holds the spec's lock")
         try:
             with transient_retry():
-                if plan_id is None:
-                    with factory() as conn:
+                with factory() as conn:
+                    if plan_id is None:
                         plan_id = approved_plan_for(conn, spec, labels)
+                    refuse_after_failure(conn, spec, plan_id, labels)
                 with _progress(context) as progress:
                     apply_plan(
                         spec, plan_id, factory, run_id=f"dagster-{context.run.run_id}-{context.retry_number}",

@@ -161,7 +161,7 @@ def cmd_plan(args: argparse.Namespace, out: Output) -> int:
     if out.json_mode:
         out.json(plan.as_json())
     else:
-        out.result(render_plan(plan))
+        out.result(render_plan(plan, spec.parallel))
     if plan.status != "ready":
         raise plan.refusal()
     return 0
@@ -184,7 +184,7 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
     with factory() as conn:
         checked = review(conn, factory, spec, args.plan)
         if not out.json_mode:
-            out.result(render_review(checked))
+            out.result(render_review(checked, spec.parallel))
         _confirm(args, checked.plan_id)
         approval_id = confirm(conn, checked, args.by)
     if out.json_mode:

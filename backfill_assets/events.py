@@ -14,6 +14,7 @@ import dagster as dg
 from backfill_assets.core.errors import ApprovalOutdatedError, BackfillError, VerificationError
 from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.plan_document import PartitionEntry, Plan
+from backfill_assets.core.spec import ParallelSpec
 from backfill_assets.names import Keys
 from backfill_assets.render import plan_markdown
 
@@ -88,9 +89,10 @@ def _entries(parts: dg.PartitionsDefinition, plan: Plan) -> list[PartitionEntry]
 
 
 def stage_checks(keys: Keys, parts: dg.PartitionsDefinition, plan: Plan,
-                 built_a: dict[str, Fingerprint], built_b: dict[str, Fingerprint]) -> list[dg.AssetCheckEvaluation]:
+                 built_a: dict[str, Fingerprint], built_b: dict[str, Fingerprint],
+                 parallel: ParallelSpec | None = None) -> list[dg.AssetCheckEvaluation]:
     """Per partition: the key checks of both stages and the blocking stages_match."""
-    table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id))
+    table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id, parallel))
     return [
         evaluation for entry in _entries(parts, plan) for evaluation in (
             key_check(keys.stage_a, entry.partition, built_a[entry.partition], plan_id=plan.plan_id),
@@ -102,9 +104,10 @@ def stage_checks(keys: Keys, parts: dg.PartitionsDefinition, plan: Plan,
 
 
 def stage_materializations(keys: Keys, parts: dg.PartitionsDefinition, snapshot_id: str,
-                           columns: Iterable[tuple[str, str]], plan: Plan) -> Iterator[Any]:
+                           columns: Iterable[tuple[str, str]], plan: Plan,
+                           parallel: ParallelSpec | None = None) -> Iterator[Any]:
     """The step's results (the whole plan), then both stages' readings per partition."""
-    table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id))
+    table = dg.MetadataValue.md(plan_markdown(plan.document, plan.plan_id, parallel))
     schema = table_schema(columns)
     common = {"snapshot_id": snapshot_id, "plan_id": plan.plan_id, "plan_status": plan.status}
     yield dg.MaterializeResult(asset_key=keys.stage_a, metadata=common)

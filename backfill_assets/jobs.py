@@ -51,13 +51,13 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
         factory = resource.factory(f"backfill_assets:{spec.name}:approve")
         with factory() as conn:
             checked = review(conn, factory, spec, config.plan_id)
-            context.log.info(render_review(checked))
+            context.log.info(render_review(checked, spec.parallel))
             approval_id = confirm(conn, checked, config.approved_by)
         stored = checked.stored
         context.add_output_metadata({
             "approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": config.approved_by,
             "partitions": ", ".join(stored.labels),
-            "plan": dg.MetadataValue.md(plan_markdown(stored.document, stored.plan_id)),
+            "plan": dg.MetadataValue.md(plan_markdown(stored.document, stored.plan_id, spec.parallel)),
         })
         context.log.info(f"approved plan {stored.plan_id} as approval {approval_id} by {config.approved_by}")
         return approval_id

@@ -39,6 +39,26 @@ class Keys:
         return cls(*(dg.AssetKey([spec.name, n]) for n in ("source", "snapshot", "stage_a", "stage_b", "target")))
 
 
+def build_pool(spec: Spec) -> str:
+    """The Dagster concurrency pool of a spec's snapshot and stages steps (spec ``parallel``):
+    its limit on the instance is how many of them build at once."""
+    return f"backfill_assets.{spec.name}.build"
+
+
+def replace_pool(spec: Spec) -> str:
+    """The pool of a spec's target step (spec ``parallel``): its limit on the instance is 1,
+    so the runs replacing the target go one at a time."""
+    return f"backfill_assets.{spec.name}.replace"
+
+
+def pool_limits(spec: Spec) -> dict[str, int]:
+    """The limits a Dagster instance must give a spec's pools (none without ``parallel``):
+    ``dagster instance concurrency set <pool> <limit>`` for each."""
+    if spec.parallel is None:
+        return {}
+    return {build_pool(spec): spec.parallel.max_concurrent_builds, replace_pool(spec): 1}
+
+
 def stages_job_name(spec: Spec) -> str:
     return f"{spec.name}__build_stages"
 

@@ -50,3 +50,13 @@ def contiguous_segments(parts: dg.PartitionsDefinition, labels: list[str]) -> li
         else:
             segments.append([label])
     return segments
+
+
+def run_segments(spec: Spec, segments: list[list[str]]) -> list[list[str]]:
+    """The runs a sensor requests for contiguous ``segments``: one per segment, or with the
+    spec's ``parallel``, runs of at most ``max_partitions_per_run`` partitions, as a multi-run
+    backfill splits them."""
+    if spec.parallel is None:
+        return segments
+    most = spec.parallel.max_partitions_per_run
+    return [segment[i:i + most] for segment in segments for i in range(0, len(segment), most)]

@@ -10,13 +10,26 @@ from backfill_assets.core.approve import OpenApproval, Review
 from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.plan_document import Plan, PlanDocument
 from backfill_assets.core.profile import Profile
+from backfill_assets.core.spec import ParallelSpec
 
 
 def _readings_cells(fp: Fingerprint) -> str:
     return f"{fp.row_count:>7} {fp.total if fp.total is not None else '-':>14}  {fp.content_hash[:16]}.."
 
 
-def render_plan(plan: Plan) -> str:
+def parallel_note(parallel: ParallelSpec) -> str:
+    """What a spec's ``parallel`` means for this plan, said wherever a plan is shown."""
+    return (
+        f"multi-run: a Dagster backfill runs as runs of at most {parallel.max_partitions_per_run} "
+        f"partition(s), up to {parallel.max_concurrent_builds} building the stages at once, and the "
+        "target's runs one at a time. Apply stops launching new partitions after the first failure: "
+        "a run of an approval refuses to start while a partition an earlier run of it failed is "
+        "not verified since."
+    )
+
+
+def render_plan(plan: Plan, parallel: ParallelSpec | None = None) -> str:
+    """The plan as text; with the spec's ``parallel``, what multi-run means for applying it."""
     doc, snap = plan.document, plan.document.snapshot
     lines = [
         f"plan {plan.plan_id}",
@@ -44,6 +57,8 @@ def render_plan(plan: Plan) -> str:
             lines.append(f"  replaced together (a key moves between them): {', '.join(group)}")
     if plan.problems:
         lines += ["", "  problems:"] + [f"    - {p}" for p in plan.problems]
+    if parallel is not None:
+        lines += ["", f"  {parallel_note(parallel)}"]
     return "\n".join(lines)
 
 
@@ -144,8 +159,9 @@ def render_approvals(approvals: list[OpenApproval]) -> str:
     return "\n".join(lines)
 
 
-def plan_markdown(doc: PlanDocument, plan_id: str) -> str:
-    """A markdown table of a plan: what an approver approves."""
+def plan_markdown(doc: PlanDocument, plan_id: str, parallel: ParallelSpec | None = None) -> str:
+    """A markdown table of a plan: what an approver approves (and, with the spec's
+    ``parallel``, what multi-run means for applying it)."""
     snap = doc.snapshot
     lines = [
         f"**plan** `{plan_id}`  ",
@@ -162,12 +178,14 @@ def plan_markdown(doc: PlanDocument, plan_id: str) -> str:
         )
     for added in doc.added_partitions:
         lines.append(f"\nadded {added.partition}: " + "; ".join(added.reasons))
+    if parallel is not None:
+        lines.append(f"\n{parallel_note(parallel)}")
     return "\n".join(lines)
 
 
-def render_review(checked: Review) -> str:
+def render_review(checked: Review, parallel: ParallelSpec | None = None) -> str:
     """What a person approves: the plan, the target as it is now, and what will be replaced."""
     plan = checked.stored
     return "\n\n".join([
-        render_plan(plan), render_target_now(plan.document, checked.target), render_replacement(plan.document),
+        render_plan(plan, parallel), render_target_now(plan.document, checked.target), render_replacement(plan.document),
     ])

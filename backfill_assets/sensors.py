@@ -4,21 +4,22 @@ source moved on."""
 
 import hashlib
 import json
+import time
 
 import dagster as dg
 
 from backfill_assets.core import control, ledger
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.snapshot import source_changes
+from backfill_assets.core.source_watch import WatchState, watch_tick
 from backfill_assets.core.spec import Spec
 from backfill_assets.names import (
     APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB, UNLAUNCHABLE_OP, approval_run_key,
     stages_job_name, target_job_name, unlaunchable_run_key,
 )
-from backfill_assets.partitions import contiguous_segments, partitions_def
+from backfill_assets.partitions import contiguous_segments, partitions_def, run_segments
 from backfill_assets.resources import PostgresResource, resource_key
 
-__all__ = ["approval_sensor", "segment_request", "source_snapshot_sensor"]
+__all__ = ["approval_sensor", "segment_request", "source_requests", "source_snapshot_sensor"]
 
 
 def _factory(context: dg.SensorEvaluationContext, spec: Spec):
@@ -47,7 +48,8 @@ def not_launched_request(spec: Spec, approval: dict, reason: str) -> dg.RunReque
 
 
 def approval_requests(context: dg.SensorEvaluationContext, spec: Spec, approval: dict) -> list[dg.RunRequest]:
-    """The target runs of one approval (one per contiguous segment of its partitions); none
+    """The target runs of one approval (one per contiguous segment of its partitions, split
+    into runs of at most ``max_partitions_per_run`` with the spec's ``parallel``); none
     when it is applied or superseded; a failing report run when it cannot be launched."""
     approval_id, plan_id = approval["approval_id"], approval["plan_id"]
     if approval["applied"] or approval["superseded"]:
@@ -56,7 +58,7 @@ def approval_requests(context: dg.SensorEvaluationContext, spec: Spec, approval:
                          + "; not launched")
         return []
     try:
-        segments = contiguous_segments(partitions_def(spec), approval["partitions"])
+        segments = run_segments(spec, contiguous_segments(partitions_def(spec), approval["partitions"]))
     except SpecError as err:
         context.log.error(f"approval {approval_id} of plan {plan_id[:16]} cannot run: {err}")
         return [not_launched_request(spec, approval, str(err))]
@@ -95,25 +97,68 @@ def approval_sensor(specs: list[Spec], jobs: list) -> dg.SensorDefinition:
     return _sensor
 
 
-def source_snapshot_sensor(specs: list[Spec], jobs: list) -> dg.SensorDefinition:
+# How long a tick (all specs together) may go on starting fingerprints, in seconds: Dagster
+# gives a sensor 60 s by default (DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS); what is left is
+# fingerprinted at the next tick.
+FINGERPRINT_BUDGET_S = 30.0
+
+
+def _watch_cursor(context: dg.SensorEvaluationContext) -> dict:
+    """spec name -> the state its last tick kept; an unreadable cursor (set by hand in the UI,
+    say) starts again from nothing, which only costs one full check."""
+    try:
+        cursor = json.loads(context.cursor) if context.cursor else {}
+    except json.JSONDecodeError:
+        context.log.warning("the cursor is not JSON; checking every snapshotted partition in full")
+        return {}
+    return cursor if isinstance(cursor, dict) else {}
+
+
+def source_requests(spec: Spec, changed: dict[str, str]) -> list[dg.RunRequest]:
+    """Stage runs for the partitions whose source changed (label -> new source hash), one per
+    contiguous segment (split as ``approval_requests`` splits them); the run key carries the
+    new content, so the same change launches once."""
+    valid = [label for label in changed if partitions_def(spec).has_partition_key(label)]
+    requests = []
+    for segment in run_segments(spec, contiguous_segments(partitions_def(spec), valid)) if valid else []:
+        state = hashlib.sha256(json.dumps([[k, changed[k]] for k in segment]).encode()).hexdigest()[:16]
+        requests.append(segment_request(
+            stages_job_name(spec), segment, f"source-{spec.name}-{segment[0]}-{segment[-1]}-{state}", {}
+        ))
+    return requests
+
+
+def source_snapshot_sensor(
+    specs: list[Spec], jobs: list, *, fingerprint_budget_s: float | None = FINGERPRINT_BUDGET_S,
+) -> dg.SensorDefinition:
     """Request the snapshot and both stages again for partitions whose source changed since
-    their newest snapshot (a copy that is out of date, or an immutable source that moved)."""
+    their newest snapshot (a copy that is out of date, or an immutable source that moved).
+
+    A tick reads the source's change counters first and stops there when the table did not
+    move; see :mod:`backfill_assets.core.source_watch` for the gates. The cursor keeps, per
+    spec, what the last tick read (resetting it in the UI makes the next tick check every
+    partition in full).
+    """
 
     @dg.sensor(name="source_snapshot_sensor", jobs=jobs, minimum_interval_seconds=300,
                default_status=dg.DefaultSensorStatus.RUNNING,
                required_resource_keys={resource_key(s) for s in specs},
-               description="Restages partitions whose source changed since they were snapshotted.")
+               description="Restages partitions whose source changed since they were snapshotted; "
+                           "a tick over an unchanged source reads only its change counters.")
     def _sensor(context: dg.SensorEvaluationContext):
+        before, kept = _watch_cursor(context), {}
         requests: list[dg.RunRequest] = []
-        for spec in specs:
-            with _factory(context, spec)() as conn:
-                changed = source_changes(conn, _factory(context, spec), spec)
-            valid = [label for label in changed if partitions_def(spec).has_partition_key(label)]
-            for segment in contiguous_segments(partitions_def(spec), valid) if valid else []:
-                state = hashlib.sha256(json.dumps([[k, changed[k]] for k in segment]).encode()).hexdigest()[:16]
-                requests.append(segment_request(
-                    stages_job_name(spec), segment, f"source-{spec.name}-{segment[0]}-{segment[-1]}-{state}", {}
-                ))
-        return dg.SensorResult(run_requests=requests)
+        deadline = None if fingerprint_budget_s is None else time.monotonic() + fingerprint_budget_s
+        for spec in specs:  # the budget is the tick's, shared by its specs
+            factory = _factory(context, spec)
+            budget = None if deadline is None else max(0.0, deadline - time.monotonic())
+            with factory() as conn:
+                tick = watch_tick(conn, factory, spec, WatchState.from_json(before.get(spec.name)), budget_s=budget)
+            context.log.info(f"{spec.name}: {tick.summary()}")
+            for note in tick.notes:
+                context.log.warning(f"{spec.name}: {note}")
+            kept[spec.name] = tick.state.as_json()
+            requests.extend(source_requests(spec, tick.changed))
+        return dg.SensorResult(run_requests=requests, cursor=json.dumps(kept, sort_keys=True, separators=(",", ":")))
 
     return _sensor

@@ -15,6 +15,7 @@ from backfill_assets.core import embedded
 from backfill_assets.core.catalog import table_kind
 from backfill_assets.core.db import connection_factory
 from backfill_assets.core.spec import TableRef
+from backfill_assets.names import pool_limits
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,11 +40,17 @@ def launch(port: int, say: Callable[[str], None]) -> int:
     with factory() as conn:
         if table_kind(conn, TableRef("public", "orders_raw")) is None:
             demo.load(conn)
-    for spec in load_specs():
+    specs = load_specs()
+    for spec in specs:
         env[spec.database_url_env] = data.reveal()  # the embedded default, for this process tree only
+    dagster = Path(sys.executable).parent / "dagster"
+    for spec in specs:
+        for pool, limit in pool_limits(spec).items():  # a spec with `parallel`
+            subprocess.run([str(dagster), "instance", "concurrency", "set", pool, str(limit)],
+                           env=env, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+            say(f"pool {pool}: at most {limit} run(s) at once")
     say(f"Dagster UI on http://127.0.0.1:{port} (instance storage and data on the "
         f"embedded PostgreSQL under {home}); Ctrl-C stops it.")
-    dagster = Path(sys.executable).parent / "dagster"
     cmd = [str(dagster), "dev", "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)]
     try:
         return subprocess.call(cmd, env=env, cwd=REPO)

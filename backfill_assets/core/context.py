@@ -8,9 +8,10 @@ what the snapshot, the stages, the plan, approval and apply work from.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -58,13 +59,38 @@ def set_timeouts(conn: psycopg.Connection, spec: Spec) -> None:
                                "lock": f"{spec.lock_timeout_ms}ms", "work_mem": WORK_MEM})
 
 
-def spec_lock(conn: psycopg.Connection, spec: Spec):
+def spec_lock(conn: psycopg.Connection, spec: Spec, *, shared: bool = False):
     """A session lock per spec: plan and apply of one spec never overlap, so a stage cannot
-    be rebuilt while it is being applied. A second run is refused at once."""
+    be rebuilt while it is being applied. A second run is refused at once.
+
+    ``shared``: the build steps of a spec with ``parallel`` (see :func:`build_lock`) hold it
+    shared, so several build at once, each holding its own partitions; apply and a whole plan
+    hold it alone."""
     return advisory_session_lock(
         conn, f"backfill_assets:plan:{spec.control_schema}:{spec.name}",
-        f"a plan or apply of spec {spec.name}",
+        f"a plan or apply of spec {spec.name}", shared=shared,
     )
+
+
+def build_lock(conn: psycopg.Connection, spec: Spec):
+    """The spec lock a snapshot or stages step holds: alone, or shared with the other builds
+    of a spec with ``parallel`` (which then hold their partitions, :func:`partition_locks`)."""
+    return spec_lock(conn, spec, shared=spec.parallel is not None)
+
+
+@contextlib.contextmanager
+def partition_locks(conn: psycopg.Connection, spec: Spec, labels: list[str]) -> Iterator[None]:
+    """For a spec with ``parallel``: a session lock per partition a build step snapshots or
+    builds, so two builds sharing the spec lock never write the same partition (the second is
+    refused at once). Nothing for another spec: it builds alone under its spec lock."""
+    with contextlib.ExitStack() as held:
+        if spec.parallel is not None:
+            for label in labels:
+                held.enter_context(advisory_session_lock(
+                    conn, f"backfill_assets:build:{spec.control_schema}:{spec.name}:{label}",
+                    f"a build of partition {label} of spec {spec.name}",
+                ))
+        yield
 
 
 @dataclass(frozen=True)

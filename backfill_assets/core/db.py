@@ -187,18 +187,25 @@ def read_committed(conn: psycopg.Connection) -> Iterator[None]:
         yield
 
 
+_TRY_LOCK = {
+    False: sql.SQL("SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))"),
+    True: sql.SQL("SELECT pg_try_advisory_lock_shared(hashtextextended(%(key)s, 0))"),
+}
+_UNLOCK = {
+    False: sql.SQL("SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0))"),
+    True: sql.SQL("SELECT pg_advisory_unlock_shared(hashtextextended(%(key)s, 0))"),
+}
+
+
 @contextlib.contextmanager
-def advisory_session_lock(conn: psycopg.Connection, key: str, what: str) -> Iterator[None]:
-    """Hold a session-level advisory lock on ``key`` or refuse at once."""
-    got = conn.execute(
-        sql.SQL("SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))"), {"key": key}
-    ).fetchone()
+def advisory_session_lock(conn: psycopg.Connection, key: str, what: str, *, shared: bool = False) -> Iterator[None]:
+    """Hold a session-level advisory lock on ``key`` or refuse at once. A ``shared`` lock
+    admits other shared holders and refuses only an exclusive one (and the reverse)."""
+    got = conn.execute(_TRY_LOCK[shared], {"key": key}).fetchone()
     if not got or not got[0]:
         raise ConcurrentRunError(f"{what} is already running in another session; wait for it")
     try:
         yield
     finally:
         if not conn.closed:
-            conn.execute(
-                sql.SQL("SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0))"), {"key": key}
-            )
+            conn.execute(_UNLOCK[shared], {"key": key})

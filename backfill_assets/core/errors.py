@@ -171,6 +171,41 @@ class ApprovalOutdatedError(ApprovalError):
         )
 
 
+@dataclass(frozen=True)
+class FailedPartition:
+    """A partition a run of an approval failed, not verified by a run of it since."""
+
+    partition: str
+    run_id: str
+    error: str | None
+
+
+class ApprovalHaltedError(ApprovalError):
+    """A run of an approval that would replace partitions after an earlier run of the same
+    approval failed a partition not verified since: apply stops after its first failure, across
+    the runs of a multi-run backfill too. Nothing was written."""
+
+    def __init__(self, approval_id: int, plan_id: str, failed: Sequence[FailedPartition]) -> None:
+        self.approval_id = approval_id
+        self.failed = tuple(failed)
+        listed = "; ".join(
+            f"{f.partition} (run {f.run_id}: {_shortened(f.error or 'no error recorded')})" for f in self.failed
+        )
+        super().__init__(
+            f"approval {approval_id} of plan {plan_id[:16]} stopped after a failure: partition(s) {listed} "
+            "failed and have not been verified since, so no run of this approval replaces another "
+            "partition. Nothing was written. Fix the cause, then run the failed partition(s) again "
+            "(re-execute the failed run, or materialize them with this run's other partitions); "
+            "the remaining partitions follow once they are verified.",
+            plan_id=plan_id, partitions=[f.partition for f in self.failed],
+        )
+
+
+def _shortened(text: str, most: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
 class VerificationError(BackfillError):
     """A fingerprint read back does not equal the one expected."""
 

@@ -217,3 +217,32 @@ def approvals_since(conn: psycopg.Connection, schema: str, spec_name: str, after
         _APPROVALS_SINCE.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "after": after}
     ).fetchall()
     return [dict(zip(APPROVAL_STATE_FIELDS, (int(r[0]), r[1], list(r[2]), r[3], r[4]))) for r in rows]
+
+
+# The partitions a run of the newest approval of a plan (the one apply applies) failed, each
+# with its newest failure, where no run of that approval verified the partition after it.
+_UNVERIFIED_FAILURES = sql.SQL(
+    "SELECT DISTINCT ON (f.partition) f.partition, f.run_id, f.error, f.approval_id "
+    "FROM {schema}.ledger AS f WHERE f.status = 'failed' AND f.approval_id = "
+    "(SELECT max(a.approval_id) FROM {schema}.approvals AS a WHERE a.plan_id = %(plan_id)s) "
+    "AND NOT EXISTS (SELECT 1 FROM {schema}.ledger AS v WHERE v.approval_id = f.approval_id "
+    "AND v.partition = f.partition AND v.status IN ('verified', 'skipped-already-verified') "
+    "AND v.finished_at >= f.finished_at) "
+    "ORDER BY f.partition, f.finished_at DESC"
+)
+
+
+FAILURE_FIELDS = ("partition", "run_id", "error", "approval_id")
+
+
+def unverified_failures(conn: psycopg.Connection, schema: str, plan_id: str) -> list[dict[str, Any]]:
+    """The partitions that runs of the newest approval of ``plan_id`` failed and no run of that
+    approval has verified since (``FAILURE_FIELDS``, the newest failure of each), in partition
+    order; empty before any run. Apply stops after its first failure: across the runs of a
+    multi-run backfill, a run that finds one here must not replace other partitions."""
+    if not control_ready(conn, schema):
+        return []
+    rows = conn.execute(
+        _UNVERIFIED_FAILURES.format(schema=sql.Identifier(schema)), {"plan_id": plan_id}
+    ).fetchall()
+    return [dict(zip(FAILURE_FIELDS, (r[0], r[1], r[2], int(r[3])))) for r in rows]

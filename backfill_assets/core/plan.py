@@ -12,11 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
-from backfill_assets.core.context import Clock, Context, resolve, spec_lock, utc_now
+from backfill_assets.core.context import (
+    Clock, Context, build_lock, partition_locks, resolve, set_timeouts, spec_lock, utc_now,
+)
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
-from backfill_assets.core.db import ConnectionFactory
+from backfill_assets.core.db import ConnectionFactory, transient_errors
 from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.identity import PLAN_FORMAT, sha256_hex
 from backfill_assets.core.plan_document import (
@@ -26,7 +29,7 @@ from backfill_assets.core.snapshot import (
     Snapshot, load_snapshot, recheck_immutable_source, take_snapshot,
 )
 from backfill_assets.core.spec import PartitionRequest, Spec, partition_label
-from backfill_assets.core.stages import build_both
+from backfill_assets.core.stages import build_both, ensure_stage
 
 def spec_document(ctx: Context) -> dict[str, Any]:
     """The parts of a plan that come from the spec and the target's catalog.
@@ -121,11 +124,15 @@ def snapshot_step(
     spec: Spec, request: PartitionRequest | list[str], factory: ConnectionFactory, *,
     clock: Clock = utc_now, progress: Progress = quiet,
 ) -> Snapshot:
-    """Step 1 on its own (for an orchestrator): inspect, check and snapshot the partitions."""
-    with factory() as conn, spec_lock(conn, spec):
+    """Step 1 on its own (for an orchestrator): inspect, check and snapshot the partitions.
+
+    A spec with ``parallel`` snapshots at once with its other builds of other partitions
+    (core.context.build_lock)."""
+    with factory() as conn, build_lock(conn, spec):
         ctx = resolve(conn, factory, spec, request)
-        snapshot, _ = take_snapshot(conn, ctx, clock, progress)
-        return snapshot
+        with partition_locks(conn, spec, ctx.labels):
+            snapshot, _ = take_snapshot(conn, ctx, clock, progress)
+            return snapshot
 
 
 def stages_step(
@@ -135,12 +142,33 @@ def stages_step(
     """Steps 2 and 3 for an orchestrator: build both stages from a recorded snapshot, compare
     them and store the plan, as make_plan does after its snapshot.
 
+    A spec with ``parallel`` builds at once with its other builds of other partitions
+    (core.context.build_lock): each holds the partitions of its snapshot, and the stage tables
+    are made ready one build at a time.
+
     Returns the snapshot's context, the plan, and the readings of stages A and B.
     """
-    with factory() as conn, spec_lock(conn, spec):
+    with factory() as conn, build_lock(conn, spec):
         snapshot, ctx = load_snapshot(conn, factory, spec, snapshot_id)
-        a, b = build_both(ctx, snapshot, factory, clock, progress)
-        return ctx, finish_plan(conn, ctx, snapshot, a, b, clock, progress), a, b
+        with partition_locks(conn, spec, ctx.labels):
+            if spec.parallel is not None:
+                _stage_tables_ready(conn, ctx)
+            a, b = build_both(ctx, snapshot, factory, clock, progress)
+            return ctx, finish_plan(conn, ctx, snapshot, a, b, clock, progress), a, b
+
+
+_STAGE_TABLES_LOCK = sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))")
+
+
+def _stage_tables_ready(conn: psycopg.Connection, ctx: Context) -> None:
+    """Create (or recreate) both stage tables under a lock of their own, so that two builds of
+    one spec starting at once do not both create them; each build then finds them ready."""
+    spec = ctx.spec
+    with transient_errors("making the stage tables ready"), conn.transaction():
+        set_timeouts(conn, spec)
+        conn.execute(_STAGE_TABLES_LOCK, {"key": f"backfill_assets:stage-tables:{spec.control_schema}:{spec.name}"})
+        for variant in ("a", "b"):
+            ensure_stage(conn, ctx, variant)
 
 
 def finish_plan(

@@ -368,15 +368,18 @@ def copy_intact(conn: psycopg.Connection, ctx: Context, relation: TableRef, fing
     return copy_problem(conn, ctx, relation, fingerprint) is None
 
 
-def source_changes(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> dict[str, str]:
+def source_changes(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
+                   labels: list[str] | None = None) -> dict[str, str]:
     """Partitions whose source content differs from their newest snapshot: label -> new hash.
 
     Only partitions that were snapshotted before are looked at (that is what a rerun of the
-    stages would rebuild).
+    stages would rebuild), and of those only ``labels`` when given.
     """
     if not control.control_ready(conn, spec.control_schema):
         return {}
     known = control.latest_snapshotted(conn, spec.control_schema, str(spec.source_ref))
+    if labels is not None:
+        known = {k: known[k] for k in known.keys() & set(labels)}
     if not known:
         return {}
     ctx = resolve(conn, factory, spec, sorted(known))

@@ -87,6 +87,11 @@ class _Strict(BaseModel):
 class SourceSpec(_Strict):
     table: TableName
     snapshot: Literal["copy", "immutable"]
+    # A column every write sets to a value above any the table holds (an ingest sequence, an
+    # `updated_at` set on insert and update): the source sensor's cheap per-partition signal.
+    # Its type is checked against the catalog by core.source_watch (an integer, numeric,
+    # date or timestamp).
+    change_column: Identifier | None = None
 
     @property
     def ref(self) -> TableRef:
@@ -139,6 +144,23 @@ class PartitionsSpec(_Strict):
         return self
 
 
+# A parallel build holds one advisory lock per partition it builds (PostgreSQL's shared lock
+# table holds max_locks_per_transaction * max_connections, 6,400 by default): these bounds keep
+# every build at once within 3,200.
+MAX_PARTITIONS_PER_RUN = 200
+MAX_CONCURRENT_BUILDS = 16
+
+
+class ParallelSpec(_Strict):
+    """Multi-run backfills in the Dagster code location (see README, "Running backfills in
+    parallel"): a backfill becomes runs of at most ``max_partitions_per_run`` partitions, and at
+    most ``max_concurrent_builds`` of the runs building the snapshot and stages go at once (the
+    limit of the spec's build pool). The target's runs go one at a time."""
+
+    max_partitions_per_run: Annotated[int, Field(strict=True, ge=1, le=MAX_PARTITIONS_PER_RUN)]
+    max_concurrent_builds: Annotated[int, Field(strict=True, ge=1, le=MAX_CONCURRENT_BUILDS)]
+
+
 class Spec(_Strict):
     """A declared backfill. See README.md, "Configuration reference"."""
 
@@ -156,6 +178,7 @@ class Spec(_Strict):
     transform_sql: str | None = None
     control_schema: Identifier = "backfill_control"
     partitions: PartitionsSpec | None = None
+    parallel: ParallelSpec | None = None
     lock_timeout_ms: Annotated[int, Field(gt=0, le=3_600_000)] = 5_000
     statement_timeout_ms: Annotated[int, Field(gt=0, le=86_400_000)] = 600_000
 
@@ -186,6 +209,11 @@ class Spec(_Strict):
             problems.append(f"total {self.total!r} must be one of columns")
         if self.transform_sql is not None and not self.transform_sql.strip():
             problems.append("transform_sql is empty; remove it or write a SELECT")
+        if self.source.change_column is not None and self.source.change_column == self.partition_key:
+            problems.append(
+                "source.change_column must not be the partition_key: it must move on every write "
+                "within a partition (an ingest sequence or an updated_at column)"
+            )
         if self.records_can_move and self.source.snapshot != "copy":
             problems.append(
                 "records_can_move needs `snapshot: copy`: the versions of every moved key "
@@ -195,6 +223,12 @@ class Spec(_Strict):
             problems.append(
                 "records_can_move cannot be combined with transform_sql yet: a key's versions "
                 "are found by the source's own business key columns"
+            )
+        if self.parallel is not None and self.records_can_move:
+            problems.append(
+                "parallel cannot be combined with records_can_move: the partitions a moved key "
+                "links are built and replaced together, and a multi-run backfill splits the range "
+                "into runs without knowing them; remove `parallel` (one run) or records_can_move"
             )
         if problems:
             raise ValueError("; ".join(problems))

@@ -113,3 +113,38 @@ def test_demo_spec_in_conftest_matches_the_shipped_file():
     ours = make_spec().model_dump()
     shipped.pop("database_url_env"), ours.pop("database_url_env")
     assert shipped == ours and DEMO_SPEC["name"] == "orders_daily"
+
+
+PARALLEL = {"max_partitions_per_run": 2, "max_concurrent_builds": 2}
+
+
+@pytest.mark.parametrize(
+    "parallel, message",
+    [
+        ({**PARALLEL, "max_partitions_per_run": 0}, "parallel.max_partitions_per_run: Input should be greater than or equal to 1"),
+        ({**PARALLEL, "max_partitions_per_run": 201}, "parallel.max_partitions_per_run: Input should be less than or equal to 200"),
+        ({**PARALLEL, "max_partitions_per_run": "2"}, "parallel.max_partitions_per_run: Input should be a valid integer"),
+        ({**PARALLEL, "max_concurrent_builds": True}, "parallel.max_concurrent_builds: Input should be a valid integer"),
+        ({**PARALLEL, "max_concurrent_builds": 17}, "parallel.max_concurrent_builds: Input should be less than or equal to 16"),
+        ({"max_partitions_per_run": 2}, "parallel.max_concurrent_builds: Field required"),
+        ({**PARALLEL, "pool": "mine"}, "parallel.pool: Extra inputs are not permitted"),
+        (4, "parallel: Input should be a valid dictionary"),
+    ],
+)
+def test_bad_parallel_settings_are_refused_naming_the_field(parallel, message):
+    with pytest.raises(SpecError) as err:
+        make_spec(records_can_move=None, parallel=parallel)
+    assert message in str(err.value)
+
+
+def test_parallel_with_moving_records_is_refused_saying_what_to_do():
+    with pytest.raises(SpecError) as err:
+        make_spec(parallel=PARALLEL)  # the demo spec: records_can_move
+    assert "parallel cannot be combined with records_can_move" in str(err.value)
+    assert "remove `parallel` (one run) or records_can_move" in str(err.value)
+
+
+def test_parallel_is_optional_and_read_as_declared():
+    assert make_spec().parallel is None
+    spec = make_spec(records_can_move=None, parallel=PARALLEL)
+    assert (spec.parallel.max_partitions_per_run, spec.parallel.max_concurrent_builds) == (2, 2)

@@ -16,6 +16,7 @@ from backfill_assets.definitions import build_definitions
 from backfill_assets.names import APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
 from backfill_assets.resources import PostgresResource
 from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.core.test_source_watch import INDEX, NEXT_SEQ, settle, source_reads, write
 
 SPEC = make_spec()
 WEEK = PartitionRequest("2024-01-01..2024-01-07")
@@ -127,3 +128,65 @@ def test_the_stages_find_their_snapshot_in_the_control_schema_not_in_dagsters_ev
     assert built_from(stages(resources, fresh, ["2024-01-02"])) == {day}
     again = snapshot(resources, WEEK7)  # the week together again
     assert again not in (week, day) and built_from(stages(resources, fresh, WEEK7)) == {again}
+
+
+# --- source_snapshot_sensor ----------------------------------------------------------------
+
+WATCHING = make_spec(source={**SPEC.source.model_dump(), "change_column": "ingest_seq"})
+
+
+def source_tick(resources, cursor=None, spec=WATCHING):
+    defs = build_definitions([spec])
+    sensor = defs.resolve_sensor_def("source_snapshot_sensor")
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), resources=resources,
+                                 cursor=cursor, definitions=defs) as context:
+        return sensor.evaluate_tick(context)
+
+
+@pytest.fixture
+def watched_week(db_url, conn, factory):
+    """The demo source loaded on a connection that has exited (its inserts are counted; the
+    test's ``conn`` only reads statistics), the index gate 2 reads, the week snapshotted
+    through Dagster, and a first tick (every partition fingerprinted once, nothing changed).
+    Returns the resources and the first tick's cursor."""
+    from backfill_assets import demo
+
+    with factory() as loader:
+        demo.load(loader)
+    write(factory, conn, INDEX)
+    resources = {"pg_orders_daily": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
+    snapshot(resources, WEEK7)
+    first = source_tick(resources)
+    assert first.run_requests == []
+    return resources, first.cursor
+
+
+def test_the_source_sensor_over_an_unchanged_source_reads_no_row_and_requests_nothing(conn, watched_week):
+    resources, cursor = watched_week
+    settle(conn)
+    before = source_reads(conn)
+    result = source_tick(resources, cursor)
+    settle(conn)
+    assert result.run_requests == [] and source_reads(conn) == before
+    assert json.loads(result.cursor) == json.loads(cursor)  # nothing moved, nothing new to keep
+
+
+def test_the_source_sensor_requests_the_stages_of_a_changed_partition_once(conn, factory, watched_week):
+    resources, cursor = watched_week
+    write(factory, conn, "UPDATE public.orders_raw SET note = 'changed', ingest_seq = " + NEXT_SEQ
+          + " WHERE order_id = 738887002 AND status = 'placed'")
+    result = source_tick(resources, cursor)
+    (request,) = result.run_requests
+    assert request.job_name == "orders_daily__build_stages" and request.partition_key == "2024-01-02"
+    assert request.run_key.startswith("source-orders_daily-2024-01-02-2024-01-02-")
+    again = source_tick(resources, result.cursor)
+    assert again.run_requests == []  # reported once (its run key would dedupe it anyway)
+
+
+def test_the_source_sensor_with_an_unreadable_cursor_checks_everything_again(conn, factory, watched_week):
+    resources, _ = watched_week
+    write(factory, conn, "DELETE FROM public.orders_raw WHERE order_id = 738891003 AND status = 'shipped'")
+    for cursor in ("not json", json.dumps([1, 2]), json.dumps({"orders_daily": {"format": 0}})):
+        result = source_tick(resources, cursor)
+        assert [r.partition_key for r in result.run_requests] == ["2024-01-06"]
+        assert json.loads(result.cursor)["orders_daily"]["format"] == 1

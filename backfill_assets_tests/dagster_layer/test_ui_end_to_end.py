@@ -3,109 +3,18 @@ dagster-postgres instance, driven over GraphQL exactly as the UI does."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
-import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
-import yaml
-from psycopg import sql
 
-from backfill_assets_tests.conftest import DEMO_SPEC, REPO, URL_ENV
+from backfill_assets_tests.conftest import DEMO_SPEC
 from backfill_assets_tests.core.test_apply import target_day_hashes
+from backfill_assets_tests.dagster_layer.dagster_server import dagster_deployment
 
 pytestmark = pytest.mark.slow
-
-LOCATION = "backfill_assets.definitions"
-REPOSITORY = "__repository__"
-TERMINAL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
-RUN_DONE = {"SUCCESS", "FAILURE", "CANCELED"}
-
-
-class GraphQL:
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __call__(self, query: str, **variables: object) -> dict:
-        body = json.dumps({"query": query, "variables": variables}).encode()
-        request = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as response:
-            payload = json.loads(response.read())
-        assert "errors" not in payload, payload["errors"]
-        return payload["data"]
-
-    def launch_backfill(self, assets: list[list[str]], partitions: list[str]) -> str:
-        data = self("""
-            mutation($params: LaunchBackfillParams!) {
-              launchPartitionBackfill(backfillParams: $params) {
-                __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message }
-              }
-            }""", params={"assetSelection": [{"path": a} for a in assets], "partitionNames": partitions})
-        result = data["launchPartitionBackfill"]
-        assert result["__typename"] == "LaunchBackfillSuccess", result
-        return result["backfillId"]
-
-    def wait_backfill(self, backfill_id: str, timeout: float = 300) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            data = self("""
-                query($id: String!) { partitionBackfillOrError(backfillId: $id) {
-                  __typename ... on PartitionBackfill { status } } }""", id=backfill_id)
-            status = data["partitionBackfillOrError"]["status"]
-            if status in TERMINAL and not self.runs({"dagster/backfill": backfill_id}, running=True):
-                return status
-            time.sleep(2)
-        raise AssertionError(f"backfill {backfill_id} did not finish in {timeout} s")
-
-    def runs(self, tags: dict[str, str], running: bool = False) -> list[dict]:
-        data = self("""
-            query($filter: RunsFilter) { runsOrError(filter: $filter) {
-              ... on Runs { results { runId status jobName } } } }""",
-                    filter={"tags": [{"key": k, "value": v} for k, v in tags.items()]})
-        runs = data["runsOrError"]["results"]
-        return [r for r in runs if r["status"] not in RUN_DONE] if running else runs
-
-    def launch_run(self, job: str, run_config: dict | None = None, tags: dict[str, str] | None = None) -> str:
-        data = self("""
-            mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
-              __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
-              ... on RunConfigValidationInvalid { errors { message } } } }""",
-                    params={"selector": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
-                                         "jobName": job},
-                            "runConfigData": run_config or {},
-                            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]}})
-        result = data["launchRun"]
-        assert result["__typename"] == "LaunchRunSuccess", result
-        return result["run"]["runId"]
-
-    def wait_run(self, run_id: str, timeout: float = 300) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            data = self("""query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }""", id=run_id)
-            if data["runOrError"]["status"] in RUN_DONE:
-                return data["runOrError"]["status"]
-            time.sleep(1)
-        raise AssertionError(f"run {run_id} did not finish in {timeout} s")
-
-    def check_executions(self, asset: list[str], check: str) -> dict[str, dict]:
-        data = self("""
-            query($key: AssetKeyInput!, $check: String!) {
-              assetCheckExecutions(assetKey: $key, checkName: $check, limit: 100) {
-                partition status evaluation { success metadataEntries {
-                  label ... on TextMetadataEntry { text } } } } }""", key={"path": asset}, check=check)
-        latest: dict[str, dict] = {}
-        for e in data["assetCheckExecutions"]:  # newest first
-            latest.setdefault(e["partition"], e)
-        return latest
-
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -126,71 +35,11 @@ def chromium(url: str, tmp_path: Path, *args: str) -> str:
     return done.stdout
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, procs: list[subprocess.Popen], timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
-            raise AssertionError("a Dagster process exited during start-up")
-        try:
-            with urllib.request.urlopen(url, timeout=5):
-                return
-        except OSError:
-            time.sleep(1)
-    raise AssertionError(f"{url} did not answer in {timeout} s")
-
-
 @pytest.fixture
 def dagster_ui(admin_url, db_url, tmp_path):
     """A webserver and a daemon on 127.0.0.1 with a dagster-postgres instance."""
-    instance_db = f"bfa_dagster_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(instance_db)))
-    from urllib.parse import urlsplit, urlunsplit
-
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copyfile(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
-    spec_file = tmp_path / "orders_daily.yaml"
-    spec_file.write_text(yaml.safe_dump(DEMO_SPEC), encoding="utf-8")
-    env = {
-        **os.environ, "DAGSTER_HOME": str(home), URL_ENV: db_url.reveal(), "BACKFILL_SPECS": str(spec_file),
-        "DAGSTER_PG_URL": urlunsplit(urlsplit(admin_url)._replace(path="/" + instance_db)),
-    }
-    port = free_port()
-    bin_dir = Path(sys.executable).parent
-    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("webserver", "daemon")}
-    procs = [
-        subprocess.Popen([str(bin_dir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port),
-                          "-w", str(REPO / "workspace.yaml")], cwd=REPO, env=env,
-                         stdout=logs["webserver"], stderr=subprocess.STDOUT),
-        subprocess.Popen([str(bin_dir / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
-                         cwd=REPO, env=env, stdout=logs["daemon"], stderr=subprocess.STDOUT),
-    ]
-    try:
-        wait_http(f"http://127.0.0.1:{port}/server_info", procs)
-        yield GraphQL(f"http://127.0.0.1:{port}/graphql"), port
-    except BaseException:
-        for name in logs:
-            print((tmp_path / f"{name}.log").read_text(errors="replace")[-6000:])
-        raise
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs.values():
-            f.close()
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(instance_db)))
+    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, DEMO_SPEC) as deployment:
+        yield deployment
 
 
 STAGES = [["orders_daily", "snapshot"], ["orders_daily", "stage_a"], ["orders_daily", "stage_b"]]

@@ -75,6 +75,11 @@ from backfill_assets.core.sqlbuild.replace import (
     lock_against_writers,
     lock_for_replace,
 )
+from backfill_assets.core.sqlbuild.watch import (
+    partition_signals,
+    statistics_state,
+    table_counters,
+)
 
 __all__ = [
     "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
@@ -87,4 +92,5 @@ __all__ = [
     "ordering_null_counts", "ordering_ties", "outside_scope", "partition_counts",
     "partition_readings", "partition_seal_check", "partition_writer", "rename_table", "rows_outside_partitions",
     "scope_keys", "table",
+    "partition_signals", "statistics_state", "table_counters",
 ]

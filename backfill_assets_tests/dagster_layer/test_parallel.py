@@ -1,0 +1,194 @@
+"""Multi-run backfills (a spec's ``parallel``): Dagster's own run machinery builds several
+partition groups at once within the spec's build pool, replaces the target one run at a time,
+and a run of an approval refuses to start after an earlier run of it failed a partition."""
+
+from __future__ import annotations
+
+import time
+
+import dagster as dg
+import pytest
+
+from backfill_assets.assets import spec_assets
+from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.plan import make_plan
+from backfill_assets.core.spec import PartitionRequest, spec_from_mapping
+from backfill_assets.definitions import build_definitions
+from backfill_assets.names import APPROVAL_TAG, RANGE_END, RANGE_START, build_pool, pool_limits, replace_pool
+from backfill_assets.render import render_plan
+from backfill_assets.resources import PostgresResource
+from backfill_assets_tests.conftest import DEMO_SPEC
+from backfill_assets_tests.core.test_apply import target_day_hashes
+from backfill_assets_tests.dagster_layer.dagster_server import RUN_DONE, dagster_deployment
+
+PARALLEL_SPEC = {**{k: v for k, v in DEMO_SPEC.items() if k != "records_can_move"},
+                 "parallel": {"max_partitions_per_run": 2, "max_concurrent_builds": 2}}
+SPEC = spec_from_mapping(PARALLEL_SPEC)
+SIX = [f"2024-01-0{d}" for d in range(1, 7)]
+KEYS = {n: dg.AssetKey(["orders_daily", n]) for n in ("snapshot", "stage_a", "stage_b", "target")}
+TARGET_CHECK = "target_matches_approved_plan"
+
+
+def run_range(first: str, last: str) -> dict[str, str]:
+    return {RANGE_START: first, RANGE_END: last}
+
+
+@pytest.fixture
+def resources(unmoved_db, db_url):
+    return {"pg_orders_daily": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
+
+
+def materialize(resources, instance, names, tags):
+    return dg.materialize(spec_assets(SPEC), selection=[KEYS[n] for n in names], instance=instance,
+                          resources=resources, tags=tags, raise_on_error=False)
+
+
+def refuse_the_first_day(conn) -> None:
+    """The target refuses the rows of 2024-01-01, as a full disk or a broken constraint would."""
+    conn.execute(
+        "CREATE FUNCTION public.refuse_day() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.order_date = '2024-01-01' THEN RAISE EXCEPTION 'the target refused the row'; END IF; "
+        "RETURN NEW; END $$")
+    conn.execute("CREATE TRIGGER refuse_day BEFORE INSERT ON public.orders_daily "
+                 "FOR EACH ROW EXECUTE FUNCTION public.refuse_day()")
+
+
+def latest_ledger(conn, plan_id: str) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT DISTINCT ON (partition) partition, status FROM backfill_control.ledger "
+        "WHERE plan_id = %s ORDER BY partition, run_started_at DESC, finished_at DESC", (plan_id,)).fetchall()
+    return dict(rows)
+
+
+def test_a_run_of_an_approval_refuses_to_start_after_an_earlier_run_of_it_failed_a_partition(resources, unmoved_db):
+    instance = dg.DagsterInstance.ephemeral()
+    stages = materialize(resources, instance, ["snapshot", "stage_a", "stage_b"], run_range("2024-01-01", "2024-01-04"))
+    assert stages.success
+    plan_id = next(e.metadata["plan_id"].value for e in stages.get_asset_check_evaluations())
+    approve = build_definitions([SPEC]).resolve_job_def("approve_backfill").execute_in_process(
+        run_config={"ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "alice"}}}},
+        resources=resources, instance=instance)
+    assert approve.success
+    # Two runs of one approval, as a multi-run backfill of the target makes them: the first fails
+    # its first partition.
+    refuse_the_first_day(unmoved_db)
+    first = materialize(resources, instance, ["target"], run_range("2024-01-01", "2024-01-02"))
+    assert not first.success
+    assert latest_ledger(unmoved_db, plan_id) == {"2024-01-01": "failed", "2024-01-02": "not-attempted"}
+    before = target_day_hashes(unmoved_db)
+    second = materialize(resources, instance, ["target"], run_range("2024-01-03", "2024-01-04"))
+    assert not second.success
+    error = second.failure_data_for_node("orders_daily__target").error.cause.message
+    assert f"approval 1 of plan {plan_id[:16]} stopped after a failure: partition(s) 2024-01-01 (run dagster-" in error
+    assert "the target refused the row" in error and "Nothing was written." in error
+    checks = {e.partition: e for e in second.get_asset_check_evaluations() if e.check_name == TARGET_CHECK}
+    assert sorted(checks) == ["2024-01-03", "2024-01-04"] and not any(c.passed for c in checks.values())
+    assert checks["2024-01-03"].metadata["error"].value in error
+    assert target_day_hashes(unmoved_db) == before
+    assert set(latest_ledger(unmoved_db, plan_id)) == {"2024-01-01", "2024-01-02"}  # the second run wrote nothing
+    # The cause fixed, the failed run again retries its partition first; then the rest follows.
+    unmoved_db.execute("DROP TRIGGER refuse_day ON public.orders_daily")
+    assert materialize(resources, instance, ["target"], run_range("2024-01-01", "2024-01-02")).success
+    assert materialize(resources, instance, ["target"], run_range("2024-01-03", "2024-01-04")).success
+    assert latest_ledger(unmoved_db, plan_id) == {d: "verified" for d in SIX[:4]}
+
+
+def test_the_plan_says_apply_stops_launching_new_partitions_after_the_first_failure(resources, unmoved_db, factory):
+    plan = make_plan(SPEC, PartitionRequest("2024-01-01..2024-01-02"), factory)
+    text = render_plan(plan, SPEC.parallel)
+    assert "runs of at most 2 partition(s), up to 2 building the stages at once" in text
+    assert "Apply stops launching new partitions after the first failure" in text
+    assert "Apply stops" not in render_plan(plan)  # one run: nothing to say
+
+
+def test_a_multi_run_spec_refuses_to_build_on_an_instance_that_would_not_limit_its_pool(resources, tmp_path):
+    with dg.DagsterInstance.local_temp(tempdir=str(tmp_path)) as instance:
+        result = materialize(resources, instance, ["snapshot"], run_range("2024-01-01", "2024-01-02"))
+        assert not result.success
+        error = result.failure_data_for_node("orders_daily__snapshot").error.cause
+        assert error.cls_name == "SpecError"
+        assert ("the Dagster pool backfill_assets.orders_daily.build has no limit on this instance" in error.message
+                and "`dagster instance concurrency set backfill_assets.orders_daily.build 2`" in error.message)
+        instance.event_log_storage.set_concurrency_slots(build_pool(SPEC), 3)
+        result = materialize(resources, instance, ["snapshot"], run_range("2024-01-01", "2024-01-02"))
+        assert "is limited to 3" in result.failure_data_for_node("orders_daily__snapshot").error.cause.message
+        instance.event_log_storage.set_concurrency_slots(build_pool(SPEC), 2)
+        assert materialize(resources, instance, ["snapshot"], run_range("2024-01-01", "2024-01-02")).success
+    assert pool_limits(SPEC) == {build_pool(SPEC): 2, replace_pool(SPEC): 1}
+
+
+def test_the_approval_sensor_launches_an_approval_as_runs_of_at_most_max_partitions_per_run(resources, unmoved_db, factory):
+    plan = make_plan(SPEC, PartitionRequest("2024-01-01..2024-01-05"), factory)
+    approval_id = approve_plan(unmoved_db, factory, SPEC, find_plan(unmoved_db, SPEC, plan.plan_id), "alice")
+    defs = build_definitions([SPEC])
+    sensor = defs.resolve_sensor_def("approval_sensor")
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), resources=resources,
+                                 definitions=defs) as context:
+        requests = sensor.evaluate_tick(context).run_requests
+    assert [(r.tags.get(RANGE_START), r.tags.get(RANGE_END), r.partition_key) for r in requests] == [
+        ("2024-01-01", "2024-01-02", None), ("2024-01-03", "2024-01-04", None), (None, None, "2024-01-05")]
+    assert {r.tags[APPROVAL_TAG] for r in requests} == {str(approval_id)}
+    assert [r.run_key for r in requests] == [f"approval-orders_daily-{approval_id}-{n}" for n in range(3)]
+
+
+def most_at_once(runs: list[dict]) -> int:
+    """The most runs that were running at one moment, from their start and end times."""
+    edges = sorted([(r["startTime"], 1) for r in runs] + [(r["endTime"], -1) for r in runs])
+    running = most = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        running += step
+        most = max(most, running)
+    return most
+
+
+def run_ranges(runs: list[dict]) -> list[tuple[str, str]]:
+    tags = [{t["key"]: t["value"] for t in r["tags"]} for r in runs]
+    return sorted((t[RANGE_START], t[RANGE_END]) for t in tags)
+
+
+def wait_runs(gql, tags: dict[str, str], count: int, timeout: float = 240, done: bool = True) -> list[dict]:
+    """The ``count`` runs with ``tags`` once they exist (and with ``done``, have finished)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = gql.runs(tags)
+        if len(runs) >= count and (not done or all(r["status"] in RUN_DONE for r in runs)):
+            return runs
+        time.sleep(1)
+    raise AssertionError(f"{count} runs tagged {tags} did not finish in {timeout} s")
+
+
+@pytest.mark.slow
+def test_a_multi_run_backfill_builds_groups_at_once_within_the_pool_and_replaces_one_run_at_a_time(
+    admin_url, db_url, unmoved_db, factory, tmp_path,
+):
+    queued = {"run_coordinator": {"module": "dagster", "class": "QueuedRunCoordinator",
+                                  "config": {"dequeue_interval_seconds": 1}}}
+    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, PARALLEL_SPEC, queued) as (gql, _):
+        gql.stop_sensor("approval_sensor")  # the target is launched below as a backfill, by hand
+        gql.set_pool_limit(build_pool(SPEC), 2)
+        # The target's runs wait in the queue (their pool admits none yet) until the plan is
+        # approved: both backfills are submitted at once, so the test waits for one tick of
+        # Dagster's backfill daemon (30 s), not two.
+        gql.set_pool_limit(replace_pool(SPEC), 0)
+        stages = gql.launch_backfill([["orders_daily", n] for n in ("snapshot", "stage_a", "stage_b")], SIX)
+        target = gql.launch_backfill([["orders_daily", "target"]], SIX)
+        # 1. Six days of stages: three runs of two days, two at a time.
+        runs = wait_runs(gql, {"dagster/backfill": stages}, 3)
+        assert [r["status"] for r in runs] == ["SUCCESS"] * 3
+        assert run_ranges(runs) == [("2024-01-01", "2024-01-02"), ("2024-01-03", "2024-01-04"), ("2024-01-05", "2024-01-06")]
+        assert most_at_once(runs) == 2
+        matched = gql.check_executions(["orders_daily", "stage_b"], "stages_match")
+        assert sorted(matched) == SIX and all(e["evaluation"]["success"] for e in matched.values())
+        held = wait_runs(gql, {"dagster/backfill": target}, 3, done=False)
+        assert [r["status"] for r in held] == ["QUEUED"] * 3  # their pool admits none yet
+        # 2. One plan of the six days, approved once; the target's three runs apply it, one at a time.
+        plan = make_plan(SPEC, PartitionRequest("2024-01-01..2024-01-06"), factory)
+        approve_plan(unmoved_db, factory, SPEC, find_plan(unmoved_db, SPEC, plan.plan_id), "e2e")
+        gql.set_pool_limit(replace_pool(SPEC), 1)
+        runs = wait_runs(gql, {"dagster/backfill": target}, 3)
+        assert [r["status"] for r in runs] == ["SUCCESS"] * 3 and most_at_once(runs) == 1
+    assert latest_ledger(unmoved_db, plan.plan_id) == {d: "verified" for d in SIX}
+    assert unmoved_db.execute("SELECT count(DISTINCT run_id) FROM backfill_control.ledger WHERE plan_id = %s",
+                              (plan.plan_id,)).fetchone()[0] == 3
+    hashes = target_day_hashes(unmoved_db)
+    assert {d: hashes[d] for d in SIX} == {p.partition: p.stage_a.content_hash for p in plan.document.partitions}

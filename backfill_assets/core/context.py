@@ -59,6 +59,18 @@ def set_timeouts(conn: psycopg.Connection, spec: Spec) -> None:
                                "lock": f"{spec.lock_timeout_ms}ms", "work_mem": WORK_MEM})
 
 
+_SET_SESSION_TIMEOUTS = sql.SQL(
+    "SELECT set_config('statement_timeout', %(statement)s, false), set_config('lock_timeout', %(lock)s, false)"
+)
+
+
+def set_session_timeouts(conn: psycopg.Connection, spec: Spec) -> None:
+    """The spec's finite lock and statement timeouts for the rest of the session (for
+    statements outside a transaction, such as a session advisory lock)."""
+    conn.execute(_SET_SESSION_TIMEOUTS, {"statement": f"{spec.statement_timeout_ms}ms",
+                                         "lock": f"{spec.lock_timeout_ms}ms"})
+
+
 def spec_lock(conn: psycopg.Connection, spec: Spec, *, shared: bool = False):
     """A session lock per spec: plan and apply of one spec never overlap, so a stage cannot
     be rebuilt while it is being applied. A second run is refused at once.

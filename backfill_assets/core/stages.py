@@ -44,20 +44,30 @@ def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableR
     return stage
 
 
+_SYNC_COMMIT_OFF = sql.SQL("SELECT set_config('synchronous_commit', 'off', true)")
+
+
 def build_partition(
     conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
-    partition: PartitionValue,
-) -> tuple[Fingerprint, str | None, int]:
-    """Rebuild one partition of one stage and fingerprint it, in one transaction.
+    partition: PartitionValue, clock: Clock,
+) -> Fingerprint:
+    """Rebuild one partition of one stage, fingerprint it and record the build with its seal,
+    in one transaction.
 
-    Returns the readings, the transaction that wrote the partition's rows (their xmin, None
-    when it is empty) and the same transaction's 64-bit id: the partition's seal and its age,
-    see :func:`stage_partitions_changed`."""
+    The seal is the transaction that wrote the partition's rows (their xmin, None when it is
+    empty) and the same transaction's 64-bit id: see :func:`stage_partitions_changed`.
+
+    The commit does not wait for its WAL to reach disk (``synchronous_commit`` off for this
+    transaction only): the stage is an unlogged table, which a server crash empties anyway,
+    and a build record lost with it only means that partition is fingerprinted in full, and
+    refused, by the approval or apply that reads it next."""
     spec = ctx.spec
     stage = ctx.stage(variant)
+    label = partition_label(partition)
     input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
-    with transient_errors(f"building stage {variant} of partition {partition_label(partition)}"), conn.transaction():
+    with transient_errors(f"building stage {variant} of partition {label}"), conn.transaction():
         set_timeouts(conn, spec)
+        conn.execute(_SYNC_COMMIT_OFF)
         conn.execute(*sqlbuild.delete_partition(stage, spec.partition_key, partition))
         conn.execute(*sqlbuild.build_stage(
             variant, stage, input_rel, spec.columns, spec.partition_key, spec.business_key,
@@ -67,7 +77,13 @@ def build_partition(
         writer = conn.execute(*sqlbuild.partition_writer(stage, spec.partition_key, partition)).fetchone()
         txid = conn.execute(_TXID).fetchone()
         assert txid is not None
-        return ctx.readings(conn, stage, partition), writer[0] if writer else None, int(txid[0])
+        readings = ctx.readings(conn, stage, partition)
+        control.record_build(
+            conn, spec.control_schema, spec_name=spec.name, variant=variant, partition=label,
+            snapshot_id=snapshot.snapshot_id, readings=readings.as_dict(),
+            writer_xid=writer[0] if writer else None, writer_txid=int(txid[0]), built_at=clock(),
+        )
+        return readings
 
 
 def build_stage(
@@ -80,12 +96,7 @@ def build_stage(
     ensure_stage(conn, ctx, variant)
     progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
     for n, (p, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
-        out[label], writer, txid = build_partition(conn, ctx, snapshot, variant, p)
-        control.record_build(
-            conn, ctx.spec.control_schema, spec_name=ctx.spec.name, variant=variant, partition=label,
-            snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), writer_xid=writer,
-            writer_txid=txid, built_at=clock(),
-        )
+        out[label] = build_partition(conn, ctx, snapshot, variant, p, clock)
         rows = out[label].row_count
         progress(ProgressEvent(step, f"{rows} row(s)", partition=label, done=n, total=total, rows=rows,
                                status="built"))

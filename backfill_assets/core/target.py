@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import psycopg
 
 from backfill_assets.core import sqlbuild
-from backfill_assets.core.context import Context, set_timeouts
+from backfill_assets.core.context import Context, set_session_timeouts, set_timeouts
 from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.fingerprint import business_key_order
 
@@ -92,6 +92,7 @@ class PostgresTarget:
                  checkpoint: Checkpoint = no_checkpoint) -> None:
         self.conn, self.factory, self.ctx, self.checkpoint = conn, factory, ctx, checkpoint
         self._reader: psycopg.Connection | None = None
+        self._session_limits = False
 
     def _values(self, labels: list[str]) -> list[object]:
         return [self.ctx.value_of(label) for label in labels]
@@ -111,10 +112,13 @@ class PostgresTarget:
         taken: list[str] = []
         try:
             with transient_errors(f"locking partition(s) {', '.join(labels)} of {spec.target_ref}"):
+                if not self._session_limits:
+                    # The same finite timeouts for the session, so that each advisory lock is
+                    # one statement rather than a transaction of its own.
+                    set_session_timeouts(self.conn, spec)
+                    self._session_limits = True
                 for key in keys:
-                    with self.conn.transaction():
-                        set_timeouts(self.conn, spec)
-                        self.conn.execute(*sqlbuild.advisory_lock(key))
+                    self.conn.execute(*sqlbuild.advisory_lock(key))
                     taken.append(key)
             yield
         finally:

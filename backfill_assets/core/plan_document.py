@@ -10,6 +10,8 @@ backfill_assets_tests/core/test_identity_pins.py. Plans are stored (control.plan
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -104,7 +106,12 @@ class PlanDocument(_Frozen):
         return [p.partition for p in self.partitions]
 
     def entry(self, label: str) -> PartitionEntry:
-        return next(p for p in self.partitions if p.partition == label)
+        return self._entries[label]
+
+    @functools.cached_property
+    def _entries(self) -> dict[str, PartitionEntry]:
+        # Looked up per partition by approval and apply: a map, not a scan of every entry.
+        return {p.partition: p for p in self.partitions}
 
 
 SPEC_FIELDS = (

@@ -87,7 +87,7 @@ def step_seconds(marks: list[tuple[float, ProgressEvent]], t_plan: float, t_appr
     built = [t for t, e in marks if e.step in ("stage a", "stage b")]
     first, last = built[0], built[-1]
     return {
-        "inspect + snapshot (fingerprint source, copy, check)": first,
+        "inspect + snapshot (copy the source, fingerprint the copy, check)": first,
         "build A and B at once, each with its fingerprints": last - first,
         "compare and store the plan": t_plan - last,
         "approve (recheck the stage, read the target it is given against)": t_approve - t_plan,

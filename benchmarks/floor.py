@@ -1,0 +1,74 @@
+"""Where the server's time goes in one shape's backfill, and the floor it sets.
+
+    .venv/bin/python benchmarks/floor.py current|wide|small
+
+Runs the shape's naive backfill, then plan, approve and apply as processes (benchmarks/
+shapes.py) on the embedded PostgreSQL with every statement logged (database ``floor``, its
+log in ``$BACKFILL_ASSETS_HOME/pgdata/log``), and splits the server's time by what each
+statement is for. The floor adds the passes the process requires (snapshot copy and hash, the
+source checks, both builds with their fingerprints run at once, the replace, the target's
+fingerprints), in server time only, against the naive way. BENCHMARKS.md quotes its output.
+"""
+import collections
+import re
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+import shapes
+from backfill_assets.core import embedded
+
+if len(sys.argv) != 2 or sys.argv[1] not in ("current", "wide", "small"):
+    sys.exit(__doc__.split("\n\n")[1])
+which = sys.argv[1]
+shape = {"current": lambda: shapes.current(2_000_000), "wide": shapes.wide, "small": shapes.small}[which]()
+url = embedded.database_url("floor")
+LOG = embedded.home() / "pgdata" / "log"
+with psycopg.connect(url.reveal(), autocommit=True) as conn:
+    shapes.load(conn, shape); shapes.reset(conn, shape)
+    t = time.perf_counter(); shapes.naive_backfill(conn, shape); naive = time.perf_counter() - t
+    shapes.reset(conn, shape)
+    conn.execute(b"ALTER DATABASE floor SET log_min_duration_statement = 0")
+start = len(LOG.read_text(errors="replace").split("\n"))
+import tempfile
+with tempfile.TemporaryDirectory(prefix="bench-floor-") as folder:
+    run = shapes.run_cli(shape, url.reveal(), Path(folder))
+with psycopg.connect(url.reveal(), autocommit=True) as conn:
+    conn.execute(b"ALTER DATABASE floor RESET log_min_duration_statement")
+lines = LOG.read_text(errors="replace").split("\n")[start:]
+cats = [
+    ("snapshot: copy + index", r"INSERT INTO \S+\.\"snap_new_|CREATE INDEX ON \S+\.\"snap_new_"),
+    ("snapshot: hash", r"COPY \(SELECT .* FROM \S+\.\"snap_new_"),
+    ("build A", r"INSERT INTO \S+__stage_a\""),
+    ("build B", r"INSERT INTO \S+__stage_b\""),
+    ("source checks (ties, NULLs, report)", r"FROM \(SELECT .*\"snap_|SELECT \"g\"|SELECT 1 FROM \(|count\(\*\) FILTER \(WHERE \"i\""),
+    ("stage A fingerprints", r"(COPY \(SELECT|SELECT count\(\*\), count\(\*\) FILTER \(WHERE \"t\").*__stage_a\""),
+    ("stage B fingerprints", r"(COPY \(SELECT|SELECT count\(\*\), count\(\*\) FILTER \(WHERE \"t\").*__stage_b\""),
+    ("seal checks", r"xmin IS DISTINCT"),
+    ("target: delete + insert", r"(DELETE FROM|INSERT INTO) \"[a-z_]+\"\.\"tgt\""),
+    ("target fingerprints", r"(COPY \(SELECT|SELECT count\(\*\), count\(\*\) FILTER \(WHERE \"t\").*\"tgt\" AS t"),
+    ("commits", r"^COMMIT"),
+]
+agg = collections.Counter(); cnt = collections.Counter(); total = 0.0; n = 0
+for line in lines:
+    m = re.search(r"duration: ([\d.]+) ms\s+(?:statement|execute [^:]*): (.*)", line)
+    if not m: continue
+    ms, text = float(m.group(1)), m.group(2)
+    total += ms; n += 1
+    for name, pat in cats:
+        if re.search(pat, text):
+            agg[name] += ms; cnt[name] += 1; break
+    else:
+        agg["everything else"] += ms; cnt["everything else"] += 1
+wall = run.seconds
+print(f"{which}: naive {naive:.2f} s; ours (3 processes) {wall:.2f} s = {wall/naive:.2f}x; "
+      f"{n} statements, server time {total/1000:.2f} s")
+for name, _ in cats + [("everything else", "")]:
+    print(f"   {name:38s} {agg[name]/1000:6.2f} s  {cnt[name]:6d} statements")
+s = lambda k: agg[k] / 1000
+floor_par = (s("snapshot: copy + index") + s("snapshot: hash") + s("source checks (ties, NULLs, report)")
+             + max(s("build A") + s("stage A fingerprints"), s("build B") + s("stage B fingerprints"))
+             + s("target: delete + insert") + s("target fingerprints"))
+print(f"   floor (the passes required, builds at once, server time only): {floor_par:.2f} s = {floor_par/naive:.2f}x naive")

@@ -10,11 +10,13 @@ before it let through:
    when the counters last started from zero. No row is read. Unchanged since the last tick:
    nothing else is read, whatever the number of partitions.
 2. **Each partition** (only when the table moved, and only with ``source.change_column``
-   declared and an index on (partition key, change column)): the column's newest value and
-   NULL count per partition, one step into the index each, and the row count too (a walk
-   over the partition's index entries) when rows were updated or deleted, since a delete
-   does not move the newest value and an update may move a row to another partition.
-   Without a change column, or without the index, every partition goes to gate 3.
+   declared and an index on (partition key, change column)): the row count, the column's
+   newest value, its NULL count and a sum of its values' hashes, in one walk over the
+   partition's index entries (no sort, no heap row). A row added or removed moves the count;
+   a row whose change value changed moves the sum, whatever order the writers commit in (a
+   sequence value or a timestamp is taken when the row is written, not when it commits, so
+   "the newest value moved" alone would miss a long transaction that commits after a newer
+   one). Without a change column, or without the index, every partition goes to gate 3.
 3. **The fingerprint** (:func:`backfill_assets.core.snapshot.source_changes`), the full
    comparison with the partition's newest snapshot, for the partitions gate 2 flagged, those
    never checked before and those snapshotted again since, within a time budget; what the
@@ -22,7 +24,8 @@ before it let through:
 
 A first tick (no state kept: a new sensor, a reset cursor) fingerprints every snapshotted
 partition once, as the sensor used to at every tick. A source whose writes PostgreSQL does
-not count (a view, a foreign table, ``track_counts`` off, a standby) is fingerprinted in full
+not count (a view, a foreign table, a table with inheritance children, ``track_counts``
+off, a standby) is fingerprinted in full
 at every tick.
 
 The state a tick returns is never newer than what the tick checked: the counters are read
@@ -35,12 +38,11 @@ sees it. A reset of the counters (``pg_stat_reset``, one table's reset, crash re
 moves a reset time that is part of the reading, and counts as "rows were updated or
 deleted".
 
-The contract gate 2 relies on, which the user declares with ``change_column``: every write
-(insert or update) sets the column to a value above every value the table held when the
-sensor last looked (an ingest sequence, or an ``updated_at`` taken from the clock and never
-backdated). An UPDATE that leaves the column as it was is seen by gate 1 and read at gate 2
-but not flagged there: it is caught only at the partition's next full check (after a
-TRUNCATE, a rewrite, a new snapshot, or a cursor reset). Without a declared column the
+The contract gate 2 relies on, which the user declares with ``change_column``: every UPDATE
+gives the row's change column another value (an ingest sequence, or an ``updated_at`` set by
+every write); inserts and deletes need nothing. An UPDATE that leaves the column as it was is
+seen by gate 1 and read at gate 2 but not flagged there: it is caught only at the
+partition's next full check (after a TRUNCATE, a rewrite, a new snapshot, or a cursor reset). Without a declared column the
 sensor never relies on it. Catalog changes other than the source's own columns (renaming an
 enum label that a column shows) are not watched.
 """
@@ -97,12 +99,13 @@ class TableReading:
 
 @dataclass(frozen=True)
 class Signal:
-    """Gate 2 for one partition: its row count (None when not counted since the column's
-    newest value last moved), the newest change value (as text) and the NULL count."""
+    """Gate 2 for one partition: its row count, the newest change value (as text), the NULL
+    count and the sum of the change values' hashes (as text)."""
 
     count: int | None
     newest: str | None
     nulls: int
+    digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,12 +122,12 @@ class PartitionWatch:
 
     def as_json(self) -> list[Any]:
         s = self.signal
-        return [self.snapshot, self.seen, *((s.count, s.newest, s.nulls) if s else (None, None, None))]
+        return [self.snapshot, self.seen, *((s.count, s.newest, s.nulls, s.digest) if s else (None,) * 4)]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> PartitionWatch:
-        snapshot, seen, count, newest, nulls = data
-        return cls(snapshot, seen, None if nulls is None else Signal(count, newest, nulls))
+        snapshot, seen, count, newest, nulls, digest = data
+        return cls(snapshot, seen, None if nulls is None else Signal(count, newest, nulls, digest))
 
 
 @dataclass(frozen=True)
@@ -209,10 +212,10 @@ def read_table(conn: psycopg.Connection, spec: Spec) -> TableReading:
     check_change_column(spec, {c.name: c.base_type for c in columns})
     digest = hashlib.sha256(json.dumps([[c.name, c.type_name] for c in columns]).encode()).hexdigest()
     track, standby, db_reset, shared_reset = conn.execute(*sqlbuild.statistics_state()).fetchone() or (True, False, None, None)
-    relations = tuple(
-        (int(oid), relkind, int(node or 0), int(ins), int(upd), int(dele))
-        for oid, relkind, node, ins, upd, dele in conn.execute(*sqlbuild.table_counters(src)).fetchall()
-    )
+    rows = conn.execute(*sqlbuild.table_counters(src)).fetchall()
+    relations = tuple((int(oid), relkind, int(node or 0), int(ins), int(upd), int(dele))
+                      for oid, relkind, node, ins, upd, dele, _ in rows)
+    inherited = any(children for *_, children in rows)
     blind = None
     if not track:
         blind = "track_counts is off, so PostgreSQL counts no writes"
@@ -222,6 +225,10 @@ def read_table(conn: psycopg.Connection, spec: Spec) -> TableReading:
         blind = f"the source is a {'view' if kind == 'v' else 'foreign table' if kind == 'f' else 'relation'} without write counters"
     elif any(r[1] not in _COUNTED_KINDS for r in relations):
         blind = "a partition of the source is a foreign table, without write counters"
+    elif inherited:
+        # A read of the source includes its inheritance children (INHERITS, trigger-based
+        # partitioning, hypertables); their writes are counted on them, not on the source.
+        blind = "the source has inheritance children, whose writes its counters do not show"
     return TableReading(relations, (db_reset, shared_reset), _short(digest), blind)
 
 
@@ -236,17 +243,16 @@ def check_change_column(spec: Spec, base_types: dict[str, str]) -> None:
     if base_types[column] not in CHANGE_COLUMN_TYPES:
         raise SpecError(
             f"source.change_column {column} has type {base_types[column]}; it must be an integer, "
-            "numeric, date or timestamp column that every write moves forward (an ingest "
-            "sequence or updated_at)"
+            "numeric, date or timestamp column that every update changes (an ingest sequence "
+            "or updated_at)"
         )
 
 
 def compare_tables(before: TableReading | None, now: TableReading) -> tuple[Mode, str]:
     """Gate 1's verdict: what kind of change happened to the table since ``before``.
 
-    ``quiet``: nothing; ``newer``: rows were only inserted (each partition's newest change
-    value tells where); ``counted``: rows were updated or deleted, or the counters were reset
-    (row counts tell where); ``full``: no earlier reading, no counters, the columns changed,
+    ``quiet``: nothing; ``newer``: rows were only inserted; ``counted``: rows were updated
+    or deleted, or the counters were reset (for both, gate 2's signals tell where); ``full``: no earlier reading, no counters, the columns changed,
     or a relation was truncated, rewritten, attached or detached (every partition is read).
     """
     if before is None:
@@ -293,23 +299,19 @@ def _gate2(conn: psycopg.Connection, spec: Spec) -> _Gate2:
     return _Gate2(column, key.base_type, None)
 
 
-def _signals(conn: psycopg.Connection, spec: Spec, gate: _Gate2, labels: list[str], *, counted: bool) -> dict[str, Signal]:
+def _signals(conn: psycopg.Connection, spec: Spec, gate: _Gate2, labels: list[str]) -> dict[str, Signal]:
     if not labels:
         return {}
     assert gate.change_column is not None and gate.key_type is not None
     query, params = sqlbuild.partition_signals(
-        spec.source_ref, spec.partition_key, gate.key_type, gate.change_column, labels, counted=counted,
+        spec.source_ref, spec.partition_key, gate.key_type, gate.change_column, labels,
     )
-    return {label: Signal(None if n is None else int(n), newest, int(nulls))
-            for label, n, newest, nulls in conn.execute(query, params).fetchall()}
+    return {label: Signal(int(n), newest, int(nulls), digest)
+            for label, n, newest, nulls, digest in conn.execute(query, params).fetchall()}
 
 
-def _moved(before: Signal | None, now: Signal, *, counted: bool) -> bool:
-    if before is None:
-        return True
-    if counted and (before.count is None or before.count != now.count):
-        return True
-    return (before.newest, before.nulls) != (now.newest, now.nulls)
+def _moved(before: Signal | None, now: Signal) -> bool:
+    return before != now
 
 
 def _fingerprint(
@@ -399,18 +401,15 @@ def watch_tick(
             if mode in ("newer", "counted"):
                 due_set = set(due)
                 others = [p for p in labels if p not in due_set]
-                counted = mode == "counted"
-                read = _signals(conn, spec, gate, others, counted=counted)
+                read = _signals(conn, spec, gate, others)
                 signalled = len(read)
-                flagged = [p for p in others if _moved(watched[p].signal, read[p], counted=counted)]
+                flagged = [p for p in others if _moved(watched[p].signal, read[p])]
                 for label in others:
                     if label not in flagged:
-                        old_signal = watched[label].signal
-                        keep = read[label] if counted or old_signal is None else replace(read[label], count=old_signal.count)
-                        watched[label] = replace(watched[label], signal=keep)
+                        watched[label] = replace(watched[label], signal=read[label])
                 due.extend(flagged)
-            # Whatever is fingerprinted gets its full signal, read before its fingerprint.
-            for label, signal in _signals(conn, spec, gate, due, counted=True).items():
+            # Whatever is fingerprinted gets its signal, read before its fingerprint.
+            for label, signal in _signals(conn, spec, gate, due).items():
                 watched[label] = replace(watched.get(label) or PartitionWatch(_short(known[label])), signal=signal)
 
     found, checked = _fingerprint(conn, factory, spec, due, budget_s, clock)

@@ -28,14 +28,15 @@ INDEX = "CREATE INDEX orders_raw_watch ON public.orders_raw (order_date, ingest_
 
 # --- helpers -----------------------------------------------------------------------------
 
-def settle(conn: psycopg.Connection, deadline_s: float = 20.0) -> None:
-    """Wait until every other backend of this database has exited. A backend publishes its
-    pending statistics before it leaves pg_stat_activity, so afterwards the counters include
-    everything those connections did."""
+def settle(conn: psycopg.Connection, deadline_s: float = 20.0, *, keep: int = 0) -> None:
+    """Wait until every other backend of this database has exited (but the one whose pid is
+    ``keep``). A backend publishes its pending statistics before it leaves pg_stat_activity,
+    so afterwards the counters include everything those connections did."""
     deadline = time.monotonic() + deadline_s
     query = sql.SQL("SELECT count(*) FROM pg_catalog.pg_stat_activity "
-                    "WHERE datname = pg_catalog.current_database() AND pid <> pg_catalog.pg_backend_pid()")
-    while conn.execute(query).fetchone()[0]:
+                    "WHERE datname = pg_catalog.current_database() AND pid <> pg_catalog.pg_backend_pid() "
+                    "AND pid <> %(keep)s")
+    while conn.execute(query, {"keep": keep}).fetchone()[0]:
         assert time.monotonic() < deadline, "other backends did not exit"
         time.sleep(0.05)
 
@@ -127,6 +128,39 @@ def test_an_insert_is_flagged_by_the_partitions_newest_change_value(watched, sou
     assert list(result.changed) == ["2024-01-03"] and result.signalled == len(WATCHED)
     again = tick(factory, WATCHING, result.state, source_db)  # reported once, not again
     assert (again.mode, again.changed) == ("quiet", {})
+
+
+def test_an_insert_that_commits_after_a_newer_one_is_flagged(watched, source_db, factory):
+    # A sequence value (or a timestamp) is taken when the row is written, not when it
+    # commits: the slow writer's row is older than the newest value the sensor has seen.
+    insert = ("INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, "
+              "amount, status, note) SELECT '2024-01-03', %(id)s, 1, '2024-01-03 09:00+00', "
+              "(SELECT max(ingest_seq) FROM public.orders_raw) + %(ahead)s, 1.00, 'placed', 'late'")
+    with factory() as slow:
+        with slow.transaction():
+            slow.execute(insert.encode(), {"id": 1, "ahead": 1})
+            with factory() as fast:  # commits first, with the newer value
+                fast.execute(insert.encode(), {"id": 2, "ahead": 2})
+            settle(source_db, keep=slow.info.backend_pid)
+            with factory() as c:
+                seen = watch_tick(c, factory, WATCHING, watched)
+            assert seen.flagged == ["2024-01-03"]  # the newer row
+            settle(source_db, keep=slow.info.backend_pid)
+        # The slow row commits now; the partition's newest value does not move.
+    settle(source_db)
+    result = tick(factory, WATCHING, seen.state, source_db)
+    assert (result.flagged, list(result.changed)) == (["2024-01-03"], ["2024-01-03"])
+
+
+def test_a_source_with_an_inheritance_child_is_fingerprinted_every_tick(watched, source_db, factory):
+    # A read of the source includes the child's rows; the child's writes are counted on it.
+    write(factory, source_db, "CREATE TABLE public.orders_raw_more () INHERITS (public.orders_raw)")
+    result = tick(factory, WATCHING, watched, source_db)
+    assert result.mode == "full" and "inheritance children" in result.reason
+    write(factory, source_db, "INSERT INTO public.orders_raw_more (order_date, order_id, customer_id, updated_at, "
+          "ingest_seq, amount, status, note) VALUES ('2024-01-03', 3, 1, '2024-01-03 09:00+00', 1, 1.00, 'placed', 'x')")
+    again = tick(factory, WATCHING, result.state, source_db)
+    assert again.mode == "full" and list(again.changed) == ["2024-01-03"]
 
 
 def test_an_update_that_moves_the_change_column_is_flagged(watched, source_db, factory):
@@ -322,15 +356,14 @@ def test_without_the_index_gate_2_says_which_index_to_add(source_db, factory):
 
 # --- the statements as text ----------------------------------------------------------------
 
-def test_partition_signals_read_one_index_step_per_partition(conn):
-    query, params = sqlbuild.partition_signals(SRC, "order_date", "date", "ingest_seq", ["2024-01-01"], counted=False)
+def test_partition_signals_walk_the_index_once_per_partition(conn):
+    query, params = sqlbuild.partition_signals(SRC, "order_date", "date", "ingest_seq", ["2024-01-01"])
     assert query.as_string(conn) == (
-        'SELECT l.label, NULL::bigint, m.v, z.n FROM unnest(CAST(%(labels)s AS pg_catalog.text[])) AS l(label) '
-        'CROSS JOIN LATERAL (SELECT max(s."ingest_seq")::text FROM "public"."orders_raw" AS s '
-        'WHERE s."order_date" = CAST(l.label AS "pg_catalog"."date")) AS m(v) '
-        'CROSS JOIN LATERAL (SELECT count(*) FROM "public"."orders_raw" AS s '
-        'WHERE s."order_date" = CAST(l.label AS "pg_catalog"."date") AND s."ingest_seq" IS NULL) AS z(n) '
-        'ORDER BY l.label'
+        'SELECT l.label, g.n, g.v, g.z, g.h FROM unnest(CAST(%(labels)s AS pg_catalog.text[])) AS l(label) '
+        'CROSS JOIN LATERAL (SELECT count(*), max(s."ingest_seq")::text, count(*) FILTER (WHERE s."ingest_seq" IS NULL), '
+        'sum(pg_catalog.hashtextextended(s."ingest_seq"::text, 0))::text '
+        'FROM "public"."orders_raw" AS s WHERE s."order_date" = CAST(l.label AS "pg_catalog"."date")) '
+        'AS g(n, v, z, h) ORDER BY l.label'
     )
     assert params == {"labels": ["2024-01-01"]}
 
@@ -339,11 +372,9 @@ def test_partition_signals_use_the_index_and_never_the_table(demo_db):
     demo_db.execute(INDEX.encode())
     demo_db.execute(b"VACUUM (ANALYZE) public.orders_raw")  # sets the visibility map, as autovacuum does
     demo_db.execute(b"SET enable_seqscan = off")  # the demo table is tiny; the plan shape is what counts
-    for counted in (False, True):
-        query, params = sqlbuild.partition_signals(SRC, "order_date", "date", "ingest_seq", WATCHED, counted=counted)
-        plan = "\n".join(r[0] for r in demo_db.execute(b"EXPLAIN " + query.as_bytes(demo_db), params))
-        assert "Index Only Scan" in plan and "Seq Scan on orders_raw" not in plan
-        assert counted or "Backward" in plan
+    query, params = sqlbuild.partition_signals(SRC, "order_date", "date", "ingest_seq", WATCHED)
+    plan = "\n".join(r[0] for r in demo_db.execute(b"EXPLAIN " + query.as_bytes(demo_db), params))
+    assert "Index Only Scan" in plan and "Seq Scan on orders_raw" not in plan
 
 
 def test_a_crash_that_discards_the_counters_is_seen_as_a_reset(tmp_path):

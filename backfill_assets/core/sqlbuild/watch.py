@@ -1,7 +1,7 @@
 """What the source sensor reads to tell whether a source moved, cheapest first: the table's
-change counters in the statistics system (no row is read), then per partition the newest
-value of a declared change column and its NULL count through an index on (partition key,
-change column), or with its row count through the same index.
+change counters in the statistics system (no row is read), then per partition the row count
+and a digest of a declared change column's values through an index on (partition key,
+change column).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _TABLE_COUNTERS = sql.SQL(
     "WHERE rel.relkind = 'p' AND t.isleaf) "
     "SELECT l.relid::bigint, c.relkind::text, pg_catalog.pg_relation_filenode(l.relid)::bigint, "
     "pg_catalog.pg_stat_get_tuples_inserted(l.relid), pg_catalog.pg_stat_get_tuples_updated(l.relid), "
-    "pg_catalog.pg_stat_get_tuples_deleted(l.relid) "
+    "pg_catalog.pg_stat_get_tuples_deleted(l.relid), c.relhassubclass "
     "FROM leaves AS l JOIN pg_catalog.pg_class AS c ON c.oid = l.relid ORDER BY 1"
 )
 
@@ -39,28 +39,24 @@ _STATISTICS_STATE = sql.SQL(
     "(SELECT b.stats_reset::text FROM pg_catalog.pg_stat_bgwriter AS b)"
 )
 
-# Gate 2. Per partition label, the change column's newest value (the min/max optimisation:
-# one backward step into the index per partition) and its NULL count (the NULL end of the
-# same index range, normally empty). Labels are bound as text and cast to the key's type.
-_NEWEST = sql.SQL(
-    "SELECT l.label, NULL::bigint, m.v, z.n FROM unnest(CAST(%(labels)s AS pg_catalog.text[])) AS l(label) "
-    "CROSS JOIN LATERAL (SELECT max(s.{c})::text FROM {rel} AS s "
-    "WHERE s.{pk} = CAST(l.label AS {t})) AS m(v) "
-    "CROSS JOIN LATERAL (SELECT count(*) FROM {rel} AS s "
-    "WHERE s.{pk} = CAST(l.label AS {t}) AND s.{c} IS NULL) AS z(n) ORDER BY l.label"
-)
-# The same with the row count: a walk over the partition's index entries (an index-only
-# scan where the visibility map allows), no sort, no hash, no row decoded.
-_COUNTED = sql.SQL(
-    "SELECT l.label, g.n, g.v, g.z FROM unnest(CAST(%(labels)s AS pg_catalog.text[])) AS l(label) "
-    "CROSS JOIN LATERAL (SELECT count(*), max(s.{c})::text, count(*) FILTER (WHERE s.{c} IS NULL) "
-    "FROM {rel} AS s WHERE s.{pk} = CAST(l.label AS {t})) AS g(n, v, z) ORDER BY l.label"
+# Gate 2. Per partition label: the row count, the change column's newest value, its NULL
+# count and a sum of its values' hashes, in one walk over the partition's entries of the
+# index on (partition key, change column) (an index-only scan where the visibility map
+# allows): no sort, no heap row decoded. The sum moves when any row's change value does,
+# whatever order the writers commit in; the count when a row comes or goes. Labels are bound
+# as text and cast to the key's type.
+_SIGNALS = sql.SQL(
+    "SELECT l.label, g.n, g.v, g.z, g.h FROM unnest(CAST(%(labels)s AS pg_catalog.text[])) AS l(label) "
+    "CROSS JOIN LATERAL (SELECT count(*), max(s.{c})::text, count(*) FILTER (WHERE s.{c} IS NULL), "
+    "sum(pg_catalog.hashtextextended(s.{c}::text, 0))::text "
+    "FROM {rel} AS s WHERE s.{pk} = CAST(l.label AS {t})) AS g(n, v, z, h) ORDER BY l.label"
 )
 
 
 def table_counters(rel: TableRef) -> Query:
-    """Per relation holding the rows of ``rel``: oid, relkind, file node, and the inserted,
-    updated and deleted tuple counts of the statistics system."""
+    """Per relation holding the rows of ``rel``: oid, relkind, file node, the inserted,
+    updated and deleted tuple counts of the statistics system, and whether it has inheritance
+    children (whose rows a read of it includes, but whose writes its counters do not)."""
     return _TABLE_COUNTERS, {"schema": rel.schema, "name": rel.name}
 
 
@@ -70,16 +66,15 @@ def statistics_state() -> Query:
 
 
 def partition_signals(
-    rel: TableRef, partition_key: str, key_type: str, change_column: str, labels: list[str], *, counted: bool,
+    rel: TableRef, partition_key: str, key_type: str, change_column: str, labels: list[str],
 ) -> Query:
-    """Per label: (label, row count or NULL, newest change value as text, change NULL count).
+    """Per label: (label, row count, newest change value as text, change NULL count, sum of
+    the change values' hashes as text).
 
     Args:
         key_type: the partition key's base type name in ``pg_catalog`` (date, int8, text...).
-        counted: also count the rows (walks the partition's index range).
     """
-    template = _COUNTED if counted else _NEWEST
-    return template.format(
+    return _SIGNALS.format(
         rel=table(rel), pk=sql.Identifier(partition_key), c=sql.Identifier(change_column),
         t=sql.Identifier("pg_catalog", key_type),
     ), {"labels": labels}

@@ -86,7 +86,7 @@ def check_spec_unchanged(
         raise ApprovalError(
             f"plan {stored.plan_id[:16]} was refused ({problems}); it cannot be approved or applied"
         )
-    ctx = resolve(conn, factory, spec, stored.labels)
+    ctx = resolve(conn, spec, stored.labels)
     now = spec_document(ctx)
     planned = stored.document.spec_fields()
     changed = [k for k, v in now.items() if planned.get(k) != v]

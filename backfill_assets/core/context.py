@@ -19,7 +19,7 @@ from psycopg import sql
 
 from backfill_assets.core import sqlbuild
 from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables
-from backfill_assets.core.db import ConnectionFactory, advisory_session_lock
+from backfill_assets.core.db import advisory_session_lock
 from backfill_assets.core.fingerprint import Fingerprint, fingerprint_partition
 from backfill_assets.core.moves import Scope
 from backfill_assets.core.spec import (
@@ -172,8 +172,7 @@ class Context:
 
 
 def resolve(
-    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
-    request: PartitionRequest | list[str],
+    conn: psycopg.Connection, spec: Spec, request: PartitionRequest | list[str],
 ) -> Context:
     """Inspect read-only and validate everything about the spec before any write.
 

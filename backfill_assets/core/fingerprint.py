@@ -176,8 +176,12 @@ def exact_in_binary(column: ColumnInfo) -> bool:
     ``'a' = 'a '`` otherwise); floats (``-0 = 0``), intervals (``'1 day' = '24 hours'``),
     json, arrays, enums and every other type are read as text instead.
     """
-    if column.base_type in ("numeric", "bpchar"):
-        return "(" in column.type_name
+    # The column's own declared scale or length (format_type's "numeric(12,2)"), not a
+    # domain's: a domain's name says nothing about the typmod its values are stored with.
+    if column.base_type == "numeric":
+        return column.type_name.startswith("numeric(")
+    if column.base_type == "bpchar":
+        return column.type_name.startswith("character(")
     return column.base_type in _EXACT_BASES
 
 
@@ -236,14 +240,6 @@ def business_key_order(columns: Sequence[ColumnInfo], business_key: Sequence[str
     """Ascending business-key order; collatable columns by bytes (locale-independent)."""
     by_name = {c.name: c for c in columns}
     return [sqlbuild.OrderKey(k, collate_c=by_name[k].collatable) for k in business_key]
-
-
-def all_columns_order(columns: Sequence[ColumnInfo]) -> list[sqlbuild.OrderKey]:
-    """A total order of rows with no key: every column's text form, by bytes.
-
-    Rows equal in every text form encode identically, so their relative order is moot.
-    """
-    return [sqlbuild.OrderKey(c.name, as_text=True, nulls="last") for c in columns]
 
 
 def fingerprint_partition(

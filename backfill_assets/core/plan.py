@@ -114,7 +114,7 @@ def make_plan(
     """
     with factory() as conn, spec_lock(conn, spec):
         progress(ProgressEvent("inspect", f"{spec.source_ref} -> {spec.target_ref}"))
-        ctx = resolve(conn, factory, spec, request)
+        ctx = resolve(conn, spec, request)
         snapshot, ctx = take_snapshot(conn, ctx, clock, progress)
         a, b = build_both(ctx, snapshot, factory, clock, progress)
         return finish_plan(conn, ctx, snapshot, a, b, clock, progress)
@@ -129,7 +129,7 @@ def snapshot_step(
     A spec with ``parallel`` snapshots at once with its other builds of other partitions
     (core.context.build_lock)."""
     with factory() as conn, build_lock(conn, spec):
-        ctx = resolve(conn, factory, spec, request)
+        ctx = resolve(conn, spec, request)
         with partition_locks(conn, spec, ctx.labels):
             snapshot, _ = take_snapshot(conn, ctx, clock, progress)
             return snapshot

@@ -234,7 +234,7 @@ def load_snapshot(conn: psycopg.Connection, factory: ConnectionFactory, spec: Sp
     if found is None:
         raise SnapshotError(f"snapshot {snapshot_id} does not exist; take a snapshot first")
     labels = [p["partition"] for p in found["partitions"]]
-    ctx = resolve(conn, factory, spec, labels)
+    ctx = resolve(conn, spec, labels)
     scope = found["scope"] or {}
     if spec.records_can_move:
         ctx = dataclasses.replace(ctx, scope=Scope(
@@ -382,7 +382,7 @@ def source_changes(conn: psycopg.Connection, factory: ConnectionFactory, spec: S
         known = {k: known[k] for k in known.keys() & set(labels)}
     if not known:
         return {}
-    ctx = resolve(conn, factory, spec, sorted(known))
+    ctx = resolve(conn, spec, sorted(known))
     with transient_errors("reading the source"), repeatable_read(conn, read_only=True):
         set_timeouts(conn, spec)
         now = source_fingerprints(conn, ctx, spec.source_ref)

@@ -200,7 +200,7 @@ def read_stages(spec: Spec, labels: list[str], factory: ConnectionFactory) -> li
     with factory() as conn:
         if not control.control_ready(conn, spec.control_schema):
             raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
-        ctx = resolve(conn, factory, spec, labels)
+        ctx = resolve(conn, spec, labels)
         with transient_errors("reading the stages"), repeatable_read(conn, read_only=True):
             set_timeouts(conn, spec)
             for variant in ("a", "b"):

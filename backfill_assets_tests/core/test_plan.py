@@ -196,7 +196,7 @@ def test_any_change_to_a_copy_breaks_its_seal(demo_db, factory, change):
 
     plan = make_plan(make_spec(), ALL_DAYS, factory)
     copy = TableRef("backfill_control", f"snap_{plan.as_json()['snapshot']['fingerprint'][:16]}")
-    ctx = resolve(demo_db, factory, make_spec(), [p["partition"] for p in plan.as_json()["partitions"]])
+    ctx = resolve(demo_db, make_spec(), [p["partition"] for p in plan.as_json()["partitions"]])
     fingerprint = plan.as_json()["snapshot"]["fingerprint"]
     demo_db.execute(b"VACUUM FREEZE backfill_control." + copy.name.encode())  # freezing is no change
     assert copy_intact(demo_db, ctx, copy, fingerprint)

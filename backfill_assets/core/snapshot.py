@@ -198,7 +198,10 @@ def take_snapshot(
             ctx = dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
             if scope.added:
                 progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))
-        control.ensure_control_schema(conn, spec.control_schema)
+        # Created (under a lock held to the commit) only by a first run: builds of a spec with
+        # `parallel` that snapshot at once would otherwise wait on each other here.
+        if not control.control_ready(conn, spec.control_schema):
+            control.ensure_control_schema(conn, spec.control_schema)
         relation, filtered, fingerprinted, copied = src, True, src, 0
         if spec.source.snapshot != "immutable":
             # Copy first, then fingerprint the copy: one read of the source for every

@@ -60,6 +60,34 @@ def latest_ledger(conn, plan_id: str) -> dict[str, str]:
     return dict(rows)
 
 
+def test_snapshots_of_other_partitions_do_not_wait_on_each_other(unmoved_db, factory):
+    """One build holds its snapshot transaction open; another, of other partitions, takes its
+    own snapshot meanwhile (a lock held to the first one's commit would time it out)."""
+    import threading
+
+    from backfill_assets.core.plan import snapshot_step
+
+    quick = spec_from_mapping({**PARALLEL_SPEC, "lock_timeout_ms": 1000})
+    snapshot_step(quick, ["2024-01-05"], factory)  # the control schema exists, as after any first run
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(event) -> None:  # called inside the first snapshot's transaction
+        if event.status == "copied":
+            inside.set()
+            release.wait(30)
+
+    first = threading.Thread(target=lambda: snapshot_step(quick, ["2024-01-01", "2024-01-02"], factory, progress=hold))
+    first.start()
+    try:
+        assert inside.wait(30)
+        started = time.monotonic()
+        other = snapshot_step(quick, ["2024-01-03", "2024-01-04"], factory)
+        assert other.snapshot_id and time.monotonic() - started < 5
+    finally:
+        release.set()
+        first.join(30)
+
+
 def test_a_run_of_an_approval_refuses_to_start_after_an_earlier_run_of_it_failed_a_partition(resources, unmoved_db):
     instance = dg.DagsterInstance.ephemeral()
     stages = materialize(resources, instance, ["snapshot", "stage_a", "stage_b"], run_range("2024-01-01", "2024-01-04"))

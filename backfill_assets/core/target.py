@@ -142,6 +142,18 @@ class PostgresTarget:
         # read: it sees only what was committed, never the write's own view.
         if self.factory is None:
             raise TypeError("committed readings need a connection factory")
+        try:
+            return self._read_committed(labels)
+        except psycopg.OperationalError:
+            # Dropped while it sat idle (idle_session_timeout, a proxy, a restart): a partition
+            # just committed is read again on a new connection, once.
+            if self._reader is None or not self._reader.broken:
+                raise
+            self._reader = None
+            return self._read_committed(labels)
+
+    def _read_committed(self, labels: list[str]) -> dict[str, Readings]:
+        assert self.factory is not None
         if self._reader is None or self._reader.closed or self._reader.broken:
             self._reader = self.factory()
         with repeatable_read(self._reader, read_only=True):

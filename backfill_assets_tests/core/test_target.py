@@ -102,3 +102,21 @@ def test_a_target_that_reads_back_other_rows_after_its_commit_stops_the_run(unmo
     assert statuses == {"2024-01-01": "failed", "2024-01-02": "not-attempted"}
     # The commit itself stands (the engine committed it); the ledger says it failed verification.
     assert target_hashes(unmoved_db, [dt.date(2024, 1, 1)])["2024-01-01"] == plan.approved("2024-01-01")["content_hash"]
+
+
+def test_the_committed_read_survives_its_connection_dropped_while_idle(unmoved_db, factory):
+    """Apply reads committed partitions on one second connection; if the server dropped it
+    between two partitions (idle_session_timeout, a proxy), the read opens a new one."""
+    from backfill_assets.core.context import resolve
+
+    spec = make_spec(records_can_move=False)
+    with factory() as conn:
+        ctx = resolve(conn, spec, PartitionRequest("2024-01-01..2024-01-02"))
+        target = PostgresTarget(conn, factory, ctx)
+        first = target.committed_readings(["2024-01-01"])
+        reader = target._reader
+        assert reader is not None
+        unmoved_db.execute("SELECT pg_terminate_backend(%s)", (reader.info.backend_pid,))
+        assert target.committed_readings(["2024-01-01"]) == first
+        assert target._reader is not reader
+        target.close()

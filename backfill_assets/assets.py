@@ -28,13 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-import psycopg
 
 from backfill_assets import events
-from backfill_assets.core import ledger
 from backfill_assets.core.apply import apply_plan, approved_plan_for
 from backfill_assets.core.errors import (
-    ApprovalError, ApprovalHaltedError, ConcurrentRunError, FailedPartition, SpecError, StageError,
+    ApprovalError, ConcurrentRunError, SpecError, StageError,
     TransientDatabaseError, VerificationError,
 )
 from backfill_assets.core.plan import snapshot_step, stages_step
@@ -46,7 +44,7 @@ from backfill_assets.names import PLAN_TAG, Keys, build_pool, replace_pool
 from backfill_assets.partitions import partitions_def
 from backfill_assets.resources import PostgresResource, resource_key
 
-__all__ = ["refuse_after_failure", "require_pool_limit", "spec_assets", "transient_retry"]
+__all__ = ["require_pool_limit", "spec_assets", "transient_retry"]
 
 MAX_TRANSIENT_RETRIES = 3
 
@@ -128,21 +126,6 @@ def require_pool_limit(context: dg.AssetExecutionContext, spec: Spec, pool: str,
             f"{most} at once ({why}); set it with `dagster instance concurrency set {pool} {most}` "
             "and launch again. Nothing was written."
         )
-
-
-def refuse_after_failure(conn: psycopg.Connection, spec: Spec, plan_id: str, labels: list[str]) -> None:
-    """Apply stops after its first failure, across runs too: a run of an approval does not
-    replace partitions while an earlier run of it failed a partition that no run of it has
-    verified since, unless this run retries that partition itself.
-
-    Raises:
-        ApprovalHaltedError: naming each such partition, its run and its error.
-    """
-    failed = [f for f in ledger.unverified_failures(conn, spec.control_schema, plan_id) if f["partition"] not in labels]
-    if failed:
-        raise ApprovalHaltedError(failed[0]["approval_id"], plan_id, [
-            FailedPartition(f["partition"], f["run_id"], f["error"]) for f in failed
-        ])
 
 
 @dataclass(frozen=True)
@@ -289,10 +272,9 @@ def _target_asset(shape: _Shape) -> dg.AssetsDefinition:
                            "apply replaces one partition at a time and holds the spec's lock")
         try:
             with transient_retry():
-                with factory() as conn:
-                    if plan_id is None:
+                if plan_id is None:
+                    with factory() as conn:
                         plan_id = approved_plan_for(conn, spec, labels)
-                    refuse_after_failure(conn, spec, plan_id, labels)
                 with _progress(context) as progress:
                     apply_plan(
                         spec, plan_id, factory, run_id=f"dagster-{context.run.run_id}-{context.retry_number}",

@@ -47,7 +47,9 @@ from backfill_assets.core.approve import (
     require_coverage, short_readings,
 )
 from backfill_assets.core.db import ConnectionFactory
-from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
+from backfill_assets.core.errors import (
+    ApprovalError, ApprovalHaltedError, BackfillError, FailedPartition, VerificationError,
+)
 from backfill_assets.core.plan_document import Plan
 from backfill_assets.core.context import Clock, Context, spec_lock, utc_now
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
@@ -168,6 +170,8 @@ def apply_plan(
 
     Raises:
         ApprovalError: unknown, refused, unapproved or outdated plan; nothing written.
+        ApprovalHaltedError: an earlier run of the approval failed a partition that is not
+            verified since and that this run does not retry; nothing written.
         ApprovalOutdatedError: the approval no longer covers a chosen partition (its target
             changed since the approval): before the first write, nothing written; or, for a
             change that slipped in during the run, under that partition's lock (that partition
@@ -228,6 +232,7 @@ def _checked_before_writing(
         groups = [g for g in groups if set(g) & set(only)]
     chosen = {label for g in groups for label in g}
     in_order = [label for label in stored.labels if label in chosen]
+    refuse_after_failure(conn, spec, stored.plan_id, in_order)
     # Each replace checks its own partitions again under the lock.
     require_coverage(conn, ctx, stored, approval, in_order, check_data_unchanged(conn, ctx, stored, in_order))
     return stored, approval, ctx, groups
@@ -260,6 +265,22 @@ def _replace_and_record(
             ledger.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
                                 f"stopped after partition(s) {', '.join(labels)} failed")
         raise
+
+
+def refuse_after_failure(conn: psycopg.Connection, spec: Spec, plan_id: str, labels: list[str]) -> None:
+    """Apply stops after its first failure, across runs too (several runs of one approval, as
+    a multi-run Dagster backfill makes): a run of an approval does not replace partitions
+    while an earlier run of it failed a partition that no run of it has verified since,
+    unless this run retries that partition itself.
+
+    Raises:
+        ApprovalHaltedError: naming each such partition, its run and its error.
+    """
+    failed = [f for f in ledger.unverified_failures(conn, spec.control_schema, plan_id) if f["partition"] not in labels]
+    if failed:
+        raise ApprovalHaltedError(failed[0]["approval_id"], plan_id, [
+            FailedPartition(f["partition"], f["run_id"], f["error"]) for f in failed
+        ])
 
 
 def approved_plan_for(conn: psycopg.Connection, spec: Spec, labels: list[str]) -> str:

@@ -14,6 +14,7 @@ from backfill_assets.core import ledger
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import (
+    ApprovalHaltedError,
     ApprovalError, ApprovalOutdatedError, ConcurrentRunError, SourceDataError, SpecError, TransientDatabaseError,
     VerificationError,
 )
@@ -541,3 +542,28 @@ def test_a_stored_plan_edited_after_it_was_made_is_refused_and_status_still_list
     assert "does not hash to its id" in listed[plan.plan_id].problem
     assert listed[other.plan_id].problem is None
     assert [c.state for c in listed[other.plan_id].partitions] == ["unchanged"]
+
+
+def test_after_a_failed_partition_a_run_of_the_same_approval_only_goes_on_by_retrying_it(unmoved_db, factory):
+    """Apply stops at its first failure, across runs too (the command line as a multi-run
+    Dagster backfill): a later run that leaves the failed partition out is refused before it
+    writes; one that retries it goes on."""
+    spec = make_spec(records_can_move=False)
+    plan = approved(unmoved_db, factory, spec)
+    unmoved_db.execute(
+        "CREATE FUNCTION public.refuse_day() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.order_date = '2024-01-02' THEN RAISE EXCEPTION 'the target refused the row'; END IF; "
+        "RETURN NEW; END $$")
+    unmoved_db.execute("CREATE TRIGGER refuse_day BEFORE INSERT ON public.orders_daily "
+                       "FOR EACH ROW EXECUTE FUNCTION public.refuse_day()")
+    with pytest.raises(psycopg.errors.RaiseException):
+        run(spec, plan, factory, only=["2024-01-01", "2024-01-02"])
+    before = target_day_hashes(unmoved_db)
+    with pytest.raises(ApprovalHaltedError, match="2024-01-02") as refused:
+        run(spec, plan, factory, only=["2024-01-03"])
+    assert "the target refused the row" in str(refused.value)
+    assert target_day_hashes(unmoved_db) == before  # nothing written
+    unmoved_db.execute("DROP TRIGGER refuse_day ON public.orders_daily")
+    result = run(spec, plan, factory, only=["2024-01-02", "2024-01-03"])  # retries the failed one
+    assert [p["status"] for p in result.partitions] == ["verified", "verified"]
+    assert [p["status"] for p in run(spec, plan, factory, only=["2024-01-04"]).partitions] == ["verified"]

@@ -337,6 +337,50 @@ def _fingerprint(
     return changed, labels[:done]
 
 
+def _already_due(
+    before: WatchState, known: dict[str, str], labels: list[str],
+) -> tuple[list[str], dict[str, PartitionWatch]]:
+    """The partitions to fingerprint whatever the gates say (left over, never checked, or
+    snapshotted again with content other than what the source had when last checked), and
+    what is known of each watched partition."""
+    watched: dict[str, PartitionWatch] = {}
+    due: list[str] = [p for p in before.pending if p in known]
+    for label in labels:
+        old, snap = before.partitions.get(label), _short(known[label])
+        if old is not None and old.snapshot != snap and old.seen == snap:
+            old = replace(old, snapshot=snap, seen=None)  # restaged from what was reported
+        if old is None or old.snapshot != snap:
+            due.append(label)
+        if old is not None:
+            watched[label] = old
+    return due, watched
+
+
+def _gate2_flags(
+    conn: psycopg.Connection, spec: Spec, gate: _Gate2, mode: Mode, labels: list[str], due: list[str],
+    watched: dict[str, PartitionWatch], known: dict[str, str],
+) -> tuple[list[str], int]:
+    """Gate 2: the partitions (not already due) whose signal moved, and how many were read.
+    Updates ``watched`` with every signal read; whatever is due gets its signal too, read
+    before its fingerprint."""
+    flagged: list[str] = []
+    signalled = 0
+    with transient_errors("reading the partitions' change signals"), repeatable_read(conn, read_only=True):
+        set_timeouts(conn, spec)
+        if mode in ("newer", "counted"):
+            due_set = set(due)
+            others = [p for p in labels if p not in due_set]
+            read = _signals(conn, spec, gate, others)
+            signalled = len(read)
+            flagged = [p for p in others if _moved(watched[p].signal, read[p])]
+            for label in others:
+                if label not in flagged:
+                    watched[label] = replace(watched[label], signal=read[label])
+        for label, signal in _signals(conn, spec, gate, [*due, *flagged]).items():
+            watched[label] = replace(watched.get(label) or PartitionWatch(_short(known[label])), signal=signal)
+    return flagged, signalled
+
+
 def watch_tick(
     conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, before: WatchState | None, *,
     budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
@@ -371,18 +415,7 @@ def watch_tick(
     if not labels:
         return Tick({}, WatchState(table), mode, reason, 0, [], [])
 
-    # Partitions to fingerprint whatever the gates say: left over, never checked, or
-    # snapshotted again with content other than what the source had when last checked.
-    watched: dict[str, PartitionWatch] = {}
-    due: list[str] = [p for p in before.pending if p in known]
-    for label in labels:
-        old, snap = before.partitions.get(label), _short(known[label])
-        if old is not None and old.snapshot != snap and old.seen == snap:
-            old = replace(old, snapshot=snap, seen=None)  # restaged from what was reported
-        if old is None or old.snapshot != snap:
-            due.append(label)
-        if old is not None:
-            watched[label] = old
+    due, watched = _already_due(before, known, labels)
     notes: list[str] = []
     flagged: list[str] = []
     signalled = 0
@@ -396,21 +429,8 @@ def watch_tick(
     due = list(dict.fromkeys(due))
 
     if gate is not None:
-        with transient_errors("reading the partitions' change signals"), repeatable_read(conn, read_only=True):
-            set_timeouts(conn, spec)
-            if mode in ("newer", "counted"):
-                due_set = set(due)
-                others = [p for p in labels if p not in due_set]
-                read = _signals(conn, spec, gate, others)
-                signalled = len(read)
-                flagged = [p for p in others if _moved(watched[p].signal, read[p])]
-                for label in others:
-                    if label not in flagged:
-                        watched[label] = replace(watched[label], signal=read[label])
-                due.extend(flagged)
-            # Whatever is fingerprinted gets its signal, read before its fingerprint.
-            for label, signal in _signals(conn, spec, gate, due).items():
-                watched[label] = replace(watched.get(label) or PartitionWatch(_short(known[label])), signal=signal)
+        flagged, signalled = _gate2_flags(conn, spec, gate, mode, labels, due, watched, known)
+        due.extend(flagged)
 
     found, checked = _fingerprint(conn, factory, spec, due, budget_s, clock)
     changed: dict[str, str] = {}

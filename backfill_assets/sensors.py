@@ -153,7 +153,7 @@ def source_snapshot_sensor(
             factory = _factory(context, spec)
             budget = None if deadline is None else max(0.0, deadline - time.monotonic())
             with factory() as conn:
-                tick = watch_tick(conn, factory, spec, WatchState.from_json(before.get(spec.name)), budget_s=budget)
+                tick = watch_tick(conn, spec, WatchState.from_json(before.get(spec.name)), budget_s=budget)
             context.log.info(f"{spec.name}: {tick.summary()}")
             for note in tick.notes:
                 context.log.warning(f"{spec.name}: {note}")

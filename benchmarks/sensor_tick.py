@@ -32,7 +32,7 @@ SETTLE_S = 60.0
 def _tick(factory: ConnectionFactory, spec: Spec, state: WatchState | None) -> tuple[float, Tick]:
     start = time.perf_counter()
     with factory() as conn:
-        tick = watch_tick(conn, factory, spec, state)
+        tick = watch_tick(conn, spec, state)
     return time.perf_counter() - start, tick
 
 
@@ -80,7 +80,7 @@ def full_check_seconds(factory: ConnectionFactory, spec: Spec) -> float:
     source fingerprinted and compared with its newest snapshot."""
     start = time.perf_counter()
     with factory() as conn:
-        source_changes(conn, factory, spec)
+        source_changes(conn, spec)
     return time.perf_counter() - start
 
 

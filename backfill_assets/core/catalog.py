@@ -166,15 +166,14 @@ def has_ordered_index(
 
 
 _UNIQUE_KEYS = sql.SQL(
-    "SELECT coalesce(con.conname, ic.relname), array_agg(a.attname ORDER BY k.ord), "
-    "bool_or(a.attname IS NULL) "
+    "SELECT coalesce(con.conname, ic.relname), array_agg(a.attname ORDER BY k.ord) "
     "FROM pg_catalog.pg_index AS i "
     "JOIN pg_catalog.pg_class AS c ON c.oid = i.indrelid "
     "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
     "JOIN pg_catalog.pg_class AS ic ON ic.oid = i.indexrelid "
     "LEFT JOIN pg_catalog.pg_constraint AS con ON con.conindid = i.indexrelid AND con.contype IN ('p', 'u') "
     "CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) "
-    "LEFT JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = k.attnum AND k.attnum > 0 "
+    "JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
     "WHERE n.nspname = %(schema)s AND c.relname = %(name)s AND i.indisunique AND i.indisvalid "
     "AND i.indpred IS NULL AND i.indexprs IS NULL AND k.ord <= i.indnkeyatts "
     "GROUP BY con.conname, con.contype, ic.relname "
@@ -190,7 +189,7 @@ def unique_keys(conn: psycopg.Connection, ref: TableRef) -> list[tuple[str, list
     One catalog query on the caller's connection.
     """
     rows = conn.execute(_UNIQUE_KEYS, {"schema": ref.schema, "name": ref.name}).fetchall()
-    return [(name, list(columns)) for name, columns, expression in rows if not expression]
+    return [(name, list(columns)) for name, columns in rows]
 
 
 def _grain_name(target: TableRef, columns: Sequence[str]) -> str:

@@ -14,7 +14,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-_LOCK = sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))")
+from backfill_assets.core import sqlbuild
+
 
 _DDL = (
     sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}"),
@@ -114,7 +115,7 @@ def ensure_control_schema(conn: psycopg.Connection, schema: str) -> None:
 
     An advisory transaction lock keeps two first runs from racing on CREATE.
     """
-    conn.execute(_LOCK, {"key": f"backfill_assets:control:{schema}"})
+    conn.execute(*sqlbuild.advisory_xact_lock(f"backfill_assets:control:{schema}"))
     for ddl in _DDL:
         conn.execute(ddl.format(schema=sql.Identifier(schema)))
 

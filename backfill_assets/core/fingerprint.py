@@ -188,10 +188,11 @@ def exact_in_binary(column: ColumnInfo) -> bool:
 def snapshot_rows_hash(
     conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], where: sql.Composable,
     params: dict[str, object],
-) -> str:
-    """SHA-256 of the rows of ``rel`` (aliased ``t``) matching ``where``, independent of their
-    physical order: the content hash of a snapshot's partition (docs/fingerprint.md,
-    "Snapshot identity").
+) -> tuple[int, str]:
+    """The number and the SHA-256 of the rows of ``rel`` (aliased ``t``) matching ``where``,
+    independent of their physical order: the readings of a snapshot's partition
+    (docs/fingerprint.md, "The source snapshot fingerprint"), in one pass (the count is the
+    COPY's own).
 
     A source has no key, so its rows are put in a total order of their values, typed where
     that is exact (:func:`exact_in_binary`: a typed sort, and a binary value nobody decodes,
@@ -205,9 +206,10 @@ def snapshot_rows_hash(
         head += [_field(c.name.encode("utf-8")), _field(f"{c.type_name} {'binary' if exact else 'text'}".encode("utf-8"))]
     h = hashlib.sha256(b"".join(head))
     query, params = sqlbuild.copy_snapshot_stream(rel, [(c.name, exact, c.collatable) for c, exact in forms], where, params)
-    with conn.cursor() as cur, cur.copy(query, params) as copy:
-        _hash_copy_stream(copy, h)
-    return h.hexdigest()
+    with conn.cursor() as cur:
+        with cur.copy(query, params) as copy:
+            _hash_copy_stream(copy, h)
+        return cur.rowcount, h.hexdigest()
 
 
 @contextlib.contextmanager

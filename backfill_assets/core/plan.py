@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.context import (
@@ -149,15 +148,12 @@ def stages_step(
     Returns the snapshot's context, the plan, and the readings of stages A and B.
     """
     with factory() as conn, build_lock(conn, spec):
-        snapshot, ctx = load_snapshot(conn, factory, spec, snapshot_id)
+        snapshot, ctx = load_snapshot(conn, spec, snapshot_id)
         with partition_locks(conn, spec, ctx.labels):
             if spec.parallel is not None:
                 _stage_tables_ready(conn, ctx)
             a, b = build_both(ctx, snapshot, factory, clock, progress)
             return ctx, finish_plan(conn, ctx, snapshot, a, b, clock, progress), a, b
-
-
-_STAGE_TABLES_LOCK = sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))")
 
 
 def _stage_tables_ready(conn: psycopg.Connection, ctx: Context) -> None:
@@ -166,7 +162,7 @@ def _stage_tables_ready(conn: psycopg.Connection, ctx: Context) -> None:
     spec = ctx.spec
     with transient_errors("making the stage tables ready"), conn.transaction():
         set_timeouts(conn, spec)
-        conn.execute(_STAGE_TABLES_LOCK, {"key": f"backfill_assets:stage-tables:{spec.control_schema}:{spec.name}"})
+        conn.execute(*sqlbuild.advisory_xact_lock(f"backfill_assets:stage-tables:{spec.control_schema}:{spec.name}"))
         for variant in ("a", "b"):
             ensure_stage(conn, ctx, variant)
 
@@ -191,7 +187,7 @@ def finish_plan(
         if plan.status == "refused":
             for entry in plan.document.partitions:
                 if not entry.match:
-                    value = ctx.partitions[ctx.labels.index(entry.partition)]
+                    value = ctx.value_of(entry.partition)
                     for v in ("a", "b"):
                         conn.execute(*sqlbuild.delete_partition(ctx.stage(v), spec.partition_key, value))
     progress(ProgressEvent("plan", f"{plan.plan_id[:16]}: {plan.status}", status=plan.status))

@@ -21,14 +21,12 @@ from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import table_columns, table_kind
 from backfill_assets.core.context import Clock, Context, resolve, set_timeouts
 from backfill_assets.core.progress import Progress, ProgressEvent
-from backfill_assets.core.db import ConnectionFactory, repeatable_read, transient_errors
+from backfill_assets.core.db import repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint import snapshot_rows_hash
 from backfill_assets.core.identity import SNAPSHOT_FORMAT, snapshot_identity
 from backfill_assets.core.moves import Scope, close_scope
 from backfill_assets.core.spec import Spec, TableRef, parse_table_name, partition_label
-
-_TXID = sql.SQL("SELECT txid_current()")
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -51,16 +49,10 @@ def source_fingerprints(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     (the source, or a copy of it): the hash is independent of the rows' physical order
     (fingerprint.snapshot_rows_hash; a source has no key to order by)."""
     cols = ctx.inspection.source_columns
-    query, params = sqlbuild.partition_counts(rel, ctx.spec.partition_key, ctx.partitions)
-    counts = {partition_label(p): int(n) for p, n in conn.execute(query, params).fetchall()}
     where = sqlbuild.in_partition(ctx.spec.partition_key)
-    return {
-        label: {
-            "row_count": counts.get(label, 0),
-            "content_hash": snapshot_rows_hash(conn, rel, cols, where, {"partition": p}),
-        }
-        for p, label in zip(ctx.partitions, ctx.labels)
-    }
+    found = {label: snapshot_rows_hash(conn, rel, cols, where, {"partition": p})
+             for p, label in zip(ctx.partitions, ctx.labels)}
+    return {label: {"row_count": rows, "content_hash": digest} for label, (rows, digest) in found.items()}
 
 
 def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -> dict[str, Any]:
@@ -69,12 +61,8 @@ def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     spec = ctx.spec
     where = sqlbuild.outside_scope(rel, spec.target_ref, spec.partition_key, spec.business_key)
     params = {"partitions": ctx.partitions}
-    cols = ctx.inspection.source_columns
-    count = conn.execute(*sqlbuild.count_where(rel, where, params)).fetchone()
-    return {
-        "row_count": int(count[0]) if count else 0,
-        "content_hash": snapshot_rows_hash(conn, rel, cols, where, params),
-    }
+    rows, digest = snapshot_rows_hash(conn, rel, ctx.inspection.source_columns, where, params)
+    return {"row_count": rows, "content_hash": digest}
 
 
 def _scope_document(ctx: Context, requested: list[str]) -> dict[str, Any]:
@@ -226,7 +214,7 @@ def take_snapshot(
     return snapshot, ctx
 
 
-def load_snapshot(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, snapshot_id: str) -> tuple[Snapshot, Context]:
+def load_snapshot(conn: psycopg.Connection, spec: Spec, snapshot_id: str) -> tuple[Snapshot, Context]:
     """A recorded snapshot and the context it was taken in (its partitions and scope).
 
     Raises:
@@ -260,7 +248,7 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: Context, progress: Progress) -
     named after the transaction until its content names it (see :func:`_name_copy`)."""
     spec, src = ctx.spec, ctx.spec.source_ref
     names = ctx.source_column_names
-    txid = conn.execute(_TXID).fetchone()
+    txid = conn.execute(sqlbuild.current_txid()).fetchone()
     assert txid is not None
     pending = TableRef(spec.control_schema, _PENDING_COPY.format(txid[0]))
     progress(ProgressEvent("snapshot", f"copying the declared partitions of {src}", status="copying"))
@@ -371,8 +359,7 @@ def copy_intact(conn: psycopg.Connection, ctx: Context, relation: TableRef, fing
     return copy_problem(conn, ctx, relation, fingerprint) is None
 
 
-def source_changes(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
-                   labels: list[str] | None = None) -> dict[str, str]:
+def source_changes(conn: psycopg.Connection, spec: Spec, labels: list[str] | None = None) -> dict[str, str]:
     """Partitions whose source content differs from their newest snapshot: label -> new hash.
 
     Only partitions that were snapshotted before are looked at (that is what a rerun of the
@@ -385,10 +372,15 @@ def source_changes(conn: psycopg.Connection, factory: ConnectionFactory, spec: S
         known = {k: known[k] for k in known.keys() & set(labels)}
     if not known:
         return {}
-    ctx = resolve(conn, spec, sorted(known))
+    return changes_against(conn, resolve(conn, spec, sorted(known)), known)
+
+
+def changes_against(conn: psycopg.Connection, ctx: Context, known: dict[str, str]) -> dict[str, str]:
+    """The context's partitions whose source content differs from ``known`` (label -> content
+    hash of its newest snapshot): label -> the source's hash now."""
     with transient_errors("reading the source"), repeatable_read(conn, read_only=True):
-        set_timeouts(conn, spec)
-        now = source_fingerprints(conn, ctx, spec.source_ref)
+        set_timeouts(conn, ctx.spec)
+        now = source_fingerprints(conn, ctx, ctx.spec.source_ref)
     return {label: now[label]["content_hash"] for label in ctx.labels if now[label]["content_hash"] != known[label]}
 
 

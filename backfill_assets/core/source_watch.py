@@ -53,6 +53,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -60,10 +61,10 @@ import psycopg
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import has_ordered_index, table_columns, table_kind
-from backfill_assets.core.context import set_timeouts
-from backfill_assets.core.db import ConnectionFactory, repeatable_read, transient_errors
+from backfill_assets.core.context import resolve, set_timeouts
+from backfill_assets.core.db import repeatable_read, transient_errors
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.snapshot import source_changes
+from backfill_assets.core.snapshot import changes_against
 from backfill_assets.core.spec import Spec
 
 STATE_FORMAT = 1
@@ -315,19 +316,27 @@ def _moved(before: Signal | None, now: Signal) -> bool:
 
 
 def _fingerprint(
-    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, labels: list[str],
+    conn: psycopg.Connection, spec: Spec, known: dict[str, str], labels: list[str],
     budget_s: float | None, clock: Callable[[], float],
 ) -> tuple[dict[str, str], list[str]]:
-    """Full comparison of ``labels`` with their newest snapshots, in batches sized by the
-    time a partition took so far (at most doubling), until the budget is spent; at least one
-    partition. Returns (changed, checked)."""
+    """Full comparison of ``labels`` with their newest snapshots (``known``), in batches sized
+    by the time a partition took so far (at most doubling), until the budget is spent; at
+    least one partition. The spec is resolved against the catalog once. Returns (changed,
+    checked)."""
+    if not labels:
+        return {}, []
+    ctx = resolve(conn, spec, labels)
+
+    def changes(batch: list[str]) -> dict[str, str]:
+        return changes_against(conn, dataclasses.replace(ctx, partitions=[ctx.value_of(p) for p in batch]), known)
+
     if budget_s is None:
-        return source_changes(conn, factory, spec, labels=labels) if labels else {}, list(labels)
+        return changes(labels), list(labels)
     start, done, size = clock(), 0, 1
     changed: dict[str, str] = {}
     while done < len(labels):
         batch = labels[done:done + size]
-        changed.update(source_changes(conn, factory, spec, labels=batch))
+        changed.update(changes(batch))
         done += len(batch)
         elapsed = clock() - start
         if elapsed >= budget_s:
@@ -382,7 +391,7 @@ def _gate2_flags(
 
 
 def watch_tick(
-    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, before: WatchState | None, *,
+    conn: psycopg.Connection, spec: Spec, before: WatchState | None, *,
     budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
 ) -> Tick:
     """One tick of the source sensor for one spec: find the snapshotted partitions whose
@@ -432,7 +441,7 @@ def watch_tick(
         flagged, signalled = _gate2_flags(conn, spec, gate, mode, labels, due, watched, known)
         due.extend(flagged)
 
-    found, checked = _fingerprint(conn, factory, spec, due, budget_s, clock)
+    found, checked = _fingerprint(conn, spec, known, due, budget_s, clock)
     changed: dict[str, str] = {}
     for label in checked:
         old = watched.get(label) or PartitionWatch(_short(known[label]))

@@ -21,7 +21,6 @@ from backfill_assets.core.fingerprint import Fingerprint, business_key_order
 from backfill_assets.core.snapshot import SEAL_HORIZON, Snapshot, copy_problem
 from backfill_assets.core.spec import PartitionValue, Spec, TableRef, partition_label
 
-_TXID = sql.SQL("SELECT txid_current()")
 
 
 
@@ -75,7 +74,7 @@ def build_partition(
             moving=spec.records_can_move,
         ))
         writer = conn.execute(*sqlbuild.partition_writer(stage, spec.partition_key, partition)).fetchone()
-        txid = conn.execute(_TXID).fetchone()
+        txid = conn.execute(sqlbuild.current_txid()).fetchone()
         assert txid is not None
         readings = ctx.readings(conn, stage, partition)
         control.record_build(

@@ -413,11 +413,11 @@ def test_the_stages_step_refuses_a_snapshot_that_does_not_exist(unmoved_db, fact
 def test_source_changes_name_the_partitions_whose_source_moved_on(unmoved_db, factory, conn):
     from backfill_assets.core.snapshot import source_changes
 
-    assert source_changes(conn, factory, STATIC) == {}
+    assert source_changes(conn, STATIC) == {}
     make_plan(STATIC, PartitionRequest("2024-01-01..2024-01-03"), factory)
-    assert source_changes(conn, factory, STATIC) == {}
+    assert source_changes(conn, STATIC) == {}
     unmoved_db.execute("UPDATE public.orders_raw SET note = 'late fix' WHERE order_date = '2024-01-02'")
-    assert list(source_changes(conn, factory, STATIC)) == ["2024-01-02"]
+    assert list(source_changes(conn, STATIC)) == ["2024-01-02"]
 
 
 def test_a_source_that_comes_back_to_an_earlier_state_is_snapshotted_as_the_newest(unmoved_db, factory, conn):
@@ -434,12 +434,12 @@ def test_a_source_that_comes_back_to_an_earlier_state_is_snapshotted_as_the_newe
     first = snapshot_step(STATIC, day, factory)
     unmoved_db.execute("UPDATE public.orders_raw SET note = 'late fix' WHERE ingest_seq = %s", (seq,))
     changed = snapshot_step(STATIC, day, factory)
-    assert list(source_changes(conn, factory, STATIC)) == []
+    assert list(source_changes(conn, STATIC)) == []
     unmoved_db.execute("UPDATE public.orders_raw SET note = %s WHERE ingest_seq = %s", (note, seq))
-    assert list(source_changes(conn, factory, STATIC)) == ["2024-01-02"]  # back to A, newest is B
+    assert list(source_changes(conn, STATIC)) == ["2024-01-02"]  # back to A, newest is B
     again = snapshot_step(STATIC, day, factory)
     assert changed.snapshot_id != first.snapshot_id and again.snapshot_id == first.snapshot_id
-    assert source_changes(conn, factory, STATIC) == {}
+    assert source_changes(conn, STATIC) == {}
     newest = control.newest_snapshots(conn, "backfill_control", str(STATIC.source_ref), STATIC.partition_key, ["2024-01-02"])
     assert newest["2024-01-02"][0] == first.snapshot_id
 

@@ -50,7 +50,7 @@ def write(factory, conn: psycopg.Connection, statement: str, params: dict[str, A
 
 def tick(factory, spec, before: WatchState | None, conn: psycopg.Connection, **kwargs: Any):
     with factory() as c:
-        result = watch_tick(c, factory, spec, before, **kwargs)
+        result = watch_tick(c, spec, before, **kwargs)
     settle(conn)
     return result
 
@@ -143,7 +143,7 @@ def test_an_insert_that_commits_after_a_newer_one_is_flagged(watched, source_db,
                 fast.execute(insert.encode(), {"id": 2, "ahead": 2})
             settle(source_db, keep=slow.info.backend_pid)
             with factory() as c:
-                seen = watch_tick(c, factory, WATCHING, watched)
+                seen = watch_tick(c, WATCHING, watched)
             assert seen.flagged == ["2024-01-03"]  # the newer row
             settle(source_db, keep=slow.info.backend_pid)
         # The slow row commits now; the partition's newest value does not move.
@@ -230,7 +230,7 @@ def test_a_write_whose_counters_arrive_late_is_found_by_a_later_tick(watched, so
         state, deadline = watched, time.monotonic() + 30
         while True:
             with factory() as c:
-                result = watch_tick(c, factory, WATCHING, state)
+                result = watch_tick(c, WATCHING, state)
             state = result.state
             if result.changed:
                 break

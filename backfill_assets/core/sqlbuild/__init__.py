@@ -37,12 +37,12 @@ from backfill_assets.core.sqlbuild.copies import (
     drop_table,
     dropped_columns,
     partition_seal_check,
+    current_txid,
     partition_writer,
     rename_table,
 )
 from backfill_assets.core.sqlbuild.moves import (
     copy_scope,
-    count_where,
     key_homes,
     outside_scope,
     scope_keys,
@@ -69,6 +69,7 @@ from backfill_assets.core.sqlbuild.readings import (
 )
 from backfill_assets.core.sqlbuild.replace import (
     advisory_lock,
+    advisory_xact_lock,
     advisory_unlock,
     has_unique_index,
     insert_from_stage,
@@ -83,9 +84,9 @@ from backfill_assets.core.sqlbuild.watch import (
 
 __all__ = [
     "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
-    "add_unique_constraint", "advisory_lock", "any_tied_group", "advisory_unlock", "build_stage",
+    "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "build_stage",
     "column_profile", "copy_canonical_stream", "copy_snapshot_stream", "copy_partitions", "copy_scope",
-    "copy_seal_check", "copy_writer", "count_where", "create_empty_copy", "create_index",
+    "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
     "delete_partition", "distinct_partitions", "drop_table", "dropped_columns",
     "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
     "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace",

@@ -19,6 +19,7 @@ _CREATE_INDEX = sql.SQL("CREATE INDEX ON {rel} ({items})")
 _CREATE_UNIQUE_INDEX = sql.SQL("CREATE UNIQUE INDEX ON {rel} ({items})")
 _DROP_TABLE = sql.SQL("DROP TABLE IF EXISTS {rel}")
 _RENAME_TABLE = sql.SQL("ALTER TABLE {rel} RENAME TO {name}")
+_CURRENT_TXID = sql.SQL("SELECT txid_current()")
 
 
 def create_empty_copy(new: TableRef, rel: TableRef, columns: Sequence[str], *, unlogged: bool) -> sql.Composed:
@@ -92,6 +93,11 @@ def copy_seal_check(rel: TableRef, writer: str | None) -> Query:
 def dropped_columns(rel: TableRef) -> Query:
     """How many dropped columns a table has (a column dropped and added again keeps xmin)."""
     return _DROPPED_COLUMNS, {"schema": rel.schema, "name": rel.name}
+
+
+def current_txid() -> sql.Composed:
+    """The 64-bit id of the current transaction (assigning one if it has none yet)."""
+    return _CURRENT_TXID.format()
 
 
 def rename_table(rel: TableRef, name: str) -> sql.Composed:

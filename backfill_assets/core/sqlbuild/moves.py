@@ -4,8 +4,7 @@ newest version lives, and copying or counting every version of the scope's keys.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from psycopg import sql
 
@@ -106,11 +105,3 @@ def outside_scope(src: TableRef, tgt: TableRef, partition_key: str, business_key
         pk=col("t", partition_key), key=cols("t", business_key),
         keys=scope_keys(src, tgt, partition_key, business_key),
     )
-
-
-_COUNT_WHERE = sql.SQL("SELECT count(*) FROM {rel} AS t WHERE {where}")
-
-
-def count_where(rel: TableRef, where: sql.Composable, params: Mapping[str, Any]) -> Query:
-    """Rows of ``rel`` (aliased ``t``) matching ``where``."""
-    return _COUNT_WHERE.format(rel=table(rel), where=where), dict(params)

@@ -19,6 +19,7 @@ from backfill_assets.core.sqlbuild.parts import (
 )
 
 _ADVISORY_LOCK = sql.SQL("SELECT pg_advisory_lock(hashtextextended(%(key)s, 0))")
+_ADVISORY_XACT_LOCK = sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))")
 _ADVISORY_UNLOCK = sql.SQL("SELECT pg_advisory_unlock(hashtextextended(%(key)s, 0))")
 _LOCK_TABLE = sql.SQL("LOCK TABLE {rel} IN SHARE ROW EXCLUSIVE MODE")
 _INSERT_FROM_STAGE = sql.SQL(
@@ -30,6 +31,12 @@ _INSERT_FROM_STAGE = sql.SQL(
 def advisory_lock(key: str) -> Query:
     """A session advisory lock on ``key`` (waits, bounded by lock_timeout)."""
     return _ADVISORY_LOCK, {"key": key}
+
+
+def advisory_xact_lock(key: str) -> Query:
+    """An advisory lock on ``key`` held until the end of the transaction (waits, bounded by
+    lock_timeout)."""
+    return _ADVISORY_XACT_LOCK, {"key": key}
 
 
 def advisory_unlock(key: str) -> Query:

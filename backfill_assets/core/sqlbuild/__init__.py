@@ -6,10 +6,11 @@ parameters. Templates are module-level literals. No statement selects ``*``.
 The builders live in rooms by what the statement is for: ``parts`` (what every statement is
 built from), ``readings`` (fingerprint streams and partition readings), ``builds`` (the input
 relation and the stage builds), ``checks`` (input checks before a build), ``copies``
-(snapshot and stage tables and their seals), ``moves`` (records that can move), ``replace``
-(locks and the insert into the target) and ``profiling`` (what ``profile`` measures). This
-package re-exports every public name so that there is one namespace for every statement
-builder: callers write ``sqlbuild.<name>`` and need not know which room a builder is in.
+(snapshot and stage tables and their seals), ``moves`` (records that can move), ``lake`` (a
+stage partition read for a lake table), ``replace`` (locks and the insert into the target) and
+``profiling`` (what ``profile`` measures). This package re-exports every public name so that
+there is one namespace for every statement builder: callers write ``sqlbuild.<name>`` and need
+not know which room a builder is in.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from __future__ import annotations
 from backfill_assets.core.sqlbuild.builds import (
     SOURCE_CTE,
     build_stage,
+    create_stage_from_input,
     delete_partition,
+    describe_input,
     input_relation,
 )
 from backfill_assets.core.sqlbuild.checks import (
@@ -41,9 +44,13 @@ from backfill_assets.core.sqlbuild.copies import (
     partition_writer,
     rename_table,
 )
+from backfill_assets.core.sqlbuild.lake import copy_partition_csv, read_settings
 from backfill_assets.core.sqlbuild.moves import (
+    copy_keys_in,
     copy_scope,
+    create_keys_table,
     key_homes,
+    keys_in_several_partitions,
     outside_scope,
     scope_keys,
 )
@@ -85,13 +92,14 @@ from backfill_assets.core.sqlbuild.watch import (
 __all__ = [
     "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
     "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "build_stage",
-    "column_profile", "copy_canonical_stream", "copy_snapshot_stream", "copy_partitions", "copy_scope",
+    "column_profile", "copy_canonical_stream", "copy_partition_csv", "copy_snapshot_stream", "copy_partitions", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
+    "create_stage_from_input", "describe_input", "copy_keys_in", "create_keys_table", "keys_in_several_partitions",
     "delete_partition", "distinct_partitions", "drop_table", "dropped_columns",
     "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
     "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace",
     "ordering_null_counts", "ordering_ties", "outside_scope", "partition_counts",
-    "partition_readings", "partition_seal_check", "partition_writer", "rename_table", "rows_outside_partitions",
+    "partition_readings", "partition_seal_check", "partition_writer", "read_settings", "rename_table", "rows_outside_partitions",
     "scope_keys", "table",
     "partition_signals", "statistics_state", "table_counters",
 ]

@@ -64,6 +64,23 @@ def input_relation(
     )
 
 
+_DESCRIBE = sql.SQL("SELECT {cols} FROM ({input}) AS i LIMIT 0")
+_CREATE_FROM_INPUT = sql.SQL("CREATE UNLOGGED TABLE {new} AS SELECT {cols} FROM ({input}) AS i WITH NO DATA")
+
+
+def describe_input(input_relation: sql.Composable, columns: Sequence[str]) -> sql.Composed:
+    """A query of the input relation's ``columns`` that reads no row: its result description
+    gives their types (catalog.describe_query). Build the relation unfiltered and without
+    ``%`` escaping (the query takes no parameters)."""
+    return _DESCRIBE.format(cols=cols("i", columns), input=input_relation)
+
+
+def create_stage_from_input(new: TableRef, input_relation: sql.Composable, columns: Sequence[str]) -> sql.Composed:
+    """A new, empty, unlogged table with ``columns`` typed as the input relation gives them
+    (the stage of a lake target, which has no PostgreSQL table to copy the types from)."""
+    return _CREATE_FROM_INPUT.format(new=table(new), cols=cols("i", columns), input=input_relation)
+
+
 # --- stage builds -----------------------------------------------------------------------
 
 _DELETE_PARTITION = sql.SQL("DELETE FROM {rel} WHERE {pk} = %(partition)s")

@@ -105,3 +105,35 @@ def outside_scope(src: TableRef, tgt: TableRef, partition_key: str, business_key
         pk=col("t", partition_key), key=cols("t", business_key),
         keys=scope_keys(src, tgt, partition_key, business_key),
     )
+
+
+# --- a lake target's keys, for the statements above --------------------------------------
+
+_CREATE_KEYS = sql.SQL(
+    "CREATE TEMPORARY TABLE {name} ON COMMIT DROP AS SELECT {cols} FROM ({input}) AS i WITH NO DATA"
+)
+_COPY_KEYS_IN = sql.SQL("COPY {rel} ({cols}) FROM STDIN (FORMAT csv)")
+_KEYS_IN_SEVERAL = sql.SQL(
+    "SELECT {key_text}, count(*) FROM {rel} AS t GROUP BY {t_bk} HAVING count(*) > 1 ORDER BY {t_bk} LIMIT 5"
+)
+
+
+def create_keys_table(name: str, input_relation: sql.Composable, columns: Sequence[str]) -> sql.Composed:
+    """A temporary table, dropped at commit, with ``columns`` typed as the input relation
+    gives them: a lake target's keys are loaded into it (build the relation unfiltered and
+    without ``%`` escaping; the statement takes no parameters)."""
+    return _CREATE_KEYS.format(name=sql.Identifier(name), cols=cols("i", columns), input=input_relation)
+
+
+def copy_keys_in(rel: TableRef, columns: Sequence[str]) -> sql.Composed:
+    """``COPY rel (columns) FROM STDIN`` in CSV (an unquoted empty field is NULL)."""
+    return _COPY_KEYS_IN.format(rel=table(rel), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns))
+
+
+def keys_in_several_partitions(rel: TableRef, business_key: Sequence[str]) -> sql.Composed:
+    """Up to 5 business keys of ``rel`` (distinct (partition, key) rows) found in more than
+    one partition: (key texts..., count)."""
+    return _KEYS_IN_SEVERAL.format(
+        key_text=sql.SQL(", ").join(sql.SQL("{}::text").format(col("t", c)) for c in business_key),
+        rel=table(rel), t_bk=cols("t", business_key),
+    )

@@ -161,7 +161,8 @@ def spec_assets(spec: Spec) -> list[Any]:
     """The asset definitions of one spec."""
     shape = _Shape(spec, Keys.of(spec), partitions_def(spec))
     source = dg.AssetSpec(
-        shape.keys.source, group_name=spec.name, kinds={"postgres"},
+        shape.keys.source, group_name=spec.name,
+                            kinds={TARGET_KINDS[spec.target.format]},
         description=f"The source table {spec.source_ref}; read only, never written.",
         metadata={"table": str(spec.source_ref)},
     )
@@ -179,7 +180,8 @@ def _snapshot_asset(shape: _Shape) -> dg.AssetsDefinition:
 
     @shape.multi_asset(
         "snapshot", build_pool(spec),
-        specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=spec.name, kinds={"postgres"},
+        specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=spec.name,
+                            kinds={TARGET_KINDS[spec.target.format]},
                             description="A fixed copy (or pinned fingerprint) of the source partitions.")],
     )
     def snapshot(context: dg.AssetExecutionContext):
@@ -197,9 +199,11 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
     @shape.multi_asset(
         "stages", build_pool(spec),
         specs=[
-            dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=spec.name, kinds={"postgres"},
+            dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=spec.name,
+                            kinds={TARGET_KINDS[spec.target.format]},
                          description="Newest row per business key, built with DISTINCT ON."),
-            dg.AssetSpec(keys.stage_b, deps=[keys.snapshot], group_name=spec.name, kinds={"postgres"},
+            dg.AssetSpec(keys.stage_b, deps=[keys.snapshot], group_name=spec.name,
+                            kinds={TARGET_KINDS[spec.target.format]},
                          description="Newest row per business key, built independently with a window "
                                      "function; compared with stage A into a plan."),
         ],
@@ -252,13 +256,18 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
     return stages
 
 
+# The Dagster kind tag of each target format (its icon in the UI).
+TARGET_KINDS = {"postgres": "postgres", "delta": "delta", "iceberg": "iceberg"}
+
+
 def _target_asset(shape: _Shape) -> dg.AssetsDefinition:
     spec, keys, parts = shape.spec, shape.keys, shape.parts
 
     @shape.multi_asset(
         "target", replace_pool(spec),
-        specs=[dg.AssetSpec(keys.target, deps=[keys.stage_a, keys.stage_b], group_name=spec.name, kinds={"postgres"},
-                            description=f"{spec.target_ref}: approved partitions replaced from stage A, "
+        specs=[dg.AssetSpec(keys.target, deps=[keys.stage_a, keys.stage_b], group_name=spec.name,
+                            kinds={TARGET_KINDS[spec.target.format]},
+                            description=f"{spec.target_name}: approved partitions replaced from stage A, "
                                         "one verified transaction each.")],
         check_specs=[shape.check(events.TARGET_CHECK, keys.target,
                                  "After the replace, the target partition carries the approved fingerprint.")],

@@ -27,7 +27,7 @@ from backfill_assets.core.approve import (
     open_approvals,
     review,
 )
-from backfill_assets.core.catalog import inspect_tables
+from backfill_assets.core.context import inspect
 from backfill_assets.core.ledger import ledger_status
 from backfill_assets.core.db import (
     ConnectionFactory,
@@ -119,14 +119,14 @@ def cmd_inspect(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     factory = _factory(spec, args)
     with factory() as conn:
-        inspection = inspect_tables(conn, spec)
+        inspection = inspect(conn, spec)
     if out.json_mode:
         out.json(inspection.as_dict())
     else:
         s = inspection.server
         out.result(f"{s.engine} {s.version} ({s.encoding})")
         for label, cols in (("source " + str(spec.source_ref), inspection.source_columns),
-                            ("target " + str(spec.target_ref), inspection.target_columns)):
+                            ("target " + spec.target_name, inspection.target_columns)):
             out.result(f"{label}: " + ", ".join(f"{c.name} {c.type_name}" for c in cols))
         out.result("target unique keys: " + ("; ".join(f"{n} ({', '.join(c)})" for n, c in inspection.target_unique_keys) or "none"))
         out.result(f"partition key kind: {inspection.partition_kind}")
@@ -144,7 +144,7 @@ def cmd_profile(args: argparse.Namespace, out: Output) -> int:
     with factory() as conn:
         partitions = None
         if args.partitions:
-            inspection = inspect_tables(conn, spec)
+            inspection = inspect(conn, spec)
             kind = inspection.partition_kind or "text"
             partitions = PartitionRequest(args.partitions).resolve(kind)
         profile = profile_source(conn, spec, partitions)
@@ -228,11 +228,11 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
         rows = ledger_status(conn, spec)
         approvals = open_approvals(conn, factory, spec)
     if out.json_mode:
-        out.json({"target": str(spec.target_ref), "partitions": [
+        out.json({"target": spec.target_name, "partitions": [
             {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in r.items()} for r in rows
         ], "open_approvals": [a.as_json() for a in approvals]})
     else:
-        out.result(f"latest state per partition of {spec.target_ref}")
+        out.result(f"latest state per partition of {spec.target_name}")
         out.result(render_status(rows))
         out.result("\n" + render_approvals(approvals))
     return 0
@@ -241,7 +241,8 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
 def cmd_demo(args: argparse.Namespace, out: Output) -> int:
     from backfill_assets.demo_run import run_demo
 
-    run_demo(load_spec(args.spec), args.partitions, out)
+    lake = None if args.lake_spec == "none" else load_spec(args.lake_spec)
+    run_demo(load_spec(args.spec), args.partitions, out, lake)
     return 0
 
 
@@ -257,7 +258,7 @@ def cmd_ui(args: argparse.Namespace, out: Output) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="backfill-assets",
-        description="Idempotent, verified backfills of partitioned PostgreSQL tables.",
+        description="Idempotent, verified backfills of partitioned tables (PostgreSQL, Delta Lake, Apache Iceberg).",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -298,8 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Start the Dagster UI and daemon on loopback with the embedded PostgreSQL.")
     ui.add_argument("--port", type=int, default=3000, help="the UI's port on 127.0.0.1 (default 3000)")
     ui.set_defaults(fn=cmd_ui, json=False, quiet=False)
-    command("demo", "Run the whole flow on the embedded PostgreSQL with a messy sample source.",
-            cmd_demo, partitions="2024-01-01..2024-01-07", spec_default="backfills/orders_daily.yaml")
+    demo_cmd = command("demo", "Run the whole flow on the embedded PostgreSQL with a messy sample source, then "
+                               "the same backfill into a Delta Lake table.",
+                       cmd_demo, partitions="2024-01-01..2024-01-07", spec_default="backfills/orders_daily.yaml")
+    demo_cmd.add_argument("--lake-spec", default="deploy/examples/orders_delta.yaml", metavar="FILE",
+                          help="the Delta-target spec of the demo's last step ('none' to skip it)")
     return parser
 
 

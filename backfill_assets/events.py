@@ -139,7 +139,10 @@ def target_events(keys: Keys, parts: dg.PartitionsDefinition, labels: list[str],
     for r in results:
         if not parts.has_partition_key(r["partition"]):
             continue
-        meta = {**readings_metadata(r), "status": r["status"], "plan_id": plan_id}
+        meta = {**readings_metadata(r), "status": r["status"], "plan_id": plan_id,
+                # A lake table's version (Delta) or snapshot id (Iceberg) that was committed
+                # and verified.
+                **({"table_version": r["target_version"]} if r.get("target_version") else {})}
         yield dg.AssetMaterialization(keys.target, partition=r["partition"], metadata=meta)
         yield dg.AssetCheckEvaluation(
             asset_key=keys.target, check_name=TARGET_CHECK, passed=True,

@@ -20,7 +20,7 @@ def spec_jobs(spec: Spec) -> list:
         dg.define_asset_job(stages_job_name(spec), selection=[keys.snapshot, keys.stage_a, keys.stage_b],
                             description=f"Snapshot and build both stages of {spec.name}."),
         dg.define_asset_job(target_job_name(spec), selection=[keys.target],
-                            description=f"Replace approved partitions of {spec.target_ref}."),
+                            description=f"Replace approved partitions of {spec.target_name}."),
     ]
 
 

@@ -34,7 +34,7 @@ def render_plan(plan: Plan, parallel: ParallelSpec | None = None) -> str:
     lines = [
         f"plan {plan.plan_id}",
         f"  status:            {plan.status}",
-        f"  target:            {doc.target} (plan does not write to it)",
+        f"  target:            {doc.target} (plan does not write to it){_creates(doc)}",
         f"  source:            {doc.source}",
         f"  snapshot:          {snap.id} ({snap.mode}, fingerprint {snap.fingerprint[:16]}...)",
         f"  transform version: {doc.transform_version}",
@@ -96,10 +96,19 @@ def render_profile(profile: Profile) -> str:
     return "\n".join(lines)
 
 
+def _creates(doc: PlanDocument) -> str:
+    if not doc.creates_target:
+        return ""
+    schema = ", ".join(f"{name} {kind}" for name, kind in doc.target_table_columns)
+    return f"\n  creates the table: it does not exist; apply creates it, partitioned by {doc.partition_key}: {schema}"
+
+
 def render_replacement(doc: PlanDocument) -> str:
     labels = doc.labels
+    created = f"Approving will CREATE {doc.target} (empty, partitioned by {doc.partition_key}), then " \
+        if doc.creates_target else "Approving will "
     return (
-        f"Approving will REPLACE {len(labels)} partition(s) of {doc.target} "
+        f"{created}{'REPLACE' if not doc.creates_target else 'fill'} {len(labels)} partition(s) of {doc.target} "
         f"({', '.join(labels)}) with the stage rows fingerprinted above: every existing row of "
         "those partitions is deleted. No other partition is touched."
     )
@@ -165,7 +174,8 @@ def plan_markdown(doc: PlanDocument, plan_id: str, parallel: ParallelSpec | None
     snap = doc.snapshot
     lines = [
         f"**plan** `{plan_id}`  ",
-        f"target `{doc.target}`, snapshot `{snap.id}`, transform `{doc.transform_version}`",
+        f"target `{doc.target}`{' (apply creates it)' if doc.creates_target else ''}, snapshot `{snap.id}`, "
+        f"transform `{doc.transform_version}`",
         "",
         "| partition | A = B | rows | total | content hash |",
         "|---|---|---:|---:|---|",

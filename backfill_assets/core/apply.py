@@ -105,7 +105,10 @@ def replace_group(
         if all(covered[label].now == approved[label] for label in labels):
             return "skipped-already-verified"
         recheck_stage(conn, ctx, stored, labels)
-        write.replace(labels)
+        write.replace(labels, {
+            "plan_id": stored.plan_id, "approval_id": str(approval.approval_id), "partitions": ",".join(labels),
+            "content_hash": ",".join(approved[label]["content_hash"] for label in labels),
+        })
         _compare(approved, write.readings(labels), "verification before commit")
         checkpoint("before-commit", labels)
     checkpoint("committed", labels)
@@ -196,9 +199,12 @@ def apply_plan(
         target = make_target(conn, factory, ctx, checkpoint)
         try:
             for n, labels in enumerate(groups):
-                status = _replace_and_record(conn, target, ctx, stored, approval, run_id, groups, n, clock, checkpoint)
+                status, version = _replace_and_record(conn, target, ctx, stored, approval, run_id, groups, n, clock,
+                                                      checkpoint)
                 for label in labels:
                     entry = {"partition": label, "status": status, **stored.approved(label)}
+                    if version is not None:
+                        entry["target_version"] = version
                     result.partitions.append(entry)
                     if on_result is not None:
                         on_result(entry)
@@ -241,9 +247,9 @@ def _checked_before_writing(
 def _replace_and_record(
     conn: psycopg.Connection, target: Target, ctx: Context, stored: Plan, approval: Approval, run_id: str,
     groups: list[list[str]], n: int, clock: Clock, checkpoint: Checkpoint,
-) -> str:
+) -> tuple[str, str | None]:
     """Replace and verify group ``n`` under its partition locks, recording each step in the
-    ledger; on failure, mark it failed and the following groups not attempted, and raise."""
+    ledger; return its status and the lake version committed (None: none, or PostgreSQL). On failure, mark it failed and the following groups not attempted, and raise."""
     spec, labels = ctx.spec, groups[n]
     ledger.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
     try:
@@ -254,8 +260,9 @@ def _replace_and_record(
                 checkpoint("verified", labels)
             # Recorded before the partition is released: the next run to lock it
             # judges its approval against a ledger that names this run.
-            ledger.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock())
-            return status
+            version = target.committed_version(labels)
+            ledger.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock(), target_version=version)
+            return status, version
     except (BackfillError, psycopg.Error) as err:
         # Our errors and the driver's carry no credential (see db.connect).
         message = " ".join(str(err).split()) or err.__class__.__name__
@@ -295,7 +302,7 @@ def approved_plan_for(conn: psycopg.Connection, spec: Spec, labels: list[str]) -
     missing = [label for label, plan_id in found.items() if plan_id is None]
     if missing:
         raise ApprovalError(
-            f"partition(s) {', '.join(missing)} of {spec.target_ref} have no approved plan; "
+            f"partition(s) {', '.join(missing)} of {spec.target_name} have no approved plan; "
             "plan them and approve that plan before the target is materialized"
         )
     plans = sorted(set(found.values()))  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -102,6 +103,9 @@ class Inspection:
     problems: list[str] = field(default_factory=list)
     # An index gives the target's partitions in business-key order (fingerprints read it).
     target_key_indexed: bool = False
+    # A lake target: whether its table exists, and the schema the stage maps to
+    # (core.lake_target.LakeState; None for a PostgreSQL target).
+    lake: Any = None
 
     def column(self, name: str) -> ColumnInfo:
         """A target column by name."""
@@ -127,6 +131,7 @@ class Inspection:
             "target_unique_keys": [{"name": n, "columns": cols} for n, cols in self.target_unique_keys],
             "partition_kind": self.partition_kind, "grain_columns": self.grain_columns,
             "grain_ddl": self.grain_ddl, "problems": self.problems,
+            **({} if self.lake is None else {"lake_table": self.lake.as_dict()}),
         }
 
 
@@ -221,6 +226,65 @@ def _partition_kind(
     return kind
 
 
+def _check_source_columns(spec: Spec, snames: dict[str, ColumnInfo], source_kind: str | None,
+                          problems: list[str]) -> None:
+    if not source_kind:
+        return
+    src = spec.source_ref
+    if spec.partition_key not in snames:
+        problems.append(f"source {src} has no partition_key column {spec.partition_key}")
+    if spec.transform_sql is None:
+        missing = [c for c in spec.input_columns if c not in snames]
+        if missing:
+            problems.append(f"source {src} has no column(s) {', '.join(missing)}")
+    clash = [c for c in spec.input_columns if c.startswith("__backfill") or c.startswith("__v")]
+    if clash:
+        problems.append(f"column names starting with '__backfill' or '__v' are reserved: {clash}")
+
+
+def check_total(spec: Spec, columns: dict[str, ColumnInfo], problems: list[str]) -> None:
+    """An additive total must be exact."""
+    if spec.total is not None and spec.total in columns and columns[spec.total].base_type not in _EXACT_NUMERIC:
+        problems.append(
+            f"total {spec.total} has type {columns[spec.total].type_name}; an additive total must "
+            "be exact (integer or numeric)"
+        )
+
+
+def partition_kind_of(column: ColumnInfo, problems: list[str]) -> PartitionKind | None:
+    """The kind of a partition key column (None, with a problem, when it cannot be one)."""
+    kind = _PARTITION_KINDS.get(column.base_type)
+    if kind is None:
+        problems.append(
+            f"partition_key {column.name} has type {column.type_name}; use a date, integer or text partition key"
+        )
+    return kind
+
+
+_DESCRIBE_TYPES = sql.SQL(
+    "SELECT format_type(t.oid, m.mod), t.typcategory, "
+    "coalesce(nullif(t.typcollation, 0), nullif(b.typcollation, 0)) IS NOT NULL, b.typname "
+    "FROM unnest(%(oids)s::oid[], %(mods)s::int[]) WITH ORDINALITY AS m(oid, mod, ord) "
+    "JOIN pg_catalog.pg_type AS t ON t.oid = m.oid "
+    "JOIN pg_catalog.pg_type AS b ON b.oid = coalesce(nullif(t.typbasetype, 0), t.oid) ORDER BY m.ord"
+)
+
+
+def describe_query(conn: psycopg.Connection, query: sql.Composable) -> list[ColumnInfo]:
+    """The output columns of a query, with their exact types (modifiers included), read from
+    the server's description of its result (give it a query that reads no row, such as
+    sqlbuild.describe_input's)."""
+    with conn.cursor() as cur:
+        cur.execute(query)
+        result = cur.pgresult
+        assert result is not None and cur.description is not None
+        names = [c.name for c in cur.description]
+        oids = [result.ftype(i) for i in range(result.nfields)]
+        mods = [result.fmod(i) for i in range(result.nfields)]
+    rows = conn.execute(_DESCRIBE_TYPES, {"oids": oids, "mods": mods}).fetchall()
+    return [ColumnInfo(name, r[0], r[1], bool(r[2]), r[3]) for name, r in zip(names, rows)]
+
+
 def inspect_tables(conn: psycopg.Connection, spec: Spec) -> Inspection:
     """Inspect source and target read-only and collect every problem with the spec.
 
@@ -232,14 +296,23 @@ def inspect_tables(conn: psycopg.Connection, spec: Spec) -> Inspection:
     server = server_info(conn)
     if server.version_num < MIN_SERVER_VERSION:
         problems.append(f"PostgreSQL {server.version} is too old; version 12 or newer is needed")
-    src, tgt = spec.source_ref, spec.target_ref
-    source_kind, target_kind = table_kind(conn, src), table_kind(conn, tgt)
+    src = spec.source_ref
+    source_kind = table_kind(conn, src)
     source_cols = table_columns(conn, src) if source_kind else []
-    target_cols = table_columns(conn, tgt) if target_kind else []
     if source_kind is None:
         problems.append(f"source table {src} does not exist")
     elif source_kind not in _READABLE_KINDS:
         problems.append(f"source {src} is not a table or view")
+    if spec.target.is_lake:
+        # The stage's types come from the source (or transform), and the lake table is
+        # inspected by core.lake_target.inspect_lake once the transform is validated.
+        _check_source_columns(spec, {c.name: c for c in source_cols}, source_kind, problems)
+        return Inspection(server=server, source_columns=source_cols, target_columns=[], target_unique_keys=[],
+                          partition_kind=None, grain_columns=[spec.partition_key, *spec.business_key],
+                          grain_ddl=None, problems=problems)
+    tgt = spec.target_ref
+    target_kind = table_kind(conn, tgt)
+    target_cols = table_columns(conn, tgt) if target_kind else []
     if target_kind is None:
         problems.append(f"target table {tgt} does not exist")
     elif target_kind not in _TABLE_KINDS:
@@ -251,22 +324,9 @@ def inspect_tables(conn: psycopg.Connection, spec: Spec) -> Inspection:
         missing = [c for c in spec.columns if c not in tnames]
         if missing:
             problems.append(f"target {tgt} has no column(s) {', '.join(missing)}")
-    if source_kind:
-        if spec.partition_key not in snames:
-            problems.append(f"source {src} has no partition_key column {spec.partition_key}")
-        if spec.transform_sql is None:
-            missing = [c for c in spec.input_columns if c not in snames]
-            if missing:
-                problems.append(f"source {src} has no column(s) {', '.join(missing)}")
-        clash = [c for c in spec.input_columns if c.startswith("__backfill") or c.startswith("__v")]
-        if clash:
-            problems.append(f"column names starting with '__backfill' or '__v' are reserved: {clash}")
+    _check_source_columns(spec, snames, source_kind, problems)
     partition_kind = _partition_kind(spec, snames, tnames, problems)
-    if spec.total is not None and spec.total in tnames and tnames[spec.total].base_type not in _EXACT_NUMERIC:
-        problems.append(
-            f"total {spec.total} has type {tnames[spec.total].type_name}; an additive total must "
-            "be exact (integer or numeric)"
-        )
+    check_total(spec, tnames, problems)
 
     grain = list(spec.business_key) if spec.records_can_move else [spec.partition_key, *spec.business_key]
     keys: list[tuple[str, list[str]]] = []

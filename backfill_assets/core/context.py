@@ -114,6 +114,15 @@ class Context:
     partitions: list[PartitionValue]  # requested, plus those moved records add
     transform: str | None  # the re-printed, validated transform_sql
     scope: Scope | None = None  # records_can_move: the added partitions and moves
+    # records_can_move with a lake target: the lake's keys, loaded into a temporary table for
+    # the snapshot's transaction (core.lake_target.load_target_keys).
+    target_keys: TableRef | None = None
+
+    @property
+    def keys_relation(self) -> TableRef:
+        """Where the target's (partition key, business key) pairs are read in SQL: the
+        PostgreSQL target itself, or a lake target's keys loaded for the snapshot."""
+        return self.target_keys if self.target_keys is not None else self.spec.target_ref
 
     @property
     def kind(self) -> PartitionKind:
@@ -164,7 +173,8 @@ class Context:
         plan and apply starts with), so they are not counted. A stage's index, and the
         target's when it has one, give the business-key order without a sort."""
         spec = self.spec
-        indexed = rel != spec.target_ref or self.inspection.target_key_indexed
+        # The stages have the index; a PostgreSQL target may (a lake target is read in Arrow).
+        indexed = spec.target.is_lake or rel != spec.target_ref or self.inspection.target_key_indexed
         return fingerprint_partition(
             conn, rel, self.target_columns, spec.partition_key, spec.business_key, spec.total,
             partition, key_unique=True, indexed=indexed,
@@ -186,15 +196,44 @@ def resolve(
         transform = validate_transform_text(spec.transform_sql)  # the parser first: no I/O
     else:
         transform = None
-    inspection = inspect_tables(conn, spec)
+    inspection = inspect(conn, spec, transform)
+    lake = spec.target.is_lake
     kind = inspection.require_plannable()
     if isinstance(request, PartitionRequest):
         partitions = request.resolve(kind)
     else:
         partitions = parse_labels(request, kind)
+    if lake:
+        from backfill_assets.core.lake_target import check_partition_values
+        check_partition_values(spec, partitions)
+    else:
+        _validate_transform(conn, spec, inspection, transform)
+    return Context(spec, inspection, partitions, transform)
+
+
+def inspect(conn: psycopg.Connection, spec: Spec, transform: str | None = None) -> Inspection:
+    """Inspect read-only: the catalog (catalog.inspect_tables) and, for a lake target, the
+    stage's types as the source or the validated transform gives them, and the lake table
+    (core.lake_target.inspect_lake). ``transform``: the validated transform_sql (None: validate
+    the spec's here, for a lake target that has one).
+
+    Raises:
+        TransformError: a lake spec's transform is refused.
+    """
+    inspection = inspect_tables(conn, spec)
+    if spec.target.is_lake and not inspection.problems:
+        if transform is None and spec.transform_sql is not None:
+            transform = validate_transform_text(spec.transform_sql)
+        # A lake target's types are the stage's, which the (validated) transform gives.
+        _validate_transform(conn, spec, inspection, transform)
+        from backfill_assets.core.lake_target import inspect_lake  # pyarrow only for lake specs
+        inspect_lake(conn, spec, inspection, transform)
+    return inspection
+
+
+def _validate_transform(conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:
     if transform is not None:
         validate_transform_in_catalog(
             conn, spec.source_ref, [c.name for c in inspection.source_columns],
             spec.partition_key, spec.input_columns, transform, original=spec.transform_sql,
         )
-    return Context(spec, inspection, partitions, transform)

@@ -77,6 +77,9 @@ _DDL = (
         "run_started_at timestamptz NOT NULL, started_at timestamptz, finished_at timestamptz, "
         "error text, PRIMARY KEY (run_id, partition))"
     ),
+    # The lake table's version (Delta) or snapshot id (Iceberg) a verified partition was
+    # committed and read back at (NULL for a PostgreSQL target).
+    sql.SQL("ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS target_version text"),  # added later
 )
 
 _SNAPSHOT_ROW = sql.SQL(

@@ -83,13 +83,14 @@ _LEDGER_MARK = sql.SQL(
     "UPDATE {schema}.ledger SET status = %(status)s, "
     "started_at = coalesce(started_at, %(at)s), "
     "finished_at = CASE WHEN %(status)s = 'started' THEN NULL ELSE %(at)s END, "
-    "error = %(error)s WHERE run_id = %(run_id)s AND partition = ANY(%(partitions)s)"
+    "error = %(error)s, target_version = coalesce(%(target_version)s, target_version) "
+    "WHERE run_id = %(run_id)s AND partition = ANY(%(partitions)s)"
 )
 
 
 _LEDGER_LATEST = sql.SQL(
     "SELECT DISTINCT ON (l.partition) l.partition, l.status, l.run_id, l.plan_id, l.row_count, "
-    "l.total, l.content_hash, l.run_started_at, l.finished_at, l.error, "
+    "l.total, l.content_hash, l.run_started_at, l.finished_at, l.error, l.target_version, "
     "(SELECT v.content_hash FROM {schema}.ledger AS v WHERE v.target_table = l.target_table "
     "AND v.partition = l.partition AND v.status IN ('verified', 'skipped-already-verified') "
     "ORDER BY v.run_started_at DESC LIMIT 1) "
@@ -106,7 +107,7 @@ _LEDGER_RUN = sql.SQL(
 
 LEDGER_FIELDS = (
     "partition", "status", "run_id", "plan_id", "row_count", "total", "content_hash",
-    "run_started_at", "finished_at", "error", "last_verified_hash",
+    "run_started_at", "finished_at", "error", "target_version", "last_verified_hash",
 )
 
 
@@ -129,11 +130,12 @@ def ledger_start(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
 
 
 def ledger_mark(conn: psycopg.Connection, schema: str, run_id: str, partitions: list[str],
-                status: str, at: Any, error: str | None = None) -> None:
-    """Move partitions of a run to ``status``."""
+                status: str, at: Any, error: str | None = None, target_version: str | None = None) -> None:
+    """Move partitions of a run to ``status``; ``target_version``: the lake version committed."""
     conn.execute(
         _LEDGER_MARK.format(schema=sql.Identifier(schema)),
-        {"run_id": run_id, "partitions": partitions, "status": status, "at": at, "error": error},
+        {"run_id": run_id, "partitions": partitions, "status": status, "at": at, "error": error,
+         "target_version": target_version},
     )
 
 
@@ -167,7 +169,7 @@ def ledger_status(conn: psycopg.Connection, spec: Any) -> list[dict[str, Any]]:
     integer partitions in numeric order."""
     if not control_ready(conn, spec.control_schema):
         return []
-    rows = ledger_latest(conn, spec.control_schema, str(spec.target_ref))
+    rows = ledger_latest(conn, spec.control_schema, spec.target_name)
     return sorted(rows, key=lambda r: (0, int(r["partition"])) if r["partition"].lstrip("-").isdigit() else (1, r["partition"]))
 
 

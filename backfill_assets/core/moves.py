@@ -14,7 +14,9 @@ import psycopg
 
 from backfill_assets.core import sqlbuild
 from backfill_assets.core.errors import SourceDataError, SpecError
-from backfill_assets.core.spec import MAX_PARTITIONS, PartitionKind, PartitionValue, Spec, parse_labels, partition_label
+from backfill_assets.core.spec import (
+    MAX_PARTITIONS, PartitionKind, PartitionValue, Spec, TableRef, parse_labels, partition_label,
+)
 
 MAX_ROUNDS = 100
 EXAMPLES = 3
@@ -56,16 +58,17 @@ def _key_text(spec: Spec, values: tuple) -> str:
 
 def close_scope(
     conn: psycopg.Connection, spec: Spec, kind: PartitionKind, requested: list[PartitionValue],
-    ordering: list[sqlbuild.OrderKey],
+    ordering: list[sqlbuild.OrderKey], target: TableRef,
 ) -> Scope:
     """Add to ``requested`` every partition a moved key leaves or enters, to a fixed point.
+    ``target``: where the target's keys are read (context.Context.keys_relation).
 
     Raises:
         SourceDataError: a key's newest version, or the target row holding it, has a NULL
             partition, so its old or new partition cannot be identified.
         SpecError: the scope grows past the partition limit.
     """
-    src, tgt = spec.source_ref, spec.target_ref
+    src, tgt = spec.source_ref, target
     labels = {partition_label(p): p for p in requested}
     added: dict[str, list[str]] = {}
     for _ in range(MAX_ROUNDS):

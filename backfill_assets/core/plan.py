@@ -40,14 +40,18 @@ def spec_document(ctx: Context) -> dict[str, Any]:
     return {
         "format": PLAN_FORMAT,
         "spec": spec.name,
-        "target": str(spec.target_ref),
+        "target": spec.target_name,
         "source": str(spec.source_ref),
         "partition_key": spec.partition_key,
         "business_key": list(spec.business_key),
         "ordering": [o.model_dump() for o in spec.ordering],
         "columns": [[c.name, c.type_name] for c in ctx.target_columns],
-        # Every column of the target, so that one added to it since the plan is drift too.
-        "target_table_columns": [[c.name, c.type_name] for c in ctx.inspection.target_columns],
+        # Every column of the target, so that one added to it since the plan is drift too. A
+        # lake table's: the schema the stage maps to, which an existing table must have.
+        "target_table_columns": (
+            [list(c) for c in ctx.inspection.lake.columns] if ctx.inspection.lake is not None
+            else [[c.name, c.type_name] for c in ctx.inspection.target_columns]
+        ),
         "total": spec.total,
         "records_can_move": spec.records_can_move,
         "transform_version": spec.transform_version,
@@ -91,6 +95,8 @@ def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dic
         # Partitions that moved keys link are replaced together, in one transaction.
         replace_groups=scope.groups() if scope else [[label] for label in ctx.labels],
         partitions=partitions,
+        # A lake table that does not exist yet is created by apply: the approval covers that.
+        creates_target=None if ctx.inspection.lake is None else not ctx.inspection.lake.exists,
     )
     return Plan.of(document, problems)
 
@@ -112,7 +118,7 @@ def make_plan(
         TransientDatabaseError, ConcurrentRunError.
     """
     with factory() as conn, spec_lock(conn, spec):
-        progress(ProgressEvent("inspect", f"{spec.source_ref} -> {spec.target_ref}"))
+        progress(ProgressEvent("inspect", f"{spec.source_ref} -> {spec.target_name}"))
         ctx = resolve(conn, spec, request)
         snapshot, ctx = take_snapshot(conn, ctx, clock, progress)
         a, b = build_both(ctx, snapshot, factory, clock, progress)
@@ -181,7 +187,7 @@ def finish_plan(
     with conn.transaction():
         control.record_plan(
             conn, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name,
-            target_table=str(spec.target_ref), status=plan.status,
+            target_table=spec.target_name, status=plan.status,
             snapshot_id=snapshot.snapshot_id, plan=plan.as_json(), created_at=clock(),
         )
         if plan.status == "refused":

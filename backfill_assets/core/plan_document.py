@@ -92,10 +92,17 @@ class PlanDocument(_Frozen):
     added_partitions: tuple[AddedPartition, ...]
     replace_groups: tuple[tuple[str, ...], ...]  # partitions moved keys link: one transaction each
     partitions: tuple[PartitionEntry, ...]
+    # A lake target only: apply creates the table (it did not exist when planned). Not a spec
+    # field: once apply has created it, the same plan still applies. Absent from the JSON of
+    # a PostgreSQL plan, whose id is therefore what it always was.
+    creates_target: bool | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The document as JSON values: what the plan id hashes."""
-        return self.model_dump(mode="json")
+        out = self.model_dump(mode="json")
+        if out["creates_target"] is None:
+            del out["creates_target"]
+        return out
 
     def spec_fields(self) -> dict[str, Any]:
         """The spec- and catalog-derived fields, as JSON values."""

@@ -59,7 +59,7 @@ def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     """Row count and hash of the versions of the scope's keys that lie outside its partitions
     (records that can move), read from a source-shaped relation."""
     spec = ctx.spec
-    where = sqlbuild.outside_scope(rel, spec.target_ref, spec.partition_key, spec.business_key)
+    where = sqlbuild.outside_scope(rel, ctx.keys_relation, spec.partition_key, spec.business_key)
     params = {"partitions": ctx.partitions}
     rows, digest = snapshot_rows_hash(conn, rel, ctx.inspection.source_columns, where, params)
     return {"row_count": rows, "content_hash": digest}
@@ -182,7 +182,10 @@ def take_snapshot(
     with transient_errors("taking the snapshot"), repeatable_read(conn):
         set_timeouts(conn, spec)
         if spec.records_can_move:
-            scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys())
+            if spec.target.is_lake:  # the lake's keys, for this transaction's SQL
+                from backfill_assets.core.lake_target import load_target_keys
+                ctx = dataclasses.replace(ctx, target_keys=load_target_keys(conn, ctx))
+            scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys(), ctx.keys_relation)
             ctx = dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
             if scope.added:
                 progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))
@@ -257,7 +260,7 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: Context, progress: Progress) -
     conn.execute(sqlbuild.create_empty_copy(pending, src, names, unlogged=True))
     if spec.records_can_move:
         query, params = sqlbuild.copy_scope(
-            pending, src, spec.target_ref, names, spec.partition_key, spec.business_key, ctx.partitions
+            pending, src, ctx.keys_relation, names, spec.partition_key, spec.business_key, ctx.partitions
         )
     else:
         query, params = sqlbuild.copy_partitions(pending, src, names, spec.partition_key, ctx.partitions)

@@ -98,12 +98,71 @@ class SourceSpec(_Strict):
         return parse_table_name(self.table)
 
 
+class IcebergCatalogSpec(_Strict):
+    """A pyiceberg SQL catalog. Its URI (a PostgreSQL URL) comes only from a named variable;
+    without ``uri_env`` the catalog lives in the spec's own database (``database_url_env``)."""
+
+    type: Literal["sql"]
+    uri_env: Annotated[str, AfterValidator(_check_env_name)] | None = None
+    warehouse: Annotated[str, Field(min_length=1)]
+    name: Identifier = "backfill_assets"
+
+
+_NAMESPACE_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A lake location is a path or a file:// URI; other schemes would need credentials, which a
+# spec may only name (see database_url_env), and are not supported yet.
+_LOCATION = re.compile(r"(file://)?[^\x00-\x1f\x7f]+")
+
+
 class TargetSpec(_Strict):
-    table: TableName
+    """Where apply writes: a PostgreSQL table (``table``), a Delta Lake table (``location``)
+    or an Iceberg table (``table`` as namespace.table, and its ``catalog``)."""
+
+    format: Literal["postgres", "delta", "iceberg"] = "postgres"
+    table: str | None = None
+    location: str | None = None
+    catalog: IcebergCatalogSpec | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _shape(self) -> TargetSpec:
+        if self.format == "postgres":
+            if self.table is None or self.location is not None or self.catalog is not None:
+                raise ValueError("a postgres target takes `table: schema.table` and no location or catalog")
+            _check_table(self.table)
+        elif self.format == "delta":
+            if self.location is None or self.table is not None or self.catalog is not None:
+                raise ValueError("a delta target takes `location: <path or file:// URI>` and no table or catalog")
+            if "://" in self.location and not self.location.startswith("file://"):
+                raise ValueError("a delta location is a local path or a file:// URI (other stores are not supported yet)")
+            if not _LOCATION.fullmatch(self.location):
+                raise ValueError("a delta location may not contain control characters")
+        else:
+            if self.table is None or self.catalog is None or self.location is not None:
+                raise ValueError("an iceberg target takes `table: namespace.table` and a `catalog`, and no location")
+            parts = self.table.split(".")
+            if len(parts) != 2 or not all(_NAMESPACE_PART.fullmatch(p) for p in parts):
+                raise ValueError(
+                    "an iceberg table is written namespace.table, each a plain identifier (letters, digits, _)"
+                )
+        return self
 
     @property
     def ref(self) -> TableRef:
+        if self.format != "postgres" or self.table is None:
+            raise TypeError(f"a {self.format} target is not a PostgreSQL table")
         return parse_table_name(self.table)
+
+    @property
+    def is_lake(self) -> bool:
+        return self.format != "postgres"
+
+    @property
+    def display_name(self) -> str:
+        """How plans, ledgers and messages name the target: ``schema.table`` for PostgreSQL
+        (as before), ``delta:<location>`` or ``iceberg:<namespace.table>`` for a lake table."""
+        if self.format == "postgres":
+            return str(self.ref)
+        return f"{self.format}:{self.location if self.format == 'delta' else self.table}"
 
 
 class OrderingColumn(_Strict):
@@ -233,6 +292,11 @@ class Spec(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def target_name(self) -> str:
+        """The target as plans, ledgers and messages name it (see TargetSpec.display_name)."""
+        return self.target.display_name
 
     @property
     def source_ref(self) -> TableRef:

@@ -37,10 +37,27 @@ def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableR
         unique = conn.execute(*sqlbuild.has_unique_index(stage)).fetchone()
         if current != expected or not (unique and unique[0]):
             conn.execute(sqlbuild.drop_table(stage))
-            conn.execute(sqlbuild.create_empty_copy(stage, ctx.spec.target_ref, ctx.spec.columns, unlogged=True))
+            conn.execute(_create_stage(ctx, stage))
+            made = [(c.name, c.type_name) for c in table_columns(conn, stage)]
+            if made != expected:  # the input's types as a table differ from its description
+                raise StageError(
+                    f"stage {stage} was created with columns {made}, not {expected}; cast the "
+                    "transform's output columns to plain types"
+                )
             keys = [sqlbuild.OrderKey(ctx.spec.partition_key)] + business_key_order(ctx.target_columns, ctx.spec.business_key)
             conn.execute(sqlbuild.create_index(stage, keys, unique=True))
     return stage
+
+
+def _create_stage(ctx: Context, stage: TableRef) -> sql.Composed:
+    """A new empty stage with the target's column types, or for a lake target (no PostgreSQL
+    table to copy them from) the types the source or transform gives."""
+    spec = ctx.spec
+    if not spec.target.is_lake:
+        return sqlbuild.create_empty_copy(stage, spec.target_ref, spec.columns, unlogged=True)
+    input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
+                                        spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
+    return sqlbuild.create_stage_from_input(stage, input_rel, spec.columns)
 
 
 _SYNC_COMMIT_OFF = sql.SQL("SELECT set_config('synchronous_commit', 'off', true)")

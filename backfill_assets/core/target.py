@@ -14,7 +14,7 @@ Readings are the canonical fingerprint of core.fingerprint as dicts, whatever th
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import psycopg
@@ -41,8 +41,9 @@ class TargetWrite(Protocol):
         other writers kept out; after it: as they will be committed)."""
         ...
 
-    def replace(self, labels: list[str]) -> None:
-        """Replace the partitions with the approved stage's rows."""
+    def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
+        """Replace the partitions with the approved stage's rows. ``note``: what the commit's
+        own metadata records where the engine keeps such metadata (plan id, content hash)."""
         ...
 
 
@@ -66,6 +67,12 @@ class Target(Protocol):
         """The partitions as committed, read afresh (not through the write)."""
         ...
 
+    def committed_version(self, labels: list[str]) -> str | None:
+        """The table version (Delta) or snapshot id (Iceberg) the last write of ``labels``
+        committed (or, when it found them already carrying the approved rows, read them at),
+        for the ledger; None where the engine has no such id (PostgreSQL)."""
+        ...
+
     def close(self) -> None:
         """Release what the target opened (apply calls it when it is done)."""
         ...
@@ -75,7 +82,35 @@ def target_for(conn: psycopg.Connection, factory: ConnectionFactory | None, ctx:
                checkpoint: Checkpoint = no_checkpoint) -> Target:
     """The target of a spec, on apply's (or approval's) connection: where another engine
     plugs in. ``factory`` opens the fresh connection committed readings are read on."""
+    if ctx.spec.target.is_lake:
+        from backfill_assets.core.lake_target import LakeTarget
+        return LakeTarget(conn, ctx, checkpoint)
     return PostgresTarget(conn, factory, ctx, checkpoint)
+
+
+@contextlib.contextmanager
+def partition_advisory_locks(conn: psycopg.Connection, ctx: Context, labels: list[str],
+                             limits_set: bool) -> Iterator[None]:
+    """A session advisory lock per (target, partition), taken in one order by every run, so
+    that no other backfill of these partitions runs until the caller is done. ``limits_set``:
+    the session already has the spec's finite timeouts."""
+    spec = ctx.spec
+    keys = [f"backfill_assets:target:{spec.target_name}:{label}" for label in sorted(labels)]
+    taken: list[str] = []
+    try:
+        with transient_errors(f"locking partition(s) {', '.join(labels)} of {spec.target_name}"):
+            if not limits_set:
+                # The same finite timeouts for the session, so that each advisory lock is
+                # one statement rather than a transaction of its own.
+                set_session_timeouts(conn, spec)
+            for key in keys:
+                conn.execute(*sqlbuild.advisory_lock(key))
+                taken.append(key)
+        yield
+    finally:
+        if not conn.closed and not conn.broken:
+            for key in taken:
+                conn.execute(*sqlbuild.advisory_unlock(key))
 
 
 class PostgresTarget:
@@ -107,31 +142,16 @@ class PostgresTarget:
 
     @contextlib.contextmanager
     def locked(self, labels: list[str]) -> Iterator[None]:
-        spec = self.ctx.spec
-        keys = [f"backfill_assets:target:{spec.target_ref}:{label}" for label in sorted(labels)]
-        taken: list[str] = []
-        try:
-            with transient_errors(f"locking partition(s) {', '.join(labels)} of {spec.target_ref}"):
-                if not self._session_limits:
-                    # The same finite timeouts for the session, so that each advisory lock is
-                    # one statement rather than a transaction of its own.
-                    set_session_timeouts(self.conn, spec)
-                    self._session_limits = True
-                for key in keys:
-                    self.conn.execute(*sqlbuild.advisory_lock(key))
-                    taken.append(key)
+        with partition_advisory_locks(self.conn, self.ctx, labels, self._session_limits):
+            self._session_limits = True
             yield
-        finally:
-            if not self.conn.closed and not self.conn.broken:
-                for key in taken:
-                    self.conn.execute(*sqlbuild.advisory_unlock(key))
 
     @contextlib.contextmanager
     def writing(self, labels: list[str]) -> Iterator[TargetWrite]:
         spec = self.ctx.spec
         # READ COMMITTED whatever the server's default: every read after the lock sees every
         # write the lock waited for.
-        with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_ref}"), \
+        with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
                 read_committed(self.conn):
             set_timeouts(self.conn, spec)
             self.conn.execute(sqlbuild.lock_for_replace(spec.target_ref))
@@ -159,6 +179,9 @@ class PostgresTarget:
         with repeatable_read(self._reader, read_only=True):
             return self.read(self._reader, labels)
 
+    def committed_version(self, labels: list[str]) -> str | None:
+        return None
+
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
@@ -172,7 +195,9 @@ class _PostgresWrite:
     def readings(self, labels: list[str]) -> dict[str, Readings]:
         return self.target.readings(labels)
 
-    def replace(self, labels: list[str]) -> None:
+    def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
+        # PostgreSQL keeps no commit metadata: the ledger row in the control schema, written
+        # on the same server, records the plan and the readings.
         t = self.target
         spec, conn = t.ctx.spec, t.conn
         values = t._values(labels)

@@ -52,6 +52,9 @@ class Recording:
             found = {label: {**r, "content_hash": "0" * 64} for label, r in found.items()}
         return found
 
+    def committed_version(self, labels):
+        return self.inner.committed_version(labels)
+
     def close(self):
         self.calls.append("close")
         self.inner.close()
@@ -65,9 +68,9 @@ class _RecordingWrite:
         self.calls.append("read")
         return self.write.readings(labels)
 
-    def replace(self, labels):
+    def replace(self, labels, note=None):
         self.calls.append("replace")
-        self.write.replace(labels)
+        self.write.replace(labels, note)
 
 
 def _approved(conn, factory):

@@ -1,0 +1,474 @@
+"""Lake tables a backfill can replace partitions of: Delta Lake (``deltalake``) and Apache
+Iceberg (``pyiceberg``), behind one small interface.
+
+Each is written with its engine's native partition overwrite, in one commit per partition
+(or group of partitions):
+
+- Delta: ``write_deltalake(mode="overwrite", predicate=<the partition>)`` on a handle loaded
+  at the version the partition was read at. delta-rs refuses rows outside the predicate, and
+  fails the commit (``CommitFailedError``) when another writer changed the same partition
+  since that version. The predicate is built here from typed, validated values only, and
+  compared with the one the table's history records for our version.
+- Iceberg: ``overwrite(df, overwrite_filter=<the partition>)`` on a table loaded at the
+  snapshot the partition was read at: one catalog commit (a delete and an append snapshot),
+  validated against writers since. pyiceberg does not refuse rows outside the filter (they
+  would land in other partitions), so every row's partition is checked here first. Never
+  ``dynamic_partition_overwrite``: with an empty stage it leaves the stale rows.
+
+Both read a partition at an exact version (Delta) or snapshot (Iceberg), so the check after
+our commit reads what we committed, whatever was committed since; both carry our plan id and
+content hash in the commit's own metadata. The stages, the control schema and the ledger
+stay in PostgreSQL (core.target.LakeTarget ties the two together).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from backfill_assets.core.errors import ConnectionConfigError, SpecError, TransientDatabaseError, VerificationError
+from backfill_assets.core.spec import PartitionValue, TargetSpec
+
+# Commit metadata keys (Delta commit properties, Iceberg snapshot summary).
+META_PREFIX = "backfill_assets."
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What a lake table's metadata says: its columns and Arrow types, and its partitioning."""
+
+    columns: list[tuple[str, pa.DataType]]
+    partitioned_by: list[str]
+
+
+class LakeTable(Protocol):
+    """One lake table. ``Handle`` is the table loaded at one version (None: no table yet)."""
+
+    name: str
+
+    def shape(self) -> TableShape | None:
+        """The table's columns and partitioning, or None when it does not exist."""
+        ...
+
+    def open(self) -> Any:
+        """The table at its current version (None when it does not exist)."""
+        ...
+
+    def version(self, handle: Any) -> str | None:
+        """The version (Delta) or snapshot id (Iceberg) a handle reads; None: no commit yet."""
+        ...
+
+    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        """The rows of some partitions as the handle's version holds them."""
+        ...
+
+    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        """The rows of some partitions at exactly ``version``, read afresh."""
+        ...
+
+    def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
+        """Some columns of every row, as the handle's version holds them."""
+        ...
+
+    def create(self, schema: pa.Schema, partition_key: str) -> None:
+        """Create the table, empty, partitioned by ``partition_key`` (identity)."""
+        ...
+
+    def close(self) -> None:
+        """Release the catalog's connections."""
+        ...
+
+    def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
+                  metadata: Mapping[str, str]) -> str | None:
+        """Replace the partitions with ``data`` in one commit based on the handle's version;
+        return the committed version.
+
+        Raises:
+            TransientDatabaseError: another writer changed these partitions since (safe to retry).
+        """
+        ...
+
+
+def lake_table(target: TargetSpec, catalog_url: Any = None) -> LakeTable:
+    """The lake table of a spec's target. ``catalog_url``: an Iceberg SQL catalog's
+    SQLAlchemy URL (core.target works it out; never printed)."""
+    if target.format == "delta":
+        assert target.location is not None
+        return DeltaLakeTable(target.location)
+    if target.format == "iceberg":
+        assert target.table is not None and target.catalog is not None
+        source = f"${target.catalog.uri_env}" if target.catalog.uri_env else "the spec's database"
+        return IcebergLakeTable(target.table, target.catalog.name, target.catalog.warehouse, catalog_url, source)
+    raise TypeError(f"{target.format} is not a lake format")
+
+
+def _local_path(location: str) -> str:
+    """An absolute local path from a path or file:// URI (relative paths: the current directory)."""
+    return str(Path(location.removeprefix("file://")).expanduser().resolve())
+
+
+def same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether two Arrow types hold the same values: string, large and view strings are one
+    type, as are the binaries; a UTC time stamp is one type whatever the zone is called."""
+    def norm(t: pa.DataType) -> object:
+        if pa.types.is_dictionary(t):
+            return norm(t.value_type)
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+            return "string"
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+            return "binary"
+        if pa.types.is_timestamp(t):
+            utc = t.tz in ("UTC", "+00:00", "Etc/UTC", "Z")
+            return ("timestamp", t.unit, "UTC" if utc else t.tz)
+        return t
+    return norm(a) == norm(b)
+
+
+def type_text(t: pa.DataType) -> str:
+    """An Arrow type as plans and messages print it (string kinds folded, as :func:`same_type`)."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return "binary"
+    if pa.types.is_timestamp(t) and t.tz in ("UTC", "+00:00", "Etc/UTC", "Z"):
+        return f"timestamp[{t.unit}, tz=UTC]"
+    return str(t)
+
+
+def shape_problems(name: str, shape: TableShape, wanted: Sequence[tuple[str, pa.DataType]],
+                   partition_key: str) -> list[str]:
+    """Why an existing lake table cannot take the stage's rows, naming each column."""
+    problems = []
+    have = dict(shape.columns)
+    for column, want in wanted:
+        if column not in have:
+            problems.append(f"{name} has no column {column} (the stage has it as {type_text(want)})")
+        elif not same_type(have[column], want):
+            problems.append(
+                f"{name} column {column} is {type_text(have[column])} but the stage's is {type_text(want)}"
+            )
+    extra = [c for c, _ in shape.columns if c not in dict(wanted)]
+    if extra:
+        problems.append(f"{name} has column(s) {', '.join(extra)} that the spec's columns do not list")
+    if shape.partitioned_by != [partition_key]:
+        problems.append(
+            f"{name} is partitioned by ({', '.join(shape.partitioned_by) or 'nothing'}), "
+            f"not by the partition key ({partition_key})"
+        )
+    return problems
+
+
+def check_rows_in(data: pa.Table, column: str, values: Sequence[PartitionValue], name: str) -> None:
+    """Every row of ``data`` must lie in one of the partitions ``values`` (pyiceberg writes
+    rows outside an overwrite's filter into other partitions instead of refusing them).
+
+    Raises:
+        VerificationError: naming how many rows lie outside.
+    """
+    if data.num_rows == 0:
+        return
+    inside = pc.is_in(data[column], value_set=pa.array(list(values), type=data.schema.field(column).type))
+    outside = data.num_rows - pc.sum(pc.fill_null(inside, False).cast(pa.int64())).as_py()
+    if outside:
+        raise VerificationError(
+            ", ".join(_label(v) for v in values), f"partition check before writing {name}",
+            f"every row in partition(s) {', '.join(_label(v) for v in values)}", f"{outside} row(s) outside",
+        )
+
+
+def _label(value: PartitionValue) -> str:
+    return value.isoformat() if isinstance(value, dt.date) else str(value)
+
+
+# --- Delta Lake ------------------------------------------------------------------------------
+
+
+def _sql_literal(value: PartitionValue) -> str:
+    """A partition value as a literal of the predicate delta-rs parses (DataFusion SQL). The
+    values are typed by the spec's parser (a date, an int, or text without NUL); quotes in
+    text are doubled."""
+    if isinstance(value, bool):  # a bool is an int to Python; never a partition value
+        raise TypeError("a boolean is not a partition value")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, dt.date):
+        return f"'{value.isoformat()}'"
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise SpecError(
+            f"partition {value!r} contains a control character, which a Delta predicate cannot "
+            "carry safely; rename the partition value"
+        )
+    return "'" + value.replace("'", "''") + "'"
+
+
+def delta_predicate(column: str, values: Sequence[PartitionValue]) -> str:
+    """``"col" = v`` (one partition) or ``"col" IN (v1, v2)``, from validated values only."""
+    ident = '"' + column.replace('"', '""') + '"'
+    if len(values) == 1:
+        return f"{ident} = {_sql_literal(values[0])}"
+    return f"{ident} IN ({', '.join(_sql_literal(v) for v in values)})"
+
+
+class DeltaLakeTable:
+    """A Delta table on local disk."""
+
+    def __init__(self, location: str) -> None:
+        self.path = _local_path(location)
+        self.name = f"delta table {location}"
+
+    def _load(self, version: int | None = None) -> Any:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+        try:
+            return DeltaTable(self.path, version=version)
+        except TableNotFoundError:
+            return None
+
+    def shape(self) -> TableShape | None:
+        table = self._load()
+        if table is None:
+            return None
+        schema = table.schema().to_arrow()
+        schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
+        return TableShape([(f.name, f.type) for f in schema], list(table.metadata().partition_columns))
+
+    def open(self) -> Any:
+        return self._load()
+
+    def version(self, handle: Any) -> str | None:
+        return None if handle is None else str(handle.version())
+
+    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        dataset = handle.to_pyarrow_dataset()
+        return dataset.to_table(filter=pads.field(column).isin(list(values)))
+
+    def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
+        return handle.to_pyarrow_dataset().to_table(columns=list(columns))
+
+    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        handle = self._load(None if version is None else int(version))
+        if handle is None:
+            raise VerificationError(", ".join(_label(v) for v in values), "read of the committed version",
+                                    f"{self.name} at version {version}", "no table")
+        return self.read(handle, column, values)
+
+    def close(self) -> None:
+        pass
+
+    def create(self, schema: pa.Schema, partition_key: str) -> None:
+        from deltalake import DeltaTable
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        DeltaTable.create(self.path, schema, mode="error", partition_by=[partition_key])
+
+    def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
+                  metadata: Mapping[str, str]) -> str:
+        from deltalake import CommitProperties, write_deltalake
+        from deltalake.exceptions import CommitFailedError
+        predicate = delta_predicate(column, values)
+        try:
+            write_deltalake(handle, data, mode="overwrite", predicate=predicate,
+                            commit_properties=CommitProperties(custom_metadata=dict(metadata)))
+        except CommitFailedError as err:
+            raise TransientDatabaseError(
+                f"replacing partition(s) {', '.join(_label(v) for v in values)} of {self.name}: another "
+                f"writer committed to them first ({' '.join(str(err).split())[:200]}); nothing of ours "
+                "was committed, safe to retry"
+            ) from err
+        version = handle.version()
+        self._check_commit(version, column, values, predicate, metadata)
+        return str(version)
+
+    def _check_commit(self, version: int, column: str, values: Sequence[PartitionValue], predicate: str,
+                      metadata: Mapping[str, str]) -> None:
+        """Read OUR commit from the table's log: an overwrite with a predicate, carrying our
+        plan, whose every added and removed file lies in our partitions. (delta-rs records
+        the predicate as it parsed it, ``order_date = '2024-01-01'::date``, so its text is not
+        compared; the files it touched say exactly what it did.)
+
+        Raises:
+            VerificationError: naming what the commit did instead.
+        """
+        import json
+        log = Path(self.path) / "_delta_log" / f"{version:020d}.json"
+        actions = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        params = info.get("operationParameters", {})
+        ours = {_label(v) for v in values}
+        touched = {(a.get("add") or a.get("remove") or {}).get("partitionValues", {}).get(column)
+                   for a in actions if "add" in a or "remove" in a}
+        if (info.get("operation") != "WRITE" or params.get("mode") != "Overwrite" or not params.get("predicate")
+                or info.get(META_PREFIX + "plan_id") != metadata.get(META_PREFIX + "plan_id")
+                or not touched <= ours):
+            raise VerificationError(
+                ", ".join(sorted(ours)), f"the log of {self.name} at version {version}",
+                f"an overwrite where {predicate} by plan {metadata.get(META_PREFIX + 'plan_id', '')[:16]}, "
+                f"touching partition(s) {', '.join(sorted(ours))} only",
+                f"{info.get('operation')} {params.get('mode')} where {params.get('predicate')} touching "
+                f"{', '.join(sorted(str(t) for t in touched))}",
+            )
+
+
+# --- Apache Iceberg ---------------------------------------------------------------------------
+
+
+def _iceberg_literal(value: PartitionValue) -> object:
+    return value.isoformat() if isinstance(value, dt.date) else value
+
+
+class IcebergLakeTable:
+    """An Iceberg table in a pyiceberg SQL catalog, with a local warehouse."""
+
+    def __init__(self, identifier: str, catalog_name: str, warehouse: str, catalog_url: Any,
+                 catalog_source: str = "the spec's database") -> None:
+        self.identifier = identifier
+        self.catalog_source = catalog_source
+        self.name = f"iceberg table {identifier}"
+        self.catalog_name = catalog_name
+        self.warehouse = "file://" + _local_path(warehouse)
+        self._url = catalog_url
+        self._catalog: Any = None
+
+    def catalog(self) -> Any:
+        """The SQL catalog. It does not create its own tables (pyiceberg would, on connecting):
+        reading is read-only; :meth:`create` creates them."""
+        if self._catalog is None:
+            from pyiceberg.catalog.sql import SqlCatalog
+            from sqlalchemy.exc import DBAPIError
+            # The URL object keeps its password out of every repr; it is never printed.
+            try:
+                catalog = SqlCatalog(self.catalog_name, uri=self._url, warehouse=self.warehouse,
+                                     init_catalog_tables="false")
+                # pyiceberg takes a failed connection for missing catalog tables: connect here.
+                catalog.engine.connect().close()
+                self._catalog = catalog
+            except DBAPIError as err:
+                problem = " ".join(str(err.orig).split())
+                password = getattr(self._url, "password", None)
+                if password:
+                    problem = problem.replace(str(password), "[redacted]")
+                # Raised outside the except block: the driver's exception is not chained.
+                problem = f"cannot connect to the Iceberg catalog in {self.catalog_source}: {problem}"
+            else:
+                return self._catalog
+            raise ConnectionConfigError(problem)
+        return self._catalog
+
+    def _load(self) -> Any:
+        from pyiceberg.exceptions import NoSuchTableError
+        from sqlalchemy.exc import ProgrammingError
+        try:
+            return self.catalog().load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+        except FileNotFoundError as err:
+            raise SpecError(
+                f"the Iceberg catalog lists {self.identifier}, but its metadata file is missing "
+                f"({err.filename or 'a file under the warehouse'}); restore the warehouse, or drop the "
+                "table from the catalog"
+            ) from None
+        except ProgrammingError as err:  # the catalog's tables do not exist yet: no table either
+            if getattr(err.orig, "sqlstate", None) == "42P01":
+                return None
+            raise
+
+    def close(self) -> None:
+        if self._catalog is not None:
+            self._catalog.engine.dispose()
+            self._catalog = None
+
+    def shape(self) -> TableShape | None:
+        table = self._load()
+        if table is None:
+            return None
+        schema = table.schema()
+        arrow = schema.as_arrow()
+        partitioned = []
+        for field in table.spec().fields:
+            source = schema.find_column_name(field.source_id)
+            partitioned.append(source if str(field.transform) == "identity" else f"{field.transform}({source})")
+        return TableShape([(f.name, f.type) for f in arrow], partitioned)
+
+    def open(self) -> Any:
+        return self._load()
+
+    def version(self, handle: Any) -> str | None:
+        if handle is None:
+            return None
+        snapshot = handle.current_snapshot()
+        return None if snapshot is None else str(snapshot.snapshot_id)
+
+    def _filter(self, column: str, values: Sequence[PartitionValue]) -> Any:
+        from pyiceberg.expressions import EqualTo, In
+        literals = [_iceberg_literal(v) for v in values]
+        return EqualTo(column, literals[0]) if len(literals) == 1 else In(column, literals)
+
+    def _scan(self, handle: Any, snapshot_id: int | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        schema = handle.schema().as_arrow()
+        if snapshot_id is None:
+            return schema.empty_table()
+        return handle.scan(row_filter=self._filter(column, values), snapshot_id=snapshot_id).to_arrow()
+
+    def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
+        if self.version(handle) is None:
+            return handle.schema().as_arrow().empty_table().select(list(columns))
+        return handle.scan(selected_fields=tuple(columns)).to_arrow()
+
+    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        version = self.version(handle)
+        return self._scan(handle, None if version is None else int(version), column, values)
+
+    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        handle = self._load()
+        if handle is None:
+            raise VerificationError(", ".join(_label(v) for v in values), "read of the committed snapshot",
+                                    f"{self.name} at snapshot {version}", "no table")
+        return self._scan(handle, None if version is None else int(version), column, values)
+
+    def create(self, schema: pa.Schema, partition_key: str) -> None:
+        namespace = self.identifier.split(".")[0]
+        Path(self.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        catalog = self.catalog()
+        catalog.create_tables()  # the catalog's own tables, if missing
+        catalog.create_namespace_if_not_exists(namespace)
+        # One catalog commit: the schema and its identity partitioning together.
+        with catalog.create_table_transaction(self.identifier, schema=schema) as txn:
+            with txn.update_spec() as spec:
+                spec.add_identity(partition_key)
+
+    def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
+                  metadata: Mapping[str, str]) -> str:
+        from pyiceberg.exceptions import CommitFailedException, ValidationException
+        check_rows_in(data, column, values, self.name)
+        before = self.version(handle)
+        try:
+            with warnings.catch_warnings():
+                # "Delete operation did not match any records": a partition that was empty.
+                warnings.filterwarnings("ignore", "Delete operation did not match", UserWarning)
+                handle.overwrite(data, overwrite_filter=self._filter(column, values),
+                                 snapshot_properties=dict(metadata))
+        except (CommitFailedException, ValidationException) as err:
+            raise TransientDatabaseError(
+                f"replacing partition(s) {', '.join(_label(v) for v in values)} of {self.name}: another "
+                f"writer committed to them first ({err.__class__.__name__}); nothing of ours was "
+                "committed, safe to retry"
+            ) from err
+        snapshot = handle.current_snapshot()
+        if snapshot is None or str(snapshot.snapshot_id) == before:
+            # Nothing to delete and nothing to append (an empty stage, an empty partition):
+            # pyiceberg commits no snapshot, and the partition is as approved at ``before``.
+            return before
+        if snapshot.summary is None or \
+                snapshot.summary.additional_properties.get(META_PREFIX + "plan_id") != metadata.get(META_PREFIX + "plan_id"):
+            raise VerificationError(
+                ", ".join(_label(v) for v in values), f"snapshot summary of {self.name}",
+                f"a snapshot by plan {metadata.get(META_PREFIX + 'plan_id', '')[:16]}", "another snapshot",
+            )
+        return str(snapshot.snapshot_id)

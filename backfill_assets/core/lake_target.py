@@ -1,0 +1,271 @@
+"""A lake table as apply's target (core.target.Target): the stage lives in PostgreSQL, the
+target is a Delta or Iceberg table (core.lake), and one fingerprint (core.arrow_fingerprint)
+says whether they hold the same rows.
+
+The protocol of core.apply, for a lake table:
+
+- ``locked``: the same advisory locks as a PostgreSQL target keep other backfills of the
+  partitions out; writers outside this tool are caught by the lake's own conflict check.
+- ``writing``: a READ COMMITTED transaction on apply's connection (the stage recheck, with the
+  stage held in SHARE mode until the lake commit is done), and the lake table loaded at its
+  current version. ``readings`` reads the partition at that version; ``replace`` reads the
+  approved stage into Arrow; the readings after it are those of the rows about to be
+  written, so a conversion that changed a value is caught before the commit. On a clean exit
+  the partition is overwritten in one commit based on that version: a writer since then
+  makes it fail (TransientDatabaseError, safe to retry). A missing table is created first,
+  empty and partitioned by the partition key (the plan said it would be).
+- ``committed_readings``: the partition at exactly the version we committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pcsv
+from psycopg.conninfo import conninfo_to_dict
+
+from backfill_assets.core import sqlbuild
+from backfill_assets.core.arrow_fingerprint import arrow_readings, lake_schema, lake_type, read_stage_partition
+from backfill_assets.core.catalog import Inspection, check_total, describe_query, partition_kind_of
+from backfill_assets.core.context import Context, set_timeouts
+from backfill_assets.core.db import read_committed, transient_errors, url_from_env
+from backfill_assets.core.errors import SourceDataError, SpecError
+from backfill_assets.core.lake import (
+    META_PREFIX, LakeTable, delta_predicate, lake_table, shape_problems, type_text,
+)
+from backfill_assets.core.spec import PartitionValue, Spec, TableRef
+from backfill_assets.core.target import Checkpoint, Readings, no_checkpoint, partition_advisory_locks
+
+
+def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
+    """The SQLAlchemy URL of an Iceberg spec's SQL catalog: the variable ``catalog.uri_env``
+    names, or else the database apply is connected to (the embedded one in the demo). A URL
+    object, whose password no repr shows; it is never printed or stored."""
+    from sqlalchemy.engine import URL, make_url
+    catalog = spec.target.catalog
+    if catalog is not None and catalog.uri_env is not None:
+        value = url_from_env(catalog.uri_env).reveal()
+        scheme = value.split("://", 1)[0] if "://" in value else ""
+        if scheme and scheme not in ("postgresql", "postgres"):
+            return make_url(value)  # a SQLAlchemy URL (postgresql+psycopg://, sqlite:///...)
+        params = conninfo_to_dict(value)
+    else:
+        params = dict(conn.info.get_parameters())
+        params["password"] = conn.info.password
+    host = params.pop("host", None)
+    port = params.pop("port", None)
+    query = {k: str(v) for k, v in params.items() if k not in ("user", "password", "dbname") and v}
+    if host and (host.startswith("/") or "," in host):
+        query["host"], host = host, None  # a socket directory goes to libpq as is
+    return URL.create(
+        "postgresql+psycopg", username=params.get("user") or None, password=params.get("password") or None,
+        host=host or None, port=int(port) if port else None, database=params.get("dbname") or None, query=query,
+    )
+
+
+@dataclass(frozen=True)
+class LakeState:
+    """What inspection found of a lake target: the table's name, whether it exists (apply
+    creates it otherwise, and the plan says so), and the schema the stage maps to."""
+
+    table: str
+    exists: bool
+    columns: list[tuple[str, str]]
+    partitioned_by: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "exists": self.exists, "columns": [list(c) for c in self.columns],
+                "partitioned_by": self.partitioned_by}
+
+
+def inspect_lake(conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:
+    """Fill in a lake spec's inspection: the stage's column types (as the source, or the
+    transform, gives them), the partition kind, and every problem with the lake table (a type
+    that cannot round-trip, an existing table whose schema or partitioning disagrees). Reads
+    only; a missing table is no problem (apply creates it)."""
+    input_rel = sqlbuild.input_relation(
+        spec.source_ref, [c.name for c in inspection.source_columns], spec.partition_key, spec.input_columns,
+        transform, filtered=False, escape_percent=False,
+    )
+    described = {c.name: c for c in describe_query(conn, sqlbuild.describe_input(input_rel, spec.columns))}
+    columns = [described[c] for c in spec.columns]
+    inspection.target_columns = columns
+    problems = inspection.problems
+    inspection.partition_kind = partition_kind_of(described[spec.partition_key], problems)
+    check_total(spec, described, problems)
+    wanted: list[tuple[str, pa.DataType]] = []
+    for c in columns:
+        try:
+            wanted.append((c.name, lake_type(c)))
+        except SpecError as err:
+            problems.append(str(err))
+    if len(wanted) < len(columns):
+        return
+    table = lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
+    try:
+        shape = table.shape()
+    finally:
+        table.close()
+    if shape is not None:
+        problems.extend(shape_problems(table.name, shape, wanted, spec.partition_key))
+    inspection.lake = LakeState(table.name, shape is not None, [(n, type_text(t)) for n, t in wanted],
+                                [spec.partition_key])
+
+
+_KEYS_PER_SLICE = 65_536
+
+
+def load_target_keys(conn: psycopg.Connection, ctx: Context) -> TableRef:
+    """The lake table's distinct (partition key, business key) pairs, read at its current
+    version, in a temporary table dropped when the caller's transaction (the snapshot's)
+    ends: what core.moves reads where a PostgreSQL target is read in place.
+
+    Raises:
+        SourceDataError: a business key lies in more than one partition of the lake table
+            (a PostgreSQL target rules that out with UNIQUE (business_key)).
+    """
+    spec = ctx.spec
+    names = [spec.partition_key, *spec.business_key]
+    keys = TableRef("pg_temp", f"{spec.name}__target_keys")
+    input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
+                                        spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
+    conn.execute(sqlbuild.create_keys_table(keys.name, input_rel, names))
+    table = lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
+    try:
+        handle = table.open()
+        data = None if handle is None else table.read_columns(handle, names)
+    finally:
+        table.close()
+    if data is not None and data.num_rows:
+        data = data.group_by(names).aggregate([]).select(names)  # distinct pairs
+        # CSV written by Arrow (strings quoted, NULL an empty field), a slice at a time.
+        with conn.cursor() as cur, cur.copy(sqlbuild.copy_keys_in(keys, names)) as copy:
+            for batch in data.to_batches(max_chunksize=_KEYS_PER_SLICE):
+                buffer = io.BytesIO()
+                pcsv.write_csv(batch, buffer, pcsv.WriteOptions(include_header=False))
+                copy.write(buffer.getvalue())
+    found = conn.execute(sqlbuild.keys_in_several_partitions(keys, spec.business_key)).fetchall()
+    if found:
+        raise SourceDataError(
+            f"{len(found)}+ business key(s) lie in more than one partition of {spec.target_name}, so the "
+            "partition a moved key leaves cannot be told",
+            "Replace those partitions with records_can_move off first, so that each key has one home",
+            [", ".join(f"{k}={v}" for k, v in zip(spec.business_key, row[:-1])) for row in found],
+        )
+    return keys
+
+
+def check_partition_values(spec: Spec, partitions: list[PartitionValue]) -> None:
+    """Every partition value must be one a Delta predicate can carry (built, never run here).
+
+    Raises:
+        SpecError: naming the value.
+    """
+    if spec.target.format == "delta":
+        for value in partitions:
+            delta_predicate(spec.partition_key, [value])
+
+
+class LakeTarget:
+    """A Delta or Iceberg table whose partitions apply replaces (see the module docstring)."""
+
+    def __init__(self, conn: psycopg.Connection, ctx: Context, checkpoint: Checkpoint = no_checkpoint,
+                 table: LakeTable | None = None) -> None:
+        self.conn, self.ctx, self.checkpoint = conn, ctx, checkpoint
+        spec = ctx.spec
+        self.table = table or lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
+        self.schema = lake_schema(ctx.target_columns)  # the stage's columns, in the spec's order
+        self._session_limits = False
+        self._committed: dict[str, str | None] = {}
+
+    def readings_of(self, data: pa.Table, labels: list[str]) -> dict[str, Readings]:
+        """Each partition's readings from Arrow rows of one or more partitions."""
+        spec = self.ctx.spec
+        data = data.select(list(spec.columns))
+        out = {}
+        for label in labels:
+            if len(labels) > 1:
+                import pyarrow.compute as pc
+                part = data.filter(pc.equal(data[spec.partition_key], pa.scalar(self.ctx.value_of(label),
+                                                                                  data.schema.field(spec.partition_key).type)))
+            else:
+                part = data
+            out[label] = arrow_readings(part, self.ctx.target_columns, spec.business_key, spec.total).as_dict()
+        return out
+
+    def _read(self, handle: Any, labels: list[str]) -> dict[str, Readings]:
+        if handle is None:  # no table yet: every partition is empty
+            return self.readings_of(self.schema.empty_table(), labels)
+        values = [self.ctx.value_of(label) for label in labels]
+        return self.readings_of(self.table.read(handle, self.ctx.spec.partition_key, values), labels)
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        return self._read(self.table.open(), labels)
+
+    @contextlib.contextmanager
+    def locked(self, labels: list[str]) -> Iterator[None]:
+        with partition_advisory_locks(self.conn, self.ctx, labels, self._session_limits):
+            self._session_limits = True
+            yield
+
+    @contextlib.contextmanager
+    def writing(self, labels: list[str]) -> Iterator[_LakeWrite]:
+        spec = self.ctx.spec
+        with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
+                read_committed(self.conn):
+            set_timeouts(self.conn, spec)
+            write = _LakeWrite(self, self.table.open())
+            yield write
+            # Our commit's version; for partitions found already carrying the approved rows
+            # (nothing written), the version they were read at.
+            version = write.commit(labels) if write.pending is not None else self.table.version(write.handle)
+            self._committed.update(dict.fromkeys(labels, version))
+
+    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+        values = [self.ctx.value_of(label) for label in labels]
+        version = self._committed[labels[0]]
+        return self.readings_of(self.table.read_version(version, self.ctx.spec.partition_key, values), labels)
+
+    def committed_version(self, labels: list[str]) -> str | None:
+        """The version our write of ``labels`` committed, or that a skip found them at."""
+        return self._committed.get(labels[0])
+
+    def close(self) -> None:
+        self.table.close()
+
+
+class _LakeWrite:
+    def __init__(self, target: LakeTarget, handle: Any) -> None:
+        self.target, self.handle = target, handle
+        self.pending: pa.Table | None = None
+        self.metadata: dict[str, str] = {}
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        if self.pending is None:
+            return self.target._read(self.handle, labels)
+        return self.target.readings_of(self.pending, labels)
+
+    def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
+        t = self.target
+        ctx, spec = t.ctx, t.ctx.spec
+        parts = [read_stage_partition(t.conn, ctx.stage("a"), ctx.target_columns, spec.partition_key,
+                                      ctx.value_of(label), spec.business_key) for label in labels]
+        self.pending = pa.concat_tables([p.cast(t.schema) for p in parts]) if parts else t.schema.empty_table()
+        self.metadata = {META_PREFIX + k: v for k, v in (note or {}).items()}
+        t.checkpoint("inserted", labels)
+
+    def commit(self, labels: list[str]) -> str | None:
+        t = self.target
+        assert self.pending is not None
+        handle = self.handle
+        if handle is None:
+            t.table.create(t.schema, t.ctx.spec.partition_key)
+            handle = t.table.open()
+        values = [t.ctx.value_of(label) for label in labels]
+        return t.table.overwrite(handle, t.ctx.spec.partition_key, values, self.pending, self.metadata)

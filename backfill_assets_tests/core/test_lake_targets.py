@@ -1,0 +1,314 @@
+"""Delta Lake and Apache Iceberg targets: the whole flow against real tables on local disk,
+with the stages in a real PostgreSQL (and, for Iceberg, its SQL catalog there too)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from backfill_assets.core import ledger
+from backfill_assets.core.apply import apply_plan
+from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.errors import ApprovalOutdatedError, SpecError, TransientDatabaseError
+from backfill_assets.core.lake import delta_predicate
+from backfill_assets.core.plan import make_plan
+from backfill_assets.core.spec import PartitionRequest
+from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.core.test_plan import ALL_DAYS, newest_wins
+
+FORMATS = ["delta", "iceberg"]
+COLUMNS = ["order_date", "order_id", "customer_id", "updated_at", "ingest_seq", "amount", "status", "note"]
+
+
+def lake_spec(fmt: str, where: Path, **changes: Any):
+    target: dict[str, Any] = (
+        {"format": "delta", "location": str(where / "orders_daily")} if fmt == "delta"
+        else {"format": "iceberg", "table": "sales.orders_daily",
+              "catalog": {"type": "sql", "warehouse": str(where / "warehouse")}}
+    )
+    return make_spec(**{"target": target, "records_can_move": False, **changes})
+
+
+class Lake:
+    """Read and write the test's lake table directly, as another writer would."""
+
+    def __init__(self, fmt: str, spec, conn) -> None:
+        from backfill_assets.core.lake import lake_table
+        from backfill_assets.core.lake_target import catalog_url
+        self.fmt, self.spec = fmt, spec
+        self.table = lake_table(spec.target, catalog_url(conn, spec) if fmt == "iceberg" else None)
+
+    def rows(self, day: dt.date | None = None) -> list[tuple]:
+        handle = self.table.open()
+        if handle is None:
+            return []
+        if day is None:
+            data = (handle.to_pyarrow_table() if self.fmt == "delta"
+                    else handle.scan().to_arrow())
+        else:
+            data = self.table.read(handle, "order_date", [day])
+        out = [tuple(r[c] for c in COLUMNS) for r in data.select(COLUMNS).to_pylist()]
+        return sorted(out, key=lambda r: (r[0], r[1]))
+
+    def version(self) -> str | None:
+        return self.table.version(self.table.open())
+
+    def overwrite(self, day: dt.date, rows: list[tuple], schema: pa.Schema) -> None:
+        data = pa.Table.from_pylist([dict(zip(COLUMNS, r)) for r in rows], schema=schema)
+        handle = self.table.open()
+        if self.fmt == "delta":
+            from deltalake import write_deltalake
+            write_deltalake(handle, data, mode="overwrite", predicate=delta_predicate("order_date", [day]))
+        else:
+            from pyiceberg.expressions import EqualTo
+            handle.overwrite(data, overwrite_filter=EqualTo("order_date", day.isoformat()))
+
+    def commit_metadata(self) -> dict[str, str]:
+        handle = self.table.open()
+        if self.fmt == "delta":
+            return {k: str(v) for k, v in handle.history(1)[0].items()}
+        return dict(handle.current_snapshot().summary.additional_properties)
+
+
+def approved(conn, factory, spec, request=ALL_DAYS):
+    plan = make_plan(spec, request, factory)
+    approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), "alice")
+    return plan
+
+
+def run(spec, plan, factory, **kwargs):
+    return apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, **kwargs)
+
+
+def expected_rows(conn) -> list[tuple]:
+    rows = conn.execute(
+        "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note "
+        "FROM public.orders_raw WHERE order_date BETWEEN '2024-01-01' AND '2024-01-07'"
+    ).fetchall()
+    by_day = newest_wins(rows, per_day=True)
+    return sorted((r for day in by_day.values() for r in day), key=lambda r: (r[0], r[1]))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_whole_flow_creates_fills_verifies_and_reruns_a_lake_table(unmoved_db, factory, tmp_path, fmt):
+    spec = lake_spec(fmt, tmp_path)
+    plan = approved(unmoved_db, factory, spec)
+    assert plan.status == "ready" and plan.document.creates_target is True
+    assert plan.document.target == spec.target_name and plan.document.target_table_columns[5] == ("amount", "decimal128(12, 2)")
+    result = run(spec, plan, factory)
+    # The empty day is empty already (there is no table yet): nothing to write there.
+    statuses = {p["partition"]: p["status"] for p in result.partitions}
+    assert statuses.pop("2024-01-05") == "skipped-already-verified" and set(statuses.values()) == {"verified"}
+    lake = Lake(fmt, spec, unmoved_db)
+    assert lake.rows() == expected_rows(unmoved_db)
+    # The ledger and each result name the version committed; the commit carries the plan.
+    versions = {p["partition"]: p["target_version"] for p in result.partitions if p["status"] == "verified"}
+    assert len(set(versions.values())) == len(versions)
+    recorded = unmoved_db.execute(
+        "SELECT partition, target_version FROM backfill_control.ledger WHERE run_id = %s AND status = 'verified'",
+        (result.run_id,),
+    ).fetchall()
+    assert dict(recorded) == versions
+    meta = lake.commit_metadata()
+    assert meta["backfill_assets.plan_id"] == plan.plan_id
+    assert meta["backfill_assets.partitions"] == "2024-01-07"
+    assert meta["backfill_assets.content_hash"] == plan.approved("2024-01-07")["content_hash"]
+    # A rerun writes nothing: every partition already carries the approved fingerprint.
+    before = lake.version()
+    rerun = run(spec, plan, factory)
+    assert {p["status"] for p in rerun.partitions} == {"skipped-already-verified"}
+    assert lake.version() == before
+    assert {p["target_version"] for p in rerun.partitions} == {before}  # where each was found verified
+    # A plan of the same source now finds the table, and says it will not create it.
+    again = make_plan(spec, ALL_DAYS, factory)
+    assert again.document.creates_target is False
+    states = {r["partition"]: r for r in ledger.ledger_status(unmoved_db, spec)}
+    assert states["2024-01-01"]["target_version"] == before
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_empty_stage_empties_its_partition_and_other_partitions_are_untouched(unmoved_db, factory, tmp_path, fmt):
+    spec = lake_spec(fmt, tmp_path)
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-04"))
+    run(spec, plan, factory)
+    lake = Lake(fmt, spec, unmoved_db)
+    schema = lake.table.open().schema().to_arrow() if fmt == "delta" else lake.table.open().schema().as_arrow()
+    at = dt.datetime(2024, 1, 5, tzinfo=dt.timezone.utc)
+    stale = [(dt.date(2024, 1, 5), 1, 1, at, 1, None, "stale", "x"),
+             (dt.date(2024, 1, 9), 2, 2, at, 2, None, "outside", "y")]
+    lake.overwrite(dt.date(2024, 1, 5), stale[:1], pa.schema(schema))
+    lake.overwrite(dt.date(2024, 1, 9), stale[1:], pa.schema(schema))
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-05"))  # no source rows
+    assert plan.approved("2024-01-05")["row_count"] == 0
+    run(spec, plan, factory)
+    assert lake.rows(dt.date(2024, 1, 5)) == []
+    assert [r[6] for r in lake.rows(dt.date(2024, 1, 9))] == ["outside"]
+    assert len(lake.rows(dt.date(2024, 1, 4))) > 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_another_writer_of_the_same_partition_makes_our_commit_fail_and_the_rerun_refuse(
+        unmoved_db, factory, tmp_path, fmt):
+    spec = lake_spec(fmt, tmp_path)
+    first = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-02"))
+    run(spec, first, factory)  # the table exists
+    lake = Lake(fmt, spec, unmoved_db)
+    schema = pa.schema(lake.table.open().schema().to_arrow() if fmt == "delta" else lake.table.open().schema().as_arrow())
+    unmoved_db.execute("UPDATE public.orders_raw SET note = 'changed' WHERE order_date = '2024-01-02'")
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-02,2024-01-03"))
+    theirs = [(dt.date(2024, 1, 3), 7, 7, dt.datetime(2024, 1, 3, tzinfo=dt.timezone.utc), 7, None, "theirs", "")]
+
+    def other_writer(step: str, labels: list[str]) -> None:
+        if step == "before-commit" and labels == ["2024-01-03"]:
+            lake.overwrite(dt.date(2024, 1, 3), theirs, schema)  # commits after we read the partition
+
+    with pytest.raises(TransientDatabaseError, match="another writer"):
+        run(spec, plan, factory, checkpoint=other_writer)
+    assert lake.rows(dt.date(2024, 1, 3)) == theirs  # theirs stands; nothing of ours committed
+    assert all(r[7] == "changed" for r in lake.rows(dt.date(2024, 1, 2)))  # the partition before stays
+    states = {r["partition"]: r["status"] for r in ledger.ledger_status(unmoved_db, spec)}
+    assert states["2024-01-03"] == "failed" and states["2024-01-02"] == "verified"
+    # The partition changed since the approval: the approval no longer covers it.
+    with pytest.raises(ApprovalOutdatedError):
+        run(spec, plan, factory)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_crash_between_partitions_resumes_to_the_rows_of_an_uninterrupted_run(unmoved_db, factory, tmp_path, fmt):
+    spec = lake_spec(fmt, tmp_path)
+    plan = approved(unmoved_db, factory, spec)
+
+    def crash(step: str, labels: list[str]) -> None:
+        if step == "committed" and labels == ["2024-01-03"]:
+            raise KeyboardInterrupt  # the process dies after the lake commit, before the ledger
+
+    with pytest.raises(KeyboardInterrupt):
+        run(spec, plan, factory, checkpoint=crash)
+    rerun = run(spec, plan, factory)
+    statuses = {p["partition"]: p["status"] for p in rerun.partitions}
+    assert statuses["2024-01-03"] == "skipped-already-verified" and statuses["2024-01-04"] == "verified"
+    assert Lake(fmt, spec, unmoved_db).rows() == expected_rows(unmoved_db)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_refused_plan_writes_nothing_to_the_lake(unmoved_db, factory, tmp_path, fmt):
+    unmoved_db.execute(
+        "CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
+        "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$"
+    )
+    transform = ("SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, "
+                 "ingest_seq, amount, status, note FROM source")
+    spec = lake_spec(fmt, tmp_path, transform_sql=transform)
+    plan = make_plan(spec, PartitionRequest("2024-01-01"), factory)
+    assert plan.status == "refused"
+    with pytest.raises(Exception, match="refused"):
+        approve_plan(unmoved_db, factory, spec, find_plan(unmoved_db, spec, plan.plan_id), "alice")
+    assert Lake(fmt, spec, unmoved_db).table.open() is None
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_existing_table_that_disagrees_is_refused_before_anything_is_written(unmoved_db, factory, tmp_path, fmt):
+    spec = lake_spec(fmt, tmp_path)
+    lake = Lake(fmt, spec, unmoved_db)
+    schema = pa.schema([("order_date", pa.date32()), ("order_id", pa.int64()), ("customer_id", pa.int64()),
+                        ("updated_at", pa.timestamp("us", tz="UTC")), ("ingest_seq", pa.int64()),
+                        ("amount", pa.float64()), ("status", pa.string()), ("note", pa.string())])
+    lake.table.create(schema, "order_date")
+    with pytest.raises(SpecError, match=r"column amount is double but the stage's is decimal128\(12, 2\)"):
+        make_plan(spec, ALL_DAYS, factory)
+    assert not unmoved_db.execute("SELECT to_regnamespace('backfill_control') IS NOT NULL").fetchone()[0]
+
+
+def test_types_without_an_exact_lake_form_are_refused_with_the_reason(unmoved_db, factory, tmp_path):
+    transform = ("SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount::numeric AS amount, "
+                 "status, note FROM source")
+    spec = lake_spec("delta", tmp_path, transform_sql=transform)
+    with pytest.raises(SpecError, match="amount") as err:
+        make_plan(spec, ALL_DAYS, factory)
+    assert "scale" in str(err.value)
+
+
+def test_the_spec_shape_of_each_lake_format_is_checked():
+    with pytest.raises(SpecError, match="delta target takes `location"):
+        make_spec(target={"format": "delta", "table": "public.x"}, records_can_move=False)
+    with pytest.raises(SpecError, match="namespace.table"):
+        make_spec(target={"format": "iceberg", "table": "a.b.c", "catalog": {"type": "sql", "warehouse": "w"}},
+                  records_can_move=False)
+    with pytest.raises(SpecError, match="NAME of an environment variable"):
+        make_spec(target={"format": "iceberg", "table": "a.b", "catalog": {
+            "type": "sql", "warehouse": "w", "uri_env": "postgresql://u:secret@h/db"}}, records_can_move=False)
+    with pytest.raises(SpecError, match="file:// URI"):
+        make_spec(target={"format": "delta", "location": "s3://bucket/x"}, records_can_move=False)
+
+
+LAKE_SCHEMA = pa.schema([
+    ("order_date", pa.date32()), ("order_id", pa.int64()), ("customer_id", pa.int64()),
+    ("updated_at", pa.timestamp("us", tz="UTC")), ("ingest_seq", pa.int64()), ("amount", pa.decimal128(12, 2)),
+    ("status", pa.string()), ("note", pa.string()),
+])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_moved_record_adds_its_partition_and_both_are_replaced_in_one_commit(demo_db, factory, tmp_path, fmt):
+    from backfill_assets import demo
+    from backfill_assets_tests.core.test_apply import all_target_rows
+    spec = lake_spec(fmt, tmp_path, records_can_move=True)
+    lake = Lake(fmt, spec, demo_db)
+    # The lake holds what the stale PostgreSQL target holds: the moved keys at their old homes.
+    lake.table.create(LAKE_SCHEMA, "order_date")
+    stale = demo.stale_target_rows(moved=True)
+    for day in sorted({r[0] for r in stale}):
+        lake.overwrite(day, [r for r in stale if r[0] == day], LAKE_SCHEMA)
+    plan = approved(demo_db, factory, spec, PartitionRequest("2024-01-03"))
+    assert [list(g) for g in plan.document.replace_groups] == [["2024-01-03", "2024-01-04"]]
+    (added,) = plan.document.added_partitions
+    assert added.partition == "2024-01-04" and "moves here from 2024-01-03" in added.reasons[0]
+    result = run(spec, plan, factory)
+    assert {p["status"] for p in result.partitions} == {"verified"}
+    assert len({p["target_version"] for p in result.partitions}) == 1  # one commit for both
+    assert lake.commit_metadata()["backfill_assets.partitions"] == "2024-01-03,2024-01-04"
+    # The same plan on the PostgreSQL target gives the same rows, and the same fingerprints.
+    pg_plan = approved(demo_db, factory, make_spec(), PartitionRequest("2024-01-03"))
+    run(make_spec(), pg_plan, factory)
+    for day in (dt.date(2024, 1, 3), dt.date(2024, 1, 4)):
+        assert lake.rows(day) == all_target_rows(demo_db, day)
+        assert pg_plan.approved(day.isoformat()) == plan.approved(day.isoformat())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_key_in_two_partitions_of_the_lake_is_refused_when_records_can_move(demo_db, factory, tmp_path, fmt):
+    spec = lake_spec(fmt, tmp_path, records_can_move=True)
+    lake = Lake(fmt, spec, demo_db)
+    lake.table.create(LAKE_SCHEMA, "order_date")
+    at = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    for day in (dt.date(2024, 1, 1), dt.date(2024, 1, 2)):
+        lake.overwrite(day, [(day, 42, 1, at, 1, None, "twice", "")], LAKE_SCHEMA)
+    with pytest.raises(Exception, match="more than one partition") as err:
+        make_plan(spec, PartitionRequest("2024-01-01"), factory)
+    assert "order_id=42" in str(err.value)
+
+
+def test_an_iceberg_catalog_url_comes_only_from_its_variable_and_is_never_printed(
+        unmoved_db, factory, url_env, password_role, tmp_path, monkeypatch, capsys):
+    from backfill_assets.cli import main
+    from backfill_assets_tests.conftest import CANARY
+    spec = make_spec(target={"format": "iceberg", "table": "sales.orders_daily", "catalog": {
+        "type": "sql", "warehouse": str(tmp_path / "warehouse"), "uri_env": "ICE_URL"}}, records_can_move=False)
+    monkeypatch.setenv("ICE_URL", password_role)  # a role whose password is not CANARY
+    with pytest.raises(Exception) as err:
+        make_plan(spec, PartitionRequest("2024-01-01"), factory)
+    assert err.value.__class__.__name__ == "ConnectionConfigError"
+    assert "Iceberg catalog in $ICE_URL" in str(err.value) and "password authentication failed" in str(err.value)
+    assert CANARY not in str(err.value) and err.value.__cause__ is None and err.value.__context__ is None
+    # The command line says the same, exit 3, without the password.
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
+    code = main(["inspect", "--spec", str(path)])
+    out, errtext = capsys.readouterr()
+    assert code == 3 and CANARY not in out + errtext and "$ICE_URL" in errtext

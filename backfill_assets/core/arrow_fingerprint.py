@@ -41,22 +41,12 @@ import pyarrow.csv as pcsv
 
 from backfill_assets.core import sqlbuild
 from backfill_assets.core.catalog import ColumnInfo
-from backfill_assets.core.errors import BackfillError, SourceDataError, SpecError
+from backfill_assets.core.errors import LakeValueError, SessionNotPinnedError, SpecError
 from backfill_assets.core.fingerprint import Fingerprint, business_key_order, preamble
 from backfill_assets.core.spec import TableRef
 
 if TYPE_CHECKING:
     import psycopg
-
-
-class SessionNotPinnedError(BackfillError):
-    """The connection reading a stage does not have the pinned settings (db.pin_session) its
-    text forms depend on: with extra_float_digits below 1 floats would be read rounded."""
-
-
-class LakeValueError(SourceDataError):
-    """A value a lake column cannot hold exactly, or whose PostgreSQL text cannot be rendered
-    from Arrow: NaN in a numeric(p,s), an infinite or BC date or time stamp, a year after 9999."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,6 +46,11 @@ class SourceDataError(BackfillError):
         super().__init__(f"{text}. {hint}")
 
 
+class LakeValueError(SourceDataError):
+    """A value a lake column cannot hold exactly, or whose PostgreSQL text cannot be rendered
+    from Arrow: NaN in a numeric(p,s), an infinite or BC date or time stamp, a year after 9999."""
+
+
 @dataclass(frozen=True)
 class TransformProblem:
     """One construct of ``transform_sql`` that can change its rows between runs."""
@@ -233,3 +238,8 @@ class ConcurrentRunError(BackfillError):
 
     exit_code = 8
     retryable = True
+
+
+class SessionNotPinnedError(BackfillError):
+    """The connection reading a stage does not have the pinned settings (db.pin_session) its
+    text forms depend on: with extra_float_digits below 1 floats would be read rounded."""

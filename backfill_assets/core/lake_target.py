@@ -161,6 +161,23 @@ def load_target_keys(conn: psycopg.Connection, ctx: Context) -> TableRef:
     return keys
 
 
+def unholdable_values(conn: psycopg.Connection, ctx: Context) -> list[str]:
+    """The plan's problems with stage A's values that its lake table could not hold (an
+    infinite or BC date or time stamp, a year after 9999, NaN in a numeric(p,s)), one per
+    partition and column: one pass over the stage for every such column, before approval."""
+    spec = ctx.spec
+    checked = [(c.name, c.base_type) for c in ctx.target_columns if c.base_type in sqlbuild.unholdable_kinds()]
+    if not checked:
+        return []
+    rows = conn.execute(*sqlbuild.unholdable_values(ctx.stage("a"), spec.partition_key, checked, ctx.partitions))
+    return [
+        f"partition {label}: column {name} has {n} value(s) a {spec.target.format} column cannot hold "
+        "(an infinite or BC date or time stamp, a year after 9999, or NaN in a decimal); fix them in the "
+        "source or transform, or keep the target in PostgreSQL"
+        for label, *counts in rows for (name, _), n in zip(checked, counts) if n
+    ]
+
+
 def check_partition_values(spec: Spec, partitions: list[PartitionValue]) -> None:
     """Every partition value must be one a Delta predicate can carry (built, never run here).
 

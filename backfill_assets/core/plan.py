@@ -60,9 +60,10 @@ def spec_document(ctx: Context) -> dict[str, Any]:
 
 
 def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
-             reports: dict[str, tuple[int, int]], requested: list[str]) -> Plan:
-    """Compare the stages on every reading and build the plan document and id."""
-    problems: list[str] = []
+             reports: dict[str, tuple[int, int]], requested: list[str], problems: list[str] | None = None) -> Plan:
+    """Compare the stages on every reading and build the plan document and id; ``problems``:
+    found before (values a lake target could not hold)."""
+    problems = list(problems or [])
     partitions: list[PartitionEntry] = []
     for label in ctx.labels:
         fa, fb = a[label], b[label]
@@ -183,7 +184,11 @@ def finish_plan(
     reports = _input_reports(conn, ctx, snapshot)
     if snapshot.mode == "immutable":
         recheck_immutable_source(conn, ctx, snapshot)
-    plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested)
+    problems = []
+    if spec.target.is_lake:
+        from backfill_assets.core.lake_target import unholdable_values
+        problems = unholdable_values(conn, ctx)
+    plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)
     with conn.transaction():
         control.record_plan(
             conn, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name,

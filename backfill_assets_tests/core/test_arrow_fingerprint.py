@@ -23,12 +23,12 @@ from psycopg import sql
 
 from backfill_assets.core import sqlbuild
 from backfill_assets.core.arrow_fingerprint import (
-    LakeValueError, SessionNotPinnedError, _pg_notation, _render_decimal, _render_float8, arrow_readings, lake_schema, lake_type,
+    _pg_notation, _render_decimal, _render_float8, arrow_readings, lake_schema, lake_type,
     read_stage_partition,
 )
 from backfill_assets.core.catalog import ColumnInfo, table_columns
 from backfill_assets.core.db import repeatable_read
-from backfill_assets.core.errors import SpecError
+from backfill_assets.core.errors import LakeValueError, SessionNotPinnedError, SpecError
 from backfill_assets.core.fingerprint import business_key_order, fingerprint_partition
 from backfill_assets.core.spec import TableRef
 

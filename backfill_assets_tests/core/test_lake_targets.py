@@ -312,3 +312,17 @@ def test_an_iceberg_catalog_url_comes_only_from_its_variable_and_is_never_printe
     code = main(["inspect", "--spec", str(path)])
     out, errtext = capsys.readouterr()
     assert code == 3 and CANARY not in out + errtext and "$ICE_URL" in errtext
+
+
+def test_values_a_lake_cannot_hold_refuse_the_plan_naming_partition_and_column(unmoved_db, factory, tmp_path):
+    unmoved_db.execute("UPDATE public.orders_raw SET updated_at = 'infinity' WHERE order_date = '2024-01-02'")
+    transform = ("SELECT order_date, order_id, customer_id, updated_at, ingest_seq, "
+                 "CASE WHEN order_date = '2024-01-03' THEN 'NaN'::numeric(12,2) ELSE amount END AS amount, "
+                 "status, note FROM source")
+    spec = lake_spec("delta", tmp_path, transform_sql=transform)
+    plan = make_plan(spec, ALL_DAYS, factory)
+    assert plan.status == "refused"
+    problems = " | ".join(plan.problems)
+    assert "partition 2024-01-02: column updated_at has" in problems
+    assert "partition 2024-01-03: column amount has" in problems and "2024-01-01" not in problems
+    assert Lake("delta", spec, unmoved_db).table.open() is None

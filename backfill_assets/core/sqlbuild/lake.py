@@ -45,3 +45,35 @@ def copy_partition_csv(
         pk=col("t", partition_key), order=order_by("t", order),
     )
     return query, {"partition": partition}
+
+
+# Values a lake column cannot hold, by the column's base type (the lake keeps years 1..9999,
+# finite dates and time stamps, and no NaN in a decimal).
+_UNHOLDABLE = {
+    "date": sql.SQL("NOT isfinite({c}) OR {c} < DATE '0001-01-01' OR {c} > DATE '9999-12-31'"),
+    "timestamptz": sql.SQL(
+        "NOT isfinite({c}) OR {c} < TIMESTAMPTZ '0001-01-01 00:00:00+00' "
+        "OR {c} > TIMESTAMPTZ '9999-12-31 23:59:59.999999+00'"
+    ),
+    "numeric": sql.SQL("{c} = 'NaN'::numeric"),
+}
+_UNHOLDABLE_COUNTS = sql.SQL(
+    "SELECT {pk}::text, {counts} FROM {rel} AS t WHERE {pk} = ANY(%(partitions)s) GROUP BY {pk} ORDER BY {pk}"
+)
+
+
+def unholdable_kinds() -> frozenset[str]:
+    """The base types :func:`unholdable_values` checks."""
+    return frozenset(_UNHOLDABLE)
+
+
+def unholdable_values(rel: TableRef, partition_key: str, columns: Sequence[tuple[str, str]], partitions: list) -> Query:
+    """Per partition of ``rel`` among ``partitions``: how many values of each ``(column, base
+    type)`` a lake column could not hold. Rows: (partition text, count per column...)."""
+    counts = sql.SQL(", ").join(
+        sql.SQL("count(*) FILTER (WHERE {})").format(_UNHOLDABLE[base].format(c=col("t", name)))
+        for name, base in columns
+    )
+    return _UNHOLDABLE_COUNTS.format(pk=col("t", partition_key), counts=counts, rel=table(rel)), {
+        "partitions": partitions
+    }

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import dagster as dg
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
 from backfill_assets.core import embedded
@@ -48,6 +49,8 @@ from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.spec import PartitionRequest, TableRef, spec_from_mapping
 from backfill_assets.core.sqlbuild import copy_canonical_stream, in_partition, partition_readings
 
+import lake_fingerprint  # benchmarks/lake_fingerprint.py
+import lake_targets  # benchmarks/lake_targets.py
 import shapes  # benchmarks/shapes.py, next to this script
 
 DAYS = 20
@@ -295,11 +298,13 @@ GROUPS = {
     "big": "8: the CLI at --rows, --big-rows / 2 and --big-rows rows: seconds per million rows and peak RSS",
     "year": "4b: 365 partitions through Dagster",
     "sensor": "9 alone: the 365-partition shape through the CLI, then the sensor tick",
+    "lake": "10: the safe backfill into a Delta and an Iceberg table vs the naive overwrite and the raw read; "
+            "11: the fingerprint of a lake partition",
 }
 _NEED_FIG3 = {"fp", "dagster", "scaling"}
 # Rows and notes are written in this order, whatever order the figures ran in.
-FIGURES = ("1", "2", "3", "4", "5", "6", "4b", "7a", "7b", "7c", "8", "8b", "9")
-SECTIONS = ("fp", "fig3", "shapes", "big", "sensor")
+FIGURES = ("1", "2", "3", "4", "5", "6", "4b", "7a", "7b", "7c", "8", "8b", "9", "10a", "10b", "11")
+SECTIONS = ("fp", "fig3", "shapes", "big", "sensor", "lake")
 
 
 @dataclass
@@ -657,7 +662,7 @@ def main() -> int:
             print(line, flush=True)
         steps = [("fig3", figure_3), ("fp", figures_1_2), ("shapes", figure_shapes), ("dagster", figure_4),
                  ("memory", figure_5), ("scaling", figure_6), ("big", figure_big), ("year", figure_4b),
-                 ("sensor", figure_sensor_alone)]
+                 ("sensor", figure_sensor_alone), ("lake", figure_lake), ("lake", figure_lake_fingerprint)]
         for group, figure in steps:
             if group in only:
                 t, _ = timed(lambda: figure(b, report))
@@ -665,6 +670,73 @@ def main() -> int:
     elapsed = time.perf_counter() - started
     write_report(Path(args.out), args, only, report, elapsed)
     return 0
+
+
+def figure_lake(b: Bench, report: Report) -> None:
+    """Figure 10: the safe backfill of the bench's source into a Delta and an Iceberg table
+    (apply creates each) against the naive way (per partition, DISTINCT ON read into Arrow and
+    the lake's own partition overwrite) and the raw read of the same partitions."""
+    with b.factory() as conn:  # the bench's source at --rows (later figures load other sizes)
+        load(conn, b.args.rows)
+    for letter, fmt in (("a", "delta"), ("b", "iceberg")):
+        folder = b.folder / f"lake_{fmt}"
+        folder.mkdir(parents=True, exist_ok=True)
+        spec = spec_from_mapping(lake_targets.spec(fmt, folder))
+        with b.factory() as conn:
+            catalog = lake_targets.catalog_for(conn, folder) if fmt == "iceberg" else None
+            if catalog is not None:
+                lake_targets.drop_iceberg(catalog)
+            naive = lake_targets.naive(conn, fmt, folder, days(), catalog)
+            read, rows = lake_targets.raw_read(fmt, folder, days(), catalog)
+        safe, steps, _ = safe_backfill(spec, b.factory)
+        applied = next(v for k, v in steps.items() if k.startswith("apply"))
+        report.row(f"10{letter}. whole safe backfill into {fmt} vs naive lake overwrite", safe, naive, "s", "-",
+                   safe / naive, None)
+        report.note(
+            "lake",
+            f"Figure 10{letter} ({fmt}, {rows} rows over {DAYS} partitions): ours {safe:.2f} s = "
+            f"{safe / naive:.2f}x the naive overwrite ({naive:.2f} s); of it apply {applied:.2f} s "
+            f"({applied / naive:.2f}x the naive way; it creates the table, then per partition reads the "
+            f"stage into Arrow, fingerprints it, commits and reads the committed version back to "
+            f"fingerprint it again). The raw read of the written partitions takes {read:.2f} s "
+            f"({read / naive:.2f}x the naive way).",
+        )
+
+
+def figure_lake_fingerprint(b: Bench, report: Report) -> None:
+    """Figure 11: the canonical fingerprint of a 1M-row lake partition read back from a Delta
+    table (benchmarks/lake_fingerprint.py's partition), in rows per second, and the most Arrow
+    memory it holds at 1M and 2M rows (flat: bounded by the partition's own columns)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from backfill_assets.core.arrow_fingerprint import arrow_readings
+    rows, peaks, rate = 1_000_000, {}, 0.0
+    with b.factory() as conn:
+        conn.execute(lake_fingerprint.DROP)
+        conn.execute(lake_fingerprint.DDL)
+        columns = table_columns(conn, lake_fingerprint.REL)
+        conn.execute(lake_fingerprint.DROP)
+    for n in (rows, 2 * rows):
+        path = b.folder / f"fp_delta_{n}"
+        write_deltalake(str(path), lake_fingerprint.build_partition(n), partition_by=["p"])
+        data = DeltaTable(str(path)).to_pyarrow_table()
+        pool = pa.default_memory_pool()  # saved first: once set, the proxy is the default
+        proxy = pa.proxy_memory_pool(pool)
+        pa.set_memory_pool(proxy)
+        try:
+            seconds = best(lambda: timed(lambda: arrow_readings(
+                data, columns, lake_fingerprint.KEY, lake_fingerprint.TOTAL))[0])
+        finally:
+            pa.set_memory_pool(pool)
+        peaks[n] = (proxy.max_memory() / 2**20, data.nbytes / 2**20)
+        if n == rows:
+            rate = n / seconds
+    report.row("11. fingerprint of a 1M-row Delta partition from Arrow (rows/s)", rate / 1000, None, "k/s",
+               ">= 300k/s", None, rate >= 300_000)
+    report.note("lake", "Figure 11 (`arrow_readings` over benchmarks/lake_fingerprint.py's partition, read back from "
+                "Delta): most Arrow memory held while fingerprinting " + "; ".join(
+                    f"{n:,} rows: {peak:.0f} MiB for a {size:.0f} MiB table" for n, (peak, size) in peaks.items())
+                + ". The time of `.venv/bin/python benchmarks/lake_fingerprint.py` splits it further.")
 
 
 def server_header(conn: psycopg.Connection) -> list[str]:

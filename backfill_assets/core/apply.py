@@ -249,7 +249,8 @@ def _replace_and_record(
     groups: list[list[str]], n: int, clock: Clock, checkpoint: Checkpoint,
 ) -> tuple[str, str | None]:
     """Replace and verify group ``n`` under its partition locks, recording each step in the
-    ledger; return its status and the lake version committed (None: none, or PostgreSQL). On failure, mark it failed and the following groups not attempted, and raise."""
+    ledger; return its status and the lake version committed (None for PostgreSQL). On
+    failure, mark it failed and the following groups not attempted, and raise."""
     spec, labels = ctx.spec, groups[n]
     ledger.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
     try:

@@ -161,8 +161,7 @@ def spec_assets(spec: Spec) -> list[Any]:
     """The asset definitions of one spec."""
     shape = _Shape(spec, Keys.of(spec), partitions_def(spec))
     source = dg.AssetSpec(
-        shape.keys.source, group_name=spec.name,
-                            kinds={TARGET_KINDS[spec.target.format]},
+        shape.keys.source, group_name=spec.name, kinds={"postgres"},
         description=f"The source table {spec.source_ref}; read only, never written.",
         metadata={"table": str(spec.source_ref)},
     )
@@ -180,8 +179,7 @@ def _snapshot_asset(shape: _Shape) -> dg.AssetsDefinition:
 
     @shape.multi_asset(
         "snapshot", build_pool(spec),
-        specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=spec.name,
-                            kinds={TARGET_KINDS[spec.target.format]},
+        specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=spec.name, kinds={"postgres"},
                             description="A fixed copy (or pinned fingerprint) of the source partitions.")],
     )
     def snapshot(context: dg.AssetExecutionContext):
@@ -199,11 +197,9 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
     @shape.multi_asset(
         "stages", build_pool(spec),
         specs=[
-            dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=spec.name,
-                            kinds={TARGET_KINDS[spec.target.format]},
+            dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=spec.name, kinds={"postgres"},
                          description="Newest row per business key, built with DISTINCT ON."),
-            dg.AssetSpec(keys.stage_b, deps=[keys.snapshot], group_name=spec.name,
-                            kinds={TARGET_KINDS[spec.target.format]},
+            dg.AssetSpec(keys.stage_b, deps=[keys.snapshot], group_name=spec.name, kinds={"postgres"},
                          description="Newest row per business key, built independently with a window "
                                      "function; compared with stage A into a plan."),
         ],

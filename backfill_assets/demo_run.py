@@ -81,7 +81,10 @@ def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
     """The same backfill into a Delta Lake table, which the first apply creates, then again."""
     location = spec.target.location
     assert location is not None
-    shutil.rmtree(Path(location), ignore_errors=True)  # the demo's own table: start from none
+    table = Path(location.removeprefix("file://")).expanduser().resolve()
+    if table.is_relative_to(Path(".backfill_assets").resolve()) or table.is_relative_to(embedded.home()):
+        shutil.rmtree(table, ignore_errors=True)  # the demo's own table: start from none
+    # (any other location is left as it is: the plan then says whether apply creates it)
     out.result(f"\n-- 9. the same source into a Delta Lake table ({spec.target_name}): plan, approve, apply")
     plan = make_plan(spec, request, factory, progress=out.progress)
     if plan.status != "ready":

@@ -152,7 +152,11 @@ def check_data_unchanged(
 def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
     """The target's readings of partitions ``labels`` of the context, in the caller's
     transaction (the same readings a plan records for its stages)."""
-    return target_for(conn, None, ctx).readings(labels)
+    target = target_for(conn, None, ctx)
+    try:
+        return target.readings(labels)
+    finally:
+        target.close()  # a lake target's catalog connections
 
 
 @dataclass(frozen=True)

@@ -232,7 +232,8 @@ def read_stage_partition(
     _require_key(names, business_key)
     schema = pa.schema([pa.field(c.name, k.lake) for c, k in zip(columns, kinds)])
     # bytea arrives as its hex text and is decoded per batch.
-    read_types = {f"c{i}": (pa.large_string() if k.name == "bytes" else k.lake) for i, k in enumerate(kinds)}
+    read_types = {"guard": pa.int8(), **{f"c{i}": (pa.large_string() if k.name == "bytes" else k.lake)
+                                         for i, k in enumerate(kinds)}}
     parse = pcsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False)
     # NULL is an unquoted empty field, the empty string a quoted one; a one-column row holding
     # NULL is an empty line, which must not be skipped.
@@ -254,9 +255,9 @@ def read_stage_partition(
             except pa.ArrowInvalid as err:
                 raise _conversion_error(rel, names, err) from None
             del data
-            for batch in parsed.to_batches():
+            for batch in parsed.to_batches():  # without the guard column (sqlbuild.copy_partition_csv)
                 batches.append(pa.RecordBatch.from_arrays(
-                    [_hex_to_binary(a) if k.name == "bytes" else a for a, k in zip(batch.columns, kinds)],
+                    [_hex_to_binary(a) if k.name == "bytes" else a for a, k in zip(batch.columns[1:], kinds)],
                     schema=schema,
                 ))
     return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
@@ -287,7 +288,8 @@ def _require_key(names: Sequence[str], business_key: Sequence[str]) -> None:
 def _conversion_error(rel: TableRef, names: Sequence[str], err: pa.ArrowInvalid) -> LakeValueError:
     text = str(err)
     m = re.search(r"CSV column #(\d+)", text)
-    where = f"column {names[int(m.group(1))]}" if m and int(m.group(1)) < len(names) else "a column"
+    at = int(m.group(1)) - 1 if m else -1  # the COPY's first column is the constant guard
+    where = f"column {names[at]}" if 0 <= at < len(names) else "a column"
     return LakeValueError(
         f"{rel}: {where} holds a value its lake type cannot hold exactly ({' '.join(text.split())})",
         "a lake table holds no NaN in a decimal, no infinite or BC date or time stamp and no "
@@ -755,14 +757,13 @@ def _total(by_name: dict[str, tuple[pa.ChunkedArray, _Kind]], columns: Sequence[
         col = next(c for c in columns if c.name == total)
         raise SpecError(f"total {total} has type {col.type_name}; an additive total must be "
                         "exact (integer or numeric)")
-    if kind.name == "int":
-        data = pc.cast(data, pa.decimal128(20, 0))  # an int64 sum can wrap; a decimal one cannot
-    summed = pc.sum(data)
+    # Summed as decimal256(76, s): an int64 sum can wrap, and so can a decimal128 one past 38
+    # digits (Arrow does not raise); 76 digits hold the sum of any number of rows there can be.
+    scale = kind.work.scale if kind.name == "decimal" else 0
+    summed = pc.sum(pc.cast(data, pa.decimal256(76, scale)))
     if not summed.is_valid:
         return "0"
-    scale = summed.type.scale
-    text = _render_decimal(pa.array([summed.as_py()], summed.type), scale)
-    return text[0].as_py()
+    return format(summed.as_py(), "f")  # one Decimal, at scale s: no exponent, no -0
 
 
 def _normalise(table: pa.Table, column: ColumnInfo, kind: _Kind) -> pa.ChunkedArray:

@@ -219,7 +219,9 @@ _SCHEMA_STATE = sql.SQL(
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
     "AND attname = 'writer_txid' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(approvals)s) "
-    "AND attname = 'target_readings' AND NOT attisdropped)"
+    "AND attname = 'target_readings' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(ledger)s) "
+    "AND attname = 'target_version' AND NOT attisdropped)"
 )
 
 

@@ -243,3 +243,9 @@ class ConcurrentRunError(BackfillError):
 class SessionNotPinnedError(BackfillError):
     """The connection reading a stage does not have the pinned settings (db.pin_session) its
     text forms depend on: with extra_float_digits below 1 floats would be read rounded."""
+
+
+class LakeTargetError(BackfillError):
+    """A lake table (or its library) refused or failed a read or write that the checks before
+    it did not foresee: a file missing under the table, a constraint, an unsupported table
+    feature. Nothing of the partition at hand was committed."""

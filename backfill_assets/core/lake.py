@@ -23,10 +23,11 @@ stay in PostgreSQL (core.target.LakeTarget ties the two together).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +35,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from backfill_assets.core.errors import ConnectionConfigError, SpecError, TransientDatabaseError, VerificationError
+from backfill_assets.core.errors import (
+    BackfillError, ConnectionConfigError, LakeTargetError, SpecError, TransientDatabaseError, VerificationError,
+)
 from backfill_assets.core.spec import PartitionValue, TargetSpec
 
 # Commit metadata keys (Delta commit properties, Iceberg snapshot summary).
@@ -43,10 +46,13 @@ META_PREFIX = "backfill_assets."
 
 @dataclass(frozen=True)
 class TableShape:
-    """What a lake table's metadata says: its columns and Arrow types, and its partitioning."""
+    """What a lake table's metadata says: its columns and Arrow types, its partitioning, and
+    what could refuse rows at commit: columns that may not be NULL, and table constraints."""
 
     columns: list[tuple[str, pa.DataType]]
     partitioned_by: list[str]
+    required: list[str] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
 
 
 class LakeTable(Protocol):
@@ -95,6 +101,36 @@ class LakeTable(Protocol):
             TransientDatabaseError: another writer changed these partitions since (safe to retry).
         """
         ...
+
+
+def _library_errors() -> tuple[type[BaseException], ...]:
+    """What deltalake, pyiceberg, pyarrow, SQLAlchemy (the Iceberg catalog) and the file system
+    raise: the failures :func:`lake_errors` reports as our own."""
+    import pyiceberg.exceptions as iceberg_errors
+    from deltalake.exceptions import DeltaError
+    from sqlalchemy.exc import SQLAlchemyError
+    iceberg = tuple(v for v in vars(iceberg_errors).values() if isinstance(v, type) and issubclass(v, Exception))
+    return (DeltaError, OSError, pa.ArrowException, ValueError, SQLAlchemyError, *iceberg)
+
+
+@contextlib.contextmanager
+def lake_errors(table: LakeTable, what: str) -> Iterator[None]:
+    """Report a lake library's failure as :class:`LakeTargetError` (a one-line message, at most
+    300 characters of the library's, the table's secret removed), so that apply records it in
+    the ledger and stops like any other failure. Our own errors pass through."""
+    try:
+        yield
+    except BackfillError:
+        raise
+    except _library_errors() as err:
+        text = " ".join(str(err).split())
+        secret = getattr(table, "secret", None)
+        if secret:
+            text = text.replace(secret, "[redacted]")
+        problem = f"{what} {table.name}: {err.__class__.__name__}: {text[:300]}"
+    else:
+        return
+    raise LakeTargetError(problem)  # outside the except block: the library's error is not chained
 
 
 def lake_table(target: TargetSpec, catalog_url: Any = None) -> LakeTable:
@@ -158,6 +194,16 @@ def shape_problems(name: str, shape: TableShape, wanted: Sequence[tuple[str, pa.
     extra = [c for c, _ in shape.columns if c not in dict(wanted)]
     if extra:
         problems.append(f"{name} has column(s) {', '.join(extra)} that the spec's columns do not list")
+    for column in shape.required:
+        problems.append(
+            f"{name} column {column} may not be NULL, but the stage's column may hold NULL (and the rows "
+            "written declare it nullable); make the lake column nullable"
+        )
+    for constraint in shape.constraints:
+        problems.append(
+            f"{name} has the constraint {constraint}, which could refuse the stage's rows at commit; "
+            "drop it, or keep it out of the table this tool writes"
+        )
     if shape.partitioned_by != [partition_key]:
         problems.append(
             f"{name} is partitioned by ({', '.join(shape.partitioned_by) or 'nothing'}), "
@@ -201,6 +247,11 @@ def _sql_literal(value: PartitionValue) -> str:
         return str(value)
     if isinstance(value, dt.date):
         return f"'{value.isoformat()}'"
+    if value == "":
+        raise SpecError(
+            "the empty text partition cannot be written to a Delta table, which stores '' as a NULL "
+            "partition value; give those rows a non-empty partition value"
+        )
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
         raise SpecError(
             f"partition {value!r} contains a control character, which a Delta predicate cannot "
@@ -238,7 +289,13 @@ class DeltaLakeTable:
             return None
         schema = table.schema().to_arrow()
         schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
-        return TableShape([(f.name, f.type) for f in schema], list(table.metadata().partition_columns))
+        metadata = table.metadata()
+        constraints = [f"{k.removeprefix('delta.constraints.')} CHECK ({v})"
+                       for k, v in (metadata.configuration or {}).items() if k.startswith("delta.constraints.")]
+        constraints += [f"generated column {f.name}" for f in schema
+                        if f.metadata and b"delta.generationExpression" in f.metadata]
+        return TableShape([(f.name, f.type) for f in schema], list(metadata.partition_columns),
+                          [f.name for f in schema if not f.nullable], constraints)
 
     def open(self) -> Any:
         return self._load()
@@ -265,8 +322,17 @@ class DeltaLakeTable:
 
     def create(self, schema: pa.Schema, partition_key: str) -> None:
         from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError
         Path(self.path).mkdir(parents=True, exist_ok=True)
-        DeltaTable.create(self.path, schema, mode="error", partition_by=[partition_key])
+        try:
+            DeltaTable.create(self.path, schema, mode="error", partition_by=[partition_key])
+        except DeltaError as err:
+            if "already exists" not in str(err):
+                raise
+            problem = f"creating {self.name}: another writer created it first; safe to retry"
+        else:
+            return
+        raise TransientDatabaseError(problem)
 
     def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
                   metadata: Mapping[str, str]) -> str:
@@ -334,6 +400,8 @@ class IcebergLakeTable:
         self.catalog_name = catalog_name
         self.warehouse = "file://" + _local_path(warehouse)
         self._url = catalog_url
+        # The catalog password, removed from any library message we report (never printed).
+        self.secret = getattr(catalog_url, "password", None) or None
         self._catalog: Any = None
 
     def catalog(self) -> Any:
@@ -391,10 +459,11 @@ class IcebergLakeTable:
         schema = table.schema()
         arrow = schema.as_arrow()
         partitioned = []
-        for field in table.spec().fields:
-            source = schema.find_column_name(field.source_id)
-            partitioned.append(source if str(field.transform) == "identity" else f"{field.transform}({source})")
-        return TableShape([(f.name, f.type) for f in arrow], partitioned)
+        for part in table.spec().fields:
+            source = schema.find_column_name(part.source_id)
+            partitioned.append(source if str(part.transform) == "identity" else f"{part.transform}({source})")
+        return TableShape([(f.name, f.type) for f in arrow], partitioned,
+                          [f.name for f in schema.fields if f.required])
 
     def open(self) -> Any:
         return self._load()
@@ -438,10 +507,17 @@ class IcebergLakeTable:
         catalog = self.catalog()
         catalog.create_tables()  # the catalog's own tables, if missing
         catalog.create_namespace_if_not_exists(namespace)
+        from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
         # One catalog commit: the schema and its identity partitioning together.
-        with catalog.create_table_transaction(self.identifier, schema=schema) as txn:
-            with txn.update_spec() as spec:
-                spec.add_identity(partition_key)
+        try:
+            with catalog.create_table_transaction(self.identifier, schema=schema) as txn:
+                with txn.update_spec() as spec:
+                    spec.add_identity(partition_key)
+        except (TableAlreadyExistsError, CommitFailedException):
+            problem = f"creating {self.name}: another writer created it first; safe to retry"
+        else:
+            return
+        raise TransientDatabaseError(problem)
 
     def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
                   metadata: Mapping[str, str]) -> str:

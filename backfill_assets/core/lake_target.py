@@ -35,9 +35,9 @@ from backfill_assets.core.arrow_fingerprint import arrow_readings, lake_schema, 
 from backfill_assets.core.catalog import Inspection, check_total, describe_query, partition_kind_of
 from backfill_assets.core.context import Context, set_timeouts
 from backfill_assets.core.db import read_committed, transient_errors, url_from_env
-from backfill_assets.core.errors import SourceDataError, SpecError
+from backfill_assets.core.errors import ConnectionConfigError, SourceDataError, SpecError
 from backfill_assets.core.lake import (
-    META_PREFIX, LakeTable, delta_predicate, lake_table, shape_problems, type_text,
+    META_PREFIX, LakeTable, delta_predicate, lake_errors, lake_table, shape_problems, type_text,
 )
 from backfill_assets.core.spec import PartitionValue, Spec, TableRef
 from backfill_assets.core.target import Checkpoint, Readings, no_checkpoint, partition_advisory_locks
@@ -50,11 +50,19 @@ def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
     from sqlalchemy.engine import URL, make_url
     catalog = spec.target.catalog
     if catalog is not None and catalog.uri_env is not None:
-        value = url_from_env(catalog.uri_env).reveal()
+        url = url_from_env(catalog.uri_env)
+        value = url.reveal()
         scheme = value.split("://", 1)[0] if "://" in value else ""
-        if scheme and scheme not in ("postgresql", "postgres"):
-            return make_url(value)  # a SQLAlchemy URL (postgresql+psycopg://, sqlite:///...)
-        params = conninfo_to_dict(value)
+        try:
+            if scheme and scheme not in ("postgresql", "postgres"):
+                return make_url(value)  # a SQLAlchemy URL (postgresql+psycopg://, sqlite:///...)
+            params = conninfo_to_dict(value)
+        except Exception:  # noqa: BLE001 - the parsers quote the value back: say only where it is
+            problem = f"the Iceberg catalog URL in {url.source} is malformed; write a PostgreSQL or SQLAlchemy URL"
+        else:
+            problem = None
+        if problem is not None:  # raised outside the except block: no chained parser error
+            raise ConnectionConfigError(problem)
     else:
         params = dict(conn.info.get_parameters())
         params["password"] = conn.info.password
@@ -63,9 +71,13 @@ def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
     query = {k: str(v) for k, v in params.items() if k not in ("user", "password", "dbname") and v}
     if host and (host.startswith("/") or "," in host):
         query["host"], host = host, None  # a socket directory goes to libpq as is
+    # Finite limits for the catalog's own connections, as for every other connection.
+    query.setdefault("connect_timeout", "10")
+    query.setdefault("options", f"-c statement_timeout={spec.statement_timeout_ms} -c lock_timeout={spec.lock_timeout_ms}")
     return URL.create(
         "postgresql+psycopg", username=params.get("user") or None, password=params.get("password") or None,
-        host=host or None, port=int(port) if port else None, database=params.get("dbname") or None, query=query,
+        host=host or None, port=int(port) if port and str(port).isdigit() else None,
+        database=params.get("dbname") or None, query=query,
     )
 
 
@@ -105,11 +117,19 @@ def inspect_lake(conn: psycopg.Connection, spec: Spec, inspection: Inspection, t
             wanted.append((c.name, lake_type(c)))
         except SpecError as err:
             problems.append(str(err))
+    if spec.records_can_move:
+        binary = [c.name for c in columns if c.name in spec.business_key and c.base_type == "bytea"]
+        if binary:
+            problems.append(
+                f"business key column(s) {', '.join(binary)} are bytea: with records_can_move the lake's "
+                "keys are loaded into PostgreSQL as CSV, which cannot carry arbitrary bytes; use a text key"
+            )
     if len(wanted) < len(columns):
         return
     table = lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
     try:
-        shape = table.shape()
+        with lake_errors(table, "inspecting"):
+            shape = table.shape()
     finally:
         table.close()
     if shape is not None:
@@ -138,8 +158,9 @@ def load_target_keys(conn: psycopg.Connection, ctx: Context) -> TableRef:
     conn.execute(sqlbuild.create_keys_table(keys.name, input_rel, names))
     table = lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
     try:
-        handle = table.open()
-        data = None if handle is None else table.read_columns(handle, names)
+        with lake_errors(table, "reading the keys of"):
+            handle = table.open()
+            data = None if handle is None else table.read_columns(handle, names)
     finally:
         table.close()
     if data is not None and data.num_rows:
@@ -201,29 +222,22 @@ class LakeTarget:
         self._session_limits = False
         self._committed: dict[str, str | None] = {}
 
-    def readings_of(self, data: pa.Table, labels: list[str]) -> dict[str, Readings]:
-        """Each partition's readings from Arrow rows of one or more partitions."""
+    def readings_of(self, data: pa.Table) -> Readings:
+        """The readings of one partition's rows in Arrow (the canonical fingerprint)."""
         spec = self.ctx.spec
-        data = data.select(list(spec.columns))
-        out = {}
-        for label in labels:
-            if len(labels) > 1:
-                import pyarrow.compute as pc
-                part = data.filter(pc.equal(data[spec.partition_key], pa.scalar(self.ctx.value_of(label),
-                                                                                  data.schema.field(spec.partition_key).type)))
-            else:
-                part = data
-            out[label] = arrow_readings(part, self.ctx.target_columns, spec.business_key, spec.total).as_dict()
-        return out
+        return arrow_readings(data, self.ctx.target_columns, spec.business_key, spec.total).as_dict()
 
     def _read(self, handle: Any, labels: list[str]) -> dict[str, Readings]:
+        """Each partition as the handle's version holds it, read on its own (partition pruning
+        reads only its files)."""
         if handle is None:  # no table yet: every partition is empty
-            return self.readings_of(self.schema.empty_table(), labels)
-        values = [self.ctx.value_of(label) for label in labels]
-        return self.readings_of(self.table.read(handle, self.ctx.spec.partition_key, values), labels)
+            return {label: self.readings_of(self.schema.empty_table()) for label in labels}
+        pk = self.ctx.spec.partition_key
+        return {label: self.readings_of(self.table.read(handle, pk, [self.ctx.value_of(label)])) for label in labels}
 
     def readings(self, labels: list[str]) -> dict[str, Readings]:
-        return self._read(self.table.open(), labels)
+        with lake_errors(self.table, "reading"):
+            return self._read(self.table.open(), labels)
 
     @contextlib.contextmanager
     def locked(self, labels: list[str]) -> Iterator[None]:
@@ -235,7 +249,7 @@ class LakeTarget:
     def writing(self, labels: list[str]) -> Iterator[_LakeWrite]:
         spec = self.ctx.spec
         with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
-                read_committed(self.conn):
+                lake_errors(self.table, f"replacing partition(s) {', '.join(labels)} of"), read_committed(self.conn):
             set_timeouts(self.conn, spec)
             write = _LakeWrite(self, self.table.open())
             yield write
@@ -245,9 +259,10 @@ class LakeTarget:
             self._committed.update(dict.fromkeys(labels, version))
 
     def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
-        values = [self.ctx.value_of(label) for label in labels]
-        version = self._committed[labels[0]]
-        return self.readings_of(self.table.read_version(version, self.ctx.spec.partition_key, values), labels)
+        version, pk = self._committed[labels[0]], self.ctx.spec.partition_key
+        with lake_errors(self.table, f"reading back version {version} of"):
+            return {label: self.readings_of(self.table.read_version(version, pk, [self.ctx.value_of(label)]))
+                    for label in labels}
 
     def committed_version(self, labels: list[str]) -> str | None:
         """The version our write of ``labels`` committed, or that a skip found them at."""
@@ -260,29 +275,33 @@ class LakeTarget:
 class _LakeWrite:
     def __init__(self, target: LakeTarget, handle: Any) -> None:
         self.target, self.handle = target, handle
-        self.pending: pa.Table | None = None
+        self.pending: dict[str, pa.Table] | None = None  # each partition's rows to commit
         self.metadata: dict[str, str] = {}
 
     def readings(self, labels: list[str]) -> dict[str, Readings]:
         if self.pending is None:
             return self.target._read(self.handle, labels)
-        return self.target.readings_of(self.pending, labels)
+        return {label: self.target.readings_of(self.pending[label]) for label in labels}
 
     def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
         t = self.target
         ctx, spec = t.ctx, t.ctx.spec
-        parts = [read_stage_partition(t.conn, ctx.stage("a"), ctx.target_columns, spec.partition_key,
-                                      ctx.value_of(label), spec.business_key) for label in labels]
-        self.pending = pa.concat_tables([p.cast(t.schema) for p in parts]) if parts else t.schema.empty_table()
+        self.pending = {
+            label: read_stage_partition(t.conn, ctx.stage("a"), ctx.target_columns, spec.partition_key,
+                                        ctx.value_of(label), spec.business_key).cast(t.schema)
+            for label in labels
+        }
         self.metadata = {META_PREFIX + k: v for k, v in (note or {}).items()}
         t.checkpoint("inserted", labels)
 
     def commit(self, labels: list[str]) -> str | None:
+        """One commit of every pending partition (creating the table first if it is missing)."""
         t = self.target
         assert self.pending is not None
         handle = self.handle
         if handle is None:
             t.table.create(t.schema, t.ctx.spec.partition_key)
             handle = t.table.open()
+        data = pa.concat_tables([self.pending[label] for label in labels])
         values = [t.ctx.value_of(label) for label in labels]
-        return t.table.overwrite(handle, t.ctx.spec.partition_key, values, self.pending, self.metadata)
+        return t.table.overwrite(handle, t.ctx.spec.partition_key, values, data, self.metadata)

@@ -186,6 +186,9 @@ def take_snapshot(
                 from backfill_assets.core.lake_target import load_target_keys
                 ctx = dataclasses.replace(ctx, target_keys=load_target_keys(conn, ctx))
             scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys(), ctx.keys_relation)
+            if spec.target.is_lake:  # the partitions moved keys add must be writable too
+                from backfill_assets.core.lake_target import check_partition_values
+                check_partition_values(spec, scope.partitions)
             ctx = dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
             if scope.added:
                 progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))

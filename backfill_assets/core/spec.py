@@ -157,24 +157,19 @@ class TargetSpec(_Strict):
         return self.format != "postgres"
 
     @property
-    def lock_name(self) -> str:
-        """What the advisory locks of apply name the target by: one name per table however a
-        spec writes it (a Delta location resolved against the current directory)."""
+    def display_name(self) -> str:
+        """How plans, ledgers, locks and messages name the target: ``schema.table`` for
+        PostgreSQL; ``delta:<absolute path>`` (a relative location resolved against the current
+        directory now) or ``iceberg:<catalog name>:<namespace.table>`` for a lake table. A plan
+        names exactly one table: run from another directory, the same spec names another Delta
+        table, and apply refuses the plan as made for a different target."""
         if self.format == "delta":
             assert self.location is not None
             return "delta:" + str(Path(self.location.removeprefix("file://")).expanduser().resolve())
         if self.format == "iceberg":
             assert self.catalog is not None
             return f"iceberg:{self.catalog.name}:{self.table}"
-        return self.display_name
-
-    @property
-    def display_name(self) -> str:
-        """How plans, ledgers and messages name the target: ``schema.table`` for PostgreSQL
-        (as before), ``delta:<location>`` or ``iceberg:<namespace.table>`` for a lake table."""
-        if self.format == "postgres":
-            return str(self.ref)
-        return f"{self.format}:{self.location if self.format == 'delta' else self.table}"
+        return str(self.ref)
 
 
 class OrderingColumn(_Strict):

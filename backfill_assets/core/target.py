@@ -95,7 +95,7 @@ def partition_advisory_locks(conn: psycopg.Connection, ctx: Context, labels: lis
     that no other backfill of these partitions runs until the caller is done. ``limits_set``:
     the session already has the spec's finite timeouts."""
     spec = ctx.spec
-    keys = [f"backfill_assets:target:{spec.target.lock_name}:{label}" for label in sorted(labels)]
+    keys = [f"backfill_assets:target:{spec.target_name}:{label}" for label in sorted(labels)]
     taken: list[str] = []
     try:
         with transient_errors(f"locking partition(s) {', '.join(labels)} of {spec.target_name}"):

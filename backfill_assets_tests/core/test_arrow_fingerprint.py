@@ -506,13 +506,13 @@ def test_lake_data_outside_years_1_to_9999_or_of_another_type_is_refused():
         arrow_readings(ok, cols, ["k"], "ts")
 
 
-def test_the_csv_copy_names_its_columns_orders_by_bytes_and_binds_the_partition(conn):
+def test_the_csv_copy_leads_with_a_guard_names_its_columns_orders_by_bytes_and_binds_the_partition(conn):
     cols = [ColumnInfo("k", "text", "S", True, "text"), ColumnInfo("n", "bigint", "N", False, "int8")]
     query, params = sqlbuild.copy_partition_csv(
         TableRef("s", "stage a"), ["k", "n"], "day", business_key_order(cols, ["k", "n"]), dt.date(2024, 1, 1)
     )
     assert query.as_string(conn) == (
-        'COPY (SELECT "t"."k", "t"."n" FROM "s"."stage a" AS t WHERE "t"."day" = %(partition)s '
+        'COPY (SELECT 0, "t"."k", "t"."n" FROM "s"."stage a" AS t WHERE "t"."day" = %(partition)s '
         'ORDER BY "t"."k" COLLATE "C" ASC, "t"."n" ASC) TO STDOUT (FORMAT csv)'
     )
     assert params == {"partition": dt.date(2024, 1, 1)}
@@ -523,3 +523,29 @@ def test_an_unpinned_session_is_refused_before_it_reads_rounded_floats(hard, db_
     with psycopg.connect(db_url.reveal(), autocommit=True, options="-c extra_float_digits=0") as other:
         with pytest.raises(SessionNotPinnedError, match="extra_float_digits 0"):
             read_stage_partition(other, HARD, cols, "p", 7, ["k"])
+
+
+def test_a_leading_byte_order_mark_is_read_back(conn):
+    # pyarrow drops a byte-order mark at the start of the text it parses: the COPY's constant
+    # first column keeps every value off that spot.
+    conn.execute("CREATE TABLE public.bom (p int, k text, v text)")
+    conn.execute("INSERT INTO public.bom VALUES (1, %s, %s), (1, 'b', %s)", ("\ufeffa", "\ufeffx", "\ufeff"))
+    cols = table_columns(conn, TableRef("public", "bom"))
+    with repeatable_read(conn):
+        got = read_stage_partition(conn, TableRef("public", "bom"), cols, "p", 1, ["k"])
+        server = fingerprint_partition(conn, TableRef("public", "bom"), cols, "p", ["k"], None, 1)
+    assert got.column("k").to_pylist() == ["b", "\ufeffa"] and got.column("v").to_pylist() == ["\ufeff", "\ufeffx"]
+    assert arrow_readings(got, cols, ["k"], None) == server
+
+
+def test_a_decimal_total_past_38_digits_is_exact(conn):
+    # Arrow's decimal128 sum wraps silently past 38 digits; PostgreSQL's numeric sum does not.
+    conn.execute("CREATE TABLE public.wide (p int, k bigint, amount numeric(38,2))")
+    conn.execute("INSERT INTO public.wide SELECT 1, g, 999999999999999999999999999999999999.99 FROM generate_series(1, 200) AS g")
+    conn.execute("INSERT INTO public.wide VALUES (1, 201, -0.01)")
+    cols = table_columns(conn, TableRef("public", "wide"))
+    with repeatable_read(conn):
+        got = read_stage_partition(conn, TableRef("public", "wide"), cols, "p", 1, ["k"])
+        server = fingerprint_partition(conn, TableRef("public", "wide"), cols, "p", ["k"], "amount", 1)
+    assert server.total == "199999999999999999999999999999999999997.99"
+    assert arrow_readings(got, cols, ["k"], "amount") == server

@@ -326,3 +326,117 @@ def test_values_a_lake_cannot_hold_refuse_the_plan_naming_partition_and_column(u
     assert "partition 2024-01-02: column updated_at has" in problems
     assert "partition 2024-01-03: column amount has" in problems and "2024-01-01" not in problems
     assert Lake("delta", spec, unmoved_db).table.open() is None
+
+
+@pytest.mark.parametrize("value", [
+    "host=h password='my SECRETPW", "host=h password SECRETPW", "postgresql://u:%zzSECRETPW@h/db",
+    "postgresql+psycopg://u:SECRET PW@h:notaport/db",
+])
+def test_a_malformed_catalog_url_is_refused_without_quoting_it(unmoved_db, url_env, tmp_path, monkeypatch, capsys, value):
+    from backfill_assets.cli import main
+    spec = make_spec(target={"format": "iceberg", "table": "sales.orders_daily", "catalog": {
+        "type": "sql", "warehouse": str(tmp_path / "warehouse"), "uri_env": "ICE_URL"}}, records_can_move=False)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
+    monkeypatch.setenv("ICE_URL", value)
+    code = main(["inspect", "--spec", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 3 and "$ICE_URL" in err
+    assert "SECRET" not in out + err
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_existing_table_that_could_refuse_the_rows_at_commit_is_refused_at_plan(unmoved_db, factory, tmp_path, fmt):
+    spec = lake_spec(fmt, tmp_path)
+    lake = Lake(fmt, spec, unmoved_db)
+    required = pa.schema([f.with_nullable(f.name != "order_id") for f in LAKE_SCHEMA])
+    lake.table.create(required, "order_date")
+    if fmt == "delta":
+        lake.table.open().alter.add_constraint({"positive_amount": "amount > 0"})
+    with pytest.raises(SpecError) as err:
+        make_plan(spec, ALL_DAYS, factory)
+    assert "column order_id may not be NULL" in str(err.value)
+    if fmt == "delta":
+        assert "constraint positive_amount CHECK" in str(err.value)
+
+
+def test_a_lake_failure_mid_run_is_recorded_and_stops_before_the_next_partition(unmoved_db, factory, tmp_path):
+    spec = lake_spec("delta", tmp_path)
+    run(spec, approved(unmoved_db, factory, spec, PartitionRequest("2024-01-01")), factory)  # the table exists
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-02..2024-01-04"))
+    lake = Lake("delta", spec, unmoved_db)
+
+    def constrain(step: str, labels: list[str]) -> None:
+        if step == "before-commit" and labels == ["2024-01-03"]:  # another writer adds a constraint
+            lake.table.open().alter.add_constraint({"small": "amount < 1"})
+
+    from backfill_assets.core.errors import BackfillError
+    with pytest.raises(BackfillError) as err:
+        run(spec, plan, factory, checkpoint=constrain)
+    assert "2024-01-03" in str(err.value) and "Traceback" not in str(err.value)
+    states = {r["partition"]: r for r in ledger.ledger_status(unmoved_db, spec)}
+    assert states["2024-01-02"]["status"] == "verified" and states["2024-01-03"]["status"] == "failed"
+    assert states["2024-01-04"]["status"] == "not-attempted" and states["2024-01-03"]["error"]
+    assert lake.rows(dt.date(2024, 1, 3)) == []  # nothing of ours committed there
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_lake_table_missing_its_files_is_a_clear_error_before_any_write(unmoved_db, factory, tmp_path, fmt):
+    from backfill_assets.core.errors import LakeTargetError
+    spec = lake_spec(fmt, tmp_path)
+    run(spec, approved(unmoved_db, factory, spec, PartitionRequest("2024-01-01")), factory)
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-01..2024-01-02"))
+    for parquet in tmp_path.rglob("*.parquet"):
+        parquet.unlink()
+    with pytest.raises((LakeTargetError, SpecError)) as err:
+        run(spec, plan, factory)
+    assert "Traceback" not in str(err.value) and "orders_daily" in str(err.value)
+
+
+def test_iceberg_rows_outside_the_partition_are_refused_before_anything_is_committed(unmoved_db, tmp_path):
+    from backfill_assets.core.errors import VerificationError
+    spec = lake_spec("iceberg", tmp_path)
+    lake = Lake("iceberg", spec, unmoved_db)
+    lake.table.create(LAKE_SCHEMA, "order_date")
+    at = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    rows = [(dt.date(2024, 1, 1), 1, 1, at, 1, None, "in", ""), (dt.date(2024, 1, 2), 2, 2, at, 2, None, "out", "")]
+    data = pa.Table.from_pylist([dict(zip(COLUMNS, r)) for r in rows], schema=LAKE_SCHEMA)
+    # pyiceberg itself would write the second row into 2024-01-02 (LAKE-NOTES.md).
+    with pytest.raises(VerificationError, match="1 row\\(s\\) outside"):
+        lake.table.overwrite(lake.table.open(), "order_date", [dt.date(2024, 1, 1)], data, {})
+    assert lake.version() is None and lake.rows() == []
+
+
+def test_a_delta_commit_that_is_not_our_overwrite_of_our_partition_fails_the_log_check(unmoved_db, tmp_path):
+    from backfill_assets.core.errors import VerificationError
+    from backfill_assets.core.lake import META_PREFIX
+    spec = lake_spec("delta", tmp_path)
+    lake = Lake("delta", spec, unmoved_db)
+    lake.table.create(LAKE_SCHEMA, "order_date")
+    at = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    lake.overwrite(dt.date(2024, 1, 9), [(dt.date(2024, 1, 9), 1, 1, at, 1, None, "theirs", "")], LAKE_SCHEMA)
+    version = int(lake.version())
+    ours = [dt.date(2024, 1, 3)]
+    with pytest.raises(VerificationError, match="touching 2024-01-09"):
+        lake.table._check_commit(version, "order_date", ours, delta_predicate("order_date", ours),
+                                 {META_PREFIX + "plan_id": "p" * 64})
+
+
+def test_a_plan_names_one_delta_table_wherever_apply_runs(unmoved_db, factory, tmp_path, monkeypatch):
+    from backfill_assets.core.errors import ApprovalError
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    spec = make_spec(target={"format": "delta", "location": "lake/orders"}, records_can_move=False)
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-01"))
+    assert plan.document.target == f"delta:{tmp_path / 'a' / 'lake' / 'orders'}"
+    monkeypatch.chdir(tmp_path / "b")  # the same spec, run from elsewhere, names another table
+    with pytest.raises(ApprovalError, match="target"):
+        run(spec, plan, factory)
+    assert not (tmp_path / "b" / "lake").exists() and not (tmp_path / "a" / "lake").exists()
+
+
+def test_an_empty_text_partition_is_refused_for_delta_before_anything_is_written():
+    with pytest.raises(SpecError, match="stores '' as a NULL partition value"):
+        delta_predicate("region", [""])
+    assert delta_predicate("region", ["it's"]) == '"region" = \'it\'\'s\''

@@ -452,7 +452,8 @@ def test_a_control_schema_from_an_older_version_is_upgraded_in_place(unmoved_db,
     conn.execute("DROP TABLE backfill_control.stage_builds")
     assert control.control_ready(conn, "backfill_control")
     assert conn.execute("SELECT to_regclass('backfill_control.stage_builds') IS NOT NULL").fetchone()[0]
-    for table, column in (("stage_builds", "writer_txid"), ("approvals", "target_readings"), ("snapshots", "taken_at")):
+    for table, column in (("stage_builds", "writer_txid"), ("approvals", "target_readings"), ("snapshots", "taken_at"),
+                          ("ledger", "target_version")):
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(
             sql.Identifier("backfill_control", table), sql.Identifier(column)))
         assert control.control_ready(conn, "backfill_control")

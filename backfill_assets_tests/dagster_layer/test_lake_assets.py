@@ -23,9 +23,9 @@ def test_a_lake_target_is_gated_replaced_checked_and_carries_its_version(unmoved
     resources = {f"pg_{spec.name}": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
     instance = dg.DagsterInstance.ephemeral()
     assets = spec_assets(spec)
-    target_spec = next(s for a in assets if isinstance(a, dg.AssetsDefinition) for s in a.specs
-                       if s.key == keys["target"])
-    assert target_spec.kinds == {fmt}
+    kinds = {s.key: s.kinds for a in assets for s in (a.specs if isinstance(a, dg.AssetsDefinition) else [a])}
+    assert kinds[keys["target"]] == {fmt}  # the source, snapshot and stages are PostgreSQL tables
+    assert all(kinds[keys[n]] == {"postgres"} for n in ("snapshot", "stage_a", "stage_b"))
 
     def materialize(names, tags):
         return dg.materialize(assets, selection=[keys[n] for n in names], instance=instance,

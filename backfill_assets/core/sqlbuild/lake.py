@@ -15,8 +15,10 @@ from backfill_assets.core.sqlbuild.parts import OrderKey, Query, col, order_by, 
 # with newlines are quoted, which pyarrow's CSV reader tells apart. Columns are not cast: COPY
 # prints each value with its output function under the pinned session (UTC, ISO dates, shortest
 # exact floats, hex bytea), the forms the reader parses exactly.
+# Every row starts with a constant 0: pyarrow drops a byte-order mark (U+FEFF) at the start of
+# the text it parses, which would otherwise be the first value of the first row of each batch.
 _COPY_CSV = sql.SQL(
-    "COPY (SELECT {cols} FROM {rel} AS t WHERE {pk} = %(partition)s ORDER BY {order}) "
+    "COPY (SELECT 0, {cols} FROM {rel} AS t WHERE {pk} = %(partition)s ORDER BY {order}) "
     "TO STDOUT (FORMAT csv)"
 )
 
@@ -37,8 +39,8 @@ def read_settings() -> Query:
 def copy_partition_csv(
     rel: TableRef, columns: Sequence[str], partition_key: str, order: Sequence[OrderKey], partition: object,
 ) -> Query:
-    """CSV COPY of one partition of ``rel`` (aliased ``t``): ``columns`` in the given order,
-    rows in ``order``. The partition value is bound by psycopg on the client (COPY takes no
+    """CSV COPY of one partition of ``rel`` (aliased ``t``): a constant 0, then ``columns`` in
+    the given order, rows in ``order``. The partition value is bound by psycopg on the client (COPY takes no
     parameters)."""
     query = _COPY_CSV.format(
         cols=sql.SQL(", ").join(col("t", c) for c in columns), rel=table(rel),

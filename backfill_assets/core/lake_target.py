@@ -40,7 +40,7 @@ from backfill_assets.core.lake import (
     META_PREFIX, LakeTable, delta_predicate, lake_errors, lake_table, shape_problems, type_text,
 )
 from backfill_assets.core.spec import PartitionValue, Spec, TableRef
-from backfill_assets.core.target import Checkpoint, Readings, no_checkpoint, partition_advisory_locks
+from backfill_assets.core.target import AdvisoryLocked, Checkpoint, Readings, no_checkpoint
 
 
 def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
@@ -210,7 +210,7 @@ def check_partition_values(spec: Spec, partitions: list[PartitionValue]) -> None
             delta_predicate(spec.partition_key, [value])
 
 
-class LakeTarget:
+class LakeTarget(AdvisoryLocked):
     """A Delta or Iceberg table whose partitions apply replaces (see the module docstring)."""
 
     def __init__(self, conn: psycopg.Connection, ctx: Context, checkpoint: Checkpoint = no_checkpoint,
@@ -238,12 +238,6 @@ class LakeTarget:
     def readings(self, labels: list[str]) -> dict[str, Readings]:
         with lake_errors(self.table, "reading"):
             return self._read(self.table.open(), labels)
-
-    @contextlib.contextmanager
-    def locked(self, labels: list[str]) -> Iterator[None]:
-        with partition_advisory_locks(self.conn, self.ctx, labels, self._session_limits):
-            self._session_limits = True
-            yield
 
     @contextlib.contextmanager
     def writing(self, labels: list[str]) -> Iterator[_LakeWrite]:

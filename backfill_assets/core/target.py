@@ -113,7 +113,23 @@ def partition_advisory_locks(conn: psycopg.Connection, ctx: Context, labels: lis
                 conn.execute(*sqlbuild.advisory_unlock(key))
 
 
-class PostgresTarget:
+class AdvisoryLocked:
+    """``Target.locked`` by session advisory locks on apply's connection (every engine's: the
+    control schema, and so the locks, live in PostgreSQL). Needs ``conn``, ``ctx`` and
+    ``_session_limits`` (whether the session has the spec's timeouts yet)."""
+
+    conn: psycopg.Connection
+    ctx: Context
+    _session_limits: bool
+
+    @contextlib.contextmanager
+    def locked(self, labels: list[str]) -> Iterator[None]:
+        with partition_advisory_locks(self.conn, self.ctx, labels, self._session_limits):
+            self._session_limits = True
+            yield
+
+
+class PostgresTarget(AdvisoryLocked):
     """A PostgreSQL table, written on apply's own connection (the stage lives in the same
     database, so its recheck runs in the same transaction as the replace).
 
@@ -139,12 +155,6 @@ class PostgresTarget:
 
     def readings(self, labels: list[str]) -> dict[str, Readings]:
         return self.read(self.conn, labels)
-
-    @contextlib.contextmanager
-    def locked(self, labels: list[str]) -> Iterator[None]:
-        with partition_advisory_locks(self.conn, self.ctx, labels, self._session_limits):
-            self._session_limits = True
-            yield
 
     @contextlib.contextmanager
     def writing(self, labels: list[str]) -> Iterator[TargetWrite]:

@@ -4,7 +4,6 @@ with the stages in a real PostgreSQL (and, for Iceberg, its SQL catalog there to
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +12,13 @@ import pytest
 import yaml
 
 from backfill_assets.core import ledger
-from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import ApprovalOutdatedError, SpecError, TransientDatabaseError
 from backfill_assets.core.lake import delta_predicate
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
 from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.core.test_apply import approved, run
 from backfill_assets_tests.core.test_plan import ALL_DAYS, newest_wins
 
 FORMATS = ["delta", "iceberg"]
@@ -74,16 +73,6 @@ class Lake:
         if self.fmt == "delta":
             return {k: str(v) for k, v in handle.history(1)[0].items()}
         return dict(handle.current_snapshot().summary.additional_properties)
-
-
-def approved(conn, factory, spec, request=ALL_DAYS):
-    plan = make_plan(spec, request, factory)
-    approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), "alice")
-    return plan
-
-
-def run(spec, plan, factory, **kwargs):
-    return apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, **kwargs)
 
 
 def expected_rows(conn) -> list[tuple]:

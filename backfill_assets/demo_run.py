@@ -82,7 +82,8 @@ def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
     location = spec.target.location
     assert location is not None
     table = Path(location.removeprefix("file://")).expanduser().resolve()
-    if table.is_relative_to(Path(".backfill_assets").resolve()) or table.is_relative_to(embedded.home()):
+    lakes = {Path(".backfill_assets/lake").resolve(), embedded.home() / "lake"}
+    if any(table != lake and table.is_relative_to(lake) for lake in lakes):
         shutil.rmtree(table, ignore_errors=True)  # the demo's own table: start from none
     # (any other location is left as it is: the plan then says whether apply creates it)
     out.result(f"\n-- 9. the same source into a Delta Lake table ({spec.target_name}): plan, approve, apply")

@@ -264,9 +264,14 @@ def _replace_and_record(
             version = target.committed_version(labels)
             ledger.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock(), target_version=version)
             return status, version
-    except (BackfillError, psycopg.Error) as err:
-        # Our errors and the driver's carry no credential (see db.connect).
-        message = " ".join(str(err).split()) or err.__class__.__name__
+    except Exception as err:
+        # Our errors and the driver's carry no credential (see db.connect); of anything else
+        # (a library's own failure) only its class is recorded, so the ledger still says the
+        # partition failed and the following ones were not attempted.
+        if isinstance(err, (BackfillError, psycopg.Error)):
+            message = " ".join(str(err).split()) or err.__class__.__name__
+        else:
+            message = f"unexpected {err.__class__.__name__}; see the run's output"
         ledger.ledger_mark(conn, spec.control_schema, run_id, labels, "failed", clock(), message)
         rest = [label for group in groups[n + 1:] for label in group]
         if rest:

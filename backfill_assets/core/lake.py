@@ -84,8 +84,14 @@ class LakeTable(Protocol):
         """Some columns of every row, as the handle's version holds them."""
         ...
 
-    def create(self, schema: pa.Schema, partition_key: str) -> None:
-        """Create the table, empty, partitioned by ``partition_key`` (identity)."""
+    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
+        """Create the table, empty, partitioned by ``partition_key`` (identity); return the
+        version that creation made (what :meth:`version` says of a handle opened right after,
+        unless another writer came in between).
+
+        Raises:
+            TransientDatabaseError: another writer created the table first.
+        """
         ...
 
     def close(self) -> None:
@@ -294,6 +300,8 @@ class DeltaLakeTable:
                        for k, v in (metadata.configuration or {}).items() if k.startswith("delta.constraints.")]
         constraints += [f"generated column {f.name}" for f in schema
                         if f.metadata and b"delta.generationExpression" in f.metadata]
+        constraints += [f"invariant on column {f.name}" for f in schema
+                        if f.metadata and b"delta.invariants" in f.metadata]
         return TableShape([(f.name, f.type) for f in schema], list(metadata.partition_columns),
                           [f.name for f in schema if not f.nullable], constraints)
 
@@ -320,18 +328,18 @@ class DeltaLakeTable:
     def close(self) -> None:
         pass
 
-    def create(self, schema: pa.Schema, partition_key: str) -> None:
+    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
         from deltalake import DeltaTable
         from deltalake.exceptions import DeltaError
         Path(self.path).mkdir(parents=True, exist_ok=True)
         try:
-            DeltaTable.create(self.path, schema, mode="error", partition_by=[partition_key])
+            created = DeltaTable.create(self.path, schema, mode="error", partition_by=[partition_key])
         except DeltaError as err:
             if "already exists" not in str(err):
                 raise
             problem = f"creating {self.name}: another writer created it first; safe to retry"
         else:
-            return
+            return str(created.version())
         raise TransientDatabaseError(problem)
 
     def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
@@ -417,6 +425,9 @@ class IcebergLakeTable:
                 # pyiceberg takes a failed connection for missing catalog tables: connect here.
                 catalog.engine.connect().close()
                 self._catalog = catalog
+            except ImportError as err:  # the URL names a driver that is not installed
+                problem = (f"the Iceberg catalog URL in {self.catalog_source} needs the {err.name or 'a'} "
+                           "driver, which is not installed; use a postgresql or sqlite URL")
             except DBAPIError as err:
                 problem = " ".join(str(err.orig).split())
                 password = getattr(self._url, "password", None)
@@ -431,7 +442,7 @@ class IcebergLakeTable:
 
     def _load(self) -> Any:
         from pyiceberg.exceptions import NoSuchTableError
-        from sqlalchemy.exc import ProgrammingError
+        from sqlalchemy.exc import OperationalError, ProgrammingError
         try:
             return self.catalog().load_table(self.identifier)
         except NoSuchTableError:
@@ -442,8 +453,8 @@ class IcebergLakeTable:
                 f"({err.filename or 'a file under the warehouse'}); restore the warehouse, or drop the "
                 "table from the catalog"
             ) from None
-        except ProgrammingError as err:  # the catalog's tables do not exist yet: no table either
-            if getattr(err.orig, "sqlstate", None) == "42P01":
+        except (ProgrammingError, OperationalError) as err:  # no catalog tables yet: no table either
+            if getattr(err.orig, "sqlstate", None) == "42P01" or "no such table" in str(err.orig):
                 return None
             raise
 
@@ -462,8 +473,14 @@ class IcebergLakeTable:
         for part in table.spec().fields:
             source = schema.find_column_name(part.source_id)
             partitioned.append(source if str(part.transform) == "identity" else f"{part.transform}({source})")
+        # Snapshot isolation lets a concurrent write to our partition through: our commit must
+        # fail instead (serializable, Iceberg's default).
+        weak = [f"{key} = snapshot (a concurrent write to the partition would not fail our commit)"
+                for key in ("write.delete.isolation-level", "write.update.isolation-level",
+                            "write.merge.isolation-level")
+                if str(table.properties.get(key, "serializable")).lower() == "snapshot"]
         return TableShape([(f.name, f.type) for f in arrow], partitioned,
-                          [f.name for f in schema.fields if f.required])
+                          [f.name for f in schema.fields if f.required], weak)
 
     def open(self) -> Any:
         return self._load()
@@ -501,7 +518,7 @@ class IcebergLakeTable:
                                     f"{self.name} at snapshot {version}", "no table")
         return self._scan(handle, None if version is None else int(version), column, values)
 
-    def create(self, schema: pa.Schema, partition_key: str) -> None:
+    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
         namespace = self.identifier.split(".")[0]
         Path(self.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
         catalog = self.catalog()
@@ -516,7 +533,7 @@ class IcebergLakeTable:
         except (TableAlreadyExistsError, CommitFailedException):
             problem = f"creating {self.name}: another writer created it first; safe to retry"
         else:
-            return
+            return None  # a new Iceberg table has no snapshot
         raise TransientDatabaseError(problem)
 
     def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,

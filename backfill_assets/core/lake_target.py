@@ -35,7 +35,7 @@ from backfill_assets.core.arrow_fingerprint import arrow_readings, lake_schema, 
 from backfill_assets.core.catalog import Inspection, check_total, describe_query, partition_kind_of
 from backfill_assets.core.context import Context, set_timeouts
 from backfill_assets.core.db import read_committed, transient_errors, url_from_env
-from backfill_assets.core.errors import ConnectionConfigError, SourceDataError, SpecError
+from backfill_assets.core.errors import ConnectionConfigError, SourceDataError, SpecError, TransientDatabaseError
 from backfill_assets.core.lake import (
     META_PREFIX, LakeTable, delta_predicate, lake_errors, lake_table, shape_problems, type_text,
 )
@@ -73,12 +73,23 @@ def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
         query["host"], host = host, None  # a socket directory goes to libpq as is
     # Finite limits for the catalog's own connections, as for every other connection.
     query.setdefault("connect_timeout", "10")
-    query.setdefault("options", f"-c statement_timeout={spec.statement_timeout_ms} -c lock_timeout={spec.lock_timeout_ms}")
+    limits = f"-c statement_timeout={spec.statement_timeout_ms} -c lock_timeout={spec.lock_timeout_ms}"
+    query["options"] = f"{query['options']} {limits}" if query.get("options") else limits
     return URL.create(
         "postgresql+psycopg", username=params.get("user") or None, password=params.get("password") or None,
         host=host or None, port=int(port) if port and str(port).isdigit() else None,
         database=params.get("dbname") or None, query=query,
     )
+
+
+def catalog_identity(url: Any, warehouse: str) -> str:
+    """An Iceberg catalog as a plan names it, without its password: the driver, user, host,
+    port and database of its URL (or a SQLite file), and the warehouse. A plan approved for
+    one catalog is refused for another (core.approve compares it like the spec's fields)."""
+    host = url.host or url.query.get("host") or ""
+    user = f"{url.username}@" if url.username else ""
+    port = f":{url.port}" if url.port else ""
+    return f"{url.drivername}://{user}{host}{port}/{url.database or ''} warehouse {warehouse}"
 
 
 @dataclass(frozen=True)
@@ -90,10 +101,11 @@ class LakeState:
     exists: bool
     columns: list[tuple[str, str]]
     partitioned_by: list[str]
+    catalog: str | None = None  # an Iceberg table's catalog (catalog_identity)
 
     def as_dict(self) -> dict[str, Any]:
         return {"table": self.table, "exists": self.exists, "columns": [list(c) for c in self.columns],
-                "partitioned_by": self.partitioned_by}
+                "partitioned_by": self.partitioned_by, "catalog": self.catalog}
 
 
 def inspect_lake(conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:
@@ -126,7 +138,8 @@ def inspect_lake(conn: psycopg.Connection, spec: Spec, inspection: Inspection, t
             )
     if len(wanted) < len(columns):
         return
-    table = lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
+    url = catalog_url(conn, spec) if spec.target.format == "iceberg" else None
+    table = lake_table(spec.target, url)
     try:
         with lake_errors(table, "inspecting"):
             shape = table.shape()
@@ -134,8 +147,9 @@ def inspect_lake(conn: psycopg.Connection, spec: Spec, inspection: Inspection, t
         table.close()
     if shape is not None:
         problems.extend(shape_problems(table.name, shape, wanted, spec.partition_key))
+    catalog = None if url is None else catalog_identity(url, getattr(table, "warehouse", ""))
     inspection.lake = LakeState(table.name, shape is not None, [(n, type_text(t)) for n, t in wanted],
-                                [spec.partition_key])
+                                [spec.partition_key], catalog)
 
 
 _KEYS_PER_SLICE = 65_536
@@ -294,8 +308,15 @@ class _LakeWrite:
         assert self.pending is not None
         handle = self.handle
         if handle is None:
-            t.table.create(t.schema, t.ctx.spec.partition_key)
+            created = t.table.create(t.schema, t.ctx.spec.partition_key)
             handle = t.table.open()
+            # Our commit is based on this handle: it must be the table as created, or the rows
+            # of a writer that came in between would be overwritten without a conflict.
+            if t.table.version(handle) != created:
+                raise TransientDatabaseError(
+                    f"another writer wrote to {t.table.name} right after this run created it; nothing "
+                    "of ours was committed, safe to retry"
+                )
         data = pa.concat_tables([self.pending[label] for label in labels])
         values = [t.ctx.value_of(label) for label in labels]
         return t.table.overwrite(handle, t.ctx.spec.partition_key, values, data, self.metadata)

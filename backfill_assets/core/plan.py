@@ -37,7 +37,12 @@ def spec_document(ctx: Context) -> dict[str, Any]:
     (another transform version, a target column added or retyped) refuses the plan.
     """
     spec = ctx.spec
+    lake = ctx.inspection.lake
+    # An Iceberg table is named by its catalog too (without its password): a plan made against
+    # one catalog is refused against another. Absent for other targets (their ids unchanged).
+    catalog = {} if lake is None or lake.catalog is None else {"target_catalog": lake.catalog}
     return {
+        **catalog,
         "format": PLAN_FORMAT,
         "spec": spec.name,
         "target": spec.target_name,

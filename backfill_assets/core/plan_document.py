@@ -96,12 +96,16 @@ class PlanDocument(_Frozen):
     # field: once apply has created it, the same plan still applies. Absent from the JSON of
     # a PostgreSQL plan, whose id is therefore what it always was.
     creates_target: bool | None = None
+    # An Iceberg target's catalog, without its password (core.lake_target.catalog_identity);
+    # absent from other plans' JSON, like creates_target.
+    target_catalog: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The document as JSON values: what the plan id hashes."""
         out = self.model_dump(mode="json")
-        if out["creates_target"] is None:
-            del out["creates_target"]
+        for optional in ("creates_target", "target_catalog"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
     def spec_fields(self) -> dict[str, Any]:
@@ -124,6 +128,7 @@ class PlanDocument(_Frozen):
 SPEC_FIELDS = (
     "format", "spec", "target", "source", "partition_key", "business_key", "ordering", "columns",
     "target_table_columns", "total", "records_can_move", "transform_version", "transform_sql_sha256",
+    "target_catalog",
 )
 
 

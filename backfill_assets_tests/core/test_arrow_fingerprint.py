@@ -363,7 +363,7 @@ def test_decimal_text_keeps_its_scale_and_never_uses_an_exponent(conn, value, te
 
 
 # ---------------------------------------------------------------------------------------------
-# Property: hard values agree with the server, read from PostgreSQL and after a Delta round trip
+# Property: hard values agree with the server, read from PostgreSQL and after Delta and Iceberg round trips
 
 PROP = TableRef("public", "prop")
 PROP_DDL = sql.SQL(
@@ -404,7 +404,7 @@ def prop(conn: psycopg.Connection) -> psycopg.Connection:
 
 
 @given(rows=st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), _ROW), max_size=25, unique_by=lambda r: r[0]))
-def test_hard_values_agree_with_postgres_in_arrow_and_after_a_delta_round_trip(prop, tmp_path, rows):
+def test_hard_values_agree_with_postgres_in_arrow_and_after_delta_and_iceberg_round_trips(prop, tmp_path, rows):
     part = len(list(tmp_path.glob("delta*"))) + 1  # one partition per example
     with prop.cursor() as cur:
         cur.executemany(PROP_INSERT, [(part, k, *values) for k, values in rows])
@@ -415,6 +415,8 @@ def test_hard_values_agree_with_postgres_in_arrow_and_after_a_delta_round_trip(p
     assert arrow_readings(table, cols, key, "n") == expected
     delta = _delta_round_trip(table, tmp_path / f"delta{part}", part)
     assert arrow_readings(delta, cols, key, "n") == expected
+    iceberg = _iceberg_round_trip(table, tmp_path / f"iceberg{part}", part)
+    assert arrow_readings(iceberg, cols, key, "n") == expected
 
 
 # ---------------------------------------------------------------------------------------------

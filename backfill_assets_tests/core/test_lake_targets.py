@@ -429,3 +429,80 @@ def test_an_empty_text_partition_is_refused_for_delta_before_anything_is_written
     with pytest.raises(SpecError, match="stores '' as a NULL partition value"):
         delta_predicate("region", [""])
     assert delta_predicate("region", ["it's"]) == '"region" = \'it\'\'s\''
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_writer_right_after_our_create_fails_our_first_commit_and_keeps_its_rows(
+        unmoved_db, factory, tmp_path, fmt, monkeypatch):
+    from backfill_assets.core import lake as lake_module
+    spec = lake_spec(fmt, tmp_path)
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-03"))
+    cls = lake_module.DeltaLakeTable if fmt == "delta" else lake_module.IcebergLakeTable
+    create = cls.create
+    at = dt.datetime(2024, 1, 3, tzinfo=dt.timezone.utc)
+    theirs = [(dt.date(2024, 1, 3), 7, 7, at, 7, None, "theirs", "")]
+
+    def create_then_another_writer(self, schema, partition_key):
+        created = create(self, schema, partition_key)
+        Lake(fmt, spec, unmoved_db).overwrite(dt.date(2024, 1, 3), theirs, LAKE_SCHEMA)
+        return created
+
+    monkeypatch.setattr(cls, "create", create_then_another_writer)
+    with pytest.raises(TransientDatabaseError, match="right after this run created it"):
+        run(spec, plan, factory)
+    assert Lake(fmt, spec, unmoved_db).rows(dt.date(2024, 1, 3)) == theirs
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_check_after_commit_reads_our_version_whatever_was_committed_since(unmoved_db, factory, tmp_path, fmt):
+    spec = lake_spec(fmt, tmp_path)
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-02..2024-01-03"))
+    lake = Lake(fmt, spec, unmoved_db)
+    at = dt.datetime(2024, 1, 3, tzinfo=dt.timezone.utc)
+    theirs = [(dt.date(2024, 1, 3), 7, 7, at, 7, None, "theirs", "")]
+    versions = []
+
+    def later_writer(step: str, labels: list[str]) -> None:
+        if step == "committed" and labels == ["2024-01-03"]:  # after our commit, before our check
+            versions.append(lake.version())
+            lake.overwrite(dt.date(2024, 1, 3), theirs, LAKE_SCHEMA)
+
+    result = run(spec, plan, factory, checkpoint=later_writer)
+    ours = {p["partition"]: p for p in result.partitions}["2024-01-03"]
+    assert ours["status"] == "verified" and ours["target_version"] == versions[0] != lake.version()
+    assert lake.rows(dt.date(2024, 1, 3)) == theirs
+
+
+def test_an_iceberg_table_with_snapshot_isolation_is_refused(unmoved_db, factory, tmp_path):
+    spec = lake_spec("iceberg", tmp_path)
+    lake = Lake("iceberg", spec, unmoved_db)
+    lake.table.create(LAKE_SCHEMA, "order_date")
+    with lake.table.open().transaction() as txn:
+        txn.set_properties({"write.delete.isolation-level": "snapshot"})
+    with pytest.raises(SpecError, match="write.delete.isolation-level = snapshot"):
+        make_plan(spec, ALL_DAYS, factory)
+
+
+def test_a_delta_column_invariant_is_refused(unmoved_db, factory, tmp_path):
+    import json
+    spec = lake_spec("delta", tmp_path)
+    invariant = json.dumps({"expression": {"expression": "ingest_seq < 5"}})
+    schema = pa.schema([f.with_metadata({"delta.invariants": invariant}) if f.name == "ingest_seq" else f
+                        for f in LAKE_SCHEMA])
+    Lake("delta", spec, unmoved_db).table.create(schema, "order_date")
+    with pytest.raises(SpecError, match="invariant on column ingest_seq"):
+        make_plan(spec, ALL_DAYS, factory)
+
+
+def test_an_iceberg_plan_names_its_catalog_and_a_sqlite_catalog_works(unmoved_db, factory, tmp_path, monkeypatch):
+    from backfill_assets.core.errors import ApprovalError
+    spec = make_spec(target={"format": "iceberg", "table": "sales.orders_daily", "catalog": {
+        "type": "sql", "warehouse": str(tmp_path / "warehouse"), "uri_env": "ICE_URL"}}, records_can_move=False)
+    monkeypatch.setenv("ICE_URL", f"sqlite:///{tmp_path / 'staging.db'}")
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-02"))
+    assert plan.document.creates_target and "staging.db" in plan.document.target_catalog
+    monkeypatch.setenv("ICE_URL", f"sqlite:///{tmp_path / 'prod.db'}")  # another catalog, same names
+    with pytest.raises(ApprovalError, match="target_catalog"):
+        run(spec, plan, factory)
+    monkeypatch.setenv("ICE_URL", f"sqlite:///{tmp_path / 'staging.db'}")
+    assert {p["status"] for p in run(spec, plan, factory).partitions} == {"verified"}

@@ -43,6 +43,7 @@ from backfill_assets.core.spec import PartitionRequest, Spec, load_spec
 from backfill_assets.progress_bar import ProgressBar, plain
 from backfill_assets.render import (
     render_apply,
+    render_diff,
     render_approvals,
     render_plan,
     render_profile,
@@ -190,7 +191,7 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
     if out.json_mode:
         out.json({"approval_id": approval_id, "plan_id": checked.plan_id, "approved_by": args.by,
                   "partitions": checked.stored.labels, "target": checked.stored.document.target,
-                  "target_readings": checked.target})
+                  "target_readings": checked.target, "changes": checked.changes})
     else:
         out.result(f"approved plan {checked.plan_id} as approval {approval_id} by {args.by}")
     return 0
@@ -219,6 +220,20 @@ def cmd_apply(args: argparse.Namespace, out: Output) -> int:
     else:
         out.result(render_apply(result))
     return 0
+
+
+def cmd_diff(args: argparse.Namespace, out: Output) -> int:
+    from backfill_assets.core.diff import diff_plan
+
+    spec = load_spec(args.spec)
+    request = PartitionRequest(args.partitions) if args.partitions else None
+    result = diff_plan(spec, args.plan, _factory(spec, args), against=args.against, request=request,
+                       limit=args.limit)
+    if out.json_mode:
+        out.json(result.as_json())
+    else:
+        out.result(render_diff(result))
+    return 0  # differences are the answer, not a failure
 
 
 def cmd_status(args: argparse.Namespace, out: Output) -> int:
@@ -293,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument("--yes", action="store_true", help="approve without asking on the terminal")
     apply_cmd = command("apply", "Replace and verify the partitions of an approved plan, one transaction each.", cmd_apply)
     apply_cmd.add_argument("--plan", required=True, metavar="PLAN_ID", help="the approved plan id")
+    diff = command("diff", "Show what applying a plan changes: per partition the keys added, removed, changed and "
+                           "unchanged, with examples (read-only).", cmd_diff, partitions="")
+    diff.add_argument("--plan", required=True, metavar="PLAN_ID", help="the plan id (or a unique prefix)")
+    diff.add_argument("--against", choices=("target", "stage_b"), default="target",
+                      help="compare the approved stage with the target (default) or with stage B")
+    diff.add_argument("--limit", type=int, default=10, metavar="N", help="example keys per partition (default 10)")
     command("status", "Show the latest ledger state of every partition of the spec's target, and what each "
                       "open approval still covers.", cmd_status)
     ui = sub.add_parser("ui", help="Start the Dagster UI and daemon on loopback with the embedded PostgreSQL.",

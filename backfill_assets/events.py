@@ -98,9 +98,16 @@ def stage_checks(keys: Keys, parts: dg.PartitionsDefinition, plan: Plan,
             key_check(keys.stage_a, entry.partition, built_a[entry.partition], plan_id=plan.plan_id),
             key_check(keys.stage_b, entry.partition, built_b[entry.partition], plan_id=plan.plan_id),
             stages_match(keys, entry.partition, entry.match, entry.stage_a.as_dict(), entry.stage_b.as_dict(),
-                         plan_id=plan.plan_id, plan=table),
+                         plan_id=plan.plan_id, plan=table, **_differing_keys(plan, entry.partition)),
         )
     ]
+
+
+def _differing_keys(plan: Plan, partition: str) -> dict[str, str]:
+    """The refused plan's problem naming the partition's first differing keys, if any."""
+    prefix = f"partition {partition}: first differing key(s)"
+    found = [p for p in plan.problems if p.startswith(prefix)]
+    return {"differing_keys": found[0]} if found else {}
 
 
 def stage_materializations(keys: Keys, parts: dg.PartitionsDefinition, snapshot_id: str,

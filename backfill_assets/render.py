@@ -7,6 +7,7 @@ from typing import Any
 
 from backfill_assets.core.apply import ApplyResult
 from backfill_assets.core.approve import OpenApproval, Review
+from backfill_assets.core.diff import DiffResult
 from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.plan_document import Plan, PlanDocument
 from backfill_assets.core.profile import Profile
@@ -136,17 +137,24 @@ def render_status(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def render_target_now(doc: PlanDocument, target: dict[str, dict[str, Any]]) -> str:
-    """The target as it is now, which an approval records it is given against."""
+def render_target_now(doc: PlanDocument, target: dict[str, dict[str, Any]],
+                      changes: dict[str, dict[str, int]] | None = None) -> str:
+    """The target as it is now, which an approval records it is given against, and (where
+    known) what replacing each partition changes: keys added, removed, changed, unchanged."""
     lines = [
         "The target now (the approval records this; apply refuses a partition whose target "
-        "changes before it is replaced):",
-        f"  {'partition':<12} {'rows':>7} {'total':>14}  {'content hash':<18} ",
+        "changes before it is replaced)" + (", and what the replacement changes in it:" if changes else ":"),
+        f"  {'partition':<12} {'rows':>7} {'total':>14}  {'content hash':<18} "
+        + (f"{'added':>7} {'removed':>7} {'changed':>7} {'unchanged':>9}" if changes else ""),
     ]
     for p in doc.partitions:
         now = Fingerprint(**target[p.partition])
         same = "  (already as planned)" if now == p.stage_a else ""
-        lines.append(f"  {p.partition:<12} {_readings_cells(now)}{same}")
+        counts = ""
+        if changes:
+            c = changes[p.partition]
+            counts = f" {c['added']:>7} {c['removed']:>7} {c['changed']:>7} {c['unchanged']:>9}"
+        lines.append(f"  {p.partition:<12} {_readings_cells(now)}{counts}{same}")
     return "\n".join(lines)
 
 
@@ -197,5 +205,21 @@ def render_review(checked: Review, parallel: ParallelSpec | None = None) -> str:
     """What a person approves: the plan, the target as it is now, and what will be replaced."""
     plan = checked.stored
     return "\n\n".join([
-        render_plan(plan, parallel), render_target_now(plan.document, checked.target), render_replacement(plan.document),
+        render_plan(plan, parallel), render_target_now(plan.document, checked.target, checked.changes),
+        render_replacement(plan.document),
     ])
+
+
+def render_diff(result: DiffResult) -> str:
+    """Per partition, what replacing it with the approved stage changes, and example keys."""
+    other = "the target" if result.against == "target" else "stage B"
+    lines = [f"plan {result.plan_id[:16]}: the approved stage (A) against {other}",
+             f"  {'partition':<12} {'added':>8} {'removed':>8} {'changed':>8} {'unchanged':>10}"]
+    for p in result.partitions:
+        lines.append(f"  {p.partition:<12} {p.added:>8} {p.removed:>8} {p.changed:>8} {p.unchanged:>10}")
+        for e in p.examples:
+            key = ", ".join(f"{k}={v}" for k, v in e.key.items())
+            lines.append(f"    {e.kind:<8} ({key})")
+            if e.kind == "changed":
+                lines += [f"      {c}: {e.values[c][0]!r} -> {e.values[c][1]!r}" for c in e.columns]
+    return "\n".join(lines)

@@ -50,6 +50,7 @@ from backfill_assets.core.db import ConnectionFactory
 from backfill_assets.core.errors import (
     ApprovalError, ApprovalHaltedError, BackfillError, FailedPartition, VerificationError,
 )
+from backfill_assets.core.plan import DIFFERING_KEYS
 from backfill_assets.core.plan_document import Plan
 from backfill_assets.core.context import Clock, Context, spec_lock, utc_now
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
@@ -257,7 +258,10 @@ def _replace_and_record(
         with target.locked(labels):
             status = replace_group(conn, target, ctx, stored, approval, labels, checkpoint)
             if status == "verified":
-                verify_committed(target, stored, labels)
+                try:
+                    verify_committed(target, stored, labels)
+                except VerificationError as err:
+                    raise _naming_keys(conn, ctx, err) from None
                 checkpoint("verified", labels)
             # Recorded before the partition is released: the next run to lock it
             # judges its approval against a ledger that names this run.
@@ -278,6 +282,19 @@ def _replace_and_record(
             ledger.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
                                 f"stopped after partition(s) {', '.join(labels)} failed")
         raise
+
+
+def _naming_keys(conn: psycopg.Connection, ctx: Context, err: VerificationError) -> VerificationError:
+    """The same failure, naming the first keys and columns where the committed partition
+    differs from the approved stage (core.diff)."""
+    from backfill_assets.core.diff import diff_against, example_text
+    with conn.transaction():  # a lake partition is loaded into a temporary table for it
+        found = diff_against(conn, ctx, err.partition, "target", DIFFERING_KEYS)
+    if not found.examples:
+        return err
+    detail = "first differing key(s), approved stage against the target: " + "; ".join(
+        example_text(e) for e in found.examples)
+    return VerificationError(err.partition, err.step, err.expected, err.actual, detail)
 
 
 def refuse_after_failure(conn: psycopg.Connection, spec: Spec, plan_id: str, labels: list[str]) -> None:

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from backfill_assets.core import control, ledger
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, PlanReferenceError, SpecError
-from backfill_assets.core.context import Clock, Context, resolve, utc_now
+from backfill_assets.core.context import Clock, Context, resolve, set_timeouts, utc_now
 from backfill_assets.core.plan import spec_document
 from backfill_assets.core.plan_document import Plan
 from backfill_assets.core.snapshot import copy_problem, immutable_source_changes
@@ -168,6 +168,9 @@ class Review:
     spec: Spec
     stored: Plan
     target: dict[str, dict[str, Any]]
+    # What replacing each partition changes in the target: keys added, removed, changed and
+    # unchanged (core.diff).
+    changes: dict[str, dict[str, int]] | None = None
 
     @property
     def plan_id(self) -> str:
@@ -192,7 +195,21 @@ def review(
     """
     stored = plan if isinstance(plan, Plan) else find_plan(conn, spec, plan)
     ctx = check_spec_unchanged(conn, factory, spec, stored)
-    return Review(spec, stored, check_data_unchanged(conn, ctx, stored))
+    target = check_data_unchanged(conn, ctx, stored)
+    return Review(spec, stored, target, changes_of(conn, ctx, stored))
+
+
+def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
+    """Per partition, what replacing the target with stage A changes: the counts of keys added,
+    removed, changed and unchanged (core.diff), read in one read-only snapshot."""
+    from backfill_assets.core.diff import diff_against  # core.diff reads plans through this module
+
+    # A lake partition is compared through a temporary table: not a read-only transaction.
+    with repeatable_read(conn, read_only=not ctx.spec.target.is_lake):
+        set_timeouts(conn, ctx.spec)
+        found = [diff_against(conn, ctx, label, "target", 0) for label in stored.labels]
+    return {d.partition: {"added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged}
+            for d in found}
 
 
 def confirm(conn: psycopg.Connection, checked: Review, approved_by: str, *, clock: Clock = utc_now) -> int:

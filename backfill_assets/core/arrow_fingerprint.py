@@ -703,6 +703,15 @@ def _slice_rows(data: Sequence[pa.ChunkedArray], kinds: Sequence[_Kind], n: int)
     return max(1, min(_MAX_SLICE, int(_SLICE_BYTES / per_row)))
 
 
+def canonical_texts(table: pa.Table, columns: Sequence[ColumnInfo]) -> pa.Table:
+    """Each of ``columns`` as its PostgreSQL text forms (NULL stays null), the forms the
+    fingerprint hashes: PostgreSQL's input of them gives back the same values, which is how a
+    lake partition is compared with a stage key by key (core.diff)."""
+    kinds = [_kind(c) for c in columns]
+    return pa.table({c.name: _render_all(_normalise(table, c, k), k).cast(pa.large_string())
+                     for c, k in zip(columns, kinds)})
+
+
 def _render_all(data: pa.ChunkedArray, kind: _Kind) -> pa.ChunkedArray:
     chunks = []
     for start in range(0, len(data), _MAX_SLICE):

@@ -216,13 +216,16 @@ class VerificationError(BackfillError):
 
     exit_code = 7
 
-    def __init__(self, partition: str, step: str, expected: object, actual: object) -> None:
+    def __init__(self, partition: str, step: str, expected: object, actual: object,
+                 detail: str | None = None) -> None:
         self.partition = partition
         self.step = step
         self.expected = expected
         self.actual = actual
+        self.detail = detail  # e.g. the first differing keys (core.diff)
         super().__init__(
             f"partition {partition}: {step} failed: expected {expected}, got {actual}"
+            + (f"; {detail}" if detail else "")
         )
 
 

@@ -31,7 +31,9 @@ import pyarrow.csv as pcsv
 from psycopg.conninfo import conninfo_to_dict
 
 from backfill_assets.core import sqlbuild
-from backfill_assets.core.arrow_fingerprint import arrow_readings, lake_schema, lake_type, read_stage_partition
+from backfill_assets.core.arrow_fingerprint import (
+    arrow_readings, canonical_texts, lake_schema, lake_type, read_stage_partition,
+)
 from backfill_assets.core.catalog import Inspection, check_total, describe_query, partition_kind_of
 from backfill_assets.core.context import Context, set_timeouts
 from backfill_assets.core.db import read_committed, transient_errors, url_from_env
@@ -169,7 +171,7 @@ def load_target_keys(conn: psycopg.Connection, ctx: Context) -> TableRef:
     keys = TableRef("pg_temp", f"{spec.name}__target_keys")
     input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
                                         spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
-    conn.execute(sqlbuild.create_keys_table(keys.name, input_rel, names))
+    conn.execute(sqlbuild.create_temp_table(keys.name, input_rel, names))
     table = lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
     try:
         with lake_errors(table, "reading the keys of"):
@@ -211,6 +213,34 @@ def unholdable_values(conn: psycopg.Connection, ctx: Context) -> list[str]:
         "source or transform, or keep the target in PostgreSQL"
         for label, *counts in rows for (name, _), n in zip(checked, counts) if n
     ]
+
+
+def load_lake_partition(conn: psycopg.Connection, ctx: Context, label: str) -> TableRef:
+    """One partition of the lake table, at its current version, in a temporary table typed like
+    the stage and dropped when the caller's transaction ends, for core.diff to compare key by
+    key in SQL. The rows travel as their canonical text forms rendered from Arrow, which
+    PostgreSQL's input turns back into the same values (the forms its own output prints), in
+    CSV slices: no Python object per value."""
+    spec = ctx.spec
+    rows = TableRef("pg_temp", f"{spec.name}__lake_rows")
+    conn.execute(sqlbuild.drop_table(rows))
+    conn.execute(sqlbuild.create_temp_table(rows.name, sqlbuild.select_columns(ctx.stage("a"), spec.columns),
+                                            spec.columns))
+    table = lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
+    try:
+        with lake_errors(table, f"reading partition {label} of"):
+            handle = table.open()
+            data = None if handle is None else table.read(handle, spec.partition_key, [ctx.value_of(label)])
+    finally:
+        table.close()
+    if data is not None and data.num_rows:
+        texts = canonical_texts(data, ctx.target_columns)
+        with conn.cursor() as cur, cur.copy(sqlbuild.copy_keys_in(rows, spec.columns)) as copy:
+            for batch in texts.to_batches(max_chunksize=_KEYS_PER_SLICE):
+                buffer = io.BytesIO()
+                pcsv.write_csv(batch, buffer, pcsv.WriteOptions(include_header=False))
+                copy.write(buffer.getvalue())
+    return rows
 
 
 def check_partition_values(spec: Spec, partitions: list[PartitionValue]) -> None:

@@ -65,10 +65,11 @@ def spec_document(ctx: Context) -> dict[str, Any]:
 
 
 def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
-             reports: dict[str, tuple[int, int]], requested: list[str], problems: list[str] | None = None) -> Plan:
-    """Compare the stages on every reading and build the plan document and id; ``problems``:
-    found before (values a lake target could not hold)."""
-    problems = list(problems or [])
+             reports: dict[str, tuple[int, int]], requested: list[str], found: list[str] | None = None) -> Plan:
+    """Compare the stages on every reading and build the plan document and id; ``found``:
+    problems found before, listed after the comparison's (differing keys, values a lake target
+    could not hold)."""
+    problems: list[str] = []
     partitions: list[PartitionEntry] = []
     for label in ctx.labels:
         fa, fb = a[label], b[label]
@@ -104,7 +105,7 @@ def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dic
         # A lake table that does not exist yet is created by apply: the approval covers that.
         creates_target=None if ctx.inspection.lake is None else not ctx.inspection.lake.exists,
     )
-    return Plan.of(document, problems)
+    return Plan.of(document, problems + list(found or []))
 
 
 def make_plan(
@@ -193,6 +194,7 @@ def finish_plan(
     if spec.target.is_lake:
         from backfill_assets.core.lake_target import unholdable_values
         problems = unholdable_values(conn, ctx)
+    problems += differing_keys(conn, ctx, a, b)
     plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)
     with conn.transaction():
         control.record_plan(
@@ -208,6 +210,25 @@ def finish_plan(
                         conn.execute(*sqlbuild.delete_partition(ctx.stage(v), spec.partition_key, value))
     progress(ProgressEvent("plan", f"{plan.plan_id[:16]}: {plan.status}", status=plan.status))
     return plan
+
+
+# How many differing keys a refused plan names per partition.
+DIFFERING_KEYS = 3
+
+
+def differing_keys(conn: psycopg.Connection, ctx: Context, a: dict[str, Fingerprint],
+                   b: dict[str, Fingerprint]) -> list[str]:
+    """For each partition whose stages differ, a problem naming its first differing keys and
+    columns (core.diff, stage A against stage B), read before the refused plan deletes them."""
+    from backfill_assets.core.diff import diff_partition, example_text
+
+    found = []
+    for label in ctx.labels:
+        if a[label] != b[label]:
+            d = diff_partition(conn, ctx, ctx.stage("a"), ctx.stage("b"), label, DIFFERING_KEYS)
+            found.append(f"partition {label}: first differing key(s), stage A against stage B: "
+                         + "; ".join(example_text(e) for e in d.examples))
+    return found
 
 
 def _input_reports(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> dict[str, tuple[int, int]]:

@@ -506,3 +506,28 @@ def test_an_iceberg_plan_names_its_catalog_and_a_sqlite_catalog_works(unmoved_db
         run(spec, plan, factory)
     monkeypatch.setenv("ICE_URL", f"sqlite:///{tmp_path / 'staging.db'}")
     assert {p["status"] for p in run(spec, plan, factory).partitions} == {"verified"}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_diff_against_a_lake_target_is_exact_key_by_key(unmoved_db, factory, tmp_path, fmt):
+    from backfill_assets.core.approve import review
+    from backfill_assets.core.diff import diff_plan
+    spec = lake_spec(fmt, tmp_path)
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-02"))
+    before = diff_plan(spec, plan.plan_id, factory).partitions[0]  # no table yet: every key is added
+    assert (before.added, before.removed, before.changed, before.unchanged) == (plan.approved("2024-01-02")["row_count"], 0, 0, 0)
+    run(spec, plan, factory)
+    lake = Lake(fmt, spec, unmoved_db)
+    rows = lake.rows(dt.date(2024, 1, 2))
+    first, second = rows[0], rows[1]
+    at = dt.datetime(2024, 1, 2, tzinfo=dt.timezone.utc)
+    edited = [first[:7] + (first[7] + "!",), *rows[2:], (dt.date(2024, 1, 2), 1, 1, at, 1, None, "extra", "")]
+    lake.overwrite(dt.date(2024, 1, 2), edited, LAKE_SCHEMA)  # second removed; one changed; one extra
+    (part,) = diff_plan(spec, plan.plan_id, factory).partitions
+    assert (part.added, part.removed, part.changed, part.unchanged) == (1, 1, 1, len(rows) - 2)
+    kinds = {(e.kind, e.key["order_id"]): e for e in part.examples}
+    assert kinds[("changed", str(first[1]))].values == {"note": [first[7], first[7] + "!"]}
+    assert ("added", str(second[1])) in kinds and ("removed", "1") in kinds
+    with factory() as conn:
+        assert review(conn, factory, spec, plan.plan_id).changes == {
+            "2024-01-02": {"added": 1, "removed": 1, "changed": 1, "unchanged": len(rows) - 2}}

@@ -159,6 +159,7 @@ def test_the_approval_gate_logs_the_core_review_and_checks_the_data_once(dagster
     assert approved.success and len(calls) == 1
     logged = [e.user_message for e in instance.all_logs(approved.run_id) if "Approving will REPLACE" in e.user_message]
     assert len(logged) == 1 and f"plan {plan_id}" in logged[0] and "The target now" in logged[0]
+    assert "what the replacement changes" in logged[0] and "unchanged" in logged[0]  # core.diff's counts
 
 
 def test_approve_backfill_refuses_a_plan_that_no_longer_matches(dagster_env, demo_db):
@@ -190,7 +191,10 @@ def test_stages_that_differ_fail_the_blocking_check_and_the_target_is_not_replac
     run = dg.materialize(spec_assets(SPEC), selection=[KEYS[n] for n in ("snapshot", "stage_a", "stage_b", "target")],
                          instance=instance, resources=resources, tags=day, raise_on_error=False)
     assert not run.success
-    assert not evaluations(run, "stages_match")["2024-01-02"].passed
+    failed = evaluations(run, "stages_match")["2024-01-02"]
+    assert not failed.passed
+    # The failed check names the first differing keys and columns, with both values.
+    assert "note 'late' vs 'skewed'" in failed.metadata["differing_keys"].value
     assert not materializations(run, "target")  # the blocking check skipped the target step
     # Materialized by hand, the target refuses: the newest approved plan no longer matches stage A.
     by_hand = materialize(defs, resources, instance, ["target"], day)

@@ -44,11 +44,12 @@ from backfill_assets.core.sqlbuild.copies import (
     partition_writer,
     rename_table,
 )
+from backfill_assets.core.sqlbuild.diff import partition_diff, prefer_parallel, select_columns
 from backfill_assets.core.sqlbuild.lake import copy_partition_csv, read_settings, unholdable_kinds, unholdable_values
 from backfill_assets.core.sqlbuild.moves import (
     copy_keys_in,
     copy_scope,
-    create_keys_table,
+    create_temp_table,
     key_homes,
     keys_in_several_partitions,
     outside_scope,
@@ -94,8 +95,8 @@ __all__ = [
     "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "build_stage",
     "column_profile", "copy_canonical_stream", "copy_partition_csv", "copy_snapshot_stream", "copy_partitions", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
-    "create_stage_from_input", "describe_input", "copy_keys_in", "create_keys_table", "keys_in_several_partitions",
-    "unholdable_kinds", "unholdable_values",
+    "create_stage_from_input", "describe_input", "copy_keys_in", "create_temp_table", "keys_in_several_partitions",
+    "unholdable_kinds", "unholdable_values", "partition_diff", "prefer_parallel", "select_columns",
     "delete_partition", "distinct_partitions", "drop_table", "dropped_columns",
     "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
     "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace",

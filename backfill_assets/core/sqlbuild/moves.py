@@ -118,10 +118,11 @@ _KEYS_IN_SEVERAL = sql.SQL(
 )
 
 
-def create_keys_table(name: str, input_relation: sql.Composable, columns: Sequence[str]) -> sql.Composed:
+def create_temp_table(name: str, input_relation: sql.Composable, columns: Sequence[str]) -> sql.Composed:
     """A temporary table, dropped at commit, with ``columns`` typed as the input relation
-    gives them: a lake target's keys are loaded into it (build the relation unfiltered and
-    without ``%`` escaping; the statement takes no parameters)."""
+    gives them: a lake target's keys (or a lake partition's rows, for core.diff) are loaded
+    into it (build the relation unfiltered and without ``%`` escaping; the statement takes no
+    parameters)."""
     return _CREATE_KEYS.format(name=sql.Identifier(name), cols=cols("i", columns), input=input_relation)
 
 

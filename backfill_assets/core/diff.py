@@ -1,0 +1,166 @@
+"""What a replacement changes: the approved stage against the target (or stage B), key by key.
+
+Exact: rows are compared on their canonical text forms (docs/fingerprint.md), the forms the
+fingerprint hashes, so ``-0`` vs ``0``, ``1.5`` vs ``1.50`` and NULL vs the empty string are
+differences, which typed equality misses (through a 64-bit digest of each row's text forms:
+a changed row escapes only by a digest collision, and the fingerprint, which decides plans and
+verifications, hashes the full text with SHA-256). On one server the comparison is one keyed
+full join inside it (sqlbuild.partition_diff, in parallel workers where the server can), each
+side read once; no partition
+is loaded into Python: only the counts and up to ``limit`` example keys per partition come
+back, with both sides' values, looked up by key.
+
+Across engines (a Delta or Iceberg target), the lake partition's rows are rendered to the same
+text forms from Arrow and loaded into a temporary table (core.lake_target.load_lake_partition),
+then compared by the same SQL: exact, each side read once, no per-row Python.
+
+Read-only on the tables: it runs in one REPEATABLE READ transaction (read-only unless a lake
+partition is loaded), after checking that stage A still holds the plan's rows (its seal, or a
+fingerprint where the seal does not hold).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import psycopg
+
+from backfill_assets.core import sqlbuild
+from backfill_assets.core.approve import find_plan
+from backfill_assets.core.context import Context, resolve, set_timeouts
+from backfill_assets.core.db import ConnectionFactory, repeatable_read
+from backfill_assets.core.errors import ApprovalError, SpecError
+from backfill_assets.core.fingerprint import business_key_order
+from backfill_assets.core.spec import PartitionRequest, Spec, TableRef, partition_label
+from backfill_assets.core.stages import stage_partitions_changed
+
+Against = Literal["target", "stage_b"]
+KINDS = ("added", "removed", "changed", "unchanged")
+DEFAULT_LIMIT = 10
+
+
+@dataclass(frozen=True)
+class Example:
+    """One differing key: its kind, the columns whose text forms differ, and both values of
+    each (``[approved stage, other side]``; None is NULL)."""
+
+    key: dict[str, str | None]
+    kind: str
+    columns: list[str]
+    values: dict[str, list[str | None]]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"key": self.key, "kind": self.kind, "columns": self.columns, "values": self.values}
+
+
+def example_text(example: Example) -> str:
+    """One line: the key, its kind, and each differing column's two values."""
+    key = ", ".join(f"{k}={v}" for k, v in example.key.items())
+    if example.kind != "changed":
+        return f"({key}) {'only in the first' if example.kind == 'added' else 'only in the second'}"
+    return f"({key}) " + ", ".join(f"{c} {example.values[c][0]!r} vs {example.values[c][1]!r}" for c in example.columns)
+
+
+@dataclass(frozen=True)
+class PartitionDiff:
+    partition: str
+    added: int = 0
+    removed: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    examples: list[Example] = field(default_factory=list)
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"partition": self.partition, "added": self.added, "removed": self.removed,
+                "changed": self.changed, "unchanged": self.unchanged,
+                "examples": [e.as_json() for e in self.examples]}
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    plan_id: str
+    against: Against
+    partitions: list[PartitionDiff]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"plan_id": self.plan_id, "against": self.against,
+                "partitions": [p.as_json() for p in self.partitions]}
+
+
+def diff_partition(conn: psycopg.Connection, ctx: Context, left: TableRef, right: TableRef, label: str,
+                   limit: int = DEFAULT_LIMIT) -> PartitionDiff:
+    """One partition of ``left`` (the rows a replacement writes) against ``right``, in the
+    caller's transaction, which must be open (see the module docstring)."""
+    spec = ctx.spec
+    columns = list(spec.columns)
+    counts = dict.fromkeys(KINDS, 0)
+    examples = []
+    order = business_key_order(ctx.target_columns, spec.business_key)
+    conn.execute(sqlbuild.prefer_parallel())
+    rows = conn.execute(*sqlbuild.partition_diff(
+        left, right, spec.partition_key, order, columns, ctx.value_of(label), limit))
+    for row, kind, n, key, a, b in rows:
+        if row == "count":
+            counts[kind] = int(n)
+            continue
+        differing = [c for i, c in enumerate(columns) if a is None or b is None or a[i] != b[i]]
+        if kind != "changed":  # a whole row on one side: its values, against nothing
+            differing = columns
+        examples.append(Example(
+            key=dict(zip(spec.business_key, key)), kind=kind, columns=differing,
+            values={c: [None if a is None else a[columns.index(c)], None if b is None else b[columns.index(c)]]
+                    for c in differing},
+        ))
+    return PartitionDiff(label, **counts, examples=examples)
+
+
+def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against: Against = "target",
+              request: PartitionRequest | None = None, limit: int = DEFAULT_LIMIT) -> DiffResult:
+    """The plan's approved stage (stage A) against the target, or against stage B, per partition.
+
+    Raises:
+        SpecError: a partition not in the plan; a negative limit; a lake target (its diff is
+            not built yet).
+        ApprovalError: no such plan, or stage A no longer holds the plan's rows (plan again).
+    """
+    if limit < 0:
+        raise SpecError("--limit must be 0 or more")
+    with factory() as conn:
+        stored = find_plan(conn, spec, plan_ref)
+        ctx = resolve(conn, spec, stored.labels)
+        wanted = stored.labels if request is None else [partition_label(v) for v in request.resolve(ctx.kind)]
+        missing = [label for label in wanted if label not in stored.labels]
+        if missing:
+            raise SpecError(f"partition(s) {', '.join(missing)} are not in plan {stored.plan_id[:16]}")
+        lake = against == "target" and spec.target.is_lake
+        # A lake partition is loaded into a temporary table, which a read-only transaction forbids.
+        with repeatable_read(conn, read_only=not lake):
+            set_timeouts(conn, spec)  # finite timeouts, and the tool's work_mem for the join
+            changed = stage_partitions_changed(conn, ctx, "a", {label: stored.approved(label) for label in wanted})
+            if changed:
+                raise ApprovalError(
+                    f"stage {ctx.stage('a')} no longer holds plan {stored.plan_id[:16]}'s rows in partition(s) "
+                    f"{', '.join(changed)}; plan again", plan_id=stored.plan_id,
+                )
+            parts = [diff_against(conn, ctx, label, against, limit) for label in wanted]
+    return DiffResult(stored.plan_id, against, parts)
+
+
+def diff_against(conn: psycopg.Connection, ctx: Context, label: str, against: Against = "target",
+                 limit: int = DEFAULT_LIMIT) -> PartitionDiff:
+    """Stage A's partition against the target's (a PostgreSQL table, or a lake partition loaded
+    for the caller's transaction, which must be a writable one) or stage B's."""
+    spec = ctx.spec
+    if against == "stage_b":
+        right = ctx.stage("b")
+    elif spec.target.is_lake:
+        from backfill_assets.core.lake_target import load_lake_partition
+        right = load_lake_partition(conn, ctx, label)
+    else:
+        right = spec.target_ref
+    return diff_partition(conn, ctx, ctx.stage("a"), right, label, limit)

@@ -52,7 +52,7 @@ from backfill_assets.core.errors import (
 )
 from backfill_assets.core.plan import DIFFERING_KEYS
 from backfill_assets.core.plan_document import Plan
-from backfill_assets.core.context import Clock, Context, spec_lock, utc_now
+from backfill_assets.core.context import Clock, Context, set_timeouts, spec_lock, utc_now
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.snapshot import immutable_source_changes
 from backfill_assets.core.stages import stage_partitions_changed
@@ -261,7 +261,7 @@ def _replace_and_record(
                 try:
                     verify_committed(target, stored, labels)
                 except VerificationError as err:
-                    raise _naming_keys(conn, ctx, err) from None
+                    raise _naming_keys(conn, ctx, err, target.committed_version(labels)) from None
                 checkpoint("verified", labels)
             # Recorded before the partition is released: the next run to lock it
             # judges its approval against a ledger that names this run.
@@ -284,12 +284,18 @@ def _replace_and_record(
         raise
 
 
-def _naming_keys(conn: psycopg.Connection, ctx: Context, err: VerificationError) -> VerificationError:
-    """The same failure, naming the first keys and columns where the committed partition
-    differs from the approved stage (core.diff)."""
+def _naming_keys(conn: psycopg.Connection, ctx: Context, err: VerificationError,
+                 version: str | None) -> VerificationError:
+    """The same failure, naming the first keys and columns where the committed partition (a
+    lake table's at the ``version`` committed) differs from the approved stage (core.diff).
+    The failure is what matters: if the keys cannot be read, it is raised as it was."""
     from backfill_assets.core.diff import diff_against, example_text
-    with conn.transaction():  # a lake partition is loaded into a temporary table for it
-        found = diff_against(conn, ctx, err.partition, "target", DIFFERING_KEYS)
+    try:
+        with conn.transaction():  # a lake partition is loaded into a temporary table for it
+            set_timeouts(conn, ctx.spec)
+            found = diff_against(conn, ctx, err.partition, "target", DIFFERING_KEYS, version=version)
+    except Exception:  # noqa: BLE001 - only an explanation failed; the verification error stands
+        return err
     if not found.examples:
         return err
     detail = "first differing key(s), approved stage against the target: " + "; ".join(

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from backfill_assets.core import control, ledger
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
-from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, PlanReferenceError, SpecError
+from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, BackfillError, PlanReferenceError, SpecError
 from backfill_assets.core.context import Clock, Context, resolve, set_timeouts, utc_now
 from backfill_assets.core.plan import spec_document
 from backfill_assets.core.plan_document import Plan
@@ -169,7 +169,7 @@ class Review:
     stored: Plan
     target: dict[str, dict[str, Any]]
     # What replacing each partition changes in the target: keys added, removed, changed and
-    # unchanged (core.diff).
+    # unchanged (core.diff); None when that could not be read (a timeout): it only explains.
     changes: dict[str, dict[str, int]] | None = None
 
     @property
@@ -196,7 +196,11 @@ def review(
     stored = plan if isinstance(plan, Plan) else find_plan(conn, spec, plan)
     ctx = check_spec_unchanged(conn, factory, spec, stored)
     target = check_data_unchanged(conn, ctx, stored)
-    return Review(spec, stored, target, changes_of(conn, ctx, stored))
+    try:
+        changes = changes_of(conn, ctx, stored)
+    except (psycopg.Error, BackfillError):  # only an explanation failed: approval does not depend on it
+        changes = None
+    return Review(spec, stored, target, changes)
 
 
 def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:

@@ -11,8 +11,10 @@ is loaded into Python: only the counts and up to ``limit`` example keys per part
 back, with both sides' values, looked up by key.
 
 Across engines (a Delta or Iceberg target), the lake partition's rows are rendered to the same
-text forms from Arrow and loaded into a temporary table (core.lake_target.load_lake_partition),
-then compared by the same SQL: exact, each side read once, no per-row Python.
+text forms from Arrow and loaded, as text, into a temporary table
+(core.lake_target.load_lake_partition), then compared by the same SQL with the stage's text
+forms, keyed by the keys' text: exact, each side read once, no per-row Python; a key the lake
+holds more than once counts once, as changed.
 
 Read-only on the tables: it runs in one REPEATABLE READ transaction (read-only unless a lake
 partition is loaded), after checking that stage A still holds the plan's rows (its seal, or a
@@ -54,11 +56,15 @@ class Example:
         return {"key": self.key, "kind": self.kind, "columns": self.columns, "values": self.values}
 
 
-def example_text(example: Example) -> str:
-    """One line: the key, its kind, and each differing column's two values."""
+def example_text(example: Example, *, values: bool = False) -> str:
+    """One line: the key, and which side has it or the columns that differ (with their two
+    values only when asked: what is stored, in plans, ledgers and run metadata, names keys
+    and columns but copies no other value out of the tables)."""
     key = ", ".join(f"{k}={v}" for k, v in example.key.items())
     if example.kind != "changed":
         return f"({key}) {'only in the first' if example.kind == 'added' else 'only in the second'}"
+    if not values:
+        return f"({key}) differs in {', '.join(example.columns)}"
     return f"({key}) " + ", ".join(f"{c} {example.values[c][0]!r} vs {example.values[c][1]!r}" for c in example.columns)
 
 
@@ -93,7 +99,7 @@ class DiffResult:
 
 
 def diff_partition(conn: psycopg.Connection, ctx: Context, left: TableRef, right: TableRef, label: str,
-                   limit: int = DEFAULT_LIMIT) -> PartitionDiff:
+                   limit: int = DEFAULT_LIMIT, *, right_as_text: bool = False) -> PartitionDiff:
     """One partition of ``left`` (the rows a replacement writes) against ``right``, in the
     caller's transaction, which must be open (see the module docstring)."""
     spec = ctx.spec
@@ -103,7 +109,8 @@ def diff_partition(conn: psycopg.Connection, ctx: Context, left: TableRef, right
     order = business_key_order(ctx.target_columns, spec.business_key)
     conn.execute(sqlbuild.prefer_parallel())
     rows = conn.execute(*sqlbuild.partition_diff(
-        left, right, spec.partition_key, order, columns, ctx.value_of(label), limit))
+        left, right, spec.partition_key, order, columns, ctx.value_of(label), limit,
+        right_as_text=label if right_as_text else None))
     for row, kind, n, key, a, b in rows:
         if row == "count":
             counts[kind] = int(n)
@@ -124,8 +131,7 @@ def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against:
     """The plan's approved stage (stage A) against the target, or against stage B, per partition.
 
     Raises:
-        SpecError: a partition not in the plan; a negative limit; a lake target (its diff is
-            not built yet).
+        SpecError: a partition not in the plan; a negative limit.
         ApprovalError: no such plan, or stage A no longer holds the plan's rows (plan again).
     """
     if limit < 0:
@@ -152,15 +158,14 @@ def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against:
 
 
 def diff_against(conn: psycopg.Connection, ctx: Context, label: str, against: Against = "target",
-                 limit: int = DEFAULT_LIMIT) -> PartitionDiff:
-    """Stage A's partition against the target's (a PostgreSQL table, or a lake partition loaded
-    for the caller's transaction, which must be a writable one) or stage B's."""
+                 limit: int = DEFAULT_LIMIT, *, version: str | None = None) -> PartitionDiff:
+    """Stage A's partition against the target's (a PostgreSQL table, or a lake partition, at
+    ``version`` if given, loaded for the caller's transaction, which must be a writable one)
+    or stage B's."""
     spec = ctx.spec
-    if against == "stage_b":
-        right = ctx.stage("b")
-    elif spec.target.is_lake:
+    if against == "target" and spec.target.is_lake:
         from backfill_assets.core.lake_target import load_lake_partition
-        right = load_lake_partition(conn, ctx, label)
-    else:
-        right = spec.target_ref
+        right = load_lake_partition(conn, ctx, label, version)
+        return diff_partition(conn, ctx, ctx.stage("a"), right, label, limit, right_as_text=True)
+    right = ctx.stage("b") if against == "stage_b" else spec.target_ref
     return diff_partition(conn, ctx, ctx.stage("a"), right, label, limit)

@@ -215,22 +215,25 @@ def unholdable_values(conn: psycopg.Connection, ctx: Context) -> list[str]:
     ]
 
 
-def load_lake_partition(conn: psycopg.Connection, ctx: Context, label: str) -> TableRef:
-    """One partition of the lake table, at its current version, in a temporary table typed like
-    the stage and dropped when the caller's transaction ends, for core.diff to compare key by
-    key in SQL. The rows travel as their canonical text forms rendered from Arrow, which
-    PostgreSQL's input turns back into the same values (the forms its own output prints), in
-    CSV slices: no Python object per value."""
+def load_lake_partition(conn: psycopg.Connection, ctx: Context, label: str, version: str | None = None) -> TableRef:
+    """One partition of the lake table (at its current version, or at ``version``) as its
+    canonical text forms rendered from Arrow, in a temporary table of text columns dropped when
+    the caller's transaction ends, for core.diff to compare key by key in SQL with the stage's
+    text forms. The text travels in CSV slices: no Python object per value, and nothing is
+    parsed back into a type that could trim, round or refuse it."""
     spec = ctx.spec
     rows = TableRef("pg_temp", f"{spec.name}__lake_rows")
     conn.execute(sqlbuild.drop_table(rows))
-    conn.execute(sqlbuild.create_temp_table(rows.name, sqlbuild.select_columns(ctx.stage("a"), spec.columns),
-                                            spec.columns))
+    conn.execute(sqlbuild.create_text_table(rows.name, spec.columns))
     table = lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
+    values = [ctx.value_of(label)]
     try:
         with lake_errors(table, f"reading partition {label} of"):
-            handle = table.open()
-            data = None if handle is None else table.read(handle, spec.partition_key, [ctx.value_of(label)])
+            if version is not None:
+                data = table.read_version(version, spec.partition_key, values)
+            else:
+                handle = table.open()
+                data = None if handle is None else table.read(handle, spec.partition_key, values)
     finally:
         table.close()
     if data is not None and data.num_rows:

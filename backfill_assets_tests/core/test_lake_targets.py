@@ -531,3 +531,33 @@ def test_diff_against_a_lake_target_is_exact_key_by_key(unmoved_db, factory, tmp
     with factory() as conn:
         assert review(conn, factory, spec, plan.plan_id).changes == {
             "2024-01-02": {"added": 1, "removed": 1, "changed": 1, "unchanged": len(rows) - 2}}
+
+
+def test_diff_against_a_lake_keeps_values_a_stage_type_would_trim_and_counts_a_repeated_key_once(
+        unmoved_db, factory, tmp_path):
+    from backfill_assets.core.approve import review
+    from backfill_assets.core.diff import diff_plan
+    transform = ("SELECT order_date, order_id, customer_id, updated_at::timestamptz(0) AS updated_at, ingest_seq, "
+                 "amount, status::varchar(9) AS status, note FROM source")
+    spec = lake_spec("delta", tmp_path, transform_sql=transform)
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-02"))
+    run(spec, plan, factory)
+    lake = Lake("delta", spec, unmoved_db)
+    rows = lake.rows(dt.date(2024, 1, 2))
+    a, b, c = rows[0], rows[1], rows[2]
+    schema = pa.schema([f if f.name != "updated_at" else pa.field("updated_at", pa.timestamp("us", tz="UTC"))
+                        for f in LAKE_SCHEMA])
+    edited = [
+        a[:6] + (a[6] + " ",) + a[7:],  # a trailing space varchar(9) would keep, but...
+        b[:6] + ("much longer than nine",) + b[7:],  # ...too long for varchar(9)
+        c[:3] + (c[3] + dt.timedelta(microseconds=123456),) + c[4:],  # rounded by timestamptz(0)
+        *rows[3:], rows[3],  # and one key twice
+    ]
+    lake.overwrite(dt.date(2024, 1, 2), edited, schema)
+    (part,) = diff_plan(spec, plan.plan_id, factory, limit=10).partitions
+    assert (part.added, part.removed, part.changed, part.unchanged) == (0, 0, 4, len(rows) - 4)
+    changed = {e.key["order_id"]: e.columns for e in part.examples}
+    assert changed[str(a[1])] == ["status"] and changed[str(b[1])] == ["status"]
+    assert changed[str(c[1])] == ["updated_at"] and str(rows[3][1]) in changed
+    with factory() as conn:
+        assert review(conn, factory, spec, plan.plan_id).changes["2024-01-02"]["changed"] == 4

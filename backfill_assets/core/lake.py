@@ -38,7 +38,7 @@ import pyarrow.dataset as pads
 from backfill_assets.core.errors import (
     BackfillError, ConnectionConfigError, LakeTargetError, SpecError, TransientDatabaseError, VerificationError,
 )
-from backfill_assets.core.spec import PartitionValue, TargetSpec
+from backfill_assets.core.spec import PartitionValue, TargetSpec, partition_label
 
 # Commit metadata keys (Delta commit properties, Iceberg snapshot summary).
 META_PREFIX = "backfill_assets."
@@ -157,32 +157,36 @@ def _local_path(location: str) -> str:
     return str(Path(location.removeprefix("file://")).expanduser().resolve())
 
 
-def same_type(a: pa.DataType, b: pa.DataType) -> bool:
-    """Whether two Arrow types hold the same values: string, large and view strings are one
-    type, as are the binaries; a UTC time stamp is one type whatever the zone is called."""
-    def norm(t: pa.DataType) -> object:
-        if pa.types.is_dictionary(t):
-            return norm(t.value_type)
-        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-            return "string"
-        if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-            return "binary"
-        if pa.types.is_timestamp(t):
-            utc = t.tz in ("UTC", "+00:00", "Etc/UTC", "Z")
-            return ("timestamp", t.unit, "UTC" if utc else t.tz)
-        return t
-    return norm(a) == norm(b)
+_UTC_NAMES = ("UTC", "+00:00", "Etc/UTC", "Z")
 
 
-def type_text(t: pa.DataType) -> str:
-    """An Arrow type as plans and messages print it (string kinds folded, as :func:`same_type`)."""
+def _folded(t: pa.DataType) -> pa.DataType | str | tuple:
+    """An Arrow type with what does not change its values folded: dictionaries by their value
+    type, the string kinds into one, the binary kinds into one, UTC by any name."""
+    if pa.types.is_dictionary(t):
+        return _folded(t.value_type)
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return "string"
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
         return "binary"
-    if pa.types.is_timestamp(t) and t.tz in ("UTC", "+00:00", "Etc/UTC", "Z"):
-        return f"timestamp[{t.unit}, tz=UTC]"
-    return str(t)
+    if pa.types.is_timestamp(t):
+        return ("timestamp", t.unit, "UTC" if t.tz in _UTC_NAMES else t.tz)
+    return t
+
+
+def same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether two Arrow types hold the same values (:func:`_folded`)."""
+    return _folded(a) == _folded(b)
+
+
+def type_text(t: pa.DataType) -> str:
+    """An Arrow type as plans and messages print it, folded as :func:`same_type` folds it."""
+    folded = _folded(t)
+    if isinstance(folded, str):
+        return folded
+    if isinstance(folded, tuple):
+        return f"timestamp[{folded[1]}, tz={folded[2]}]" if folded[2] else f"timestamp[{folded[1]}]"
+    return str(folded)
 
 
 def shape_problems(name: str, shape: TableShape, wanted: Sequence[tuple[str, pa.DataType]],
@@ -231,13 +235,9 @@ def check_rows_in(data: pa.Table, column: str, values: Sequence[PartitionValue],
     outside = data.num_rows - pc.sum(pc.fill_null(inside, False).cast(pa.int64())).as_py()
     if outside:
         raise VerificationError(
-            ", ".join(_label(v) for v in values), f"partition check before writing {name}",
-            f"every row in partition(s) {', '.join(_label(v) for v in values)}", f"{outside} row(s) outside",
+            ", ".join(partition_label(v) for v in values), f"partition check before writing {name}",
+            f"every row in partition(s) {', '.join(partition_label(v) for v in values)}", f"{outside} row(s) outside",
         )
-
-
-def _label(value: PartitionValue) -> str:
-    return value.isoformat() if isinstance(value, dt.date) else str(value)
 
 
 # --- Delta Lake ------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ class DeltaLakeTable:
     def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
         handle = self._load(None if version is None else int(version))
         if handle is None:
-            raise VerificationError(", ".join(_label(v) for v in values), "read of the committed version",
+            raise VerificationError(", ".join(partition_label(v) for v in values), "read of the committed version",
                                     f"{self.name} at version {version}", "no table")
         return self.read(handle, column, values)
 
@@ -352,7 +352,7 @@ class DeltaLakeTable:
                             commit_properties=CommitProperties(custom_metadata=dict(metadata)))
         except CommitFailedError as err:
             raise TransientDatabaseError(
-                f"replacing partition(s) {', '.join(_label(v) for v in values)} of {self.name}: another "
+                f"replacing partition(s) {', '.join(partition_label(v) for v in values)} of {self.name}: another "
                 f"writer committed to them first ({' '.join(str(err).split())[:200]}); nothing of ours "
                 "was committed, safe to retry"
             ) from err
@@ -375,7 +375,7 @@ class DeltaLakeTable:
         actions = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
         info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
         params = info.get("operationParameters", {})
-        ours = {_label(v) for v in values}
+        ours = {partition_label(v) for v in values}
         touched = {(a.get("add") or a.get("remove") or {}).get("partitionValues", {}).get(column)
                    for a in actions if "add" in a or "remove" in a}
         if (info.get("operation") != "WRITE" or params.get("mode") != "Overwrite" or not params.get("predicate")
@@ -514,7 +514,7 @@ class IcebergLakeTable:
     def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
         handle = self._load()
         if handle is None:
-            raise VerificationError(", ".join(_label(v) for v in values), "read of the committed snapshot",
+            raise VerificationError(", ".join(partition_label(v) for v in values), "read of the committed snapshot",
                                     f"{self.name} at snapshot {version}", "no table")
         return self._scan(handle, None if version is None else int(version), column, values)
 
@@ -549,7 +549,7 @@ class IcebergLakeTable:
                                  snapshot_properties=dict(metadata))
         except (CommitFailedException, ValidationException) as err:
             raise TransientDatabaseError(
-                f"replacing partition(s) {', '.join(_label(v) for v in values)} of {self.name}: another "
+                f"replacing partition(s) {', '.join(partition_label(v) for v in values)} of {self.name}: another "
                 f"writer committed to them first ({err.__class__.__name__}); nothing of ours was "
                 "committed, safe to retry"
             ) from err
@@ -561,7 +561,7 @@ class IcebergLakeTable:
         if snapshot.summary is None or \
                 snapshot.summary.additional_properties.get(META_PREFIX + "plan_id") != metadata.get(META_PREFIX + "plan_id"):
             raise VerificationError(
-                ", ".join(_label(v) for v in values), f"snapshot summary of {self.name}",
+                ", ".join(partition_label(v) for v in values), f"snapshot summary of {self.name}",
                 f"a snapshot by plan {metadata.get(META_PREFIX + 'plan_id', '')[:16]}", "another snapshot",
             )
         return str(snapshot.snapshot_id)

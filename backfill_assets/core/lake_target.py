@@ -84,6 +84,24 @@ def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
     )
 
 
+_ROWS_PER_SLICE = 65_536  # rows written as CSV at a time by _copy_csv
+
+
+def open_lake_table(conn: psycopg.Connection, spec: Spec) -> LakeTable:
+    """The lake table of a spec's target, with its Iceberg catalog's URL worked out."""
+    return lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
+
+
+def _copy_csv(conn: psycopg.Connection, rel: TableRef, data: pa.Table) -> None:
+    """``COPY rel FROM STDIN`` of an Arrow table's columns as CSV written by Arrow (strings
+    quoted, NULL an empty field), a slice at a time: no Python object per value."""
+    with conn.cursor() as cur, cur.copy(sqlbuild.copy_keys_in(rel, data.column_names)) as copy:
+        for batch in data.to_batches(max_chunksize=_ROWS_PER_SLICE):
+            buffer = io.BytesIO()
+            pcsv.write_csv(batch, buffer, pcsv.WriteOptions(include_header=False))
+            copy.write(buffer.getvalue())
+
+
 def catalog_identity(url: Any, warehouse: str) -> str:
     """An Iceberg catalog as a plan names it, without its password: the driver, user, host,
     port and database of its URL (or a SQLite file), and the warehouse. A plan approved for
@@ -154,9 +172,6 @@ def inspect_lake(conn: psycopg.Connection, spec: Spec, inspection: Inspection, t
                                 [spec.partition_key], catalog)
 
 
-_KEYS_PER_SLICE = 65_536
-
-
 def load_target_keys(conn: psycopg.Connection, ctx: Context) -> TableRef:
     """The lake table's distinct (partition key, business key) pairs, read at its current
     version, in a temporary table dropped when the caller's transaction (the snapshot's)
@@ -172,7 +187,7 @@ def load_target_keys(conn: psycopg.Connection, ctx: Context) -> TableRef:
     input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
                                         spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
     conn.execute(sqlbuild.create_temp_table(keys.name, input_rel, names))
-    table = lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
+    table = open_lake_table(conn, spec)
     try:
         with lake_errors(table, "reading the keys of"):
             handle = table.open()
@@ -180,13 +195,7 @@ def load_target_keys(conn: psycopg.Connection, ctx: Context) -> TableRef:
     finally:
         table.close()
     if data is not None and data.num_rows:
-        data = data.group_by(names).aggregate([]).select(names)  # distinct pairs
-        # CSV written by Arrow (strings quoted, NULL an empty field), a slice at a time.
-        with conn.cursor() as cur, cur.copy(sqlbuild.copy_keys_in(keys, names)) as copy:
-            for batch in data.to_batches(max_chunksize=_KEYS_PER_SLICE):
-                buffer = io.BytesIO()
-                pcsv.write_csv(batch, buffer, pcsv.WriteOptions(include_header=False))
-                copy.write(buffer.getvalue())
+        _copy_csv(conn, keys, data.group_by(names).aggregate([]).select(names))  # distinct pairs
     found = conn.execute(sqlbuild.keys_in_several_partitions(keys, spec.business_key)).fetchall()
     if found:
         raise SourceDataError(
@@ -225,7 +234,7 @@ def load_lake_partition(conn: psycopg.Connection, ctx: Context, label: str, vers
     rows = TableRef("pg_temp", f"{spec.name}__lake_rows")
     conn.execute(sqlbuild.drop_table(rows))
     conn.execute(sqlbuild.create_text_table(rows.name, spec.columns))
-    table = lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
+    table = open_lake_table(conn, spec)
     values = [ctx.value_of(label)]
     try:
         with lake_errors(table, f"reading partition {label} of"):
@@ -237,12 +246,7 @@ def load_lake_partition(conn: psycopg.Connection, ctx: Context, label: str, vers
     finally:
         table.close()
     if data is not None and data.num_rows:
-        texts = canonical_texts(data, ctx.target_columns)
-        with conn.cursor() as cur, cur.copy(sqlbuild.copy_keys_in(rows, spec.columns)) as copy:
-            for batch in texts.to_batches(max_chunksize=_KEYS_PER_SLICE):
-                buffer = io.BytesIO()
-                pcsv.write_csv(batch, buffer, pcsv.WriteOptions(include_header=False))
-                copy.write(buffer.getvalue())
+        _copy_csv(conn, rows, canonical_texts(data, ctx.target_columns))
     return rows
 
 
@@ -264,7 +268,7 @@ class LakeTarget(AdvisoryLocked):
                  table: LakeTable | None = None) -> None:
         self.conn, self.ctx, self.checkpoint = conn, ctx, checkpoint
         spec = ctx.spec
-        self.table = table or lake_table(spec.target, catalog_url(conn, spec) if spec.target.format == "iceberg" else None)
+        self.table = table or open_lake_table(conn, spec)
         self.schema = lake_schema(ctx.target_columns)  # the stage's columns, in the spec's order
         self._session_limits = False
         self._committed: dict[str, str | None] = {}

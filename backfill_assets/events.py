@@ -13,6 +13,7 @@ import dagster as dg
 
 from backfill_assets.core.errors import ApprovalOutdatedError, BackfillError, VerificationError
 from backfill_assets.core.fingerprint import Fingerprint
+from backfill_assets.core.plan import differing_keys_prefix
 from backfill_assets.core.plan_document import PartitionEntry, Plan
 from backfill_assets.core.spec import ParallelSpec
 from backfill_assets.names import Keys
@@ -105,7 +106,7 @@ def stage_checks(keys: Keys, parts: dg.PartitionsDefinition, plan: Plan,
 
 def _differing_keys(plan: Plan, partition: str) -> dict[str, str]:
     """The refused plan's problem naming the partition's first differing keys, if any."""
-    prefix = f"partition {partition}: first differing key(s)"
+    prefix = differing_keys_prefix(partition)
     found = [p for p in plan.problems if p.startswith(prefix)]
     return {"differing_keys": found[0]} if found else {}
 

@@ -212,8 +212,13 @@ def finish_plan(
     return plan
 
 
-# How many differing keys a refused plan names per partition.
+# How many differing keys a refused plan names per partition, and how its problem starts.
 DIFFERING_KEYS = 3
+
+
+def differing_keys_prefix(label: str) -> str:
+    """The start of the problem that names a partition's first differing keys."""
+    return f"partition {label}: first differing key(s)"
 
 
 def differing_keys(conn: psycopg.Connection, ctx: Context, a: dict[str, Fingerprint],
@@ -233,7 +238,7 @@ def differing_keys(conn: psycopg.Connection, ctx: Context, a: dict[str, Fingerpr
         except psycopg.Error as err:  # the plan is refused anyway; the keys only explain it
             found.append(f"partition {label}: the differing keys could not be read ({err.__class__.__name__})")
             continue
-        found.append(f"partition {label}: first differing key(s), stage A against stage B: "
+        found.append(f"{differing_keys_prefix(label)}, stage A against stage B: "
                      + "; ".join(example_text(e) for e in d.examples))
     return found
 

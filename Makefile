@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test ui bench browser clean
+.PHONY: demo test ui bench browser server clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,12 @@ demo: $(VENV)/.installed
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: $(VENV)/.installed browser
+# The bounded-waits matrix also runs on the machine's own PostgreSQL with default settings
+# (Debian's package, started by the test itself on a Unix socket); install it if missing.
+server:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
+test: $(VENV)/.installed browser server
 	$(VENV)/bin/pytest
 
 bench: $(VENV)/.installed

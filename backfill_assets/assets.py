@@ -31,10 +31,7 @@ import dagster as dg
 
 from backfill_assets import events
 from backfill_assets.core.apply import apply_plan, approved_plan_for
-from backfill_assets.core.errors import (
-    ApprovalError, ConcurrentRunError, SpecError, StageError,
-    TransientDatabaseError, VerificationError,
-)
+from backfill_assets.core.errors import ApprovalError, SpecError, StageError, VerificationError
 from backfill_assets.core.plan import snapshot_step, stages_step
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.snapshot import snapshot_covering
@@ -42,22 +39,9 @@ from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import read_stages
 from backfill_assets.names import PLAN_TAG, Keys, build_pool, replace_pool
 from backfill_assets.partitions import partitions_def
-from backfill_assets.resources import PostgresResource, resource_key
+from backfill_assets.resources import PostgresResource, resource_key, transient_retry
 
-__all__ = ["require_pool_limit", "spec_assets", "transient_retry"]
-
-MAX_TRANSIENT_RETRIES = 3
-
-
-@contextlib.contextmanager
-def transient_retry() -> Iterator[None]:
-    """Retry the step, a bounded number of times, on a lock or statement timeout, a
-    serialization failure or a concurrent run; never on any other error (decided by class)."""
-    try:
-        yield
-    except (TransientDatabaseError, ConcurrentRunError) as err:
-        raise dg.RetryRequested(max_retries=MAX_TRANSIENT_RETRIES, seconds_to_wait=2) from err
-
+__all__ = ["require_pool_limit", "spec_assets"]
 
 PROGRESS_INTERVAL_S = 2.0
 
@@ -100,7 +84,7 @@ def _progress(context: dg.AssetExecutionContext, interval: float = PROGRESS_INTE
 
 def _factory(context: dg.AssetExecutionContext, spec: Spec):
     resource: PostgresResource = getattr(context.resources, resource_key(spec))
-    return resource.factory(f"backfill_assets:{spec.name}:dagster")
+    return resource.factory(spec, f"backfill_assets:{spec.name}:dagster")
 
 
 def require_pool_limit(context: dg.AssetExecutionContext, spec: Spec, pool: str, most: int, why: str) -> None:
@@ -184,8 +168,9 @@ def _snapshot_asset(shape: _Shape) -> dg.AssetsDefinition:
     )
     def snapshot(context: dg.AssetExecutionContext):
         _require_build_pool(context, spec)
-        with transient_retry(), _progress(context) as progress:
-            snap = snapshot_step(spec, list(context.partition_keys), _factory(context, spec), progress=progress)
+        factory = _factory(context, spec)
+        with transient_retry(factory, spec), _progress(context) as progress:
+            snap = snapshot_step(spec, list(context.partition_keys), factory, progress=progress)
         yield from events.snapshot_events(keys, parts, snap)
 
     return snapshot
@@ -225,7 +210,7 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
             )
         _require_build_pool(context, spec)
         factory = _factory(context, spec)
-        with transient_retry(), _progress(context) as progress:
+        with transient_retry(factory, spec), _progress(context) as progress:
             with factory() as conn:
                 snapshot_id = snapshot_covering(conn, spec, list(context.partition_keys),
                                                  take_hint=f"materialize {keys.snapshot.to_user_string()} first")
@@ -245,8 +230,9 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
         stages as they are now, against each other, their builds and the plans; build nothing."""
         if not (context.has_partition_key or context.has_partition_key_range):
             raise StageError("checking the stages again needs the partitions to check; pick them when launching")
-        with transient_retry():
-            found = read_stages(spec, list(context.partition_keys), _factory(context, spec))
+        factory = _factory(context, spec)
+        with transient_retry(factory, spec):
+            found = read_stages(spec, list(context.partition_keys), factory)
         yield from events.stage_checks_as_they_are(keys, found, context.selected_asset_check_keys)
 
     return stages
@@ -276,7 +262,7 @@ def _target_asset(shape: _Shape) -> dg.AssetsDefinition:
         require_pool_limit(context, spec, replace_pool(spec), 1,
                            "apply replaces one partition at a time and holds the spec's lock")
         try:
-            with transient_retry():
+            with transient_retry(factory, spec):
                 if plan_id is None:
                     with factory() as conn:
                         plan_id = approved_plan_for(conn, spec, labels)

@@ -32,6 +32,7 @@ from backfill_assets.core.ledger import ledger_status
 from backfill_assets.core.db import (
     ConnectionFactory,
     DatabaseUrl,
+    as_transient,
     connection_factory,
     url_from_env,
 )
@@ -40,6 +41,7 @@ from backfill_assets.core.plan import make_plan
 from backfill_assets.core.profile import profile_source
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.spec import PartitionRequest, Spec, load_spec
+from backfill_assets.core.waits import explain
 from backfill_assets.progress_bar import ProgressBar, plain
 from backfill_assets.render import (
     render_apply,
@@ -110,7 +112,11 @@ def _url(spec: Spec, args: argparse.Namespace) -> DatabaseUrl:
 
 
 def _factory(spec: Spec, args: argparse.Namespace) -> ConnectionFactory:
-    return connection_factory(_url(spec, args), application_name=f"backfill_assets:{spec.name}")
+    """The command's connections, carrying the spec's timeouts; kept on ``args`` so that
+    :func:`main` can say what a wait that ran out waited for (core.waits)."""
+    factory = connection_factory(_url(spec, args), spec.limits, application_name=f"backfill_assets:{spec.name}")
+    args.opened = (factory, spec)
+    return factory
 
 
 # --- commands ----------------------------------------------------------------------------
@@ -245,7 +251,8 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
     if out.json_mode:
         out.json({"target": spec.target_name, "partitions": [
             {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in r.items()} for r in rows
-        ], "open_approvals": [a.as_json() for a in approvals]})
+        ], "open_approvals": [a.as_json() for a in approvals if not a.expired],
+            "expired_approvals": [a.as_json() for a in approvals if a.expired]})
     else:
         out.result(f"latest state per partition of {spec.target_name}")
         out.result(render_status(rows))
@@ -328,23 +335,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Run one command; ``stdout``/``stderr`` default to the process's own."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    out = Output(json_mode=args.json, quiet=args.quiet or args.json)
+    out = Output(json_mode=args.json, quiet=args.quiet or args.json, out=stdout, err=stderr)
+    stderr = out.err
     try:
         with out:
             return args.fn(args, out)
-    except BackfillError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
-    except psycopg.Error as err:
+    except (BackfillError, psycopg.Error) as err:
+        # A timeout the core did not map yet becomes a transient error (exit 8), and a lock
+        # wait names what it waited for. Every command comes through here.
+        opened = getattr(args, "opened", None)
+        if opened is not None:
+            explained = explain(err, *opened)
+        else:
+            explained = as_transient(err, f"backfill-assets {args.command}") if isinstance(err, psycopg.Error) else None
+        if explained is not None:
+            err = explained
+        if isinstance(err, BackfillError):
+            print(f"error: {err}", file=stderr)
+            return err.exit_code
         # Driver errors from queries carry no connection string; keep only the first line.
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        print(f"error: database error {err.__class__.__name__}: {first}", file=sys.stderr)
+        print(f"error: database error {err.__class__.__name__}: {first}", file=stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted", file=stderr)
         return 130
 
 

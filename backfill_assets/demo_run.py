@@ -51,7 +51,7 @@ def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None =
             target (after printing what it found).
     """
     out.result(f"== backfill-assets demo, on the embedded PostgreSQL (under {embedded.home()}) ==")
-    factory = connection_factory(embedded.database_url(), application_name="backfill_assets:demo")
+    factory = connection_factory(embedded.database_url(), spec.limits, application_name="backfill_assets:demo")
     with factory() as conn:
         demo.load(conn)
     out.result(f"\n-- 1. loaded a messy sample source {spec.source_ref} and a stale target {spec.target_name}")

@@ -10,7 +10,7 @@ from backfill_assets.names import (
     APPROVE_JOB, APPROVE_OP, UNLAUNCHABLE_JOB, UNLAUNCHABLE_OP, Keys, stages_job_name, target_job_name,
 )
 from backfill_assets.render import plan_markdown, render_review
-from backfill_assets.resources import PostgresResource, resource_key
+from backfill_assets.resources import PostgresResource, resource_key, transient_retry
 
 
 def spec_jobs(spec: Spec) -> list:
@@ -48,8 +48,8 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
         else:
             raise SpecError(f"several specs are loaded ({', '.join(by_name)}); set `spec` in the config")
         resource: PostgresResource = getattr(context.resources, resource_key(spec))
-        factory = resource.factory(f"backfill_assets:{spec.name}:approve")
-        with factory() as conn:
+        factory = resource.factory(spec, f"backfill_assets:{spec.name}:approve")
+        with transient_retry(factory, spec), factory() as conn:
             checked = review(conn, factory, spec, config.plan_id)
             context.log.info(render_review(checked, spec.parallel))
             approval_id = confirm(conn, checked, config.approved_by)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from backfill_assets.core.apply import ApplyResult
-from backfill_assets.core.approve import OpenApproval, Review
+from backfill_assets.core.approve import OpenApproval, Review, short_list, utc_text
 from backfill_assets.core.diff import DiffResult
 from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.plan_document import Plan, PlanDocument
@@ -159,20 +159,34 @@ def render_target_now(doc: PlanDocument, target: dict[str, dict[str, Any]],
 
 
 def render_approvals(approvals: list[OpenApproval]) -> str:
-    """Open approvals and, per partition, whether each still covers it and why not."""
-    if not approvals:
-        return "no open approvals"
-    lines = ["open approvals (not yet verified in every partition by a run of that approval):"]
-    for a in approvals:
+    """Open approvals and, per partition, whether each still covers it and why not; then the
+    expired ones, with what their runs verified."""
+    opened = [a for a in approvals if not a.expired]
+    expired = [a for a in approvals if a.expired]
+    lines = ["open approvals (not yet verified in every partition by a run of that approval):"
+             if opened else "no open approvals"]
+    for a in opened:
         ap = a.approval
         lines.append(f"  approval {ap.approval_id} of plan {ap.plan_id[:16]} by {ap.approved_by} "
-                     f"at {ap.approved_at.isoformat(timespec='seconds')}")
+                     f"at {ap.approved_at.isoformat(timespec='seconds')}"
+                     + ("" if a.expires_at is None else f", expires at {utc_text(a.expires_at)}"))
         if a.problem is not None:
             lines.append(f"    covers nothing: {a.problem}")
             continue
         for c in a.partitions:
             verdict = {"unchanged": "covered", "applied": "done"}.get(c.state, "NOT covered")
             lines.append(f"    {c.partition:<12} {verdict:<12} {c.reason}")
+    if expired:
+        lines += ["", "expired approvals (older than approval_expires_after; apply refuses them: review the plan "
+                      "and approve the plan again):"]
+    for a in expired:
+        ap = a.approval
+        done = list(a.verified)
+        assert a.expires_at is not None
+        lines.append(f"  approval {ap.approval_id} of plan {ap.plan_id[:16]} by {ap.approved_by} "
+                     f"at {ap.approved_at.isoformat(timespec='seconds')}: expired at {utc_text(a.expires_at)}")
+        lines.append(f"    its runs verified {len(done)} of {len(a.partitions)} partition(s)"
+                     + (f": {short_list(done)}" if done else ""))
     return "\n".join(lines)
 
 

@@ -2,6 +2,7 @@
 source moved on."""
 
 
+import datetime as dt
 import hashlib
 import json
 import time
@@ -9,9 +10,12 @@ import time
 import dagster as dg
 
 from backfill_assets.core import control, ledger
+from backfill_assets.core.approve import duration_text, expiry, is_expired, utc_text
+from backfill_assets.core.context import Clock, utc_now
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.source_watch import WatchState, watch_tick
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.waits import explained_waits
 from backfill_assets.names import (
     APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB, UNLAUNCHABLE_OP, approval_run_key,
     stages_job_name, target_job_name, unlaunchable_run_key,
@@ -24,7 +28,7 @@ __all__ = ["approval_sensor", "segment_request", "source_requests", "source_snap
 
 def _factory(context: dg.SensorEvaluationContext, spec: Spec):
     resource: PostgresResource = getattr(context.resources, resource_key(spec))
-    return resource.factory(f"backfill_assets:{spec.name}:sensor")
+    return resource.factory(spec, f"backfill_assets:{spec.name}:sensor")
 
 
 def segment_request(job_name: str, segment: list[str], run_key: str, tags: dict[str, str]) -> dg.RunRequest:
@@ -47,16 +51,27 @@ def not_launched_request(spec: Spec, approval: dict, reason: str) -> dg.RunReque
     )
 
 
-def approval_requests(context: dg.SensorEvaluationContext, spec: Spec, approval: dict) -> list[dg.RunRequest]:
+def approval_requests(
+    context: dg.SensorEvaluationContext, spec: Spec, approval: dict, now: dt.datetime,
+) -> list[dg.RunRequest]:
     """The target runs of one approval (one per contiguous segment of its partitions, split
     into runs of at most ``max_partitions_per_run`` with the spec's ``parallel``); none
-    when it is applied or superseded; a failing report run when it cannot be launched."""
+    when it is applied or superseded; a failing report run when it cannot be launched,
+    which includes an approval that expired (at ``now``) before the sensor saw it."""
     approval_id, plan_id = approval["approval_id"], approval["plan_id"]
     if approval["applied"] or approval["superseded"]:
         context.log.info(f"approval {approval_id} of plan {plan_id[:16]}: "
                          + ("already applied" if approval["applied"] else "superseded by a newer approval of its plan")
                          + "; not launched")
         return []
+    if is_expired(spec, approval["approved_at"], now):
+        # Someone approved it expecting it to run (the sensor was stopped, say): a failed run
+        # says so where runs are looked at, rather than a line in a tick's log alone.
+        reason = (f"it expired at {utc_text(expiry(spec, approval['approved_at']))}, before the sensor launched it "
+                  f"(approved at {utc_text(approval['approved_at'])}; approval_expires_after: "
+                  f"{duration_text(spec.approval_expires_after)}); review the plan and approve the plan again")
+        context.log.warning(f"approval {approval_id} of plan {plan_id[:16]} expired; not launched: {reason}")
+        return [not_launched_request(spec, approval, reason)]
     try:
         segments = run_segments(spec, contiguous_segments(partitions_def(spec), approval["partitions"]))
     except SpecError as err:
@@ -67,14 +82,26 @@ def approval_requests(context: dg.SensorEvaluationContext, spec: Spec, approval:
             for n, segment in enumerate(segments)]
 
 
-def approval_sensor(specs: list[Spec], jobs: list) -> dg.SensorDefinition:
+# The most approvals of one spec a tick reads; the cursor moves past them and the next tick
+# (seconds later) goes on from there.
+APPROVALS_PER_TICK = 100
+
+
+def approval_sensor(
+    specs: list[Spec], jobs: list, *, clock: Clock = utc_now, per_tick: int = APPROVALS_PER_TICK,
+) -> dg.SensorDefinition:
     """For each new approval not yet applied, launch the target for the approved partitions.
 
     The cursor is the last approval id seen per spec. An approval whose own runs verified all
     its partitions (the CLI applied it, say), or whose plan was approved again since, is
     passed over, so a fresh Dagster instance does not replace the target again. A run key is
     unique to its approval, so approving the same partitions again launches again. An
-    approval that cannot be launched becomes a failed run of ``approval_not_launched``.
+    approval that cannot be launched becomes a failed run of ``approval_not_launched``; so
+    does one that expired before the sensor saw it.
+
+    A tick reads at most ``per_tick`` approvals per spec. With no cursor yet for a spec (a
+    fresh instance), only approvals not yet expired at ``clock()`` are read: older ones are
+    history (``status`` lists those never applied), not work for this instance.
     """
 
     @dg.sensor(name="approval_sensor", jobs=jobs, minimum_interval_seconds=5,
@@ -84,14 +111,27 @@ def approval_sensor(specs: list[Spec], jobs: list) -> dg.SensorDefinition:
     def _sensor(context: dg.SensorEvaluationContext):
         cursor = json.loads(context.cursor) if context.cursor else {}
         requests: list[dg.RunRequest] = []
+        now = clock()
         for spec in specs:
-            with _factory(context, spec)() as conn:
+            fresh = spec.name not in cursor
+            since = now - spec.approval_expires_after if fresh else None
+            factory = _factory(context, spec)
+            # A timeout fails the tick (the next one tries again), naming what it waited for.
+            with explained_waits(factory, spec), factory() as conn:
                 if not control.control_ready(conn, spec.control_schema):
                     continue
-                new = ledger.approvals_since(conn, spec.control_schema, spec.name, cursor.get(spec.name, 0))
+                new = ledger.approvals_since(conn, spec.control_schema, spec.name, cursor.get(spec.name, 0),
+                                             limit=per_tick, approved_after=since)
+            if since is not None:
+                context.log.info(f"{spec.name}: no cursor yet: reading only approvals given after {utc_text(since)} "
+                                 "(older ones are expired: approval_expires_after "
+                                 f"{duration_text(spec.approval_expires_after)})")
+            if len(new) == per_tick:
+                context.log.info(f"{spec.name}: read {per_tick} approvals, the most one tick reads; the next tick "
+                                 f"goes on after approval {new[-1]['approval_id']}")
             for approval in new:
                 cursor[spec.name] = approval["approval_id"]
-                requests.extend(approval_requests(context, spec, approval))
+                requests.extend(approval_requests(context, spec, approval, now))
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
 
     return _sensor
@@ -152,7 +192,7 @@ def source_snapshot_sensor(
         for spec in specs:  # the budget is the tick's, shared by its specs
             factory = _factory(context, spec)
             budget = None if deadline is None else max(0.0, deadline - time.monotonic())
-            with factory() as conn:
+            with explained_waits(factory, spec), factory() as conn:
                 tick = watch_tick(conn, spec, WatchState.from_json(before.get(spec.name)), budget_s=budget)
             context.log.info(f"{spec.name}: {tick.summary()}")
             for note in tick.notes:

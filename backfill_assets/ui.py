@@ -13,7 +13,7 @@ from pathlib import Path
 from backfill_assets import demo
 from backfill_assets.core import embedded
 from backfill_assets.core.catalog import table_kind
-from backfill_assets.core.db import connection_factory
+from backfill_assets.core.db import DEFAULT_LIMITS, connection_factory
 from backfill_assets.core.spec import TableRef
 from backfill_assets.names import pool_limits
 
@@ -36,7 +36,7 @@ def launch(port: int, say: Callable[[str], None]) -> int:
     if not env.get("DAGSTER_PG_URL"):
         env["DAGSTER_PG_URL"] = embedded.database_url("dagster").reveal()
     data = embedded.database_url()
-    factory = connection_factory(data, application_name="backfill_assets:ui")
+    factory = connection_factory(data, DEFAULT_LIMITS, application_name="backfill_assets:ui")
     with factory() as conn:
         if table_kind(conn, TableRef("public", "orders_raw")) is None:
             demo.load(conn)

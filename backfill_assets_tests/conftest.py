@@ -19,7 +19,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from backfill_assets.core import embedded
-from backfill_assets.core.db import DatabaseUrl, connect, connection_factory
+from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connect, connection_factory
 from backfill_assets.core.spec import Spec, spec_from_mapping
 
 ADMIN_URL_ENV = "BACKFILL_TEST_DATABASE_URL"
@@ -58,12 +58,12 @@ def db_url(admin_url: str) -> Iterator[DatabaseUrl]:
 
 @pytest.fixture
 def factory(db_url: DatabaseUrl):
-    return connection_factory(db_url)
+    return connection_factory(db_url, DEFAULT_LIMITS)
 
 
 @pytest.fixture
 def conn(db_url: DatabaseUrl) -> Iterator[psycopg.Connection]:
-    with connect(db_url) as c:
+    with connect(db_url, DEFAULT_LIMITS) as c:
         yield c
 
 

@@ -62,11 +62,13 @@ JITTER_FN = ("CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUT
              "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$")
 JITTER_SQL = ("SELECT order_date, order_id, customer_id + jitter() AS customer_id, "
               "updated_at, ingest_seq, amount, status, note FROM source")
+# Trusted wrongly: it passes the transform guard, and building twice catches it.
+TRUST_JITTER = [{"name": "public.jitter", "reason": "a test of a wrong trust"}]
 
 
 def test_refused_plan_prints_the_plan_then_exits_5_as_a_determinism_error(demo_db, url_env, tmp_path, capsys):
     demo_db.execute(JITTER_FN)
-    spec = write_spec(tmp_path, records_can_move=False, transform_sql=JITTER_SQL)
+    spec = write_spec(tmp_path, records_can_move=False, transform_sql=JITTER_SQL, trusted_functions=TRUST_JITTER)
     code, out, err = run(capsys, "plan", "--spec", str(spec), "--partitions", "2024-01-01", "--json")
     plan = json.loads(out)  # still exactly one JSON object on stdout
     assert code == 5 and plan["status"] == "refused"
@@ -77,7 +79,7 @@ def test_refused_plan_prints_the_plan_then_exits_5_as_a_determinism_error(demo_d
 def test_a_refused_plan_raises_determinism_error_with_the_partitions_and_readings_that_differ(
         demo_db, url_env, tmp_path, capsys):
     demo_db.execute(JITTER_FN)
-    spec = write_spec(tmp_path, records_can_move=False, transform_sql=JITTER_SQL)
+    spec = write_spec(tmp_path, records_can_move=False, transform_sql=JITTER_SQL, trusted_functions=TRUST_JITTER)
     args = cli.build_parser().parse_args(["plan", "--spec", str(spec), "--partitions", "2024-01-01", "--json"])
     with pytest.raises(DeterminismError) as raised:
         cli.cmd_plan(args, cli.Output(json_mode=True, quiet=True))
@@ -308,3 +310,46 @@ def test_approve_renders_the_core_review_and_checks_the_data_once(demo_db, url_e
     assert len(calls) == 1
     assert out.index(f"plan {plan_id}") < out.index("The target now") < out.index("Approving will REPLACE")
     assert f"approved plan {plan_id} as approval 1 by alice" in out
+
+
+def test_status_shows_an_expired_approval_as_expired_and_apply_of_it_exits_6(
+        demo_db, url_env, factory, tmp_path, capsys):
+    import datetime as dt
+
+    from backfill_assets.core.apply import apply_plan
+    from backfill_assets.core.approve import approve_plan
+    from backfill_assets.core.context import utc_now
+
+    spec_file = str(write_spec(tmp_path))
+    spec = make_spec()
+    code, out, _ = run(capsys, "plan", "--spec", spec_file, "--partitions", "2024-01-01..2024-01-07", "--json")
+    old_plan = json.loads(out)["plan_id"]
+    given = utc_now() - dt.timedelta(days=8)  # approval 1, given (by the injected clock) 8 days ago
+    approve_plan(demo_db, factory, spec, find_plan(demo_db, spec, old_plan), "alice", clock=lambda: given)
+    apply_plan(spec, old_plan, factory, run_id="in-time", only=["2024-01-01"], clock=lambda: given)
+    code, out, _ = run(capsys, "plan", "--spec", spec_file, "--partitions", "2024-01-06", "--json")
+    new_plan = json.loads(out)["plan_id"]
+    code, out, _ = run(capsys, "approve", "--spec", spec_file, "--plan", new_plan, "--by", "bob", "--yes")
+    assert code == 0 and new_plan != old_plan
+    code, out, _ = run(capsys, "status", "--spec", spec_file)
+    assert code == 0
+    opened, expired = out.split("expired approvals (")
+    assert f"approval 2 of plan {new_plan[:16]} by bob" in opened and "approval 1 " not in opened
+    assert any(line.startswith("  approval 2 ") and ", expires at " in line for line in opened.splitlines())
+    expires = (given + spec.approval_expires_after).astimezone(dt.timezone.utc).isoformat(timespec="seconds")
+    assert expired.startswith("older than approval_expires_after; apply refuses them: review the plan and approve "
+                              "the plan again):")
+    assert f"approval 1 of plan {old_plan[:16]} by alice at " in expired and f": expired at {expires}" in expired
+    assert "its runs verified 1 of 8 partition(s): 2024-01-01" in expired
+    code, out, _ = run(capsys, "status", "--spec", spec_file, "--json")
+    shown = json.loads(out)
+    assert [(a["approval_id"], a["state"]) for a in shown["open_approvals"]] == [(2, "open")]
+    (old,) = shown["expired_approvals"]
+    assert (old["approval_id"], old["state"], old["verified"]) == (1, "expired", ["2024-01-01"])
+    assert old["problem"].startswith(f"expired at {expires} (approval_expires_after: 7d)")
+    assert {p["state"] for p in old["partitions"]} == {"expired"}
+    code, out, err = run(capsys, "apply", "--spec", spec_file, "--plan", old_plan)
+    assert code == 6 and out == ""
+    assert f"\nerror: approval 1 of plan {old_plan[:16]} (by alice at " in err  # after the run's progress line
+    assert f"expired at {expires} (approval_expires_after: 7d). Nothing was written." in err
+    assert "Its runs verified 1 of its partition(s) (2024-01-01)" in err and "approve the plan again" in err

@@ -40,7 +40,7 @@ from backfill_assets.core import embedded
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.catalog import table_columns
-from backfill_assets.core.db import ConnectionFactory, DatabaseUrl, connection_factory, repeatable_read
+from backfill_assets.core.db import DEFAULT_LIMITS, ConnectionFactory, DatabaseUrl, connection_factory, repeatable_read
 from backfill_assets.core.fingerprint import (
     business_key_order, content_hash, fingerprint_partition, sorts_disabled,
 )
@@ -213,13 +213,13 @@ def best(fn, n: int = 3) -> float:
 
 _MEMORY_CHILD = """
 import resource, sys, datetime as dt
-from backfill_assets.core.db import connection_factory, DatabaseUrl, repeatable_read
+from backfill_assets.core.db import DEFAULT_LIMITS, connection_factory, DatabaseUrl, repeatable_read
 from backfill_assets.core.catalog import table_columns
 from backfill_assets.core.fingerprint import fingerprint_partition
 from backfill_assets.core.spec import TableRef
 url, day = sys.argv[1], dt.date.fromisoformat(sys.argv[2])
 ref = TableRef("bench", "mem")
-with connection_factory(DatabaseUrl(url, "bench"))() as conn, repeatable_read(conn, read_only=True):
+with connection_factory(DatabaseUrl(url, "bench"), DEFAULT_LIMITS)() as conn, repeatable_read(conn, read_only=True):
     cols = table_columns(conn, ref)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     fp = fingerprint_partition(conn, ref, cols, "d", ["k"], "amount", day)
@@ -395,10 +395,10 @@ def figures_1_2(b: Bench, report: Report) -> None:
 
 
 def tool_work_mem() -> str | None:
-    """The work_mem the core sets for its own transactions, if it sets one (core.context)."""
-    from backfill_assets.core import context
+    """The work_mem the core sets on its own connections, if it sets one (core.db)."""
+    from backfill_assets.core import db
 
-    return getattr(context, "WORK_MEM", None)
+    return getattr(db, "WORK_MEM", None)
 
 
 def _cli_note(title: str, run: shapes.CliRun, naive: float, partitions: int, rows: int,
@@ -656,7 +656,7 @@ def main() -> int:
     report = Report()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as folder:
-        b = Bench(args, url, connection_factory(url, application_name="backfill_assets:bench"), Path(folder))
+        b = Bench(args, url, connection_factory(url, DEFAULT_LIMITS, application_name="backfill_assets:bench"), Path(folder))
         with b.factory() as conn:
             report.header = server_header(conn)
         for line in report.header:

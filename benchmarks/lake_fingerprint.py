@@ -41,7 +41,7 @@ from psycopg import sql
 from backfill_assets.core import embedded
 from backfill_assets.core.arrow_fingerprint import arrow_readings, lake_schema, read_stage_partition
 from backfill_assets.core.catalog import table_columns
-from backfill_assets.core.db import connect, repeatable_read
+from backfill_assets.core.db import DEFAULT_LIMITS, connect, repeatable_read
 from backfill_assets.core.fingerprint import Fingerprint, fingerprint_partition
 from backfill_assets.core.spec import TableRef
 
@@ -135,7 +135,7 @@ def main() -> int:
         if not c.execute(sql.SQL("SELECT 1 FROM pg_database WHERE datname = 'lake_bench'")).fetchone():
             c.execute(sql.SQL("CREATE DATABASE lake_bench"))
     url = embedded.DatabaseUrl(psycopg.conninfo.make_conninfo(admin, dbname="lake_bench"), source="the embedded PostgreSQL")
-    with connect(url) as conn:
+    with connect(url, DEFAULT_LIMITS) as conn:
         conn.execute(DROP)
         conn.execute(DDL)
         data = io.BytesIO()

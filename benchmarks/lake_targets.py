@@ -105,8 +105,10 @@ def catalog_for(conn: psycopg.Connection, folder: Path) -> Any:
     from backfill_assets.core.lake_target import catalog_url
     from backfill_assets.core.spec import spec_from_mapping
     (folder / "warehouse").mkdir(parents=True, exist_ok=True)
-    # The catalog the spec's own table is in (its default name), so that both tables are dropped.
-    return SqlCatalog("backfill_assets", uri=catalog_url(conn, spec_from_mapping(spec("iceberg", folder))),
+    # The catalog the spec's own table is in (its name), so that both tables are dropped.
+    iceberg = spec_from_mapping(spec("iceberg", folder))
+    assert iceberg.target.catalog is not None
+    return SqlCatalog(iceberg.target.catalog.name, uri=catalog_url(conn, iceberg),
                       warehouse=f"file://{folder / 'warehouse'}")
 
 

@@ -20,7 +20,7 @@ import time
 from psycopg import sql
 
 from backfill_assets.core import embedded
-from backfill_assets.core.db import ConnectionFactory, connection_factory
+from backfill_assets.core.db import DEFAULT_LIMITS, ConnectionFactory, connection_factory
 from backfill_assets.core.plan import snapshot_step
 from backfill_assets.core.snapshot import source_changes
 from backfill_assets.core.source_watch import Tick, WatchState, watch_tick
@@ -127,7 +127,7 @@ def main() -> int:
     parser.add_argument("--days", type=int, default=365)
     parser.add_argument("--rows-per-day", type=int, default=5000)
     args = parser.parse_args()
-    factory = connection_factory(embedded.database_url("bench_sensor"), application_name="backfill_assets:bench")
+    factory = connection_factory(embedded.database_url("bench_sensor"), DEFAULT_LIMITS, application_name="backfill_assets:bench")
     with factory() as conn:
         for statement in _DDL:
             conn.execute(statement.encode())

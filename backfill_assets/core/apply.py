@@ -35,6 +35,7 @@ core.target.PostgresTarget, so another engine adds a Target, not a second apply.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ import psycopg
 
 from backfill_assets.core import control, ledger, sqlbuild
 from backfill_assets.core.approve import (
-    Approval, check_data_unchanged, check_spec_unchanged, find_plan, latest_approval,
+    Approval, check_data_unchanged, check_spec_unchanged, find_plan, latest_approval, refuse_if_expired,
     require_coverage, short_readings,
 )
 from backfill_assets.core.db import ConnectionFactory
@@ -52,7 +53,7 @@ from backfill_assets.core.errors import (
 )
 from backfill_assets.core.plan import DIFFERING_KEYS
 from backfill_assets.core.plan_document import Plan
-from backfill_assets.core.context import Clock, Context, set_timeouts, spec_lock, utc_now
+from backfill_assets.core.context import Clock, Context, spec_lock, utc_now
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.snapshot import immutable_source_changes
 from backfill_assets.core.stages import stage_partitions_changed
@@ -174,6 +175,9 @@ def apply_plan(
 
     Raises:
         ApprovalError: unknown, refused, unapproved or outdated plan; nothing written.
+        ApprovalExpiredError: the plan's approval is older than the spec's
+            ``approval_expires_after`` at ``clock()``, even if runs of it replaced some
+            partitions already; nothing written.
         ApprovalHaltedError: an earlier run of the approval failed a partition that is not
             verified since and that this run does not retry; nothing written.
         ApprovalOutdatedError: the approval no longer covers a chosen partition (its target
@@ -185,7 +189,8 @@ def apply_plan(
         TransientDatabaseError, ConcurrentRunError: safe to retry with the same plan.
     """
     with factory() as conn, spec_lock(conn, spec):
-        stored, approval, ctx, groups = _checked_before_writing(conn, factory, spec, plan_ref, only)
+        stored, approval, ctx, groups = _checked_before_writing(conn, factory, spec, plan_ref, only, clock())
+        control.ensure_ledger_index(conn, spec.control_schema)
         in_order = [label for g in groups for label in g]
         progress(ProgressEvent("apply", f"replacing {len(in_order)} partition(s)", done=0, total=len(in_order),
                                status="started"))
@@ -217,16 +222,22 @@ def apply_plan(
 
 def _checked_before_writing(
     conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, plan_ref: str, only: list[str] | None,
+    now: dt.datetime,
 ) -> tuple[Plan, Approval, Context, list[list[str]]]:
     """The approved plan, its approval, the context and the groups to replace (in plan order),
-    after every check apply makes before its first write: the spec and the target's columns
-    unchanged, the stage (and an immutable source) as planned, the target still covered."""
+    after every check apply makes before its first write: the approval not expired at ``now``,
+    the spec and the target's columns unchanged, the stage (and an immutable source) as
+    planned, the target still covered."""
     stored = find_plan(conn, spec, plan_ref)
     approval = latest_approval(conn, spec, stored.plan_id)
     if approval is None:
         raise ApprovalError(
             f"plan {stored.plan_id[:16]} has not been approved; run approve and review it first"
         )
+    # Checked when a run starts (a run that started in time finishes), for a run resuming a
+    # partly applied approval too: expiry bounds how long a person's review is acted on, and
+    # partitions this approval's runs already replaced cannot make the rest any fresher.
+    refuse_if_expired(conn, spec, approval, now)
     ctx = check_spec_unchanged(conn, factory, spec, stored)
     groups = [list(g) for g in stored.document.replace_groups]
     if only is not None:
@@ -276,11 +287,17 @@ def _replace_and_record(
             message = " ".join(str(err).split()) or err.__class__.__name__
         else:
             message = f"unexpected {err.__class__.__name__}; see the run's output"
-        ledger.ledger_mark(conn, spec.control_schema, run_id, labels, "failed", clock(), message)
         rest = [label for group in groups[n + 1:] for label in group]
-        if rest:
-            ledger.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
-                                f"stopped after partition(s) {', '.join(labels)} failed")
+        try:
+            ledger.ledger_mark(conn, spec.control_schema, run_id, labels, "failed", clock(), message)
+            if rest:
+                ledger.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
+                                    f"stopped after partition(s) {', '.join(labels)} failed")
+        except psycopg.Error:
+            # The ledger could not take the record (its own lock or the connection failed
+            # too): the failure itself is what the caller must see; the ledger still shows
+            # the partition as started by this run, never as verified.
+            pass
         raise
 
 
@@ -292,7 +309,6 @@ def _naming_keys(conn: psycopg.Connection, ctx: Context, err: VerificationError,
     from backfill_assets.core.diff import diff_against, example_text
     try:
         with conn.transaction():  # a lake partition is loaded into a temporary table for it
-            set_timeouts(conn, ctx.spec)
             found = diff_against(conn, ctx, err.partition, "target", DIFFERING_KEYS, version=version)
     except Exception:  # noqa: BLE001 - only an explanation failed; the verification error stands
         return err

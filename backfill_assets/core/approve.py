@@ -12,12 +12,19 @@ an approval covers a partition only while its target is what the approval was gi
 (and no later approval's run has replaced it since), or carries the approved readings after
 this approval's own runs reached it (a crashed run resumes; a rerun skips). See
 :func:`judge`.
+
+An approval does not live forever: once it is older than the spec's
+``approval_expires_after`` it is expired (:func:`is_expired`), and no run may start from it,
+not even one resuming a run of it that stopped part way (:func:`refuse_if_expired`). Approving
+the plan again is a new review of the target as it is then; partitions the old approval's runs
+already replaced are skipped by the new one's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,7 +34,7 @@ from pydantic import ValidationError
 from backfill_assets.core import control, ledger
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, BackfillError, PlanReferenceError, SpecError
-from backfill_assets.core.context import Clock, Context, resolve, set_timeouts, utc_now
+from backfill_assets.core.context import Clock, Context, resolve, utc_now
 from backfill_assets.core.plan import spec_document
 from backfill_assets.core.plan_document import Plan
 from backfill_assets.core.snapshot import copy_problem, immutable_source_changes
@@ -210,7 +217,6 @@ def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan) -> dict[str
 
     # A lake partition is compared through a temporary table: not a read-only transaction.
     with repeatable_read(conn, read_only=not ctx.spec.target.is_lake):
-        set_timeouts(conn, ctx.spec)
         found = [diff_against(conn, ctx, label, "target", 0) for label in stored.labels]
     return {d.partition: {"added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged}
             for d in found}
@@ -294,6 +300,88 @@ class Approval:
         return {"approval_id": self.approval_id, "plan_id": self.plan_id, "approved_by": self.approved_by,
                 "approved_at": self.approved_at.isoformat()}
 
+    def expires_at(self, spec: Spec) -> dt.datetime:
+        return expiry(spec, self.approved_at)
+
+    def expired(self, spec: Spec, now: dt.datetime) -> bool:
+        return is_expired(spec, self.approved_at, now)
+
+
+# --- expiry ------------------------------------------------------------------------------
+
+
+def expiry(spec: Spec, approved_at: dt.datetime) -> dt.datetime:
+    """When an approval given at ``approved_at`` expires: ``approval_expires_after`` later."""
+    return approved_at + spec.approval_expires_after
+
+
+def is_expired(spec: Spec, approved_at: dt.datetime, now: dt.datetime) -> bool:
+    """Whether an approval given at ``approved_at`` has expired at ``now`` (at its expiry
+    time exactly, it has). The spec's current ``approval_expires_after`` decides."""
+    return expiry(spec, approved_at) <= now
+
+
+def duration_text(value: dt.timedelta) -> str:
+    """A duration as a spec writes it: ``7d``, ``36h``, ``90m`` (else seconds)."""
+    seconds = value.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def utc_text(when: dt.datetime) -> str:
+    """A time stamp in UTC, to the second, for messages."""
+    return when.astimezone(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def short_list(labels: Sequence[str], most: int = 5) -> str:
+    """The first ``most`` labels, and how many more."""
+    shown = ", ".join(labels[:most])
+    return shown if len(labels) <= most else f"{shown} and {len(labels) - most} more"
+
+
+class ApprovalExpiredError(ApprovalError):
+    """An approval older than the spec's ``approval_expires_after``: apply, and a Dagster
+    target run, refuse it before writing anything, a run resuming a partly applied approval
+    included. ``verified``: the partitions its own runs verified before (a run under a new
+    approval of the plan skips those that still carry the approved rows)."""
+
+    def __init__(
+        self, approval_id: int, plan_id: str, approved_by: str, approved_at: dt.datetime,
+        expired_at: dt.datetime, expires_after: dt.timedelta, verified: Sequence[str] = (),
+    ) -> None:
+        self.approval_id = approval_id
+        self.approved_by = approved_by
+        self.approved_at = approved_at
+        self.expired_at = expired_at
+        self.expires_after = expires_after
+        self.verified = tuple(verified)
+        done = ""
+        if self.verified:
+            done = (f" Its runs verified {len(self.verified)} of its partition(s) ({short_list(self.verified)}); "
+                    "a run under a new approval skips those that still carry the approved rows.")
+        super().__init__(
+            f"approval {approval_id} of plan {plan_id[:16]} (by {approved_by} at {utc_text(approved_at)}) "
+            f"expired at {utc_text(expired_at)} (approval_expires_after: {duration_text(expires_after)}). "
+            f"Nothing was written.{done} Review the plan and approve the plan again to apply it.",
+            plan_id=plan_id,
+        )
+
+
+def refuse_if_expired(conn: psycopg.Connection, spec: Spec, approval: Approval, now: dt.datetime) -> None:
+    """Refuse an expired approval, whatever its runs did so far.
+
+    Raises:
+        ApprovalExpiredError: naming the approval, when it expired and what its runs verified.
+    """
+    if approval.expired(spec, now):
+        raise ApprovalExpiredError(
+            approval.approval_id, approval.plan_id, approval.approved_by, approval.approved_at,
+            approval.expires_at(spec), spec.approval_expires_after,
+            ledger.verified_by_approval(conn, spec.control_schema, approval.approval_id),
+        )
+
 
 def latest_approval(conn: psycopg.Connection, spec: Spec, plan_id: str) -> Approval | None:
     """The newest approval of a plan (the one apply acts on), or None."""
@@ -301,7 +389,7 @@ def latest_approval(conn: psycopg.Connection, spec: Spec, plan_id: str) -> Appro
     return None if row is None else Approval.from_row(row)
 
 
-CoverageState = Literal["unchanged", "applied", "changed", "unrecorded", "refused"]
+CoverageState = Literal["unchanged", "applied", "changed", "unrecorded", "refused", "expired"]
 _REACHED = ("started", "verified", "skipped-already-verified", "failed")
 _VERIFIED = ("verified", "skipped-already-verified")
 
@@ -313,6 +401,7 @@ class Coverage:
     ``unchanged``: the target is as it was approved against; apply replaces it.
     ``applied``: it carries the approved readings and this approval's runs reached it; apply
     skips it as verified. ``changed``, ``unrecorded``, ``refused``: not covered; apply refuses.
+    ``expired``: the approval expired; the target is not read, and apply refuses.
     """
 
     partition: str
@@ -411,29 +500,48 @@ def require_coverage(
 class OpenApproval:
     """An approval not yet verified by its own runs in every partition, with what it covers.
     ``problem``: why it covers nothing at all (the plan no longer matches the spec, the
-    stage or the source), or None."""
+    stage or the source, or the approval expired), or None. ``expired``: it is older than the
+    spec's ``approval_expires_after`` (it expired at ``expires_at``): not open any more, apply
+    refuses it, and its partitions are not judged (state ``expired``). ``verified``: the
+    partitions its own runs verified."""
 
     approval: Approval
     partitions: list[Coverage]
     problem: str | None
+    expires_at: dt.datetime | None = None
+    expired: bool = False
+    verified: tuple[str, ...] = ()
+
+    @property
+    def state(self) -> Literal["open", "expired"]:
+        return "expired" if self.expired else "open"
 
     def as_json(self) -> dict[str, Any]:
-        return {**self.approval.as_json(), "problem": self.problem,
+        return {**self.approval.as_json(), "state": self.state,
+                "expires_at": None if self.expires_at is None else self.expires_at.isoformat(),
+                "problem": self.problem, "verified": list(self.verified),
                 "partitions": [c.as_json() for c in self.partitions]}
 
 
-def open_approvals(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> list[OpenApproval]:
+def open_approvals(
+    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, *, clock: Clock = utc_now,
+) -> list[OpenApproval]:
     """The newest approval of each plan of ``spec`` that its runs have not verified in every
-    partition, each with what it still covers: what apply would do with it now.
+    partition, each with what it still covers: what apply would do with it now. An expired one
+    is listed as such (``expired``), with the partitions its runs verified, and nothing read.
 
     Reads the target of those partitions (and checks each plan's stage as apply does).
     """
     if not control.control_ready(conn, spec.control_schema):
         return []
     out = []
+    now = clock()
     for row in ledger.open_approvals(conn, spec.control_schema, spec.name):
         approval = Approval.from_row(row)
         labels = list(row["partitions"])
+        if approval.expired(spec, now):
+            out.append(_expired(spec, approval, labels, row["verified"]))
+            continue
         try:
             stored = find_plan(conn, spec, approval.plan_id)
             ctx = check_spec_unchanged(conn, factory, spec, stored)
@@ -444,5 +552,17 @@ def open_approvals(conn: psycopg.Connection, factory: ConnectionFactory, spec: S
             # such; it does not hide the others.
             problem = " ".join(str(err).split())
             found = {label: Coverage(label, "refused", problem) for label in labels}
-        out.append(OpenApproval(approval, [found[label] for label in labels], problem))
+        out.append(OpenApproval(approval, [found[label] for label in labels], problem, approval.expires_at(spec),
+                                verified=tuple(row["verified"])))
     return out
+
+
+def _expired(spec: Spec, approval: Approval, labels: list[str], verified: list[str]) -> OpenApproval:
+    """An expired approval as status shows it: when it expired and what its runs verified."""
+    at = approval.expires_at(spec)
+    problem = (f"expired at {utc_text(at)} (approval_expires_after: {duration_text(spec.approval_expires_after)}); "
+               "apply refuses it: review the plan and approve the plan again")
+    done = set(verified)
+    partitions = [Coverage(label, "expired", "verified by a run of this approval" if label in done
+                           else "not verified by a run of this approval") for label in labels]
+    return OpenApproval(approval, partitions, problem, at, expired=True, verified=tuple(verified))

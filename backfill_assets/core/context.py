@@ -41,36 +41,6 @@ def set_local(conn: psycopg.Connection, name: str, value: str) -> None:
     conn.execute(_SET_LOCAL, {"name": name, "value": value})
 
 
-# The memory each sort or hash of the tool's own statements may use before it spills to disk.
-# A default server gives 4MB, so a 50k-row partition's sort goes to temporary files; this is
-# set for the tool's transactions only, and bounded (a statement has a few such nodes, and at
-# most two connections of one run are busy at once).
-WORK_MEM = "64MB"
-_SET_LIMITS = sql.SQL(
-    "SELECT set_config('statement_timeout', %(statement)s, true), set_config('lock_timeout', %(lock)s, true), "
-    "set_config('work_mem', %(work_mem)s, true)"
-)
-
-
-def set_timeouts(conn: psycopg.Connection, spec: Spec) -> None:
-    """Finite lock and statement timeouts, and a bounded ``work_mem`` (:data:`WORK_MEM`),
-    for the current transaction, in one round trip."""
-    conn.execute(_SET_LIMITS, {"statement": f"{spec.statement_timeout_ms}ms",
-                               "lock": f"{spec.lock_timeout_ms}ms", "work_mem": WORK_MEM})
-
-
-_SET_SESSION_TIMEOUTS = sql.SQL(
-    "SELECT set_config('statement_timeout', %(statement)s, false), set_config('lock_timeout', %(lock)s, false)"
-)
-
-
-def set_session_timeouts(conn: psycopg.Connection, spec: Spec) -> None:
-    """The spec's finite lock and statement timeouts for the rest of the session (for
-    statements outside a transaction, such as a session advisory lock)."""
-    conn.execute(_SET_SESSION_TIMEOUTS, {"statement": f"{spec.statement_timeout_ms}ms",
-                                         "lock": f"{spec.lock_timeout_ms}ms"})
-
-
 def spec_lock(conn: psycopg.Connection, spec: Spec, *, shared: bool = False):
     """A session lock per spec: plan and apply of one spec never overlap, so a stage cannot
     be rebuilt while it is being applied. A second run is refused at once.
@@ -236,4 +206,5 @@ def _validate_transform(conn: psycopg.Connection, spec: Spec, inspection: Inspec
         validate_transform_in_catalog(
             conn, spec.source_ref, [c.name for c in inspection.source_columns],
             spec.partition_key, spec.input_columns, transform, original=spec.transform_sql,
+            trusted_functions=spec.trusted_functions,
         )

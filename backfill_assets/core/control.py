@@ -17,6 +17,9 @@ from psycopg.types.json import Jsonb
 from backfill_assets.core import sqlbuild
 
 
+# The index of the ledger by approval (see _DDL), in the control schema.
+LEDGER_APPROVAL_INDEX = "ledger_by_approval"
+
 _DDL = (
     sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}"),
     sql.SQL(
@@ -238,6 +241,25 @@ def control_ready(conn: psycopg.Connection, schema: str) -> bool:
         with conn.transaction():
             ensure_control_schema(conn, schema)
     return True
+
+
+# The ledger read by approval: what an approval's own runs did (status, the approval sensor,
+# apply's stop after a failure). Without it each of those reads the whole ledger, which grows
+# by a row per partition per run, once per approval it judges.
+_LEDGER_INDEX_EXISTS = sql.SQL("SELECT to_regclass(%(index)s) IS NOT NULL")
+_CREATE_LEDGER_INDEX = sql.SQL("CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {ledger} (approval_id)")
+
+
+def ensure_ledger_index(conn: psycopg.Connection, schema: str) -> None:
+    """Index the ledger by approval if it is not yet (a schema made before the index, or a new
+    one). Built CONCURRENTLY, outside any transaction, so that other runs keep writing the
+    ledger meanwhile; apply calls it before its first write (read-only commands never build
+    it, and work without it, only slower). ``conn`` must not be in a transaction."""
+    index = sql.Identifier(schema, LEDGER_APPROVAL_INDEX)
+    (exists,) = conn.execute(_LEDGER_INDEX_EXISTS, {"index": index.as_string(conn)}).fetchone()
+    if not exists:
+        conn.execute(_CREATE_LEDGER_INDEX.format(index=sql.Identifier(LEDGER_APPROVAL_INDEX),
+                                                  ledger=sql.Identifier(schema, "ledger")))
 
 
 def plans_by_prefix(conn: psycopg.Connection, schema: str, prefix: str) -> list[tuple[str, str, dict[str, Any]]]:

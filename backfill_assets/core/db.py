@@ -1,7 +1,9 @@
 """Connections: the URL comes from a named environment variable and never leaves this module.
 
 Every connection is pinned to the session settings that the canonical fingerprint depends on
-(docs/fingerprint.md), so the same rows give the same digest in any session.
+(docs/fingerprint.md), so the same rows give the same digest in any session, and carries its
+finite waits (:class:`Limits`) from the first byte: they are connection options, set by the
+server before it runs a statement, so no code path can run one without them.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -41,6 +44,40 @@ _READ_COMMITTED = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 _REPEATABLE_READ_ONLY = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
 
 ConnectionFactory = Callable[[], psycopg.Connection]
+
+# The memory each sort or hash of the tool's own statements may use before it spills to disk.
+# A default server gives 4MB, so a 50k-row partition's sort goes to temporary files; this is
+# set for the tool's own connections only, and bounded (a statement has a few such nodes, and
+# at most two connections of one run are busy at once).
+WORK_MEM = "64MB"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The finite waits of every connection the tool opens: how long a statement may wait for
+    a lock (any lock: a table, a row, an advisory lock) and how long it may run at all.
+
+    They reach the server as connection options (``-c lock_timeout=...``), so they hold from
+    the first statement of the session to the last, whatever the code path. A spec's come
+    from its ``lock_timeout_ms`` and ``statement_timeout_ms`` (``Spec.limits``); the statement
+    bound covers the builds too, so a larger partition raises it in the spec, in one place.
+    """
+
+    lock_timeout_ms: int
+    statement_timeout_ms: int
+
+    def __post_init__(self) -> None:
+        if self.lock_timeout_ms <= 0 or self.statement_timeout_ms <= 0:
+            raise ValueError("lock and statement timeouts must be positive (0 would mean no bound)")
+
+    def options(self) -> str:
+        """The libpq ``options`` that set them (and the tool's ``work_mem``) at connect time."""
+        return (f"-c lock_timeout={self.lock_timeout_ms} -c statement_timeout={self.statement_timeout_ms} "
+                f"-c work_mem={WORK_MEM}")
+
+
+# For connections that serve no spec (the embedded server's setup, the UI's launcher, tests).
+DEFAULT_LIMITS = Limits(lock_timeout_ms=5_000, statement_timeout_ms=600_000)
 
 
 class DatabaseUrl:
@@ -116,16 +153,41 @@ def pin_session(conn: psycopg.Connection) -> None:
     conn.execute(_PIN_SESSION, _PIN_VALUES)
 
 
-def connect(url: DatabaseUrl, *, application_name: str = "backfill_assets") -> psycopg.Connection:
-    """Open a pinned connection; a failure is a one-line error without the URL or password.
+_LIMITS_IN_FORCE = sql.SQL(
+    "SELECT name, setting FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout')"
+)
+_SET_LIMITS = sql.SQL(
+    "SELECT set_config('lock_timeout', %(lock)s, false), set_config('statement_timeout', %(statement)s, false), "
+    "set_config('work_mem', %(work_mem)s, false)"
+)
+
+
+def enforce_limits(conn: psycopg.Connection, limits: Limits) -> None:
+    """Make sure ``limits`` are in force on ``conn``: a pooler that drops startup options
+    (PgBouncer with ``ignore_startup_parameters = options``) would otherwise leave the session
+    without them. Sets them for the session when they are not (the check reads settings only)."""
+    found = dict(conn.execute(_LIMITS_IN_FORCE).fetchall())
+    if found != {"lock_timeout": str(limits.lock_timeout_ms), "statement_timeout": str(limits.statement_timeout_ms)}:
+        conn.execute(_SET_LIMITS, {"lock": f"{limits.lock_timeout_ms}ms",
+                                   "statement": f"{limits.statement_timeout_ms}ms", "work_mem": WORK_MEM})
+
+
+def connect(url: DatabaseUrl, limits: Limits, *, application_name: str = "backfill_assets") -> psycopg.Connection:
+    """Open a pinned connection that carries ``limits`` from its first statement; a failure is
+    a one-line error without the URL or password.
+
+    Options the URL (or ``PGOPTIONS``) already gives are kept; the limits come after them, so
+    they win.
 
     Raises:
         ConnectionConfigError: the server is unreachable, refuses the credential, or the
             URL is malformed.
     """
     try:
+        given = conninfo_to_dict(url.reveal()).get("options") or os.environ.get("PGOPTIONS", "")
         conn = psycopg.connect(
-            url.reveal(), autocommit=True, application_name=application_name, connect_timeout=10
+            url.reveal(), autocommit=True, application_name=application_name, connect_timeout=10,
+            options=f"{given} {limits.options()}".strip(),
         )
     except psycopg.ProgrammingError as err:
         problem = f"the URL in {url.source} is malformed: {_one_line(url.redact(str(err)))}"
@@ -133,6 +195,7 @@ def connect(url: DatabaseUrl, *, application_name: str = "backfill_assets") -> p
         problem = f"cannot connect to the database in {url.source}: {_one_line(url.redact(str(err)))}"
     else:
         pin_session(conn)
+        enforce_limits(conn, limits)
         return conn
     # Raised outside the except blocks: the driver's exception, which may quote the URL,
     # is neither the cause nor the context of ours.
@@ -143,9 +206,9 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def connection_factory(url: DatabaseUrl, application_name: str = "backfill_assets") -> ConnectionFactory:
-    """A zero-argument callable opening a new pinned connection each time."""
-    return lambda: connect(url, application_name=application_name)
+def connection_factory(url: DatabaseUrl, limits: Limits, application_name: str = "backfill_assets") -> ConnectionFactory:
+    """A zero-argument callable opening a new pinned connection with ``limits`` each time."""
+    return lambda: connect(url, limits, application_name=application_name)
 
 
 _TRANSIENT = (
@@ -156,6 +219,16 @@ _TRANSIENT = (
 )
 
 
+def as_transient(err: psycopg.Error, what: str) -> TransientDatabaseError | None:
+    """The :class:`TransientDatabaseError` a driver error maps onto (a lock or statement
+    timeout, a serialization failure, a deadlock), or None for any other error."""
+    if not isinstance(err, _TRANSIENT):
+        return None
+    first = _one_line(str(err).strip().splitlines()[0]) if str(err).strip() else ""
+    return TransientDatabaseError(f"{what}: {err.__class__.__name__}: {first} (its transaction was rolled back)",
+                                  lock_wait=isinstance(err, pg_errors.LockNotAvailable))
+
+
 @contextlib.contextmanager
 def transient_errors(what: str) -> Iterator[None]:
     """Map lock timeouts, statement timeouts, serialization failures and deadlocks onto
@@ -163,9 +236,7 @@ def transient_errors(what: str) -> Iterator[None]:
     try:
         yield
     except _TRANSIENT as err:
-        raise TransientDatabaseError(
-            f"{what}: {err.__class__.__name__}: {_one_line(str(err))}"
-        ) from err
+        raise as_transient(err, what) from err
 
 
 @contextlib.contextmanager

@@ -44,10 +44,16 @@ order for the same arguments, and the volatility rule refuses the others.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from backfill_assets.core.guardcatalog import FUNCTION_FIELDS, OPERATOR_NODES, Catalog, Finding
+from backfill_assets.core.guardcatalog import (
+    FUNCTION_FIELDS,
+    OPERATOR_NODES,
+    SORT_GROUP_OPERATORS,
+    Catalog,
+    Finding,
+)
 from backfill_assets.core.querytree import Node, as_int, expr_type, location, nodes
 from backfill_assets.core.roworder import query_order
 
@@ -67,8 +73,12 @@ def findings(tree: Any, catalog: Catalog, sql_text: bytes) -> list[Finding]:
     for query in nodes(tree):
         if query["@"] == "QUERY":
             out += query_order(query, catalog)
-    # One finding per construct and place, in the order they appear in the statement.
-    unique = {(f.kind, f.construct, f.location): f for f in out}
+    return in_order(out)
+
+
+def in_order(found: Iterable[Finding]) -> list[Finding]:
+    """One finding per construct and place, in the order they appear in the statement."""
+    unique = {(f.kind, f.construct, f.location): f for f in found}
     return sorted(unique.values(), key=lambda f: (f.location is None, f.location or 0, f.construct))
 
 
@@ -93,7 +103,7 @@ SESSION_FUNCTIONS = {
 
 def _volatility(tree: Any, catalog: Catalog) -> Iterator[Finding]:
     for node in nodes(tree):
-        for oid, what in _called(node, catalog):
+        for oid, what in called(node, catalog):
             fn = catalog.function(oid)
             if fn is None or fn.volatility == "i":
                 continue
@@ -114,20 +124,36 @@ def _volatility(tree: Any, catalog: Catalog) -> Iterator[Finding]:
             )
 
 
-def _called(node: Node, catalog: Catalog) -> Iterator[tuple[int, str]]:
-    """(function OID, how it is called) for every function a node makes the server call."""
+_SUPPORT = " (a sort, merge or hash support function of the operator family of an operator it uses)"
+
+
+def called(node: Node, catalog: Catalog) -> Iterator[tuple[int, str]]:
+    """(function OID, how it is called) for every function a node makes the server call:
+    its functions, its operators' functions, and the support functions of their btree and
+    hash operator families, which sorting, merging, hashing and row comparison call instead
+    of the operator's own function (a user's operator class may pair a built-in operator
+    with a comparison or hash function of its own)."""
     kind = node["@"]
     for f in FUNCTION_FIELDS:
         if as_int(node.get(f), 0) > 0:
             yield as_int(node[f]), " (the window frame's RANGE offset)" if "InRange" in f else ""
+    operators: list[tuple[int, str]] = []
     if kind in OPERATOR_NODES:
-        fn = catalog.operator_functions.get(as_int(node["opno"]))
-        if fn:
-            yield fn, " (an operator's function)"
+        operators.append((as_int(node["opno"]), " (an operator's function)"))
     if kind == "ROWCOMPAREEXPR":
-        for op in node.get("opnos") or []:
-            if catalog.operator_functions.get(op):
-                yield catalog.operator_functions[op], " (a row comparison's function)"
+        operators += [(as_int(op), " (a row comparison's function)") for op in node.get("opnos") or []]
+    if kind == "SORTGROUPCLAUSE":
+        operators += [(as_int(node.get(f), 0), " (a sort or grouping operator's function)")
+                      for f in SORT_GROUP_OPERATORS]
+    for op, what in operators:
+        fn = catalog.operator_functions.get(op)
+        if fn:
+            yield fn, what
+        for support in catalog.operator_support.get(op, ()):
+            yield support, _SUPPORT
+    if kind == "MINMAXEXPR":
+        for support in catalog.type_comparison.get(as_int(node.get("minmaxtype"), 0), ()):
+            yield support, " (the comparison support function GREATEST or LEAST calls)"
     if kind == "COERCEVIAIO":
         arg = expr_type(node.get("arg"))
         if arg is not None and arg[0] in catalog.type_io:

@@ -30,7 +30,7 @@ import psycopg
 
 from backfill_assets.core import sqlbuild
 from backfill_assets.core.approve import find_plan
-from backfill_assets.core.context import Context, resolve, set_timeouts
+from backfill_assets.core.context import Context, resolve
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError, SpecError
 from backfill_assets.core.fingerprint import business_key_order
@@ -146,7 +146,6 @@ def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against:
         lake = against == "target" and spec.target.is_lake
         # A lake partition is loaded into a temporary table, which a read-only transaction forbids.
         with repeatable_read(conn, read_only=not lake):
-            set_timeouts(conn, spec)  # finite timeouts, and the tool's work_mem for the join
             changed = stage_partitions_changed(conn, ctx, "a", {label: stored.approved(label) for label in wanted})
             if changed:
                 raise ApprovalError(

@@ -14,7 +14,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.db import DatabaseUrl
+from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl
 
 HOME_ENV = "BACKFILL_ASSETS_HOME"
 DEFAULT_DATABASE = "backfill_demo"
@@ -47,7 +47,7 @@ def server_url(pgdata: Path | None = None) -> str:
 def database_url(database: str = DEFAULT_DATABASE, pgdata: Path | None = None) -> DatabaseUrl:
     """The URL of a database on the embedded server, created if missing."""
     admin = server_url(pgdata)
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(admin, autocommit=True, options=DEFAULT_LIMITS.options()) as conn:
         exists = conn.execute(
             sql.SQL("SELECT 1 FROM pg_database WHERE datname = %(name)s"), {"name": database}
         ).fetchone()

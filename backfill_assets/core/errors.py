@@ -55,7 +55,7 @@ class LakeValueError(SourceDataError):
 class TransformProblem:
     """One construct of ``transform_sql`` that can change its rows between runs."""
 
-    kind: str  # volatility | session | order | equal-but-different
+    kind: str  # volatility | session | order | equal-but-different | untrusted
     construct: str
     line: int | None  # in the user's transform_sql, 1-based
     column: int | None
@@ -176,6 +176,40 @@ class ApprovalOutdatedError(ApprovalError):
         )
 
 
+class KeysElsewhereError(ApprovalOutdatedError):
+    """With ``records_can_move``, business keys the partitions ``partitions`` are about to get
+    already lie in other partitions of the lake table (``elsewhere``), at the version the write
+    would be committed on: a writer put them there after the plan closed its scope, and the
+    write would leave those keys in two partitions. Nothing was written. Re-approving does
+    not help: a new plan moves those keys with their partitions (or refuses keys found in two
+    partitions). ``count``: how many such keys; ``examples``: a few, with their partition."""
+
+    def __init__(self, approval_id: int, plan_id: str, target: str, version: str | None, partitions: Sequence[str],
+                 elsewhere: Sequence[str], count: int, examples: Sequence[str]) -> None:
+        self.approval_id = approval_id
+        self.plan_id = plan_id
+        self.target = target
+        self.version = version
+        self.elsewhere = tuple(elsewhere)
+        self.count = count
+        self.examples = tuple(examples)
+        where = ", ".join(self.elsewhere)
+        self.reasons = {
+            label: f"{count} business key(s) written here already lie in partition(s) {where}" for label in partitions
+        }
+        listed = f" (for example {'; '.join(self.examples)})" if self.examples else ""
+        at = f" at version {version}" if version is not None else ""
+        ApprovalError.__init__(
+            self,
+            f"approval {approval_id} of plan {plan_id[:16]} no longer covers partition(s) {', '.join(partitions)}: "
+            f"{count} business key(s) they would get already lie in partition(s) {where} of {target}{at}"
+            f"{listed}, put there since the plan was made; writing them would leave those keys in two "
+            "partitions. Nothing was written. Plan again: the new plan replaces those partitions too, "
+            "moving the keys (or refuses keys found in two partitions).",
+            plan_id=plan_id, partitions=list(partitions),
+        )
+
+
 @dataclass(frozen=True)
 class FailedPartition:
     """A partition a run of an approval failed, not verified by a run of it since."""
@@ -229,11 +263,43 @@ class VerificationError(BackfillError):
         )
 
 
+@dataclass(frozen=True)
+class HeldLock:
+    """A lock another session held on a relation of the spec when a wait of ours ran out."""
+
+    relation: str  # schema.name
+    mode: str  # as pg_locks names it: AccessExclusiveLock, RowShareLock, ...
+    pid: int
+
+    def describe(self) -> str:
+        words = "".join(f" {ch}" if ch.isupper() else ch for ch in self.mode.removesuffix("Lock")).strip().upper()
+        return f"{self.relation} ({words} lock held by server process {self.pid})"
+
+
+SAFE_TO_RETRY = "it is safe to retry"
+
+
 class TransientDatabaseError(BackfillError):
-    """A lock or statement timeout, a serialization failure or a deadlock: safe to retry."""
+    """A lock or statement timeout, a serialization failure or a deadlock: safe to retry.
+
+    ``lock_wait``: a lock timeout (the statement waited for a lock and gave up). ``held``:
+    what other sessions held on the spec's relations when it did (core.waits), which the
+    message names.
+    """
 
     exit_code = 8
     retryable = True
+
+    def __init__(self, problem: str, *, lock_wait: bool = False, held: Sequence[HeldLock] = ()) -> None:
+        self.problem, self.lock_wait, self.held = problem, lock_wait, tuple(held)
+        named = ""
+        if held:
+            named = "; it waited for a lock that another session holds on " + ", ".join(h.describe() for h in held)
+        super().__init__(f"{problem}{named}; {SAFE_TO_RETRY}")
+
+    def naming(self, held: Sequence[HeldLock]) -> TransientDatabaseError:
+        """The same error, naming what was held."""
+        return TransientDatabaseError(self.problem, lock_wait=self.lock_wait, held=held)
 
 
 class ConcurrentRunError(BackfillError):

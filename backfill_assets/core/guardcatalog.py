@@ -23,10 +23,23 @@ class Function:
     schema: str
     kind: str  # f, a (aggregate), w (window), p
     volatility: str  # i, s, v
+    language: str = "internal"  # pg_language.lanname: sql, plpgsql, c, internal, ...
+    argument_types: str = ""  # e.g. "integer, text"
+    returns_set: bool = False
 
     @property
     def builtin(self) -> bool:
         return self.schema == PG_CATALOG
+
+    @property
+    def trust_name(self) -> str:
+        """How ``trusted_functions`` names it: ``schema.function`` (every overload)."""
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def qualified(self) -> str:
+        """``schema.function(argument types)``, as refusals name it."""
+        return f"{self.trust_name}({self.argument_types})"
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,14 @@ class Catalog:
     # Constant types whose literal is read by a date/time input function (date, time,
     # timestamp, and arrays, ranges, multiranges, domains and composites of them).
     clock_read: set[int] = field(default_factory=set)
+    # Operator OID -> the support functions of the btree and hash operator families it
+    # belongs to (comparison, sort support, hash, extended hash), for its argument types:
+    # what a sort, a merge or hash join, a hashed grouping or a row comparison calls instead
+    # of the operator's own function.
+    operator_support: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # Type OID -> the comparison and sort support functions of its default btree operator
+    # class, which GREATEST and LEAST call.
+    type_comparison: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def function(self, oid: int) -> Function | None:
         return self.functions.get(oid)
@@ -62,7 +83,7 @@ class Catalog:
 class Finding:
     """One construct that can make the transform's rows change between runs."""
 
-    kind: str  # volatility | session | order | equal-but-different
+    kind: str  # volatility | session | order | equal-but-different | untrusted
     construct: str
     location: int | None  # byte offset in the analysed statement
     problem: str
@@ -72,6 +93,11 @@ class Finding:
 # The node fields that name a function the server calls, and the nodes that call an operator.
 FUNCTION_FIELDS = ("funcid", "aggfnoid", "winfnoid", "startInRangeFunc", "endInRangeFunc")
 OPERATOR_NODES = ("OPEXPR", "DISTINCTEXPR", "NULLIFEXPR", "SCALARARRAYOPEXPR")
+# The operators a sort or grouping clause (ORDER BY, GROUP BY, DISTINCT, PARTITION BY) calls.
+SORT_GROUP_OPERATORS = ("eqop", "sortop")
+# Support functions (pg_amproc.amprocnum) that sorting, merging and hashing call: btree's
+# comparison (1) and sort support (2), hash's standard (1) and extended (2) hash functions.
+SUPPORT_NUMBERS = (1, 2)
 
 
 def referenced(tree: Any) -> tuple[set[int], set[int], set[int], set[tuple[int, int, int]]]:
@@ -90,6 +116,8 @@ def referenced(tree: Any) -> tuple[set[int], set[int], set[int], set[tuple[int, 
             ops.add(as_int(node["opno"]))
         if kind == "ROWCOMPAREEXPR":
             ops.update(node.get("opnos") or [])
+        if kind == "SORTGROUPCLAUSE":
+            ops.update(as_int(node.get(f), 0) for f in SORT_GROUP_OPERATORS if as_int(node.get(f), 0) > 0)
         if kind == "COERCEVIAIO":
             types.add(as_int(node["resulttype"]))
             arg = expr_type(node.get("arg"))
@@ -99,3 +127,8 @@ def referenced(tree: Any) -> tuple[set[int], set[int], set[int], set[tuple[int, 
         if t is not None:
             typed.add(t)
     return funcs, ops, types, typed
+
+
+def compared_types(tree: Any) -> set[int]:
+    """The types that GREATEST and LEAST compare (with their default btree operator class)."""
+    return {as_int(n.get("minmaxtype"), 0) for n in nodes(tree) if n["@"] == "MINMAXEXPR"} - {0}

@@ -19,6 +19,17 @@ Both read a partition at an exact version (Delta) or snapshot (Iceberg), so the 
 our commit reads what we committed, whatever was committed since; both carry our plan id and
 content hash in the commit's own metadata. The stages, the control schema and the ledger
 stay in PostgreSQL (core.target.LakeTarget ties the two together).
+
+Both engines REBASE a commit over another writer's commit to other partitions (delta-rs's
+conflict checker and pyiceberg's retries test only the overwrite's own partitions): right for
+a partition overwrite, not for a promise about the whole table. With ``records_can_move`` a
+business key has one home across the table, so :meth:`LakeTable.keys_elsewhere` reads, at
+the version the commit is based on, whether a key being written lies in another partition,
+and the overwrite is then ``exclusive``: committed as the very next version after that one,
+or not at all (Delta ``max_commit_retries=0``: a newer version, or losing the race for the
+next one, fails the commit; Iceberg: no retry, so ``AssertRefSnapshotId`` on the snapshot
+read fails it). :meth:`LakeTable.follows` confirms afterwards that nothing landed in
+between, without relying on either library keeping that behaviour.
 """
 
 from __future__ import annotations
@@ -31,10 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from backfill_assets.core.db import as_transient
 from backfill_assets.core.errors import (
     BackfillError, ConnectionConfigError, LakeTargetError, SpecError, TransientDatabaseError, VerificationError,
 )
@@ -99,13 +112,30 @@ class LakeTable(Protocol):
         ...
 
     def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
-                  metadata: Mapping[str, str]) -> str | None:
+                  metadata: Mapping[str, str], exclusive: bool = False) -> str | None:
         """Replace the partitions with ``data`` in one commit based on the handle's version;
-        return the committed version.
+        return the committed version. The handle then reads that version. ``exclusive``: the
+        commit must be the next version after the handle's (not rebased over a commit to
+        other partitions).
 
         Raises:
-            TransientDatabaseError: another writer changed these partitions since (safe to retry).
+            TransientDatabaseError: another writer changed these partitions since (with
+                ``exclusive``: the table) (safe to retry).
         """
+        ...
+
+    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                       keys: pa.Table) -> pa.Table | None:
+        """The rows, as the handle's version holds them, outside the partitions ``values``
+        whose business key (the columns of ``keys``) is one of ``keys``' rows: their
+        partition column and key columns only (None: no table or no commit yet). Reads only
+        those columns, skipping the partitions ``values`` and the files whose key statistics
+        lie outside the keys' range."""
+        ...
+
+    def follows(self, handle: Any, base: str | None, metadata: Mapping[str, str]) -> bool:
+        """Whether the version the handle reads was committed directly on ``base`` by the
+        commit carrying ``metadata`` (nothing of another writer in between)."""
         ...
 
 
@@ -129,6 +159,12 @@ def lake_errors(table: LakeTable, what: str) -> Iterator[None]:
     except BackfillError:
         raise
     except _library_errors() as err:
+        # A lock or statement timeout in an Iceberg catalog kept in PostgreSQL (SQLAlchemy wraps
+        # the driver's error): transient, like the same wait anywhere else.
+        transient = as_transient(err.orig, f"{what} {table.name}") if isinstance(
+            getattr(err, "orig", None), psycopg.Error) else None
+        if transient is not None:
+            raise transient from None
         text = " ".join(str(err).split())
         secret = getattr(table, "secret", None)
         if secret:
@@ -222,6 +258,65 @@ def shape_problems(name: str, shape: TableShape, wanted: Sequence[tuple[str, pa.
     return problems
 
 
+EXAMPLE_KEYS = 3  # example keys an error names
+
+
+def _key_bounds(keys: pa.Table) -> list[tuple[str, Any, Any]]:
+    """Each key column's least and greatest value among ``keys`` (NULLs left out), for the
+    column types whose order file statistics keep as Python compares them (integers, text,
+    dates): a range the key check filters on, so that the engine skips the files and row
+    groups outside it. Only a pre-filter: :func:`_among` decides."""
+    bounds = []
+    for name in keys.column_names:
+        t = keys.schema.field(name).type
+        if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+                or pa.types.is_date32(t)):
+            continue
+        extremes = pc.min_max(keys[name])
+        least, greatest = extremes["min"].as_py(), extremes["max"].as_py()
+        if least is not None and greatest is not None:
+            bounds.append((name, least, greatest))
+    return bounds
+
+
+def _among(found: pa.Table, keys: pa.Table) -> pa.Table:
+    """The rows of ``found`` whose key (the columns of ``keys``) equals a row of ``keys``: a
+    semi-join in Arrow, the keys cast to the lake's types (a NULL key matches nothing)."""
+    names = keys.column_names
+    plain = {n: found.schema.field(n).type for n in names}
+    for n, t in plain.items():
+        if pa.types.is_dictionary(t):
+            found = found.set_column(found.schema.get_field_index(n), n, found[n].cast(t.value_type))
+            plain[n] = t.value_type
+    wanted = pa.table({n: keys[n].cast(plain[n]) for n in names})
+    return found.join(wanted, keys=names, join_type="left semi")
+
+
+@dataclass(frozen=True)
+class KeysFound:
+    """Business keys found in other partitions: those partitions (labels, sorted), how many
+    distinct keys, and a few as ``key=value in partition``."""
+
+    partitions: list[str]
+    count: int
+    examples: list[str]
+
+
+def keys_found(found: pa.Table | None, column: str, key_columns: Sequence[str]) -> KeysFound | None:
+    """What :meth:`LakeTable.keys_elsewhere` found, for a message; None if nothing."""
+    if found is None or found.num_rows == 0:
+        return None
+    labels = sorted({"NULL" if v is None else partition_label(v) for v in pc.unique(found[column]).to_pylist()})
+    count = found.group_by(list(key_columns)).aggregate([]).num_rows
+    first = found.sort_by([(c, "ascending") for c in (*key_columns, column)]).slice(0, EXAMPLE_KEYS)
+    examples = [
+        ", ".join(f"{c}={row[c]}" for c in key_columns)
+        + f" in {'NULL' if row[column] is None else partition_label(row[column])}"
+        for row in first.to_pylist()
+    ]
+    return KeysFound(labels, count, examples)
+
+
 def check_rows_in(data: pa.Table, column: str, values: Sequence[PartitionValue], name: str) -> None:
     """Every row of ``data`` must lie in one of the partitions ``values`` (pyiceberg writes
     rows outside an overwrite's filter into other partitions instead of refusing them).
@@ -238,6 +333,18 @@ def check_rows_in(data: pa.Table, column: str, values: Sequence[PartitionValue],
             ", ".join(partition_label(v) for v in values), f"partition check before writing {name}",
             f"every row in partition(s) {', '.join(partition_label(v) for v in values)}", f"{outside} row(s) outside",
         )
+
+
+def _commit_failed(name: str, values: Sequence[PartitionValue], base: object, exclusive: bool, why: str) -> str:
+    """The problem of an overwrite another writer's commit made fail (TransientDatabaseError
+    adds that it is safe to retry)."""
+    labels = ", ".join(partition_label(v) for v in values)
+    if exclusive:
+        return (f"replacing partition(s) {labels} of {name}: another writer committed to the table after "
+                f"version {base}, which our commit had to follow directly (with records_can_move the "
+                f"business keys are checked at that version) ({why}); nothing of ours was committed")
+    return (f"replacing partition(s) {labels} of {name}: another writer committed to them first ({why}); "
+            "nothing of ours was committed")
 
 
 # --- Delta Lake ------------------------------------------------------------------------------
@@ -318,6 +425,22 @@ class DeltaLakeTable:
     def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
         return handle.to_pyarrow_dataset().to_table(columns=list(columns))
 
+    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                       keys: pa.Table) -> pa.Table | None:
+        if handle is None:
+            return None
+        # Rows with a NULL partition value are outside our partitions too (~isin keeps them).
+        where = ~pads.field(column).isin(list(values))
+        for name, least, greatest in _key_bounds(keys):
+            where = where & (pads.field(name) >= least) & (pads.field(name) <= greatest)
+        found = handle.to_pyarrow_dataset().to_table(columns=[column, *keys.column_names], filter=where)
+        return _among(found, keys)
+
+    def follows(self, handle: Any, base: str | None, metadata: Mapping[str, str]) -> bool:
+        # The version after ``base`` is ours (_check_commit read it from the log): nothing
+        # can lie between them.
+        return handle is not None and base is not None and handle.version() == int(base) + 1
+
     def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
         handle = self._load(None if version is None else int(version))
         if handle is None:
@@ -337,24 +460,26 @@ class DeltaLakeTable:
         except DeltaError as err:
             if "already exists" not in str(err):
                 raise
-            problem = f"creating {self.name}: another writer created it first; safe to retry"
+            problem = f"creating {self.name}: another writer created it first"
         else:
             return str(created.version())
         raise TransientDatabaseError(problem)
 
     def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
-                  metadata: Mapping[str, str]) -> str:
+                  metadata: Mapping[str, str], exclusive: bool = False) -> str:
         from deltalake import CommitProperties, write_deltalake
         from deltalake.exceptions import CommitFailedError
         predicate = delta_predicate(column, values)
+        base = handle.version()
+        # Without retries delta-rs commits exactly the next version after the handle's, or
+        # fails: it neither rebases over a newer version nor retries after losing the race
+        # for the next one.
+        properties = CommitProperties(custom_metadata=dict(metadata), max_commit_retries=0 if exclusive else None)
         try:
-            write_deltalake(handle, data, mode="overwrite", predicate=predicate,
-                            commit_properties=CommitProperties(custom_metadata=dict(metadata)))
+            write_deltalake(handle, data, mode="overwrite", predicate=predicate, commit_properties=properties)
         except CommitFailedError as err:
             raise TransientDatabaseError(
-                f"replacing partition(s) {', '.join(partition_label(v) for v in values)} of {self.name}: another "
-                f"writer committed to them first ({' '.join(str(err).split())[:200]}); nothing of ours "
-                "was committed, safe to retry"
+                _commit_failed(self.name, values, base, exclusive, " ".join(str(err).split())[:200])
             ) from err
         version = handle.version()
         self._check_commit(version, column, values, predicate, metadata)
@@ -446,6 +571,7 @@ class IcebergLakeTable:
         try:
             return self.catalog().load_table(self.identifier)
         except NoSuchTableError:
+            self._refuse_another_name()
             return None
         except FileNotFoundError as err:
             raise SpecError(
@@ -457,6 +583,37 @@ class IcebergLakeTable:
             if getattr(err.orig, "sqlstate", None) == "42P01" or "no such table" in str(err.orig):
                 return None
             raise
+
+    def _refuse_another_name(self) -> None:
+        """A table not under our catalog name, but under another name of the same catalog
+        database in the same place of the warehouse (the table this tool made when its
+        catalog name defaulted to "backfill_assets"), must not be created again beside it:
+        a second table in the same folder, which readers would take for the first.
+
+        Raises:
+            SpecError: naming the other catalog name(s) and how to carry on.
+        """
+        from pyiceberg.catalog.sql import IcebergTables
+        from sqlalchemy import select
+        from sqlalchemy.orm import Session
+        namespace, name = self.identifier.split(".")
+        folder = f"{self.warehouse}/{namespace}/{name}/"
+        query = select(IcebergTables.catalog_name, IcebergTables.metadata_location).where(
+            IcebergTables.table_namespace == namespace, IcebergTables.table_name == name,
+            IcebergTables.catalog_name != self.catalog_name,
+        )
+        with Session(self.catalog().engine) as session:
+            others = sorted({c for c, location in session.execute(query) if (location or "").startswith(folder)})
+        if others:
+            listed = ", ".join(repr(c) for c in others)
+            raise SpecError(
+                f"the Iceberg catalog in {self.catalog_source} lists {self.identifier} in this warehouse under "
+                f"the catalog name {listed}, not under {self.catalog_name!r}, the name the spec uses "
+                "(target.catalog.name; pyiceberg's default name unless set). Creating it under "
+                f"{self.catalog_name!r} would put a second table in the same folder. Set "
+                f"target.catalog.name: {others[0]} to keep writing that table, or move its catalog rows "
+                f"(catalog_name in iceberg_tables and iceberg_namespace_properties) to {self.catalog_name!r}"
+            )
 
     def close(self) -> None:
         if self._catalog is not None:
@@ -511,6 +668,49 @@ class IcebergLakeTable:
         version = self.version(handle)
         return self._scan(handle, None if version is None else int(version), column, values)
 
+    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                       keys: pa.Table) -> pa.Table | None:
+        from pyiceberg.expressions import And, GreaterThanOrEqual, IsNull, LessThanOrEqual, Not, Or
+        version = self.version(handle)
+        if version is None:
+            return None
+        # NOT (col IN ...) leaves out a NULL partition value, which lies outside ours too.
+        where: Any = Or(IsNull(column), Not(self._filter(column, values)))
+        for name, least, greatest in _key_bounds(keys):
+            where = And(where, GreaterThanOrEqual(name, _iceberg_literal(least)),
+                        LessThanOrEqual(name, _iceberg_literal(greatest)))
+        found = handle.scan(row_filter=where, selected_fields=(column, *keys.column_names),
+                            snapshot_id=int(version)).to_arrow()
+        return _among(found, keys)
+
+    def follows(self, handle: Any, base: str | None, metadata: Mapping[str, str]) -> bool:
+        # An overwrite commits a delete and an append snapshot, each carrying our plan id:
+        # walking back from the current snapshot, only ours may lie before ``base``. (A
+        # previous commit of the same plan may be ``base`` itself: the walk stops there.)
+        plan = metadata.get(META_PREFIX + "plan_id")
+        snapshot = None if handle is None else handle.current_snapshot()
+        for _ in range(8):
+            if snapshot is None:
+                return base is None
+            if str(snapshot.snapshot_id) == base:
+                return True
+            if snapshot.summary is None or snapshot.summary.additional_properties.get(META_PREFIX + "plan_id") != plan:
+                return False
+            parent = snapshot.parent_snapshot_id
+            snapshot = None if parent is None else handle.snapshot_by_id(parent)
+        return False
+
+    @staticmethod
+    def _without_retries(handle: Any) -> Any:
+        """The handle's table, with its commit made once: pyiceberg retries a failed commit
+        (``commit.retry.num-retries``, default 4) on the newer snapshot when the other
+        writer's commit did not touch our overwrite's partitions. The property is set on
+        this in-memory copy only: a commit sends its updates, never the metadata read."""
+        from pyiceberg.table import Table, TableProperties
+        properties = {**handle.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+        return Table(handle.name(), handle.metadata.model_copy(update={"properties": properties}),
+                     handle.metadata_location, handle.io, handle.catalog, handle.config)
+
     def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
         handle = self._load()
         if handle is None:
@@ -531,28 +731,31 @@ class IcebergLakeTable:
                 with txn.update_spec() as spec:
                     spec.add_identity(partition_key)
         except (TableAlreadyExistsError, CommitFailedException):
-            problem = f"creating {self.name}: another writer created it first; safe to retry"
+            problem = f"creating {self.name}: another writer created it first"
         else:
             return None  # a new Iceberg table has no snapshot
         raise TransientDatabaseError(problem)
 
     def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
-                  metadata: Mapping[str, str]) -> str:
+                  metadata: Mapping[str, str], exclusive: bool = False) -> str:
         from pyiceberg.exceptions import CommitFailedException, ValidationException
         check_rows_in(data, column, values, self.name)
         before = self.version(handle)
+        # Exclusive: one attempt, whose AssertRefSnapshotId (main is still the snapshot read)
+        # fails if anything was committed since.
+        table = self._without_retries(handle) if exclusive else handle
         try:
             with warnings.catch_warnings():
                 # "Delete operation did not match any records": a partition that was empty.
                 warnings.filterwarnings("ignore", "Delete operation did not match", UserWarning)
-                handle.overwrite(data, overwrite_filter=self._filter(column, values),
-                                 snapshot_properties=dict(metadata))
+                table.overwrite(data, overwrite_filter=self._filter(column, values),
+                                snapshot_properties=dict(metadata))
         except (CommitFailedException, ValidationException) as err:
             raise TransientDatabaseError(
-                f"replacing partition(s) {', '.join(partition_label(v) for v in values)} of {self.name}: another "
-                f"writer committed to them first ({err.__class__.__name__}); nothing of ours was "
-                "committed, safe to retry"
+                _commit_failed(self.name, values, before, exclusive, err.__class__.__name__)
             ) from err
+        if table is not handle:  # the handle reads what we committed, as after a commit of its own
+            handle.metadata, handle.metadata_location = table.metadata, table.metadata_location
         snapshot = handle.current_snapshot()
         if snapshot is None or str(snapshot.snapshot_id) == before:
             # Nothing to delete and nothing to append (an empty stage, an empty partition):

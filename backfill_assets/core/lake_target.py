@@ -14,6 +14,16 @@ The protocol of core.apply, for a lake table:
   the partition is overwritten in one commit based on that version: a writer since then
   makes it fail (TransientDatabaseError, safe to retry). A missing table is created first,
   empty and partitioned by the partition key (the plan said it would be).
+  With ``records_can_move`` a business key has one home across the table, which the plan
+  checked when it loaded the lake's keys. Right before the commit, the keys of the rows
+  being written are looked for outside the partitions being replaced, at exactly the version
+  the commit is based on: one found there (a writer put it there since the plan) refuses the
+  write (KeysElsewhereError, nothing committed, plan again). The commit is then exclusive
+  (core.lake): the very next version after that one, or none, so no commit to another
+  partition can slip in between the check and ours (TransientDatabaseError, safe to retry).
+  Should an engine rebase it all the same (LakeTable.follows says so), the keys are checked
+  again at our committed version, and a key found elsewhere fails the partition loudly
+  (VerificationError: committed, recorded as failed, the run stops).
 - ``committed_readings``: the partition at exactly the version we committed.
 """
 
@@ -35,11 +45,14 @@ from backfill_assets.core.arrow_fingerprint import (
     arrow_readings, canonical_texts, lake_schema, lake_type, read_stage_partition,
 )
 from backfill_assets.core.catalog import Inspection, check_total, describe_query, partition_kind_of
-from backfill_assets.core.context import Context, set_timeouts
+from backfill_assets.core.context import Context
 from backfill_assets.core.db import read_committed, transient_errors, url_from_env
-from backfill_assets.core.errors import ConnectionConfigError, SourceDataError, SpecError, TransientDatabaseError
+from backfill_assets.core.errors import (
+    ConnectionConfigError, KeysElsewhereError, SourceDataError, SpecError, TransientDatabaseError, VerificationError,
+)
 from backfill_assets.core.lake import (
-    META_PREFIX, LakeTable, delta_predicate, lake_errors, lake_table, shape_problems, type_text,
+    META_PREFIX, KeysFound, LakeTable, delta_predicate, keys_found, lake_errors, lake_table, shape_problems,
+    type_text,
 )
 from backfill_assets.core.spec import PartitionValue, Spec, TableRef
 from backfill_assets.core.target import AdvisoryLocked, Checkpoint, Readings, no_checkpoint
@@ -57,7 +70,12 @@ def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
         scheme = value.split("://", 1)[0] if "://" in value else ""
         try:
             if scheme and scheme not in ("postgresql", "postgres"):
-                return make_url(value)  # a SQLAlchemy URL (postgresql+psycopg://, sqlite:///...)
+                given = make_url(value)  # a SQLAlchemy URL (postgresql+psycopg://, sqlite:///...)
+                if not given.drivername.startswith("postgresql"):
+                    return given
+                # A PostgreSQL catalog's connections carry the spec's limits too.
+                options = " ".join(filter(None, (given.query.get("options"), spec.limits.options())))
+                return given.update_query_dict({"options": options})
             params = conninfo_to_dict(value)
         except Exception:  # noqa: BLE001 - the parsers quote the value back: say only where it is
             problem = f"the Iceberg catalog URL in {url.source} is malformed; write a PostgreSQL or SQLAlchemy URL"
@@ -75,7 +93,7 @@ def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
         query["host"], host = host, None  # a socket directory goes to libpq as is
     # Finite limits for the catalog's own connections, as for every other connection.
     query.setdefault("connect_timeout", "10")
-    limits = f"-c statement_timeout={spec.statement_timeout_ms} -c lock_timeout={spec.lock_timeout_ms}"
+    limits = spec.limits.options()
     query["options"] = f"{query['options']} {limits}" if query.get("options") else limits
     return URL.create(
         "postgresql+psycopg", username=params.get("user") or None, password=params.get("password") or None,
@@ -270,7 +288,6 @@ class LakeTarget(AdvisoryLocked):
         spec = ctx.spec
         self.table = table or open_lake_table(conn, spec)
         self.schema = lake_schema(ctx.target_columns)  # the stage's columns, in the spec's order
-        self._session_limits = False
         self._committed: dict[str, str | None] = {}
 
     def readings_of(self, data: pa.Table) -> Readings:
@@ -295,7 +312,6 @@ class LakeTarget(AdvisoryLocked):
         spec = self.ctx.spec
         with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
                 lake_errors(self.table, f"replacing partition(s) {', '.join(labels)} of"), read_committed(self.conn):
-            set_timeouts(self.conn, spec)
             write = _LakeWrite(self, self.table.open())
             yield write
             # Our commit's version; for partitions found already carrying the approved rows
@@ -321,6 +337,7 @@ class _LakeWrite:
     def __init__(self, target: LakeTarget, handle: Any) -> None:
         self.target, self.handle = target, handle
         self.pending: dict[str, pa.Table] | None = None  # each partition's rows to commit
+        self.note: dict[str, str] = {}  # plan_id, approval_id, ... (core.apply)
         self.metadata: dict[str, str] = {}
 
     def readings(self, labels: list[str]) -> dict[str, Readings]:
@@ -336,7 +353,8 @@ class _LakeWrite:
                                         ctx.value_of(label), spec.business_key).cast(t.schema)
             for label in labels
         }
-        self.metadata = {META_PREFIX + k: v for k, v in (note or {}).items()}
+        self.note = dict(note or {})
+        self.metadata = {META_PREFIX + k: v for k, v in self.note.items()}
         t.checkpoint("inserted", labels)
 
     def commit(self, labels: list[str]) -> str | None:
@@ -352,8 +370,41 @@ class _LakeWrite:
             if t.table.version(handle) != created:
                 raise TransientDatabaseError(
                     f"another writer wrote to {t.table.name} right after this run created it; nothing "
-                    "of ours was committed, safe to retry"
+                    "of ours was committed"
                 )
+        spec = t.ctx.spec
         data = pa.concat_tables([self.pending[label] for label in labels])
         values = [t.ctx.value_of(label) for label in labels]
-        return t.table.overwrite(handle, t.ctx.spec.partition_key, values, data, self.metadata)
+        # With records_can_move: the keys written here, in no other partition at the version
+        # our commit is based on, and nothing committed between that version and ours.
+        guarded = spec.records_can_move and data.num_rows > 0
+        keys = data.select(list(spec.business_key))
+        base = t.table.version(handle)
+        if guarded:
+            found = self._keys_elsewhere(handle, values, keys)
+            if found is not None:
+                raise KeysElsewhereError(
+                    int(self.note.get("approval_id", "0")), self.note.get("plan_id", ""), spec.target_name, base,
+                    labels, found.partitions, found.count, found.examples,
+                )
+        version = t.table.overwrite(handle, spec.partition_key, values, data, self.metadata, exclusive=guarded)
+        if guarded and not t.table.follows(handle, base, self.metadata):
+            # The engine based our commit on a later version than the one checked: check the
+            # version we committed (the handle reads it now). Committed already: say so loudly.
+            found = self._keys_elsewhere(handle, values, keys)
+            if found is not None:
+                raise VerificationError(
+                    labels[0], f"business key check after the commit of partition(s) {', '.join(labels)}",
+                    f"their keys in no other partition of {spec.target_name}",
+                    f"{found.count} key(s) also in partition(s) {', '.join(found.partitions)} at our version {version}",
+                    f"our commit was based on a later version than {base}, where the keys were checked; for "
+                    f"example {'; '.join(found.examples)}. Plan again, so that those keys are replaced with "
+                    "their partitions",
+                )
+        return version
+
+    def _keys_elsewhere(self, handle: Any, values: list[PartitionValue], keys: pa.Table) -> KeysFound | None:
+        t = self.target
+        spec = t.ctx.spec
+        return keys_found(t.table.keys_elsewhere(handle, spec.partition_key, values, keys), spec.partition_key,
+                          spec.business_key)

@@ -5,6 +5,7 @@ creates it), read by apply, status and the approval sensor.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import psycopg
@@ -27,9 +28,12 @@ _LATEST_APPROVAL = sql.SQL(
 
 
 # The newest approval of each plan of a spec that its own runs have not yet verified in
-# every partition (an older approval of the same plan is never applied: apply takes the newest).
+# every partition (an older approval of the same plan is never applied: apply takes the newest),
+# with the partitions its runs did verify.
 _OPEN_APPROVALS = sql.SQL(
-    "SELECT a.approval_id, a.plan_id, a.approved_by, a.approved_at, a.partitions, a.target_readings "
+    "SELECT a.approval_id, a.plan_id, a.approved_by, a.approved_at, a.partitions, a.target_readings, "
+    "ARRAY(SELECT DISTINCT l.partition FROM {schema}.ledger AS l WHERE l.approval_id = a.approval_id "
+    "AND l.status IN ('verified', 'skipped-already-verified') ORDER BY l.partition) "
     "FROM (SELECT DISTINCT ON (plan_id) approval_id, plan_id, approved_by, approved_at, partitions, "
     "target_readings FROM {schema}.approvals WHERE spec_name = %(spec_name)s "
     "ORDER BY plan_id, approval_id DESC) AS a "
@@ -41,6 +45,8 @@ _OPEN_APPROVALS = sql.SQL(
 
 
 APPROVAL_FIELDS = ("approval_id", "plan_id", "approved_by", "approved_at", "partitions", "target_readings")
+# An open approval also says which of its partitions its own runs verified.
+OPEN_APPROVAL_FIELDS = (*APPROVAL_FIELDS, "verified")
 
 
 def record_approval(conn: psycopg.Connection, schema: str, **fields: Any) -> int:
@@ -62,11 +68,27 @@ def latest_approval(conn: psycopg.Connection, schema: str, plan_id: str) -> dict
 
 def open_approvals(conn: psycopg.Connection, schema: str, spec_name: str) -> list[dict[str, Any]]:
     """The newest approval of each plan of a spec not yet verified by its own runs in every
-    partition (``APPROVAL_FIELDS``), oldest first."""
+    partition (``OPEN_APPROVAL_FIELDS``: ``verified`` lists the partitions they did verify),
+    oldest first."""
     rows = conn.execute(
         _OPEN_APPROVALS.format(schema=sql.Identifier(schema)), {"spec_name": spec_name}
     ).fetchall()
-    return [dict(zip(APPROVAL_FIELDS, r)) for r in rows]
+    return [dict(zip(OPEN_APPROVAL_FIELDS, r)) for r in rows]
+
+
+_VERIFIED_BY_APPROVAL = sql.SQL(
+    "SELECT DISTINCT partition FROM {schema}.ledger WHERE approval_id = %(approval_id)s "
+    "AND status IN ('verified', 'skipped-already-verified') ORDER BY partition"
+)
+
+
+def verified_by_approval(conn: psycopg.Connection, schema: str, approval_id: int) -> list[str]:
+    """The partitions that runs of one approval verified (or found already verified), in
+    order."""
+    rows = conn.execute(
+        _VERIFIED_BY_APPROVAL.format(schema=sql.Identifier(schema)), {"approval_id": approval_id}
+    ).fetchall()
+    return [r[0] for r in rows]
 
 
 _LEDGER_START = sql.SQL(
@@ -192,33 +214,41 @@ def newest_approved_plan_with(conn: psycopg.Connection, schema: str, spec_name: 
     return None if row is None else row[0]
 
 
-# Each approval of a spec newer than a cursor, whether its own runs verified every one of its
-# partitions (applied), and whether a newer approval of the same plan exists (superseded:
-# apply takes the newest approval of a plan, so an older one is never applied as itself).
+# Each approval of a spec newer than a cursor (and, given a time, approved after it), at most
+# a given number, when it was given, whether its own runs verified every one of its partitions
+# (applied), and whether a newer approval of the same plan exists (superseded: apply takes the
+# newest approval of a plan, so an older one is never applied as itself). Only the rows
+# returned are judged: the rows passed over, and those after the limit, are not.
 _APPROVALS_SINCE = sql.SQL(
-    "SELECT a.approval_id, a.plan_id, a.partitions, "
+    "SELECT a.approval_id, a.plan_id, a.partitions, a.approved_at, "
     "NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(a.partitions) AS p(partition) "
     "WHERE NOT EXISTS (SELECT 1 FROM {schema}.ledger AS l WHERE l.approval_id = a.approval_id "
     "AND l.partition = p.partition AND l.status IN ('verified', 'skipped-already-verified'))), "
     "EXISTS (SELECT 1 FROM {schema}.approvals AS n WHERE n.plan_id = a.plan_id "
     "AND n.approval_id > a.approval_id) "
     "FROM {schema}.approvals AS a WHERE a.spec_name = %(spec_name)s AND a.approval_id > %(after)s "
-    "ORDER BY a.approval_id"
+    "AND (%(approved_after)s::timestamptz IS NULL OR a.approved_at > %(approved_after)s::timestamptz) "
+    "ORDER BY a.approval_id LIMIT %(limit)s"
 )
 
 
-APPROVAL_STATE_FIELDS = ("approval_id", "plan_id", "partitions", "applied", "superseded")
+APPROVAL_STATE_FIELDS = ("approval_id", "plan_id", "partitions", "approved_at", "applied", "superseded")
 
 
-def approvals_since(conn: psycopg.Connection, schema: str, spec_name: str, after: int) -> list[dict[str, Any]]:
-    """The approvals of a spec newer than ``after`` (``APPROVAL_STATE_FIELDS``), oldest first:
-    ``applied`` when runs of that approval verified every one of its partitions (status
-    verified or skipped-already-verified), ``superseded`` when the same plan has a newer
-    approval. One query; nothing is fingerprinted."""
+def approvals_since(
+    conn: psycopg.Connection, schema: str, spec_name: str, after: int, *, limit: int,
+    approved_after: dt.datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The first ``limit`` approvals of a spec newer than ``after`` (``APPROVAL_STATE_FIELDS``),
+    oldest first: ``applied`` when runs of that approval verified every one of its partitions
+    (status verified or skipped-already-verified), ``superseded`` when the same plan has a
+    newer approval. ``approved_after``: only approvals given after that time (the others are
+    not read). One query; nothing is fingerprinted."""
     rows = conn.execute(
-        _APPROVALS_SINCE.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "after": after}
+        _APPROVALS_SINCE.format(schema=sql.Identifier(schema)),
+        {"spec_name": spec_name, "after": after, "limit": limit, "approved_after": approved_after},
     ).fetchall()
-    return [dict(zip(APPROVAL_STATE_FIELDS, (int(r[0]), r[1], list(r[2]), r[3], r[4]))) for r in rows]
+    return [dict(zip(APPROVAL_STATE_FIELDS, (int(r[0]), r[1], list(r[2]), r[3], r[4], r[5]))) for r in rows]
 
 
 # The partitions a run of the newest approval of a plan (the one apply applies) failed, each

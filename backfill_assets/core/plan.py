@@ -15,7 +15,7 @@ import psycopg
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.context import (
-    Clock, Context, build_lock, partition_locks, resolve, set_timeouts, spec_lock, utc_now,
+    Clock, Context, build_lock, partition_locks, resolve, spec_lock, utc_now,
 )
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.db import ConnectionFactory, transient_errors
@@ -174,7 +174,6 @@ def _stage_tables_ready(conn: psycopg.Connection, ctx: Context) -> None:
     one spec starting at once do not both create them; each build then finds them ready."""
     spec = ctx.spec
     with transient_errors("making the stage tables ready"), conn.transaction():
-        set_timeouts(conn, spec)
         conn.execute(*sqlbuild.advisory_xact_lock(f"backfill_assets:stage-tables:{spec.control_schema}:{spec.name}"))
         for variant in ("a", "b"):
             ensure_stage(conn, ctx, variant)
@@ -233,7 +232,6 @@ def differing_keys(conn: psycopg.Connection, ctx: Context, a: dict[str, Fingerpr
             continue
         try:
             with conn.transaction():
-                set_timeouts(conn, ctx.spec)
                 d = diff_partition(conn, ctx, ctx.stage("a"), ctx.stage("b"), label, DIFFERING_KEYS)
         except psycopg.Error as err:  # the plan is refused anyway; the keys only explain it
             found.append(f"partition {label}: the differing keys could not be read ({err.__class__.__name__})")

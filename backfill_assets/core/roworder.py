@@ -66,7 +66,7 @@ def query_order(query: Node, catalog: Catalog) -> Iterator[Finding]:
                                   node.get("aggdistinct") or [], catalog)
         elif node["@"] == "SUBLINK" and node.get("subLinkType") == ARRAY_SUBLINK:
             sub = node.get("subselect")
-            if isinstance(sub, dict) and not _sorted_totally(sub, catalog):
+            if isinstance(sub, dict) and not sorted_totally(sub, catalog):
                 yield Finding(
                     "order", "ARRAY(subquery)", location(node),
                     "ARRAY(subquery) lists rows in the order they arrive, and the subquery's "
@@ -75,7 +75,7 @@ def query_order(query: Node, catalog: Catalog) -> Iterator[Finding]:
                 )
 
 
-def _sorted_totally(query: Node, catalog: Catalog) -> bool:
+def sorted_totally(query: Node, catalog: Catalog) -> bool:
     """Whether the query's ORDER BY is provably total over its output: it sorts by every
     output column that is not a constant, each of an exact type, so tied rows are identical."""
     sorted_refs = {as_int(s["tleSortGroupRef"]) for s in query.get("sortClause") or []}
@@ -104,7 +104,7 @@ def _row_limits(query: Node, catalog: Catalog) -> Iterator[Finding]:
     if count is None and offset is None:
         return
     with_ties = query.get("limitOption") == LIMIT_WITH_TIES and offset is None
-    if with_ties or _sorted_totally(query, catalog):
+    if with_ties or sorted_totally(query, catalog):
         return
     yield Finding(
         "order", "LIMIT/OFFSET" if offset is not None else "LIMIT", _first_location(count, offset),
@@ -122,7 +122,7 @@ def _collapsing(query: Node, catalog: Catalog) -> Iterator[Finding]:
     targets = {as_int(t.get("ressortgroupref"), 0): t for t in query.get("targetList") or []}
     distinct = query.get("distinctClause") or []
     if query.get("hasDistinctOn") == "true":
-        if not _sorted_totally(query, catalog):
+        if not sorted_totally(query, catalog):
             first = targets.get(as_int(distinct[0]["tleSortGroupRef"])) if distinct else None
             yield Finding(
                 "order", "DISTINCT ON", _first_location(first),

@@ -19,7 +19,7 @@ from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import table_columns, table_kind
-from backfill_assets.core.context import Clock, Context, resolve, set_timeouts
+from backfill_assets.core.context import Clock, Context, resolve
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.db import repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, SourceDataError
@@ -180,7 +180,6 @@ def take_snapshot(
     src = spec.source_ref
     requested = ctx.labels
     with transient_errors("taking the snapshot"), repeatable_read(conn):
-        set_timeouts(conn, spec)
         if spec.records_can_move:
             if spec.target.is_lake:  # the lake's keys, for this transaction's SQL
                 from backfill_assets.core.lake_target import load_target_keys
@@ -385,7 +384,6 @@ def changes_against(conn: psycopg.Connection, ctx: Context, known: dict[str, str
     """The context's partitions whose source content differs from ``known`` (label -> content
     hash of its newest snapshot): label -> the source's hash now."""
     with transient_errors("reading the source"), repeatable_read(conn, read_only=True):
-        set_timeouts(conn, ctx.spec)
         now = source_fingerprints(conn, ctx, ctx.spec.source_ref)
     return {label: now[label]["content_hash"] for label in ctx.labels if now[label]["content_hash"] != known[label]}
 
@@ -411,7 +409,6 @@ def immutable_source_changes(
 def recheck_immutable_source(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> None:
     """Raise SnapshotError if a source pinned as immutable changed since it was pinned."""
     with transient_errors("rechecking the immutable source"), repeatable_read(conn, read_only=True):
-        set_timeouts(conn, ctx.spec)
         changed = immutable_source_changes(conn, ctx, snapshot.partitions)
     if changed:
         raise SnapshotError(

@@ -61,7 +61,7 @@ import psycopg
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import has_ordered_index, table_columns, table_kind
-from backfill_assets.core.context import resolve, set_timeouts
+from backfill_assets.core.context import resolve
 from backfill_assets.core.db import repeatable_read, transient_errors
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.snapshot import changes_against
@@ -375,7 +375,6 @@ def _gate2_flags(
     flagged: list[str] = []
     signalled = 0
     with transient_errors("reading the partitions' change signals"), repeatable_read(conn, read_only=True):
-        set_timeouts(conn, spec)
         if mode in ("newer", "counted"):
             due_set = set(due)
             others = [p for p in labels if p not in due_set]
@@ -416,7 +415,6 @@ def watch_tick(
     if not control.control_ready(conn, schema):
         return Tick({}, WatchState(), "quiet", "has no control schema yet", 0, [], [])
     with transient_errors("reading the source's counters"), repeatable_read(conn, read_only=True):
-        set_timeouts(conn, spec)
         table = read_table(conn, spec)  # first: everything after it is at least as new
         known = control.latest_snapshotted(conn, schema, str(spec.source_ref))
     mode, reason = compare_tables(before.table, table)

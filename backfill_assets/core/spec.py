@@ -16,6 +16,7 @@ import pydantic
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from backfill_assets.core.db import Limits
 from backfill_assets.core.errors import SpecError
 
 # PostgreSQL silently truncates longer identifiers to NAMEDATALEN - 1 bytes.
@@ -80,6 +81,17 @@ def _check_env_name(value: str) -> str:
     return value
 
 
+def _check_function_name(value: str) -> str:
+    parts = value.split(".")
+    if len(parts) != 2:
+        raise ValueError("a trusted function is written as schema.function (one dot), without arguments")
+    for part in parts:
+        check_identifier(part)
+    if parts[0] == "pg_catalog":
+        raise ValueError("functions in pg_catalog are judged by the guard itself; list only your own")
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -105,7 +117,10 @@ class IcebergCatalogSpec(_Strict):
     type: Literal["sql"]
     uri_env: Annotated[str, AfterValidator(_check_env_name)] | None = None
     warehouse: Annotated[str, Field(min_length=1)]
-    name: Identifier = "backfill_assets"
+    # The catalog name pyiceberg keys the catalog's rows by (iceberg_tables.catalog_name).
+    # "default" is what pyiceberg's load_catalog() uses when given no name, so a reader with
+    # the URI alone sees the tables this tool writes (see README, "Lake targets").
+    name: Identifier = "default"
 
 
 _NAMESPACE_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -227,6 +242,33 @@ class ParallelSpec(_Strict):
     max_concurrent_builds: Annotated[int, Field(strict=True, ge=1, le=MAX_CONCURRENT_BUILDS)]
 
 
+class TrustedFunction(_Strict):
+    """A function outside ``pg_catalog`` that ``transform_sql`` may call although the guard
+    cannot see into it (see README, "transform_sql"): ``name`` as ``schema.function``, and
+    why its result depends on its arguments alone."""
+
+    name: Annotated[str, AfterValidator(_check_function_name)]
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(d|day|days|h|hour|hours|m|min|minute|minutes)\s*$")
+_DURATION_UNITS = {"d": "days", "h": "hours", "m": "minutes", "min": "minutes"}
+
+
+def _parse_duration(value: object) -> object:
+    """``7d``, ``36 hours``, ``90m`` as a timedelta (anything else is left to pydantic's
+    own timedelta parsing: ISO 8601 such as ``P7D``, or seconds)."""
+    if isinstance(value, str) and (m := _DURATION.match(value)):
+        unit = m.group(2)
+        unit = _DURATION_UNITS.get(unit, unit if unit.endswith("s") else unit + "s")
+        return dt.timedelta(**{unit: int(m.group(1))})
+    return value
+
+
+Duration = Annotated[dt.timedelta, pydantic.BeforeValidator(_parse_duration)]
+DEFAULT_APPROVAL_EXPIRY = dt.timedelta(days=7)
+
+
 class Spec(_Strict):
     """A declared backfill. See README.md, "Configuration reference"."""
 
@@ -247,6 +289,11 @@ class Spec(_Strict):
     parallel: ParallelSpec | None = None
     lock_timeout_ms: Annotated[int, Field(gt=0, le=3_600_000)] = 5_000
     statement_timeout_ms: Annotated[int, Field(gt=0, le=86_400_000)] = 600_000
+    # Functions outside pg_catalog that transform_sql may call (core.transform).
+    trusted_functions: list[TrustedFunction] = []
+    # An approval not applied within this long is expired: apply refuses it, status and the
+    # approval sensor say so.
+    approval_expires_after: Duration = DEFAULT_APPROVAL_EXPIRY
 
     @pydantic.model_validator(mode="after")
     def _columns_agree(self) -> Spec:
@@ -299,6 +346,20 @@ class Spec(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @pydantic.field_validator("approval_expires_after")
+    @classmethod
+    def _positive_expiry(cls, value: dt.timedelta) -> dt.timedelta:
+        if value <= dt.timedelta(0) or value > dt.timedelta(days=3650):
+            raise ValueError("approval_expires_after must be between 1 minute and 3650 days (for example 7d or 36h)")
+        if value < dt.timedelta(minutes=1):
+            raise ValueError("approval_expires_after must be at least 1 minute (for example 7d or 36h)")
+        return value
+
+    @property
+    def limits(self) -> Limits:
+        """The finite waits every connection of this spec carries (db.Limits)."""
+        return Limits(self.lock_timeout_ms, self.statement_timeout_ms)
 
     @property
     def target_name(self) -> str:

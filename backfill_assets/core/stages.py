@@ -13,7 +13,7 @@ from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import table_columns, table_kind
-from backfill_assets.core.context import Clock, Context, resolve, set_local, set_timeouts
+from backfill_assets.core.context import Clock, Context, resolve, set_local
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, StageError
@@ -82,7 +82,6 @@ def build_partition(
     label = partition_label(partition)
     input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
     with transient_errors(f"building stage {variant} of partition {label}"), conn.transaction():
-        set_timeouts(conn, spec)
         conn.execute(_SYNC_COMMIT_OFF)
         conn.execute(*sqlbuild.delete_partition(stage, spec.partition_key, partition))
         conn.execute(*sqlbuild.build_stage(
@@ -169,7 +168,6 @@ def build_both(
 
     with factory() as guard, transient_errors("locking the snapshot copy"), read_committed(guard):
         if not snapshot.filtered:
-            set_timeouts(guard, ctx.spec)
             # The guard waits, idle in its transaction, for both builds.
             set_local(guard, "idle_in_transaction_session_timeout", "0")
             guard.execute(sqlbuild.lock_against_writers(snapshot.relation))
@@ -218,7 +216,6 @@ def read_stages(spec: Spec, labels: list[str], factory: ConnectionFactory) -> li
             raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
         ctx = resolve(conn, spec, labels)
         with transient_errors("reading the stages"), repeatable_read(conn, read_only=True):
-            set_timeouts(conn, spec)
             for variant in ("a", "b"):
                 if table_kind(conn, ctx.stage(variant)) is None:
                     raise StageError(f"stage {ctx.stage(variant)} has never been built; materialize both stages first")

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import psycopg
 
 from backfill_assets.core import sqlbuild
-from backfill_assets.core.context import Context, set_session_timeouts, set_timeouts
+from backfill_assets.core.context import Context
 from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.fingerprint import business_key_order
 
@@ -89,20 +89,15 @@ def target_for(conn: psycopg.Connection, factory: ConnectionFactory | None, ctx:
 
 
 @contextlib.contextmanager
-def partition_advisory_locks(conn: psycopg.Connection, ctx: Context, labels: list[str],
-                             limits_set: bool) -> Iterator[None]:
+def partition_advisory_locks(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> Iterator[None]:
     """A session advisory lock per (target, partition), taken in one order by every run, so
-    that no other backfill of these partitions runs until the caller is done. ``limits_set``:
-    the session already has the spec's finite timeouts."""
+    that no other backfill of these partitions runs until the caller is done. Each waits at
+    most the connection's lock timeout (db.Limits)."""
     spec = ctx.spec
     keys = [f"backfill_assets:target:{spec.target_name}:{label}" for label in sorted(labels)]
     taken: list[str] = []
     try:
         with transient_errors(f"locking partition(s) {', '.join(labels)} of {spec.target_name}"):
-            if not limits_set:
-                # The same finite timeouts for the session, so that each advisory lock is
-                # one statement rather than a transaction of its own.
-                set_session_timeouts(conn, spec)
             for key in keys:
                 conn.execute(*sqlbuild.advisory_lock(key))
                 taken.append(key)
@@ -115,17 +110,14 @@ def partition_advisory_locks(conn: psycopg.Connection, ctx: Context, labels: lis
 
 class AdvisoryLocked:
     """``Target.locked`` by session advisory locks on apply's connection (every engine's: the
-    control schema, and so the locks, live in PostgreSQL). Needs ``conn``, ``ctx`` and
-    ``_session_limits`` (whether the session has the spec's timeouts yet)."""
+    control schema, and so the locks, live in PostgreSQL). Needs ``conn`` and ``ctx``."""
 
     conn: psycopg.Connection
     ctx: Context
-    _session_limits: bool
 
     @contextlib.contextmanager
     def locked(self, labels: list[str]) -> Iterator[None]:
-        with partition_advisory_locks(self.conn, self.ctx, labels, self._session_limits):
-            self._session_limits = True
+        with partition_advisory_locks(self.conn, self.ctx, labels):
             yield
 
 
@@ -143,7 +135,6 @@ class PostgresTarget(AdvisoryLocked):
                  checkpoint: Checkpoint = no_checkpoint) -> None:
         self.conn, self.factory, self.ctx, self.checkpoint = conn, factory, ctx, checkpoint
         self._reader: psycopg.Connection | None = None
-        self._session_limits = False
 
     def _values(self, labels: list[str]) -> list[object]:
         return [self.ctx.value_of(label) for label in labels]
@@ -163,7 +154,6 @@ class PostgresTarget(AdvisoryLocked):
         # write the lock waited for.
         with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
                 read_committed(self.conn):
-            set_timeouts(self.conn, spec)
             self.conn.execute(sqlbuild.lock_for_replace(spec.target_ref))
             yield _PostgresWrite(self)
 

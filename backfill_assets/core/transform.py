@@ -11,12 +11,19 @@ Two gates, both before anything is written:
    values of the session, the role or the clock, and constructs whose result depends on
    the order rows arrive in. Each refusal names the construct, where it is in the SQL, and
    what to do instead.
+3. Functions outside ``pg_catalog`` (the user's, and extensions' in any schema), whose
+   IMMUTABLE label PostgreSQL does not check: each one the transform calls, directly or
+   through an operator, an aggregate, a cast, a sort or hash (the support functions of an
+   operator's btree and hash operator families), is refused unless the spec lists it
+   in ``trusted_functions`` or the guard can see into it. A SQL function's body is analysed
+   by the server and judged by these same rules, recursively (core.userfunctions); it may
+   read no table. A PL/pgSQL or C function cannot be read, and is refused.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import pglast
 import psycopg
@@ -26,17 +33,29 @@ from pglast.visitors import Visitor
 from psycopg import sql
 
 from backfill_assets.core import sqlbuild
-from backfill_assets.core.determinism import findings
-from backfill_assets.core.guardcatalog import Catalog, Function, referenced
+from backfill_assets.core.determinism import called, findings, in_order
+from backfill_assets.core.guardcatalog import (
+    SUPPORT_NUMBERS,
+    Catalog,
+    Finding,
+    Function,
+    compared_types,
+    referenced,
+)
 from backfill_assets.core.errors import SpecError, TransformError, TransformProblem
-from backfill_assets.core.querytree import parse_node_tree
-from backfill_assets.core.spec import TableRef
-
-_FORBIDDEN_NODES = {
-    ast.InsertStmt: "INSERT", ast.UpdateStmt: "UPDATE", ast.DeleteStmt: "DELETE",
-    ast.MergeStmt: "MERGE", ast.IntoClause: "SELECT INTO", ast.LockingClause: "FOR UPDATE/SHARE",
-    ast.RangeTableSample: "TABLESAMPLE",
-}
+from backfill_assets.core.querytree import location, nodes, parse_node_tree
+from backfill_assets.core.spec import TableRef, TrustedFunction
+from backfill_assets.core.userfunctions import (
+    FORBIDDEN_NODES,
+    STANDARD_STRINGS,
+    Body,
+    aggregate_support,
+    analyse_body,
+    first_row,
+    not_the_statement,
+    read_functions,
+    relations_read,
+)
 
 
 class _Shape(Visitor):
@@ -46,7 +65,7 @@ class _Shape(Visitor):
         self.ctes: set[str] = set()
 
     def visit(self, ancestors, node):  # noqa: D102 - pglast's visitor protocol
-        for kind, word in _FORBIDDEN_NODES.items():
+        for kind, word in FORBIDDEN_NODES.items():
             if isinstance(node, kind):
                 self.problems.append(f"{word} is not allowed")
         if isinstance(node, ast.CommonTableExpr):
@@ -100,12 +119,6 @@ _NODE_TREE = sql.SQL(
     "SELECT r.ev_action::text FROM pg_catalog.pg_rewrite AS r "
     "WHERE r.ev_class = %(view)s::regclass"
 )
-_FUNCTIONS = sql.SQL(
-    "SELECT p.oid::bigint, p.oid::regprocedure::text, p.proname, n.nspname, p.prokind, "
-    "p.provolatile FROM pg_catalog.pg_proc AS p "
-    "JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace "
-    "WHERE p.oid = ANY(%(oids)s::oid[])"
-)
 _OPERATORS = sql.SQL(
     "SELECT o.oid::bigint, o.oprcode::oid::bigint FROM pg_catalog.pg_operator AS o "
     "WHERE o.oid = ANY(%(oids)s::oid[])"
@@ -123,6 +136,27 @@ _TYPES = sql.SQL(
     "LEFT JOIN pg_catalog.pg_range AS m ON m.rngmultitypid = t.oid "
     "WHERE t.oid = ANY(%(oids)s::oid[])"
 )
+# The support functions of the btree and hash operator families of each operator, for its
+# argument types (a merge join compares left with right, and sorts each side by its own).
+_OPERATOR_SUPPORT = sql.SQL(
+    "SELECT o.amopopr::bigint, p.amproc::oid::bigint FROM pg_catalog.pg_amop AS o "
+    "JOIN pg_catalog.pg_am AS a ON a.oid = o.amopmethod "
+    "JOIN pg_catalog.pg_amproc AS p ON p.amprocfamily = o.amopfamily "
+    "AND p.amproclefttype IN (o.amoplefttype, o.amoprighttype) "
+    "AND p.amprocrighttype IN (o.amoplefttype, o.amoprighttype) "
+    "WHERE o.amopopr = ANY(%(oids)s::oid[]) AND a.amname = ANY(%(methods)s::text[]) "
+    "AND p.amprocnum = ANY(%(numbers)s::int2[]) ORDER BY 1, 2"
+)
+# The comparison functions of each type's default btree operator class (GREATEST, LEAST).
+_TYPE_COMPARISON = sql.SQL(
+    "SELECT c.opcintype::bigint, p.amproc::oid::bigint FROM pg_catalog.pg_opclass AS c "
+    "JOIN pg_catalog.pg_am AS a ON a.oid = c.opcmethod "
+    "JOIN pg_catalog.pg_amproc AS p ON p.amprocfamily = c.opcfamily "
+    "AND p.amproclefttype = c.opcintype AND p.amprocrighttype = c.opcintype "
+    "WHERE c.opcdefault AND c.opcintype = ANY(%(oids)s::oid[]) AND a.amname = %(method)s "
+    "AND p.amprocnum = ANY(%(numbers)s::int2[]) ORDER BY 1, 2"
+)
+_SORT_AND_HASH_METHODS = ["btree", "hash"]
 _COLLATIONS = sql.SQL(
     "SELECT c.oid::bigint, c.collisdeterministic FROM pg_catalog.pg_collation AS c "
     "WHERE c.oid = ANY(%(oids)s::oid[])"
@@ -140,18 +174,29 @@ def read_catalog(conn: psycopg.Connection, tree: object) -> Catalog:
     that the analysed ``tree`` uses, in a few catalog reads."""
     funcs, ops, io_types, typed = referenced(tree)
     operator_functions = {int(o): int(f) for o, f in conn.execute(_OPERATORS, {"oids": sorted(ops)}).fetchall()}
+    operator_support = _grouped(conn.execute(_OPERATOR_SUPPORT, {
+        "oids": sorted(ops), "methods": _SORT_AND_HASH_METHODS, "numbers": list(SUPPORT_NUMBERS)}).fetchall())
+    type_comparison = _grouped(conn.execute(_TYPE_COMPARISON, {
+        "oids": sorted(compared_types(tree)), "method": "btree", "numbers": list(SUPPORT_NUMBERS)}).fetchall())
     types = _types_with_parts(conn, io_types | {t for t, _, _ in typed})
     io = {oid: (row[1], row[2]) for oid, row in types.items()}
     funcs |= set(operator_functions.values()) | {f for pair in io.values() for f in pair if f}
-    functions = {
-        int(r[0]): Function(r[1], r[2], r[3], r[4], r[5])
-        for r in conn.execute(_FUNCTIONS, {"oids": sorted(funcs)}).fetchall()
-    }
+    funcs |= {f for group in (operator_support, type_comparison) for fs in group.values() for f in fs}
+    functions = read_functions(conn, funcs)
     collations = sorted({c for _, _, c in typed if c})
     deterministic = {int(o): bool(d) for o, d in conn.execute(_COLLATIONS, {"oids": collations}).fetchall()}
     exact = {t for t in typed if _is_exact(t, types, deterministic)}
     clock_read = _clock_read(types, {t for t, _, _ in typed})
-    return Catalog(functions, operator_functions, {k: v for k, v in io.items() if k in io_types}, exact, clock_read)
+    return Catalog(functions, operator_functions, {k: v for k, v in io.items() if k in io_types}, exact, clock_read,
+                   operator_support, type_comparison)
+
+
+def _grouped(rows: list[tuple]) -> dict[int, tuple[int, ...]]:
+    """(key, function OID) rows -> key -> its function OIDs."""
+    out: dict[int, tuple[int, ...]] = {}
+    for key, fn in rows:
+        out[int(key)] = (*out.get(int(key), ()), int(fn))
+    return out
 
 
 # The types whose input function reads 'now', 'today', 'tomorrow' and 'yesterday' as the clock.
@@ -209,20 +254,28 @@ def _is_exact(typed: tuple[int, int, int], types: dict[int, tuple], deterministi
 def validate_transform_in_catalog(
     conn: psycopg.Connection, base: TableRef, base_columns: Sequence[str], partition_key: str,
     output_columns: Sequence[str], transform: str, original: str | None = None,
+    trusted_functions: Sequence[TrustedFunction] = (),
 ) -> None:
     """Have the server analyse the transform and refuse it if its rows could change between
-    runs from the same snapshot (see :mod:`backfill_assets.core.determinism`).
+    runs from the same snapshot (see :mod:`backfill_assets.core.determinism`), or if it calls
+    a function outside pg_catalog that is neither trusted nor seen to be deterministic.
 
     Also refuses a transform that does not produce every output column. Creates a temporary
-    view inside a transaction that is always rolled back: nothing persists.
+    view (and temporary copies of the SQL functions it calls) inside a transaction that is
+    always rolled back: nothing persists.
 
     Args:
         transform: the statement as validated and re-printed by :func:`validate_transform_text`.
         original: the user's text, so that problems are located in it (line and column).
+        trusted_functions: the spec's: functions the guard accepts without looking into them.
 
     Raises:
         TransformError: naming each construct, where it is, and what to do instead.
         SpecError: a column is missing, or the server rejects the statement.
+        psycopg.OperationalError: untouched, when the server could not finish the check
+            rather than refused the statement: a lock or statement timeout, a serialization
+            failure, a deadlock, a lost connection, a lack of memory or disk (callers map the
+            retryable ones onto TransientDatabaseError, see core.db.transient_errors).
     """
     # A view takes no parameters: the statement is sent as it is, so % is not doubled.
     query = sqlbuild.input_relation(
@@ -232,19 +285,23 @@ def validate_transform_in_catalog(
     statement = _CREATE_VIEW.format(view=sql.Identifier(_CHECK_VIEW), query=query)
     try:
         with conn.transaction(force_rollback=True):
-            conn.execute(statement)
+            # The re-printed statement is read as pglast read it, whatever the server's default.
+            conn.execute(STANDARD_STRINGS)
+            # Binary: the extended protocol, which runs one statement and no more.
+            conn.execute(statement, binary=True)
             row = conn.execute(_NODE_TREE, {"view": _CHECK_VIEW}).fetchone()
             tree = parse_node_tree(row[0] if row else "()")
-            catalog = read_catalog(conn, tree)
+            text = statement.as_string(conn).encode("utf-8")
+            found, _ = _Guard(conn, [t.name for t in trusted_functions]).check(tree, text)
     except psycopg.errors.UndefinedColumn as err:
         raise SpecError(
             "transform_sql does not produce every needed column "
             f"({', '.join(output_columns)}): {err.diag.message_primary}"
         ) from None
     except psycopg.DatabaseError as err:
+        if not_the_statement(err):
+            raise  # a timeout, a lost connection...: not the transform's fault, and may pass on a retry
         raise SpecError(f"transform_sql is rejected by the server: {err.diag.message_primary}") from None
-    text = statement.as_string(conn).encode("utf-8")
-    found = findings(tree, catalog, text)
     if found:
         offset = text.rfind(transform.encode("utf-8"))
         where = _locator(transform, original if original is not None else transform)
@@ -253,6 +310,110 @@ def validate_transform_in_catalog(
                                                          else f.location - offset), f.problem, f.instead)
             for f in found
         ])
+
+
+# How deep the guard follows SQL functions that call SQL functions; deeper ones are refused.
+MAX_FUNCTION_DEPTH = 8
+_LABELS = {"i": "IMMUTABLE", "s": "STABLE", "v": "VOLATILE"}
+
+
+class _Guard:
+    """The rules of core.determinism over an analysed tree, and the judgement of each function
+    outside pg_catalog that the tree calls, remembered for the rest of one check."""
+
+    def __init__(self, conn: psycopg.Connection, trusted: Collection[str]) -> None:
+        self.conn = conn
+        self.trusted = frozenset(trusted)
+        self.verdicts: dict[int, str | None] = {}  # function OID -> why it is refused, or None
+
+    def check(self, tree: object, text: bytes, stack: tuple[int, ...] = (),
+              first_row_of: Body | None = None) -> tuple[list[Finding], set[int]]:
+        """The findings of ``tree`` (``text``: the statement analysed), and the functions of
+        ``stack`` (the SQL functions being judged) that were assumed to pass (a recursion).
+        ``first_row_of``: the body of a function that returns the first row of its last query."""
+        catalog = read_catalog(self.conn, tree)
+        found = findings(tree, catalog, text)
+        refused_first_row = first_row(first_row_of, catalog) if first_row_of is not None else None
+        if refused_first_row is not None:
+            found.append(refused_first_row)
+        assumed: set[int] = set()
+        for node in nodes(tree):
+            for oid, what in called(node, catalog):
+                fn = catalog.function(oid)
+                # The volatility rule refuses a function that is not IMMUTABLE, trusted or not.
+                if fn is None or fn.builtin or fn.volatility != "i" or fn.trust_name in self.trusted:
+                    continue
+                why, hit = self._verdict(oid, fn, stack)
+                assumed |= hit
+                if why is not None:
+                    found.append(_untrusted(fn, what, why, location(node)))
+        return in_order(found), assumed
+
+    def _verdict(self, oid: int, fn: Function, stack: tuple[int, ...]) -> tuple[str | None, set[int]]:
+        """Why ``fn`` is refused (None: it is not), and the functions of ``stack`` assumed to pass."""
+        if oid in self.verdicts:
+            return self.verdicts[oid], set()
+        if oid in stack:
+            # A recursion adds no other construct: the rest of the cycle decides.
+            return None, {oid}
+        if len(stack) >= MAX_FUNCTION_DEPTH:
+            return (f"labelled IMMUTABLE, but the guard reads SQL functions only {MAX_FUNCTION_DEPTH} "
+                    "calls deep, and this one is deeper"), set()
+        why, assumed = self._judge(oid, fn, (*stack, oid))
+        assumed.discard(oid)
+        # A pass that assumed a caller passes is not final: that caller may still be refused.
+        if why is not None or not assumed:
+            self.verdicts[oid] = why
+        return why, assumed
+
+    def _judge(self, oid: int, fn: Function, stack: tuple[int, ...]) -> tuple[str | None, set[int]]:
+        if fn.kind == "a":
+            return self._aggregate(oid, stack)
+        if fn.language != "sql":
+            return (f"written in {fn.language}, which the guard cannot read: PostgreSQL does not check "
+                    "its IMMUTABLE label, so it may read a table, the clock or a setting"), set()
+        body = analyse_body(self.conn, oid)
+        if isinstance(body, str):
+            return body, set()
+        read = relations_read(self.conn, body)
+        if read:
+            return (f"labelled IMMUTABLE, but its body reads {', '.join(read)}: a table is state "
+                    "outside the snapshot, which can change between runs"), set()
+        found, assumed = self.check(body.tree, body.text, stack, None if fn.returns_set else body)
+        if found:
+            return "labelled IMMUTABLE, but its body is refused: " + "; ".join(f.problem for f in found), assumed
+        return None, assumed
+
+    def _aggregate(self, oid: int, stack: tuple[int, ...]) -> tuple[str | None, set[int]]:
+        """An aggregate (always IMMUTABLE in pg_proc) is judged by its support functions."""
+        support = aggregate_support(self.conn, oid)
+        functions = read_functions(self.conn, [f for f, _ in support])
+        problems: list[str] = []
+        assumed: set[int] = set()
+        for support_oid, role in support:
+            fn = functions.get(support_oid)
+            if fn is None:
+                continue
+            if fn.volatility != "i":
+                problems.append(f"its {role} function {fn.qualified} is "
+                                f"{_LABELS.get(fn.volatility, fn.volatility)}, not IMMUTABLE")
+                continue
+            if fn.builtin or fn.trust_name in self.trusted:
+                continue
+            why, hit = self._verdict(support_oid, fn, stack)
+            assumed |= hit
+            if why is not None:
+                problems.append(f"its {role} function {fn.qualified} is {why}")
+        return ("an aggregate, and " + "; ".join(problems) if problems else None), assumed
+
+
+def _untrusted(fn: Function, what: str, why: str, loc: int | None) -> Finding:
+    return Finding(
+        "untrusted", fn.qualified, loc, f"{fn.qualified}{what} is {why}",
+        "if you know its result depends on its arguments alone, list it in the spec: "
+        f"trusted_functions: [{{name: {fn.trust_name}, reason: \"why its result depends on its arguments "
+        "alone\"}]; otherwise compute the value from the source's columns with built-in IMMUTABLE functions",
+    )
 
 
 def _locations(text: str) -> list[tuple[str, int]]:

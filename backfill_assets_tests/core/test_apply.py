@@ -11,6 +11,7 @@ import pytest
 
 from backfill_assets import demo
 from backfill_assets.core import ledger
+from backfill_assets.core.db import connection_factory
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import (
@@ -212,8 +213,9 @@ def test_spec_changed_since_the_plan_is_refused(demo_db, factory):
         run(spec, plan, factory)
 
 
-def test_a_held_conflicting_lock_ends_in_a_lock_timeout_with_nothing_changed(demo_db, factory, db_url):
+def test_a_held_conflicting_lock_ends_in_a_lock_timeout_with_nothing_changed(demo_db, db_url):
     spec = make_spec(lock_timeout_ms=300)
+    factory = connection_factory(db_url, spec.limits)
     plan = approved(demo_db, factory, spec)
     before = target_day_hashes(demo_db)
     with psycopg.connect(db_url.reveal()) as writer:  # a transaction left open by another writer
@@ -308,9 +310,10 @@ def test_approval_refuses_unknown_refused_and_outdated_plans(unmoved_db, factory
     # A refused plan cannot be approved.
     conn.execute("CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
                  "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$")
-    bad_spec = make_spec(records_can_move=False, transform_sql=(
-        "SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, ingest_seq, "
-        "amount, status, note FROM source"))
+    bad_spec = make_spec(
+        records_can_move=False, trusted_functions=[{"name": "public.jitter", "reason": "a test of a wrong trust"}],
+        transform_sql=("SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, ingest_seq, "
+                       "amount, status, note FROM source"))
     bad = make_plan(bad_spec, PartitionRequest("2024-01-01"), factory)
     with pytest.raises(ApprovalError, match="was refused"):
         approve_plan(conn, factory, bad_spec, find_plan(conn, bad_spec, bad.plan_id), "alice")

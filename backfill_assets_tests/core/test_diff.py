@@ -154,7 +154,8 @@ def test_a_refused_plan_names_its_first_differing_keys_and_columns(unmoved_db, f
     )
     transform = ("SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, "
                  "ingest_seq, amount, status, note FROM source")
-    spec = make_spec(transform_sql=transform, records_can_move=False)
+    spec = make_spec(transform_sql=transform, records_can_move=False,
+                     trusted_functions=[{"name": "public.jitter", "reason": "a test of a wrong trust"}])
     plan = make_plan(spec, PartitionRequest("2024-01-01"), factory)
     assert plan.status == "refused"
     named = [p for p in plan.problems if p.startswith("partition 2024-01-01: first differing key(s)")]

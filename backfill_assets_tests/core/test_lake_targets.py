@@ -193,7 +193,8 @@ def test_a_refused_plan_writes_nothing_to_the_lake(unmoved_db, factory, tmp_path
     )
     transform = ("SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, "
                  "ingest_seq, amount, status, note FROM source")
-    spec = lake_spec(fmt, tmp_path, transform_sql=transform)
+    spec = lake_spec(fmt, tmp_path, transform_sql=transform,
+                     trusted_functions=[{"name": "public.jitter", "reason": "a test of a wrong trust"}])
     plan = make_plan(spec, PartitionRequest("2024-01-01"), factory)
     assert plan.status == "refused"
     with pytest.raises(Exception, match="refused"):
@@ -390,7 +391,8 @@ def test_iceberg_rows_outside_the_partition_are_refused_before_anything_is_commi
     at = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
     rows = [(dt.date(2024, 1, 1), 1, 1, at, 1, None, "in", ""), (dt.date(2024, 1, 2), 2, 2, at, 2, None, "out", "")]
     data = pa.Table.from_pylist([dict(zip(COLUMNS, r)) for r in rows], schema=LAKE_SCHEMA)
-    # pyiceberg itself would write the second row into 2024-01-02 (LAKE-NOTES.md).
+    # pyiceberg itself would write the second row into 2024-01-02 (it does not refuse rows
+    # outside the overwrite filter).
     with pytest.raises(VerificationError, match="1 row\\(s\\) outside"):
         lake.table.overwrite(lake.table.open(), "order_date", [dt.date(2024, 1, 1)], data, {})
     assert lake.version() is None and lake.rows() == []
@@ -561,3 +563,179 @@ def test_diff_against_a_lake_keeps_values_a_stage_type_would_trim_and_counts_a_r
     assert changed[str(c[1])] == ["updated_at"] and str(rows[3][1]) in changed
     with factory() as conn:
         assert review(conn, factory, spec, plan.plan_id).changes["2024-01-02"]["changed"] == 4
+
+
+# --- With records_can_move, a business key keeps one home across the lake table -----------------
+
+
+def one_home_setup(unmoved_db, factory, tmp_path, fmt):
+    """A lake table with its first day replaced, and an approved plan of 2024-01-02 with
+    records_can_move; its first row (a key the plan writes), and the test's Lake."""
+    spec = lake_spec(fmt, tmp_path, records_can_move=True)
+    run(spec, approved(unmoved_db, factory, spec, PartitionRequest("2024-01-01")), factory)  # the table exists
+    plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-02"))
+    ours = next(r for r in expected_rows(unmoved_db) if r[0] == dt.date(2024, 1, 2))
+    return spec, plan, ours, Lake(fmt, spec, unmoved_db)
+
+
+ELSEWHERE = dt.date(2024, 1, 6)  # a partition the plan does not write
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_key_of_ours_put_into_another_partition_after_the_plan_refuses_the_write(unmoved_db, factory, tmp_path, fmt):
+    from backfill_assets.core.errors import KeysElsewhereError
+    spec, plan, ours, lake = one_home_setup(unmoved_db, factory, tmp_path, fmt)
+    lake.overwrite(ELSEWHERE, [(ELSEWHERE, *ours[1:])], LAKE_SCHEMA)  # another writer: our key, elsewhere
+    before = lake.version()
+    with pytest.raises(KeysElsewhereError) as err:
+        run(spec, plan, factory)
+    # Nothing committed: the table is at the other writer's version, our partition still empty.
+    assert lake.version() == before and lake.rows(dt.date(2024, 1, 2)) == []
+    assert isinstance(err.value, ApprovalOutdatedError) and err.value.exit_code == 6 and not err.value.retryable
+    assert err.value.elsewhere == ("2024-01-06",) and err.value.count == 1 and err.value.version == before
+    assert err.value.partitions == ("2024-01-02",) and list(err.value.reasons) == ["2024-01-02"]
+    text = str(err.value)
+    assert f"order_id={ours[1]} in 2024-01-06" in text and "Plan again" in text and "Nothing was written" in text
+    states = {r["partition"]: r for r in ledger.ledger_status(unmoved_db, spec)}
+    assert states["2024-01-02"]["status"] == "failed" and "2024-01-06" in states["2024-01-02"]["error"]
+    # Planning again moves the key: its partition joins the write, and the key has one home.
+    again = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-02"))
+    assert [list(g) for g in again.document.replace_groups] == [["2024-01-02", "2024-01-06"]]
+    assert {p["status"] for p in run(spec, again, factory).partitions} == {"verified"}
+    assert [r for r in lake.rows() if r[1] == ours[1]] == [ours]
+
+
+@pytest.mark.parametrize("other_key", [None, 999_999], ids=["no-other-writer", "a-key-not-ours"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_guarded_write_applies_when_no_key_of_ours_lies_elsewhere(
+        unmoved_db, factory, tmp_path, fmt, other_key, monkeypatch):
+    from backfill_assets.core import lake as lake_module
+    spec, plan, ours, lake = one_home_setup(unmoved_db, factory, tmp_path, fmt)
+    if other_key is not None:  # another writer, elsewhere, with a key the plan does not write
+        lake.overwrite(ELSEWHERE, [(ELSEWHERE, other_key, *ours[2:])], LAKE_SCHEMA)
+    before = lake.version()
+    cls = lake_module.DeltaLakeTable if fmt == "delta" else lake_module.IcebergLakeTable
+    reads, keys_elsewhere = [], cls.keys_elsewhere
+    monkeypatch.setattr(cls, "keys_elsewhere", lambda self, *a: reads.append(a) or keys_elsewhere(self, *a))
+    result = run(spec, plan, factory)
+    assert [p["status"] for p in result.partitions] == ["verified"] and lake.version() != before
+    # One read of the keys, before the commit: the commit followed that version directly, so
+    # there is nothing to read again after it.
+    assert len(reads) == 1
+    assert lake.rows(dt.date(2024, 1, 2)) == [r for r in expected_rows(unmoved_db) if r[0] == dt.date(2024, 1, 2)]
+    assert [r[1] for r in lake.rows(ELSEWHERE)] == ([] if other_key is None else [other_key])
+
+
+def _writer_before_our_commit(monkeypatch, fmt, act, rebase=False):
+    """Run ``act`` (another writer) right before our overwrite commits: after the key check.
+    ``rebase``: stand for an engine that rebases our commit over theirs all the same."""
+    from backfill_assets.core import lake as lake_module
+    cls = lake_module.DeltaLakeTable if fmt == "delta" else lake_module.IcebergLakeTable
+    overwrite = cls.overwrite
+
+    def another_writer_first(self, handle, column, values, data, metadata, exclusive=False):
+        act()
+        return overwrite(self, handle, column, values, data, metadata, exclusive and not rebase)
+
+    monkeypatch.setattr(cls, "overwrite", another_writer_first)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_commit_to_another_partition_between_the_key_check_and_ours_fails_ours(
+        unmoved_db, factory, tmp_path, fmt, monkeypatch):
+    from backfill_assets.core.errors import KeysElsewhereError
+    spec, plan, ours, lake = one_home_setup(unmoved_db, factory, tmp_path, fmt)
+    versions = []
+
+    def theirs() -> None:
+        lake.overwrite(ELSEWHERE, [(ELSEWHERE, *ours[1:])], LAKE_SCHEMA)
+        versions.append(lake.version())
+
+    _writer_before_our_commit(monkeypatch, fmt, theirs)
+    # Both engines would rebase our commit over theirs (another partition); exclusive, it fails.
+    with pytest.raises(TransientDatabaseError, match="had to follow directly"):
+        run(spec, plan, factory)
+    assert lake.version() == versions[0] and lake.rows(dt.date(2024, 1, 2)) == []
+    monkeypatch.undo()
+    with pytest.raises(KeysElsewhereError, match="2024-01-06"):  # the retry finds their key
+        run(spec, plan, factory)
+    assert lake.version() == versions[0]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_engine_that_rebased_our_commit_all_the_same_is_caught_after_the_commit(
+        unmoved_db, factory, tmp_path, fmt, monkeypatch):
+    from backfill_assets.core.errors import VerificationError
+    spec, plan, ours, lake = one_home_setup(unmoved_db, factory, tmp_path, fmt)
+    theirs = [(ELSEWHERE, *ours[1:])]
+    _writer_before_our_commit(monkeypatch, fmt, lambda: lake.overwrite(ELSEWHERE, theirs, LAKE_SCHEMA), rebase=True)
+    with pytest.raises(VerificationError, match="business key check after the commit") as err:
+        run(spec, plan, factory)
+    # Committed (the engine rebased it), and said loudly: the partition failed, naming the key.
+    assert f"order_id={ours[1]} in 2024-01-06" in str(err.value) and "Plan again" in str(err.value)
+    assert sorted(r[0] for r in lake.rows() if r[1] == ours[1]) == [dt.date(2024, 1, 2), ELSEWHERE]
+    states = {r["partition"]: r["status"] for r in ledger.ledger_status(unmoved_db, spec)}
+    assert states["2024-01-02"] == "failed"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_key_check_reads_keys_in_a_null_partition_and_every_key_column(tmp_path, fmt):
+    from sqlalchemy.engine import make_url
+
+    from backfill_assets.core.lake import DeltaLakeTable, IcebergLakeTable, keys_found
+    table = (DeltaLakeTable(str(tmp_path / "t")) if fmt == "delta" else
+             IcebergLakeTable("s.t", "default", str(tmp_path / "w"), make_url(f"sqlite:///{tmp_path / 'c.db'}")))
+    schema = pa.schema([("p", pa.string()), ("a", pa.int64()), ("b", pa.string())])
+    table.create(schema, "p")
+    assert keys_found(table.keys_elsewhere(table.open(), "p", ["x"], pa.table({"a": [1], "b": ["k"]})), "p",
+                      ["a", "b"]) is None  # an empty table
+    rows = pa.table({"p": ["x", None, "y", "z", "y"], "a": [1, 2, 3, 1, 9], "b": ["k", "k", "k", "j", "zz"]},
+                    schema=schema)
+    if fmt == "delta":
+        from deltalake import write_deltalake
+        write_deltalake(table.path, rows, mode="append")
+    else:
+        table.open().append(rows)
+    keys = pa.table({"a": pa.array([1, 2, 3, 9], pa.int64()), "b": ["k", "k", "q", "zz"]})
+    found = keys_found(table.keys_elsewhere(table.open(), "p", ["x"], keys), "p", ["a", "b"])
+    # (1, k) lies only in x (ours); (2, k) in the NULL partition; (3, q) nowhere; (1, j) is
+    # not ours; (9, zz) in y, at the top of both key ranges.
+    assert found is not None and found.partitions == ["NULL", "y"] and found.count == 2
+    assert found.examples == ["a=2, b=k in NULL", "a=9, b=zz in y"]
+    table.close()
+
+
+# --- The Iceberg catalog name -------------------------------------------------------------------
+
+
+def iceberg_spec(tmp_path, name: str | None = None, warehouse: str = "warehouse", **catalog: Any):
+    named = {"name": name} if name is not None else {}
+    return make_spec(target={"format": "iceberg", "table": "sales.orders_daily", "catalog": {
+        "type": "sql", "warehouse": str(tmp_path / warehouse), **named, **catalog}}, records_can_move=False)
+
+
+def test_a_table_the_tool_creates_is_found_by_pyiceberg_given_the_catalog_uri_alone(
+        unmoved_db, factory, tmp_path, monkeypatch):
+    from pyiceberg.catalog import load_catalog
+    uri = f"sqlite:///{tmp_path / 'catalog.db'}"
+    monkeypatch.setenv("ICE_URL", uri)
+    spec = iceberg_spec(tmp_path, uri_env="ICE_URL")
+    run(spec, approved(unmoved_db, factory, spec, PartitionRequest("2024-01-02")), factory)
+    catalog = load_catalog(uri=uri)  # no name: pyiceberg's own default
+    data = catalog.load_table("sales.orders_daily").scan().to_arrow().select(COLUMNS)
+    assert sorted((tuple(r.values()) for r in data.to_pylist()), key=lambda r: r[1]) == [
+        r for r in expected_rows(unmoved_db) if r[0] == dt.date(2024, 1, 2)]
+    assert catalog.name == "default" and spec.target_name == "iceberg:default:sales.orders_daily"
+
+
+def test_a_table_under_another_catalog_name_is_refused_not_created_again_beside_it(unmoved_db, factory, tmp_path):
+    former = iceberg_spec(tmp_path, name="backfill_assets")  # the name this tool used to default to
+    run(former, approved(unmoved_db, factory, former, PartitionRequest("2024-01-02")), factory)
+    with pytest.raises(SpecError, match="under the catalog name 'backfill_assets', not under 'default'") as err:
+        make_plan(iceberg_spec(tmp_path), PartitionRequest("2024-01-02"), factory)
+    assert "target.catalog.name: backfill_assets" in str(err.value)
+    assert not Lake("iceberg", iceberg_spec(tmp_path), unmoved_db).table.catalog().table_exists("sales.orders_daily")
+    # The name set in the spec still finds it; another warehouse is another table.
+    assert make_plan(former, PartitionRequest("2024-01-02"), factory).document.creates_target is False
+    assert make_plan(iceberg_spec(tmp_path, warehouse="other"), PartitionRequest("2024-01-02"),
+                     factory).document.creates_target is True

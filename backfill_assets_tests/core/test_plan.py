@@ -309,14 +309,16 @@ def test_a_transform_is_applied_to_both_stages(unmoved_db, factory):
 
 def test_builds_that_disagree_refuse_the_plan_and_leave_nothing_to_apply(unmoved_db, factory):
     demo_db = unmoved_db
-    # A function that lies about being IMMUTABLE passes the catalog; building twice catches it.
+    # A function that lies about being IMMUTABLE, trusted by the spec, passes the guard;
+    # building twice catches it.
     demo_db.execute(
         "CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
         "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$"
     )
     transform = ("SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, "
                  "ingest_seq, amount, status, note FROM source")
-    spec = make_spec(transform_sql=transform, records_can_move=False)
+    spec = make_spec(transform_sql=transform, records_can_move=False,
+                     trusted_functions=[{"name": "public.jitter", "reason": "a test of a wrong trust"}])
     plan = make_plan(spec, PartitionRequest("2024-01-01,2024-01-05"), factory)
     assert plan.status == "refused"
     assert any("2024-01-01: stages A and B differ on content_hash" in p for p in plan.problems)

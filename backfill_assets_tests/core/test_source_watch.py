@@ -386,7 +386,7 @@ def test_a_crash_that_discards_the_counters_is_seen_as_a_reset(tmp_path):
     import pgserver
 
     from backfill_assets import demo
-    from backfill_assets.core.db import DatabaseUrl, connection_factory
+    from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connection_factory
 
     if os.environ.get("BACKFILL_TEST_DATABASE_URL"):
         pytest.skip("needs a server of its own to crash")
@@ -395,7 +395,7 @@ def test_a_crash_that_discards_the_counters_is_seen_as_a_reset(tmp_path):
     try:
         with psycopg.connect(server.get_uri(), autocommit=True) as admin:
             admin.execute(b"CREATE DATABASE watch")
-        factory = connection_factory(DatabaseUrl(server.get_uri().replace("/postgres?", "/watch?"), "the crash server"))
+        factory = connection_factory(DatabaseUrl(server.get_uri().replace("/postgres?", "/watch?"), "the crash server"), DEFAULT_LIMITS)
         with factory() as conn:
             with factory() as loader:
                 demo.load(loader)

@@ -6,43 +6,171 @@ check is a temporary view in a rolled-back transaction, so checks cannot see eac
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+import yaml
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from backfill_assets.core.db import DatabaseUrl, connect
+from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, as_transient, connect
 from backfill_assets.core.guardcatalog import referenced
-from backfill_assets.core.errors import SpecError, TransformError
+from backfill_assets.core.errors import SpecError, TransformError, TransientDatabaseError
 from backfill_assets.core.querytree import expr_type, parse_node_tree
 from backfill_assets.core.transform import _is_exact, validate_transform_in_catalog, validate_transform_text
 from backfill_assets_tests.conftest import make_spec
 
 COLS = "order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note"
+TEMPORARY_FUNCTIONS = "SELECT count(*) FROM pg_proc WHERE pronamespace = pg_my_temp_schema()"
+SEARCH_PATH = "SELECT current_setting('search_path')"
+
+# Functions outside pg_catalog, labelled IMMUTABLE whether or not they are (see "functions
+# outside pg_catalog" below).
+USER_FUNCTIONS = [
+    # PL/pgSQL: the guard cannot read it.
+    "CREATE FUNCTION public.lookup_status(x bigint) RETURNS text LANGUAGE plpgsql IMMUTABLE "
+    "AS $$ BEGIN RETURN (SELECT max(r.status) FROM public.orders_raw AS r WHERE r.order_id = x); END $$",
+    # SQL with a pure body: as text, as RETURN and as BEGIN ATOMIC (pre-parsed, PostgreSQL 14+).
+    "CREATE FUNCTION public.doubled(x int) RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT $1 * 2'",
+    "CREATE FUNCTION public.doubled_return(x int) RETURNS int LANGUAGE sql IMMUTABLE RETURN doubled_return.x * 2",
+    "CREATE FUNCTION public.doubled_atomic(x int) RETURNS int LANGUAGE sql IMMUTABLE "
+    "BEGIN ATOMIC SELECT x * 2; END",
+    "CREATE FUNCTION public.first_positive(a int[]) RETURNS int LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT v FROM unnest(a) AS v WHERE v > 0 -- the array''s order'",
+    "CREATE FUNCTION public.calls_pure(x int) RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT public.doubled(x) + 1'",
+    # Text bodies of several statements, of VALUES, and with a backslash in a literal.
+    "CREATE FUNCTION public.two_statements(x int) RETURNS int LANGUAGE sql IMMUTABLE "
+    "AS $$SELECT 1; VALUES (x * 2) -- the last gives the result$$",
+    "CREATE FUNCTION public.backslash(x text) RETURNS int LANGUAGE sql IMMUTABLE AS $$SELECT length(x || 'a\\b')$$",
+    # SQL whose body reads a table, the clock, a random generator or the role.
+    "CREATE FUNCTION public.sql_reads_table(x bigint) RETURNS text LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT max(r.status) FROM public.orders_raw AS r WHERE r.order_id = x'",
+    "CREATE FUNCTION public.atomic_reads_table(x bigint) RETURNS text LANGUAGE sql IMMUTABLE "
+    "BEGIN ATOMIC SELECT max(r.status) FROM public.orders_raw AS r WHERE r.order_id = x; END",
+    "CREATE FUNCTION public.sql_now(x int) RETURNS boolean LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT x > 0 AND now() > ''2000-01-01 00:00:00+00''::timestamptz'",
+    "CREATE FUNCTION public.sql_random(x int) RETURNS int LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT x + floor(random() * 10)::int'",
+    "CREATE FUNCTION public.sql_role(x text) RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT x || current_user'",
+    "CREATE FUNCTION public.sql_today() RETURNS date LANGUAGE sql IMMUTABLE AS $$SELECT 'today'::date$$",
+    # A non-SETOF function returns the first row of its last query: here, of a join.
+    "CREATE FUNCTION public.first_of_join(x int) RETURNS int LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT a + b FROM unnest(ARRAY[x, 1]) AS a, unnest(ARRAY[2, 3]) AS b'",
+    # Nested: a SQL function calling a refused one.
+    "CREATE FUNCTION public.calls_plpgsql(x bigint) RETURNS text LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT upper(public.lookup_status(x))'",
+    "CREATE FUNCTION public.calls_sql_now(x int) RETURNS boolean LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT public.sql_now(x) OR x = 0'",
+    # Recursion: a function calling itself, and two calling each other (pure, and not).
+    "CREATE FUNCTION public.fact(n int) RETURNS bigint LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT CASE WHEN n <= 1 THEN 1 ELSE n * public.fact(n - 1) END'",
+    "CREATE FUNCTION public.is_odd(n int) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT false'",
+    "CREATE FUNCTION public.is_even(n int) RETURNS boolean LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT n = 0 OR public.is_odd(n - 1)'",
+    "CREATE OR REPLACE FUNCTION public.is_odd(n int) RETURNS boolean LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT n <> 0 AND public.is_even(n - 1)'",
+    "CREATE FUNCTION public.ping(n int) RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT 0'",
+    "CREATE FUNCTION public.pong(n int) RETURNS int LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT CASE WHEN n <= 0 THEN floor(random() * 10)::int ELSE public.ping(n - 1) END'",
+    "CREATE OR REPLACE FUNCTION public.ping(n int) RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT public.pong(n)'",
+    # An operator and an aggregate implemented by a PL/pgSQL function, and an aggregate
+    # implemented by a built-in one.
+    "CREATE FUNCTION public.plus_jitter(a int, b int) RETURNS int LANGUAGE plpgsql IMMUTABLE "
+    "AS $$ BEGIN RETURN a + b + floor(random() * 2)::int; END $$",
+    "CREATE OPERATOR public.<+> (LEFTARG = int, RIGHTARG = int, FUNCTION = public.plus_jitter)",
+    "CREATE AGGREGATE public.jitter_sum(int) (SFUNC = public.plus_jitter, STYPE = int)",
+    "CREATE AGGREGATE public.plain_sum(int) (SFUNC = int4pl, STYPE = int)",
+    # A body whose names resolve under the search_path the function sets for itself.
+    "CREATE SCHEMA bfa_other",
+    "CREATE FUNCTION bfa_other.tripled(x int) RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT x * 3'",
+    "CREATE FUNCTION public.with_path(x int) RETURNS int LANGUAGE sql IMMUTABLE SET search_path = bfa_other "
+    "AS 'SELECT tripled(x)'",
+    # Polymorphic: the server analyses such a body only for the types of a call, so the guard
+    # cannot read it.
+    "CREATE FUNCTION public.same(x anyelement) RETURNS anyelement LANGUAGE sql IMMUTABLE AS 'SELECT x'",
+    # A table a SQL function reads, for the lock tests.
+    "CREATE TABLE public.bfa_side (x int)",
+    "CREATE FUNCTION public.reads_side(x int) RETURNS int LANGUAGE sql IMMUTABLE "
+    "AS 'SELECT x + (SELECT count(*)::int FROM public.bfa_side)'",
+]
+
+# Operator classes whose operators' functions are built in or pure SQL, but whose comparison
+# and hash support functions (what sorting, hashing, GREATEST and LEAST call) are PL/pgSQL,
+# which say when they are called.
+_INT_OPERATORS = [("#<", "int4lt"), ("#<=", "int4le"), ("#=", "int4eq"), ("#>=", "int4ge"), ("#>", "int4gt")]
+_MOOD_OPERATORS = [("<", "lt"), ("<=", "le"), ("=", "eq"), (">=", "ge"), (">", "gt")]
+_MOOD = "bfa_sort.mood"
+SORT_SUPPORT = [
+    "CREATE SCHEMA bfa_sort",
+    # int, sorted by ORDER BY ... USING a built-in comparison of a non-default operator class
+    # (the operators in public: pglast prints USING OPERATOR(schema.op) without OPERATOR()).
+    "CREATE FUNCTION bfa_sort.noisy_cmp(a int, b int) RETURNS int LANGUAGE plpgsql IMMUTABLE "
+    "AS $$ BEGIN RAISE NOTICE 'noisy_cmp'; RETURN btint4cmp(a, b); END $$",
+    *[f"CREATE OPERATOR public.{op} (LEFTARG = int, RIGHTARG = int, FUNCTION = {fn})" for op, fn in _INT_OPERATORS],
+    "CREATE OPERATOR CLASS bfa_sort.noisy_int_ops FOR TYPE int USING btree AS "
+    + ", ".join(f"OPERATOR {i} public.{op}" for i, (op, _) in enumerate(_INT_OPERATORS, 1))
+    + ", FUNCTION 1 bfa_sort.noisy_cmp(int, int)",
+    # An enum whose default btree and hash operator classes (DISTINCT, GROUP BY, GREATEST) are these.
+    f"CREATE TYPE {_MOOD} AS ENUM ('sad', 'ok', 'happy')",
+    *[f"CREATE FUNCTION bfa_sort.mood_{n}(a {_MOOD}, b {_MOOD}) RETURNS boolean LANGUAGE sql IMMUTABLE "
+      f"RETURN pg_catalog.enum_{n}(a, b)" for _, n in _MOOD_OPERATORS],
+    *[f"CREATE OPERATOR bfa_sort.{op} (LEFTARG = {_MOOD}, RIGHTARG = {_MOOD}, FUNCTION = bfa_sort.mood_{n}"
+      + (", HASHES, MERGES)" if op == "=" else ")") for op, n in _MOOD_OPERATORS],
+    f"CREATE FUNCTION bfa_sort.mood_cmp(a {_MOOD}, b {_MOOD}) RETURNS int LANGUAGE plpgsql IMMUTABLE "
+    "AS $$ BEGIN RAISE NOTICE 'mood_cmp'; RETURN enum_cmp(a, b); END $$",
+    f"CREATE FUNCTION bfa_sort.mood_hash(a {_MOOD}) RETURNS int LANGUAGE plpgsql IMMUTABLE "
+    "AS $$ BEGIN RAISE NOTICE 'mood_hash'; RETURN hashenum(a); END $$",
+    f"CREATE OPERATOR CLASS bfa_sort.mood_ops DEFAULT FOR TYPE {_MOOD} USING btree AS "
+    + ", ".join(f"OPERATOR {i} bfa_sort.{op}" for i, (op, _) in enumerate(_MOOD_OPERATORS, 1))
+    + f", FUNCTION 1 bfa_sort.mood_cmp({_MOOD}, {_MOOD})",
+    f"CREATE OPERATOR CLASS bfa_sort.mood_hash_ops DEFAULT FOR TYPE {_MOOD} USING hash AS "
+    f"OPERATOR 1 bfa_sort.=, FUNCTION 1 bfa_sort.mood_hash({_MOOD})",
+]
 
 
 @pytest.fixture(scope="module")
-def source_db(admin_url: str) -> Iterator[psycopg.Connection]:
-    """A database with the demo source, a sequence and a volatile function, for this module."""
-    from backfill_assets import demo
-
+def source_url(admin_url: str) -> Iterator[DatabaseUrl]:
+    """The URL of a database of this module's own, dropped afterwards."""
     name = f"bfa_transform_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     info = conninfo_to_dict(admin_url)
     info["dbname"] = name
-    with connect(DatabaseUrl(make_conninfo(**info), source="the test database")) as conn:
+    yield DatabaseUrl(make_conninfo(**info), source="the test database")
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="module")
+def source_db(source_url: DatabaseUrl) -> Iterator[psycopg.Connection]:
+    """A database with the demo source, a sequence, a domain and user functions, for this module."""
+    from backfill_assets import demo
+
+    with connect(source_url, DEFAULT_LIMITS) as conn:
         demo.load(conn)
         conn.execute("CREATE SEQUENCE public.s")
         conn.execute("CREATE FUNCTION public.my_volatile(x int) RETURNS int LANGUAGE sql VOLATILE AS 'SELECT x'")
         conn.execute("CREATE FUNCTION public.my_immutable(x int) RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT x'")
         conn.execute("CREATE DOMAIN public.money2 AS numeric(14,2)")
+        for statement in [*USER_FUNCTIONS, *SORT_SUPPORT]:
+            conn.execute(statement)
+        create_chain(conn, CHAIN)
         yield conn
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+CHAIN = 10  # public.chain0 calls public.chain1, ..., which calls public.chain9
+
+
+def create_chain(conn: psycopg.Connection, length: int) -> None:
+    """SQL functions that call each other ``length`` deep, each with a pure body."""
+    for i in reversed(range(length)):
+        body = (sql.SQL("SELECT {}(x) + 1").format(sql.Identifier("public", f"chain{i + 1}"))
+                if i < length - 1 else sql.SQL("SELECT x"))
+        conn.execute(sql.SQL("CREATE FUNCTION {}(x int) RETURNS int LANGUAGE sql IMMUTABLE AS {}").format(
+            sql.Identifier("public", f"chain{i}"), sql.Literal(body.as_string(conn))))
 
 
 def transform_with(expr: str) -> str:
@@ -50,22 +178,23 @@ def transform_with(expr: str) -> str:
     return " ".join(["SELECT", COLS + ",", expr, "AS extra FROM source"])
 
 
-def check(conn: psycopg.Connection, transform: str) -> None:
-    spec = make_spec()
+def check(conn: psycopg.Connection, transform: str, trusted: tuple[str, ...] = ()) -> None:
+    spec = make_spec(trusted_functions=[{"name": n, "reason": "depends on its arguments alone"} for n in trusted])
     source_cols = [r[0] for r in conn.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = 'public.orders_raw'::regclass "
         "AND attnum > 0 AND NOT attisdropped ORDER BY attnum").fetchall()]
     validate_transform_in_catalog(
         conn, spec.source_ref, source_cols, spec.partition_key, spec.input_columns,
-        validate_transform_text(transform), original=transform,
+        validate_transform_text(transform), original=transform, trusted_functions=spec.trusted_functions,
     )
 
 
-def refused(conn: psycopg.Connection, transform: str) -> TransformError:
+def refused(conn: psycopg.Connection, transform: str, trusted: tuple[str, ...] = ()) -> TransformError:
     with pytest.raises(TransformError) as err:
-        check(conn, transform)
-    # Nothing persists: the temporary view was rolled back.
+        check(conn, transform, trusted)
+    # Nothing persists: the temporary view and the functions' temporary copies were rolled back.
     assert conn.execute("SELECT to_regclass('backfill_assets_transform_check')").fetchone()[0] is None
+    assert conn.execute(TEMPORARY_FUNCTIONS).fetchone()[0] == 0
     return err.value
 
 
@@ -149,6 +278,267 @@ def test_system_columns_cannot_be_read_through_the_snapshot(source_db):
     for column in ("ctid", "xmin", "tableoid"):
         with pytest.raises(SpecError, match=f'column "{column}" does not exist'):
             check(source_db, transform_with(column))
+
+
+# --- functions outside pg_catalog ----------------------------------------------------------
+# PostgreSQL does not check an IMMUTABLE label: a function outside pg_catalog is refused unless
+# the spec trusts it, or it is written in SQL and its body passes the same rules.
+
+UNTRUSTED = [
+    # (expression, the function named, why)
+    ("lookup_status(order_id)", "public.lookup_status(bigint)", "is written in plpgsql, which the guard cannot read"),
+    ("sql_reads_table(order_id)", "public.sql_reads_table(bigint)", "its body reads public.orders_raw"),
+    ("atomic_reads_table(order_id)", "public.atomic_reads_table(bigint)", "its body reads public.orders_raw"),
+    ("sql_now(1)", "public.sql_now(integer)", "its body is refused: now() reads the transaction's start time"),
+    ("sql_random(1)", "public.sql_random(integer)", "its body is refused: random() reads a random generator"),
+    ("sql_role(note)", "public.sql_role(text)", "its body is refused: current_user"),
+    ("sql_today()", "public.sql_today()", "its body is refused: the date/time literal 'today' reads the clock"),
+    ("first_of_join(1)", "public.first_of_join(integer)", "it returns the first row of its last query"),
+    ("calls_plpgsql(order_id)", "public.calls_plpgsql(bigint)",
+     "its body is refused: public.lookup_status(bigint) is written in plpgsql"),
+    ("calls_sql_now(1)", "public.calls_sql_now(integer)",
+     "its body is refused: public.sql_now(integer) is labelled IMMUTABLE, but its body is refused: now()"),
+    ("ping(3)", "public.ping(integer)", "public.pong(integer) is labelled IMMUTABLE, but its body is refused: random()"),
+    ("order_id::int <+> 1", "public.plus_jitter(integer, integer)", "(an operator's function) is written in plpgsql"),
+    ("(SELECT public.jitter_sum(s2.order_id::int ORDER BY s2.order_id::int) FROM source AS s2)",
+     "public.jitter_sum(integer)", "its transition function public.plus_jitter(integer, integer) is written in plpgsql"),
+    ("same(note)", "public.same(anyelement)", "cannot have polymorphic arguments"),
+]
+
+
+@pytest.mark.parametrize("expr, function, why", UNTRUSTED, ids=[e[:40] for e, _, _ in UNTRUSTED])
+def test_functions_outside_pg_catalog_are_refused_unless_seen_to_be_deterministic(source_db, expr, function, why):
+    err = refused(source_db, transform_with(expr))
+    (problem,) = [p for p in err.problems if p.kind == "untrusted"]
+    assert problem.construct == function and why in problem.problem, problem
+    assert "trusted_functions: [{name: " + function.split("(")[0] + ", reason: " in problem.instead
+    start = transform_with(expr).index(expr) + 1
+    assert problem.line == 1 and start <= problem.column < start + len(expr)
+
+
+SEEN_OR_TRUSTED = [
+    # (expression, the functions trusted)
+    ("doubled(order_id::int)", ()),
+    ("doubled_return(order_id::int)", ()),
+    ("doubled_atomic(order_id::int)", ()),
+    ("first_positive(ARRAY[order_id::int, 1])", ()),
+    ("calls_pure(order_id::int)", ()),
+    ("two_statements(order_id::int)", ()),
+    ("backslash(note)", ()),
+    ("fact(5)", ()),
+    ("is_even(order_id::int % 10)", ()),
+    ("(SELECT public.plain_sum(s2.order_id::int ORDER BY s2.order_id::int) FROM source AS s2)", ()),
+    ("lookup_status(order_id)", ("public.lookup_status",)),
+    ("sql_reads_table(order_id)", ("public.sql_reads_table",)),
+    ("calls_plpgsql(order_id)", ("public.lookup_status",)),  # the function it calls is trusted
+    ("calls_plpgsql(order_id)", ("public.calls_plpgsql",)),  # or the function itself
+    ("ping(3)", ("public.pong",)),
+    ("order_id::int <+> 1", ("public.plus_jitter",)),
+    ("(SELECT public.jitter_sum(s2.order_id::int ORDER BY s2.order_id::int) FROM source AS s2)",
+     ("public.plus_jitter",)),
+    ("same(note)", ("public.same",)),
+]
+
+
+@pytest.mark.parametrize("expr, trusted", SEEN_OR_TRUSTED, ids=[f"{e[:40]}{list(t)}" for e, t in SEEN_OR_TRUSTED])
+def test_functions_seen_to_be_deterministic_or_trusted_are_accepted(source_db, expr, trusted):
+    check(source_db, transform_with(expr), trusted)
+    assert source_db.execute(TEMPORARY_FUNCTIONS).fetchone()[0] == 0
+
+
+def test_a_refused_function_is_named_with_why_and_the_yaml_that_trusts_it(source_db):
+    transform = transform_with("lookup_status(order_id)")
+    err = refused(source_db, transform)
+    message = str(err)
+    assert "\n" not in message
+    assert "public.lookup_status(bigint) at line 1, column 89" in message
+    assert "is written in plpgsql, which the guard cannot read" in message
+    (problem,) = err.problems
+    snippet = problem.instead.split("list it in the spec: ", 1)[1].split("; otherwise", 1)[0]
+    trusted = yaml.safe_load(snippet)["trusted_functions"]
+    assert trusted == [{"name": "public.lookup_status", "reason": "why its result depends on its arguments alone"}]
+    check(source_db, transform, tuple(t["name"] for t in trusted))
+
+
+def test_a_body_is_read_under_the_search_path_its_function_sets(source_db):
+    before = source_db.execute(SEARCH_PATH).fetchone()[0]
+    check(source_db, transform_with("with_path(order_id::int)"))
+    assert source_db.execute(SEARCH_PATH).fetchone()[0] == before
+
+
+def test_sql_functions_are_read_to_a_bounded_depth(source_db):
+    from backfill_assets.core.transform import MAX_FUNCTION_DEPTH
+
+    assert (CHAIN, MAX_FUNCTION_DEPTH) == (10, 8)
+    err = refused(source_db, transform_with("chain0(1)"))  # 10 deep
+    (problem,) = err.problems
+    assert problem.construct == "public.chain0(integer)"
+    assert "public.chain8(integer) is labelled IMMUTABLE, but the guard reads SQL functions only" in problem.problem
+    check(source_db, transform_with("chain2(1)"))  # 8 deep, as deep as the guard reads
+
+
+# A SQL function's text body is anyone's text: pasted into the copy's BEGIN ATOMIC ... END
+# and sent as a simple query, "END;" would end the copy and what follows would run as the tool.
+BREAKOUTS = [
+    # (body, why it is refused)
+    ("SELECT 1; END; DROP TABLE public.bfa_victim; "
+     "CREATE FUNCTION pg_temp.bfa_smuggled() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1",
+     "the guard cannot read its body, which does not parse"),
+    ("SELECT 1; END; DROP TABLE public.bfa_victim; "
+     "CREATE FUNCTION public.bfa_smuggled() RETURNS int LANGUAGE sql RETURN 1; SELECT 1",
+     "and this one has a TRANSACTION statement, a DROP statement, a CREATE FUNCTION statement"),
+    ("SELECT 1; COMMIT; DROP TABLE public.bfa_victim; SELECT 1",
+     "and this one has a TRANSACTION statement, a DROP statement"),
+    ("WITH d AS (DELETE FROM public.bfa_victim RETURNING x) SELECT count(*)::int FROM d", "this one has DELETE"),
+    ("SELECT x INTO public.bfa_copied FROM public.bfa_victim", "this one has SELECT INTO"),
+]
+_SMUGGLED = "SELECT count(*) FROM pg_proc WHERE proname IN ('bfa_smuggled', 'bfa_breakout_copy')"
+
+
+@pytest.mark.parametrize("body, why", BREAKOUTS, ids=[b[:50] for b, _ in BREAKOUTS])
+def test_a_text_body_cannot_break_out_of_its_analysis(source_db, body, why):
+    source_db.execute("CREATE TABLE public.bfa_victim (x int)")
+    try:
+        # PostgreSQL stores any text as a body when it does not check bodies.
+        with source_db.transaction():
+            source_db.execute("SET LOCAL check_function_bodies = off")
+            source_db.execute(sql.SQL(
+                "CREATE FUNCTION public.bfa_breakout(x int) RETURNS int LANGUAGE sql IMMUTABLE AS {}"
+            ).format(sql.Literal(body)))
+        err = refused(source_db, transform_with("bfa_breakout(1)"))
+        (problem,) = err.problems
+        assert problem.construct == "public.bfa_breakout(integer)"
+        assert "labelled IMMUTABLE, but the guard cannot read its body" in problem.problem and why in problem.problem
+        assert "trusted_functions: [{name: public.bfa_breakout, reason: " in problem.instead
+        assert "\n" not in str(err)
+        # Nothing ran and nothing was committed: the table is there, no function was smuggled
+        # in, no copy or view outlived the check, and the session is idle.
+        assert source_db.execute("SELECT to_regclass('public.bfa_victim')").fetchone()[0] is not None
+        assert source_db.execute("SELECT to_regclass('public.bfa_copied')").fetchone()[0] is None
+        assert source_db.execute(_SMUGGLED).fetchone()[0] == 0
+        assert source_db.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    finally:
+        source_db.execute("DROP FUNCTION IF EXISTS public.bfa_breakout(int)")
+        source_db.execute("DROP TABLE IF EXISTS public.bfa_victim")
+
+
+@pytest.mark.parametrize("table, expr, refusal", [
+    ("orders_raw", "1", None),
+    ("bfa_side", "reads_side(1)", "public.reads_side(integer) is labelled IMMUTABLE, but its body reads public.bfa_side"),
+], ids=["the transform's view", "a SQL function's body"])
+def test_a_lock_timeout_is_left_to_the_caller_not_made_a_refusal(source_url, source_db, table, expr, refusal):
+    """A lock wait that times out says nothing about the transform: the driver's error goes up
+    untouched, and callers map it onto TransientDatabaseError (retryable, exit 8)."""
+    transform = transform_with(expr)
+    spec = make_spec(lock_timeout_ms=300, transform_sql=transform, records_can_move=False)
+    with connect(source_url, DEFAULT_LIMITS) as holder, connect(source_url, spec.limits) as conn:
+        with holder.transaction():
+            holder.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier("public", table)))
+            with pytest.raises(psycopg.errors.LockNotAvailable) as err:
+                check(conn, transform)
+        transient = as_transient(err.value, "validating transform_sql")
+        assert isinstance(transient, TransientDatabaseError) and transient.lock_wait
+        assert conn.execute(TEMPORARY_FUNCTIONS).fetchone()[0] == 0
+        # The lock released, the same check finishes: with its verdict, not a timeout.
+        if refusal is None:
+            check(conn, transform)
+        else:
+            with pytest.raises(TransformError, match=re.escape(refusal)):
+                check(conn, transform)
+
+
+def test_only_a_failure_to_finish_is_left_to_the_caller():
+    from backfill_assets.core.userfunctions import not_the_statement
+
+    for cls in (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled, psycopg.errors.SerializationFailure,
+                psycopg.errors.DeadlockDetected, psycopg.errors.AdminShutdown, psycopg.errors.OutOfMemory,
+                psycopg.OperationalError):
+        assert not_the_statement(cls("x")), cls
+    for cls in (psycopg.errors.SyntaxError, psycopg.errors.UndefinedFunction, psycopg.errors.StatementTooComplex,
+                psycopg.errors.InvalidFunctionDefinition):
+        assert not not_the_statement(cls("x")), cls
+
+
+# Sorting, hashing, GREATEST and LEAST call an operator family's comparison and hash support
+# functions, not (only) the operators' own: a user's operator class can pair built-in or pure
+# operators with a PL/pgSQL comparison or hash function.
+SUPPORT = [
+    # (expression, the support functions named)
+    ("ARRAY(SELECT s2.order_id::int FROM source AS s2 ORDER BY 1 USING #<)",
+     {"bfa_sort.noisy_cmp(integer, integer)"}),
+    ("(SELECT count(*) FROM (SELECT DISTINCT v.m FROM (VALUES ('sad'::bfa_sort.mood), ('ok')) AS v(m)) AS d)",
+     {"bfa_sort.mood_cmp(bfa_sort.mood, bfa_sort.mood)", "bfa_sort.mood_hash(bfa_sort.mood)"}),
+    ("(SELECT count(*) FROM (SELECT v.m FROM (VALUES ('sad'::bfa_sort.mood)) AS v(m) GROUP BY v.m) AS g)",
+     {"bfa_sort.mood_cmp(bfa_sort.mood, bfa_sort.mood)", "bfa_sort.mood_hash(bfa_sort.mood)"}),
+    ("GREATEST('sad'::bfa_sort.mood, 'ok') IS NULL", {"bfa_sort.mood_cmp(bfa_sort.mood, bfa_sort.mood)"}),
+]
+# The same constructs, run: each calls a PL/pgSQL support function, which says so.
+SUPPORT_RUN = [
+    ("SELECT ARRAY(SELECT v.x FROM (VALUES (2), (1), (3)) AS v(x) ORDER BY 1 USING #<)",
+     "noisy_cmp"),
+    ("SELECT count(*) FROM (SELECT DISTINCT v.m FROM (VALUES ('sad'::bfa_sort.mood), ('ok'), ('sad')) AS v(m)) AS d",
+     "mood_"),
+    ("SELECT GREATEST('sad'::bfa_sort.mood, 'ok')", "mood_cmp"),
+]
+
+
+@pytest.mark.parametrize("statement, notice", SUPPORT_RUN, ids=[n for _, n in SUPPORT_RUN])
+def test_sorting_and_hashing_call_the_support_functions(source_db, statement, notice):
+    heard: list[str] = []
+
+    def hear(diagnostic: psycopg.errors.Diagnostic) -> None:
+        heard.append(diagnostic.message_primary or "")
+
+    source_db.add_notice_handler(hear)
+    try:
+        source_db.execute(statement).fetchall()
+    finally:
+        source_db.remove_notice_handler(hear)
+    assert any(h.startswith(notice) for h in heard), heard
+
+
+@pytest.mark.parametrize("expr, functions", SUPPORT, ids=[e[:50] for e, _ in SUPPORT])
+def test_sort_and_hash_support_functions_outside_pg_catalog_need_trust(source_db, expr, functions):
+    err = refused(source_db, transform_with(expr))
+    assert {p.construct for p in err.problems} == functions, err.problems
+    assert all(p.kind == "untrusted" and "is written in plpgsql, which the guard cannot read" in p.problem
+               and "support function" in p.problem for p in err.problems), [p.problem for p in err.problems]
+    check(source_db, transform_with(expr), tuple(sorted({f.split("(")[0] for f in functions})))
+
+
+def test_trust_does_not_excuse_a_function_labelled_volatile(source_db):
+    err = refused(source_db, transform_with("my_volatile(1)"), ("public.my_volatile",))
+    assert [p.kind for p in err.problems] == ["volatility"]
+
+
+EXTENSIONS = [
+    # (extension, expression, the functions named): called directly, and by DISTINCT (its
+    # type's equality and sort operators, and the comparison and hash support functions of
+    # their operator families, which sorting and hashing call).
+    ("fuzzystrmatch", "levenshtein(note, 'x')", {"public.levenshtein(text, text)"}),
+    ("citext", "(SELECT count(DISTINCT s2.note::public.citext) FROM source AS s2)",
+     {"public.citext_eq(citext, citext)", "public.citext_lt(citext, citext)", "public.citext_cmp(citext, citext)",
+      "public.citext_hash(citext)", "public.citext_hash_extended(citext, bigint)"}),
+    ("vector", "vector_dims('[1,2]'::public.vector)", {"public.vector_dims(vector)"}),
+    ("vector", "(SELECT count(DISTINCT v.x) FROM (VALUES ('[1,2]'::public.vector)) AS v(x))",
+     {"public.vector_eq(vector, vector)", "public.vector_lt(vector, vector)", "public.vector_cmp(vector, vector)"}),
+]
+
+
+@pytest.mark.parametrize("extension, expr, functions", EXTENSIONS, ids=[e[1][:40] for e in EXTENSIONS])
+def test_extension_functions_outside_pg_catalog_need_trust(source_db, extension, expr, functions):
+    """Each server has its own extensions: the embedded one vector, Debian's the contrib ones."""
+    try:
+        with source_db.transaction():
+            source_db.execute(sql.SQL("CREATE EXTENSION IF NOT EXISTS {} SCHEMA public").format(
+                sql.Identifier(extension)))
+    except (psycopg.errors.FeatureNotSupported, psycopg.errors.UndefinedFile):
+        pytest.skip(f"this PostgreSQL has no {extension} extension")
+    err = refused(source_db, transform_with(expr))
+    assert {p.construct for p in err.problems if p.kind == "untrusted"} == functions
+    assert all(p.kind == "untrusted" for p in err.problems)
+    assert "is written in c, which the guard cannot read" in str(err)
+    check(source_db, transform_with(expr), tuple(f.split("(")[0] for f in functions))
 
 
 # --- session, role, transaction, clock ------------------------------------------------------
@@ -312,7 +702,7 @@ ACCEPTED = [
     "(SELECT count(*) FROM (SELECT s2.amount::numeric FROM source AS s2 UNION ALL SELECT 1.50) AS u)",
     "(SELECT count(*) FROM generate_series(1, 3) AS g)",
     "(SELECT max(u.x) FROM unnest(ARRAY[3, 1, 2]) WITH ORDINALITY AS u(x, n))",
-    "my_immutable(order_id::int)",
+    "my_immutable(order_id::int)",  # an IMMUTABLE SQL function whose body the guard reads
 ]
 
 

@@ -6,7 +6,8 @@ import dagster as dg
 import psycopg
 import pytest
 
-from backfill_assets.assets import spec_assets, transient_retry
+from backfill_assets.assets import spec_assets
+from backfill_assets.resources import transient_retry
 from backfill_assets.core.errors import TransientDatabaseError, VerificationError
 from backfill_assets.definitions import build_definitions
 from backfill_assets.resources import PostgresResource
@@ -205,13 +206,14 @@ def test_stages_that_differ_fail_the_blocking_check_and_the_target_is_not_replac
     assert target_day_hashes(demo_db) == before
 
 
-def test_transient_failures_are_retried_a_bounded_number_of_times_and_others_never():
+def test_transient_failures_are_retried_a_bounded_number_of_times_and_others_never(factory):
+    spec = make_spec()
     with pytest.raises(dg.RetryRequested) as retry:
-        with transient_retry():
+        with transient_retry(factory, spec):
             raise TransientDatabaseError("lock timeout")
     assert retry.value.max_retries == 3
     with pytest.raises(VerificationError):
-        with transient_retry():
+        with transient_retry(factory, spec):
             raise VerificationError("2024-01-01", "verification before commit", "a", "b")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import dagster as dg
@@ -190,3 +191,108 @@ def test_the_source_sensor_with_an_unreadable_cursor_checks_everything_again(con
         result = source_tick(resources, cursor)
         assert [r.partition_key for r in result.run_requests] == ["2024-01-06"]
         assert json.loads(result.cursor)["orders_daily"]["format"] == 1
+
+
+# --- approvals that expire, and a bounded first tick -------------------------------------------
+
+
+def clocked_sensor(now):
+    """The approval sensor of SPEC with its clock stopped at ``now``."""
+    from backfill_assets.names import target_job_name
+    from backfill_assets.sensors import approval_sensor
+
+    defs = build_definitions([SPEC])
+    jobs = [defs.resolve_job_def(target_job_name(SPEC)), defs.resolve_job_def(UNLAUNCHABLE_JOB)]
+    return approval_sensor([SPEC], jobs, clock=lambda: now)
+
+
+def clocked_tick(sensor, resources, cursor=None):
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), resources=resources,
+                                 cursor=cursor) as context:
+        return sensor.evaluate_tick(context)
+
+
+def test_a_fresh_instance_reads_only_unexpired_approvals_at_most_a_hundred_a_tick(db_url, conn, capfd):
+    """250 approvals, 61 of them expired (the oldest 60, and one given out of order among the
+    others): the first tick of a fresh instance reads 100 approvals not yet expired, the next
+    the remaining 89, the third none; the expired ones are neither launched nor read."""
+    from backfill_assets.core.context import utc_now
+    from backfill_assets_tests.core.test_approval_expiry import synthetic_approvals
+
+    now = utc_now()
+    times = [now - dt.timedelta(days=30) + dt.timedelta(minutes=n) for n in range(60)]
+    times += [now - dt.timedelta(days=6) + dt.timedelta(minutes=n) for n in range(190)]
+    times[119] = now - dt.timedelta(days=20)  # approval 120, given out of order: expired
+    synthetic_approvals(conn, SPEC.name, times, ["2024-01-01", "2024-01-02"])
+    resources = {"pg_orders_daily": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
+    sensor = clocked_sensor(now)
+    unexpired = [n for n in range(61, 251) if n != 120]
+    first = clocked_tick(sensor, resources)
+    assert [int(r.tags[APPROVAL_TAG]) for r in first.run_requests] == unexpired[:100]
+    assert {r.job_name for r in first.run_requests} == {"orders_daily__replace_target"}
+    assert json.loads(first.cursor) == {"orders_daily": unexpired[99]}
+    log = capfd.readouterr().err
+    assert "orders_daily: no cursor yet: reading only approvals given after" in log
+    assert f"read 100 approvals, the most one tick reads; the next tick goes on after approval {unexpired[99]}" in log
+    second = clocked_tick(sensor, resources, first.cursor)
+    assert [int(r.tags[APPROVAL_TAG]) for r in second.run_requests] == unexpired[100:]
+    assert json.loads(second.cursor) == {"orders_daily": 250}
+    third = clocked_tick(sensor, resources, second.cursor)
+    assert third.run_requests == [] and json.loads(third.cursor) == {"orders_daily": 250}
+    assert "expired" not in capfd.readouterr().err  # the expired approvals were not even read
+
+
+def test_an_approval_that_expired_before_the_sensor_saw_it_is_a_failed_run_saying_so(
+        resources, demo_db, factory, capfd):
+    """The sensor was stopped while an approval was given and expired: the next tick (the
+    instance has a cursor) does not launch it, says 'expired' in its log, and reports it as a
+    failed run of approval_not_launched, as it reports every approval it cannot launch. A fresh
+    instance does not read it at all."""
+    from backfill_assets.core.context import utc_now
+
+    given = utc_now() - dt.timedelta(days=8)
+    plan = make_plan(SPEC, WEEK, factory)
+    approval_id = approve_plan(demo_db, factory, SPEC, find_plan(demo_db, SPEC, plan.plan_id), "alice",
+                               clock=lambda: given)
+    defs = build_definitions([SPEC])
+    result = tick(defs, resources, cursor=json.dumps({"orders_daily": 0}))
+    (request,) = result.run_requests
+    assert request.job_name == UNLAUNCHABLE_JOB
+    assert request.run_key == f"approval-orders_daily-{approval_id}-not-launched"
+    assert json.loads(result.cursor) == {"orders_daily": approval_id}
+    assert f"approval {approval_id} of plan {plan.plan_id[:16]} expired; not launched: it expired at" in (
+        capfd.readouterr().err)
+    run = defs.resolve_job_def(UNLAUNCHABLE_JOB).execute_in_process(
+        run_config=request.run_config, instance=dg.DagsterInstance.ephemeral(), tags=request.tags,
+        raise_on_error=False)
+    failure = run.failure_data_for_node("report_approval_not_launched").user_failure_data
+    assert failure.description.startswith(f"approval {approval_id} of plan {plan.plan_id[:16]} (orders_daily) "
+                                          "was not launched: it expired at ")
+    assert "approval_expires_after: 7d); review the plan and approve the plan again" in failure.description
+    fresh = tick(defs, resources)
+    assert fresh.run_requests == [] and json.loads(fresh.cursor) == {}
+
+
+def test_a_target_run_launched_in_time_that_starts_after_the_expiry_is_refused(resources, demo_db, factory):
+    """The sensor launched the approval in time; the run started after the approval expired
+    (it waited in the queue): the target run refuses it, writing nothing."""
+    from backfill_assets.assets import spec_assets
+    from backfill_assets.core.context import utc_now
+    from backfill_assets_tests.core.test_apply import ledger_rows, target_day_hashes
+
+    given = utc_now() - dt.timedelta(days=8)
+    plan = make_plan(SPEC, WEEK, factory)
+    approve_plan(demo_db, factory, SPEC, find_plan(demo_db, SPEC, plan.plan_id), "alice", clock=lambda: given)
+    (request,) = clocked_tick(clocked_sensor(given + dt.timedelta(hours=1)), resources).run_requests
+    assert request.job_name == "orders_daily__replace_target"
+    before = target_day_hashes(demo_db)
+    target = dg.AssetKey(["orders_daily", "target"])
+    run = dg.materialize(spec_assets(SPEC), selection=[target], instance=dg.DagsterInstance.ephemeral(),
+                         resources=resources, tags=request.tags, raise_on_error=False)
+    assert not run.success
+    error = run.failure_data_for_node("orders_daily__target").error.cause.message
+    assert f"approval 1 of plan {plan.plan_id[:16]} (by alice at " in error
+    assert "Nothing was written." in error and "approve the plan again" in error
+    checks = [e for e in run.get_asset_check_evaluations() if e.check_name == "target_matches_approved_plan"]
+    assert checks and not any(e.passed for e in checks)
+    assert target_day_hashes(demo_db) == before and ledger_rows(demo_db) == 0

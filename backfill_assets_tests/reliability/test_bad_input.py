@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 from backfill_assets.cli import main
+from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connect
+from backfill_assets.core.errors import TransientDatabaseError
 from backfill_assets_tests.conftest import CANARY, DEMO_SPEC, URL_ENV
 from backfill_assets_tests.core.test_apply import DAYS8
 from backfill_assets_tests.core.test_plan import target_hashes
@@ -19,6 +21,14 @@ VOLATILE_FN = ("CREATE FUNCTION public.shaky(x int) RETURNS int LANGUAGE plpgsql
                "AS $$ BEGIN RETURN x; END $$")
 JITTER_FN = ("CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
              "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$")
+READS_TABLE_FN = ("CREATE FUNCTION public.status_of(x bigint) RETURNS text LANGUAGE sql IMMUTABLE "
+                  "AS 'SELECT max(r.status) FROM public.orders_raw AS r WHERE r.order_id = x'")
+CALLS_RANDOM_FN = ("CREATE FUNCTION public.noise(x int) RETURNS int LANGUAGE sql IMMUTABLE "
+                   "AS 'SELECT x + floor(random() * 10)::int'")
+CALLS_NOISE_FN = ("CREATE FUNCTION public.shifted(x int) RETURNS int LANGUAGE sql IMMUTABLE "
+                  "AS 'SELECT public.noise(x) + 1'")
+# A function the spec trusts wrongly: it passes the guard, and building twice catches it.
+TRUST_JITTER = [{"name": "public.jitter", "reason": "a test of a wrong trust"}]
 COLS = "order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note"
 
 
@@ -79,6 +89,14 @@ CASES: list[tuple[str, dict[str, Any] | str, list[str], list[str], int, str]] = 
     ("transform-random", transform("random()"), ["plan", "--partitions", WEEK], [], 2, "random() reads a random generator"),
     ("transform-user-volatile", transform("shaky(1)"), ["plan", "--partitions", WEEK], [VOLATILE_FN], 2,
      "shaky(integer) is VOLATILE, not IMMUTABLE"),
+    # Functions outside pg_catalog labelled IMMUTABLE, which PostgreSQL does not check.
+    ("transform-untrusted-plpgsql", transform("jitter()"), ["plan", "--partitions", WEEK], [JITTER_FN], 2,
+     "public.jitter() is written in plpgsql, which the guard cannot read"),
+    ("transform-sql-function-reads-table", transform("status_of(order_id)"), ["plan", "--partitions", WEEK],
+     [READS_TABLE_FN], 2, "public.status_of(bigint) is labelled IMMUTABLE, but its body reads public.orders_raw"),
+    ("transform-sql-function-calls-random", transform("shifted(1)"), ["plan", "--partitions", WEEK],
+     [CALLS_RANDOM_FN, CALLS_NOISE_FN], 2, "public.noise(integer) is labelled IMMUTABLE, but its body is refused: "
+     "random() reads a random generator"),
     # Order- and session-dependent transforms: legal SQL whose rows can change between runs.
     ("transform-current-user", transform("current_user"), ["plan", "--partitions", WEEK], [], 2,
      "current_user at line 1, column 89"),
@@ -109,7 +127,7 @@ CASES: list[tuple[str, dict[str, Any] | str, list[str], list[str], int, str]] = 
     ("wrong-password", "WRONG_PASSWORD", ["plan", "--partitions", WEEK], [], 3, "password authentication failed"),
     ("approve-unknown-plan", {}, ["approve", "--plan", "0123456789abcdef", "--by", "x", "--yes"], [], 6, "no plans exist"),
     ("approve-short-plan-id", {}, ["approve", "--plan", "abc", "--by", "x", "--yes"], [], 2, "at least 8 hex digits"),
-    ("approve-refused-plan", static(transform_sql=(
+    ("approve-refused-plan", static(trusted_functions=TRUST_JITTER, transform_sql=(
         "SELECT order_date, order_id, customer_id + jitter() AS customer_id, updated_at, ingest_seq, amount, "
         "status, note FROM source")), ["approve", "--plan", "{plan}", "--by", "x", "--yes"], [JITTER_FN], 6, "was refused"),
     ("apply-unapproved-plan", {}, ["apply", "--plan", "{plan}"], [], 6, "has not been approved"),
@@ -156,3 +174,27 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(case, demo_db, url_env
 
 def test_the_catalogue_has_at_least_thirty_cases():
     assert len(CASES) >= 30
+
+
+SIDE_TABLE = "CREATE TABLE public.bfa_side (x int)"
+READS_SIDE_FN = ("CREATE FUNCTION public.reads_side(x int) RETURNS int LANGUAGE sql IMMUTABLE "
+                 "AS 'SELECT x + (SELECT count(*)::int FROM public.bfa_side)'")
+
+
+def test_a_lock_timeout_while_guarding_the_transform_is_transient_not_a_refusal(demo_db, db_url: DatabaseUrl,
+                                                                                url_env, tmp_path, capsys):
+    """The guard analyses a SQL function's body, which waits for a lock another session holds
+    on a table the body reads: a retryable timeout (exit 8), not a refused spec (exit 2)."""
+    demo_db.execute(SIDE_TABLE)
+    demo_db.execute(READS_SIDE_FN)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump({**DEMO_SPEC, **transform("reads_side(1)"), "lock_timeout_ms": 300}),
+                         encoding="utf-8")
+    with connect(db_url, DEFAULT_LIMITS) as holder:
+        with holder.transaction():
+            holder.execute("LOCK TABLE public.bfa_side IN ACCESS EXCLUSIVE MODE")
+            exit_code = main(["plan", "--spec", str(spec_file), "--partitions", WEEK])
+    out, err = capsys.readouterr()
+    assert exit_code == TransientDatabaseError.exit_code, err
+    assert "LockNotAvailable" in err and "safe to retry" in err and "refused" not in err, err
+    assert demo_db.execute("SELECT to_regnamespace('backfill_control')").fetchone()[0] is None

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from backfill_assets.core.apply import apply_plan
+from backfill_assets.core.db import connection_factory
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError, TransientDatabaseError
 from backfill_assets.core.plan import make_plan
@@ -39,8 +40,9 @@ def wait_until(condition, timeout: float = 30) -> None:
 
 
 def test_two_plans_over_one_partition_at_once_serialize_and_the_second_is_refused_under_the_lock(
-        unmoved_db, factory, db_url):
+        unmoved_db, db_url):
     plain = make_spec(records_can_move=False, lock_timeout_ms=30_000)
+    factory = connection_factory(db_url, plain.limits)  # the second apply waits up to 30 s
     upper = make_spec(name="orders_upper", records_can_move=False, lock_timeout_ms=30_000, transform_version="upper",
                       transform_sql="SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
                                     "upper(status) AS status, note FROM source")
@@ -110,8 +112,9 @@ def test_readers_see_the_old_or_the_new_partition_never_a_partial_one(demo_db, f
     assert old_count != new_count
 
 
-def test_a_statement_past_statement_timeout_is_cancelled_and_rolled_back(demo_db, factory):
+def test_a_statement_past_statement_timeout_is_cancelled_and_rolled_back(demo_db, db_url):
     spec = make_spec(statement_timeout_ms=300)
+    factory = connection_factory(db_url, spec.limits)
     plan = approved(demo_db, factory, spec)
     before = target_hashes(demo_db, DAYS8)
     demo_db.execute("CREATE FUNCTION public.slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "

@@ -19,7 +19,7 @@ from psycopg import sql
 
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
-from backfill_assets.core.db import DatabaseUrl, connection_factory
+from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connection_factory
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.crash_hook import PAUSE_ENV, PAUSE_FILE_ENV
@@ -104,7 +104,7 @@ def test_an_immediate_server_shutdown_mid_apply_leaves_old_or_new_and_a_rerun_co
     with psycopg.connect(admin, autocommit=True) as c:
         c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier("crash")))
     url = DatabaseUrl(admin.replace("/postgres?", "/crash?"), source="the crash-test server")
-    factory = connection_factory(url)
+    factory = connection_factory(url, DEFAULT_LIMITS)
     from backfill_assets import demo
 
     spec = make_spec()

@@ -19,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from backfill_assets.assets import spec_assets
 from backfill_assets.names import PLAN_TAG
-from backfill_assets.core.db import DatabaseUrl, connect
+from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connect
 from backfill_assets.core.errors import ConnectionConfigError
 from backfill_assets.resources import PostgresResource
 from backfill_assets_tests.conftest import CANARY, DEMO_SPEC, REPO, URL_ENV, make_spec
@@ -105,11 +105,11 @@ def test_connection_errors_and_reprs_hold_no_password():
     url = DatabaseUrl(f"postgresql://bfa:{CANARY}@127.0.0.1:9/db", source="$X")
     assert CANARY not in repr(url) and CANARY not in str(url)
     with pytest.raises(ConnectionConfigError) as err:
-        connect(url)
+        connect(url, DEFAULT_LIMITS)
     assert CANARY not in str(err.value) and err.value.__cause__ is None and err.value.__context__ is None
     for malformed in (f"postgresql://bfa:{CANARY}@host:notaport/db", f"//postgres:{CANARY}@/user",
                       f"host=h password={CANARY} nonsense"):
         with pytest.raises(ConnectionConfigError) as err:
-            connect(DatabaseUrl(malformed, source="$X"))
+            connect(DatabaseUrl(malformed, source="$X"), DEFAULT_LIMITS)
         assert "malformed" in str(err.value) or "cannot connect" in str(err.value)
         assert CANARY not in str(err.value) and err.value.__context__ is None

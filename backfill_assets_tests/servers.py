@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,15 @@ def _as_owner(owner: str | None, argv: list[str]) -> list[str]:
     return ["runuser", "-u", owner, "--", *argv] if owner else argv
 
 
+def _traversable(folder: Path) -> None:
+    """Let the server's own user pass through ``folder`` and its parents (pytest makes its
+    temporary root private to the user who runs it)."""
+    for part in [folder, *folder.parents]:
+        mode = part.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            part.chmod(mode | stat.S_IXOTH)
+
+
 @contextlib.contextmanager
 def default_settings_server(folder: Path) -> Iterator[str]:
     """Start a server of the machine's PostgreSQL in ``folder`` with initdb's defaults (only
@@ -41,6 +51,7 @@ def default_settings_server(folder: Path) -> Iterator[str]:
         shutil.chown(folder, owner)
         shutil.chown(socket, owner)
         folder.chmod(0o755)
+        _traversable(folder.parent)
     subprocess.run(_as_owner(owner, [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
                                      "--encoding=UTF8", "--no-instructions"]),
                    check=True, capture_output=True)

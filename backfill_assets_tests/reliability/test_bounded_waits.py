@@ -409,6 +409,7 @@ def test_every_command_has_a_floor_of_relations_that_must_block_it():
     assert set(MUST_BLOCK) == set(COMMANDS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_command_ends_in_bounded_time_naming_the_locked_relation(prepared, command, monkeypatch):
     cases = [(prepared.names[role], lock_table(prepared.names[role])) for role in RELATIONS]
@@ -432,6 +433,7 @@ EARLIER_RUN = sql.SQL(
 ).format(sql.Identifier(CONTROL, "ledger"), sql.Identifier(CONTROL, "approvals"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["cli:apply", "step:target"])
 def test_apply_ends_in_bounded_time_against_rows_held_for_update(prepared, command, monkeypatch):
     cases = [(prepared.names[role], statement) for role, statement in ROW_LOCKS.items()]

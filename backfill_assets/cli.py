@@ -344,16 +344,16 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     try:
         with out:
             return args.fn(args, out)
-    except (BackfillError, psycopg.Error) as err:
-        # A timeout the core did not map yet becomes a transient error (exit 8), and a lock
-        # wait names what it waited for. Every command comes through here.
+    except Exception as err:  # noqa: BLE001 - ours and the driver's are reported; the rest is raised
+        # A timeout the core did not map yet (the driver's, or a library's wrapping it) becomes
+        # a transient error (exit 8), and a lock wait names what it waited for. Every command
+        # comes through here.
         opened = getattr(args, "opened", None)
-        if opened is not None:
-            explained = explain(err, *opened)
-        else:
-            explained = as_transient(err, f"backfill-assets {args.command}") if isinstance(err, psycopg.Error) else None
+        explained = explain(err, *opened) if opened else as_transient(err, f"backfill-assets {args.command}")
         if explained is not None:
             err = explained
+        elif not isinstance(err, (BackfillError, psycopg.Error)):
+            raise
         if isinstance(err, BackfillError):
             print(f"error: {err}", file=stderr)
             return err.exit_code

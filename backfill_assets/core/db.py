@@ -219,9 +219,20 @@ _TRANSIENT = (
 )
 
 
-def as_transient(err: psycopg.Error, what: str) -> TransientDatabaseError | None:
-    """The :class:`TransientDatabaseError` a driver error maps onto (a lock or statement
-    timeout, a serialization failure, a deadlock), or None for any other error."""
+def driver_error(err: BaseException) -> psycopg.Error | None:
+    """The driver's error behind ``err``: itself, or the one a library wraps (SQLAlchemy keeps
+    it as ``orig``: an Iceberg catalog kept in PostgreSQL); None if there is none."""
+    if isinstance(err, psycopg.Error):
+        return err
+    orig = getattr(err, "orig", None)
+    return orig if isinstance(orig, psycopg.Error) else None
+
+
+def as_transient(err: BaseException, what: str) -> TransientDatabaseError | None:
+    """The :class:`TransientDatabaseError` a driver error (or a library's wrapping one) maps
+    onto (a lock or statement timeout, a serialization failure, a deadlock), or None for any
+    other error."""
+    err = driver_error(err)
     if not isinstance(err, _TRANSIENT):
         return None
     first = _one_line(str(err).strip().splitlines()[0]) if str(err).strip() else ""

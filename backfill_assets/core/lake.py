@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -161,8 +160,7 @@ def lake_errors(table: LakeTable, what: str) -> Iterator[None]:
     except _library_errors() as err:
         # A lock or statement timeout in an Iceberg catalog kept in PostgreSQL (SQLAlchemy wraps
         # the driver's error): transient, like the same wait anywhere else.
-        transient = as_transient(err.orig, f"{what} {table.name}") if isinstance(
-            getattr(err, "orig", None), psycopg.Error) else None
+        transient = as_transient(err, f"{what} {table.name}")
         if transient is not None:
             raise transient from None
         text = " ".join(str(err).split())

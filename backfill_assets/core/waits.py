@@ -5,9 +5,10 @@ Every connection carries the spec's lock and statement timeouts from its first b
 only "canceling statement due to lock timeout"; the front-ends (the command line, each Dagster
 step and sensor tick) pass what ends their work through :func:`explained_waits`, which maps any
 timeout still in the driver's form onto :class:`TransientDatabaseError` and, for a lock wait,
-names the locks other sessions hold on the spec's relations (source, target, and everything in
-the control schema: snapshot copies, stages, plans, approvals, ledger), read on a fresh
-connection once the waiting transaction is gone.
+names the locks other sessions hold on the spec's relations (source, target, everything in
+the control schema: snapshot copies, stages, plans, approvals, ledger; and an Iceberg SQL
+catalog's tables when it lives in the spec's database), read on a fresh connection once the
+waiting transaction is gone.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _HELD = sql.SQL(
     "WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid() "
     "AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()) "
     "AND c.relkind IN ('r', 'p', 'v', 'm', 'f') "
-    "AND (n.nspname = %(control)s "
+    "AND (n.nspname = %(control)s OR c.relname = ANY(%(catalog)s::text[]) "
     "OR (n.nspname, c.relname) IN (SELECT w.s, w.r FROM unnest(%(schemas)s::text[], %(names)s::text[]) AS w(s, r)) "
     "OR c.oid IN (SELECT t.relid FROM unnest(%(schemas)s::text[], %(names)s::text[]) AS w(s, r) "
     "JOIN pg_namespace AS bn ON bn.nspname = w.s JOIN pg_class AS b ON b.relnamespace = bn.oid AND b.relname = w.r "
@@ -47,12 +48,19 @@ _HELD = sql.SQL(
 )
 
 
+# The tables of a pyiceberg SQL catalog, when it lives in the spec's own database.
+ICEBERG_CATALOG_TABLES = ("iceberg_tables", "iceberg_namespace_properties")
+
+
 def held_locks(conn: psycopg.Connection, spec: Spec) -> list[HeldLock]:
     """The locks other sessions hold now on the spec's relations, strongest first."""
     tables = [spec.source_ref] + ([] if spec.target.is_lake else [spec.target_ref])
+    catalog = spec.target.catalog
+    in_database = spec.target.format == "iceberg" and catalog is not None and catalog.uri_env is None
     rows = conn.execute(_HELD, {
         "control": spec.control_schema, "schemas": [t.schema for t in tables],
         "names": [t.name for t in tables], "most": MOST_NAMED,
+        "catalog": list(ICEBERG_CATALOG_TABLES) if in_database else [],
     }).fetchall()
     return [HeldLock(f"{schema}.{name}", mode, pid) for schema, name, mode, pid in rows]
 
@@ -65,7 +73,7 @@ def explain(err: BaseException, factory: ConnectionFactory, spec: Spec) -> Backf
     Naming needs a connection of its own (the waiting one may sit in an aborted
     transaction); if that fails too, the error is reported without the names.
     """
-    if isinstance(err, psycopg.Error):
+    if not isinstance(err, BackfillError):
         err = as_transient(err, f"a statement of spec {spec.name}")
     if not isinstance(err, TransientDatabaseError):
         return None
@@ -85,10 +93,8 @@ def explained_waits(factory: ConnectionFactory, spec: Spec) -> Iterator[None]:
     :class:`TransientDatabaseError` that names what it waited for (see :func:`explain`)."""
     try:
         yield
-    except (psycopg.Error, TransientDatabaseError) as err:
+    except Exception as err:  # noqa: BLE001 - only timeouts are changed; the rest is raised as it was
         explained = explain(err, factory, spec)
-        if explained is None:
-            raise
-        if explained is err:
+        if explained is None or explained is err:
             raise
         raise explained from err

@@ -19,6 +19,7 @@ The cases of one command are one test. It runs on the embedded server and on the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -42,6 +43,7 @@ from backfill_assets.core import control
 from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connect
 from backfill_assets.core.errors import TransientDatabaseError
 from backfill_assets.core.spec import spec_from_mapping
+from backfill_assets.core.waits import ICEBERG_CATALOG_TABLES
 from backfill_assets.definitions import build_definitions
 from backfill_assets.names import APPROVE_JOB, APPROVE_OP, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
 from backfill_assets.resources import PostgresResource, resource_key
@@ -129,6 +131,8 @@ class Prepared:
     folder: Path
     plan_id: str = ""
     names: dict[str, str] | None = None  # relation role -> schema.table
+    spec: dict = dataclasses.field(default_factory=lambda: SPEC)
+    tags: dict = dataclasses.field(default_factory=lambda: RANGE)  # the Dagster steps' partitions
 
     def url(self, database: str) -> str:
         info = conninfo_to_dict(self.admin_url)
@@ -138,7 +142,7 @@ class Prepared:
     def spec_file(self, variable: str) -> Path:
         """The matrix spec reading its URL from ``variable``."""
         path = self.folder / f"{variable}.yaml"
-        path.write_text(yaml.safe_dump({**SPEC, "database_url_env": variable}))
+        path.write_text(yaml.safe_dump({**self.spec, "database_url_env": variable}))
         return path
 
     @contextlib.contextmanager
@@ -217,10 +221,11 @@ class Outcome:
 
 
 def written(conn: psycopg.Connection, names: dict[str, str]) -> dict[str, tuple]:
-    """What a command may have written: the target's rows and every control table's, as text
-    (the ledger's record of a failure aside)."""
+    """What a command may have written: the target's rows (a lake target's: the catalog's
+    pointer to its current metadata) and every control table's, as text (the ledger's record
+    of a failure aside)."""
     state = {}
-    for role in ["target", *control_tables()]:
+    for role in [r for r in ("target", "iceberg_tables") if r in names] + control_tables():
         schema, table = names[role].split(".")
         where = sql.SQL("WHERE t.status NOT IN ('failed', 'not-attempted')" if table == "ledger" else "")
         state[role] = conn.execute(sql.SQL(
@@ -288,7 +293,7 @@ def _run_outcome(instance: dg.DagsterInstance, result: dg.ExecuteInProcessResult
 
 def run_command(command: str, prep: Prepared, url: str, variable: str) -> Outcome:
     kind, name = command.split(":")
-    spec = spec_from_mapping({**SPEC, "database_url_env": variable})
+    spec = spec_from_mapping({**prep.spec, "database_url_env": variable})
     resources = {resource_key(spec): PostgresResource(database_url=url, variable=variable)}
     instance = dg.DagsterInstance.ephemeral()
     start = time.monotonic()
@@ -299,7 +304,7 @@ def run_command(command: str, prep: Prepared, url: str, variable: str) -> Outcom
         selected = {"snapshot": ["snapshot"], "stages": ["stage_a", "stage_b"], "target": ["target"]}[name]
         return _run_outcome(instance, dg.materialize(
             spec_assets(spec), selection=[dg.AssetKey([spec.name, k]) for k in selected],
-            instance=instance, resources=resources, tags=RANGE, raise_on_error=False))
+            instance=instance, resources=resources, tags=prep.tags, raise_on_error=False))
     if kind == "job":
         job = build_definitions([spec]).resolve_job_def(name)
         return _run_outcome(instance, job.execute_in_process(
@@ -351,10 +356,17 @@ def lock_table(relation: str) -> sql.Composable:
     return sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(*relation.split(".")))
 
 
+Setup = sql.Composable | Callable[[Prepared, str], Prepared] | None
+
+
 def one_case(command: str, prep: Prepared, url: str, variable: str, relation: str,
-             statement: sql.Composable, setup: sql.Composable | None = None) -> list[str]:
+             statement: sql.Composable, setup: Setup = None) -> list[str]:
+    """``setup``: a statement run on the copy first, or a function of the copy's variable that
+    readies it and returns what the case works from (a plan made in the copy, say)."""
+    if callable(setup):
+        prep = setup(prep, variable)
     with psycopg.connect(url) as conn:
-        if setup is not None:
+        if isinstance(setup, sql.Composable):
             conn.execute(setup)
             conn.commit()
         before = written(conn, prep.names)
@@ -368,7 +380,7 @@ def one_case(command: str, prep: Prepared, url: str, variable: str, relation: st
 
 
 def run_cases(prep: Prepared, command: str, cases: list[tuple[str, sql.Composable]], monkeypatch,
-              setup: sql.Composable | None = None) -> tuple[list[str], set[str]]:
+              setup: Setup = None) -> tuple[list[str], set[str]]:
     """Run ``command`` once per (relation, statement holding it), each on its own copy of the
     prepared database; return the problems found and the relations that blocked it."""
     # One try: what is measured is how the first attempt ends (Dagster retries wait 2 s each).
@@ -456,3 +468,65 @@ def test_a_connection_carries_the_spec_limits_from_its_first_statement(db_url):
     with psycopg.connect(db_url.reveal(), autocommit=True) as plain:
         enforce_limits(plain, limits)
         assert plain.execute(sql.SQL("SHOW statement_timeout")).fetchone()[0] == "56789ms"
+
+
+# --- a lake target: its Iceberg SQL catalog, kept in the spec's database ---------------------
+
+LAKE_COMMANDS = ["cli:plan", "cli:approve", "cli:apply", "cli:diff", "cli:status", "step:target"]
+
+
+@pytest.fixture(scope="module")
+def lake_prepared(admin_url, tmp_path_factory, monkeypatch_module) -> Iterator[Prepared]:
+    """A database whose Iceberg target exists (one partition applied, which creates the
+    catalog's tables and the table). Each case plans and approves a second partition in its
+    own copy (:func:`plan_day_two`): a plan names the catalog by its database."""
+    folder = tmp_path_factory.mktemp("lake_matrix")
+    spec = {**SPEC, "target": {"format": "iceberg", "table": "sales.orders_daily",
+                               "catalog": {"type": "sql", "warehouse": str(folder / "warehouse")}}}
+    prep = Prepared(admin_url, "bfa_matrix_lake", folder, spec=spec,
+                    tags={RANGE_START: "2024-01-02", RANGE_END: "2024-01-02"})
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(prep.template)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(prep.template)))
+    url = prep.url(prep.template)
+    with connect(DatabaseUrl(url, "the lake matrix template"), DEFAULT_LIMITS) as conn:
+        demo.load(conn, moved=False)
+        conn.execute(LABEL_FUNCTION)
+    monkeypatch_module.setenv("BFA_LAKE_TEMPLATE", url)
+    spec_file = prep.spec_file("BFA_LAKE_TEMPLATE")
+    plan_id = plan_and_approve(spec_file, "2024-01-01")
+    code, _, err = run_cli(["apply", "--spec", str(spec_file), "--plan", plan_id])
+    assert code == 0, err
+    with psycopg.connect(url) as conn:
+        found = conn.execute(sql.SQL(
+            "SELECT schemaname, tablename FROM pg_tables WHERE tablename = ANY(%(names)s) ORDER BY 2"),
+            {"names": list(ICEBERG_CATALOG_TABLES)}).fetchall()
+    assert [t for _, t in found] == sorted(ICEBERG_CATALOG_TABLES), found
+    prep.names = {"source": "public.orders_raw", **{t: f"{CONTROL}.{t}" for t in control_tables()},
+                  **{t: f"{s}.{t}" for s, t in found}}
+    yield prep
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(prep.template)))
+
+
+def plan_and_approve(spec_file: Path, day: str) -> str:
+    code, out, err = run_cli(["plan", "--spec", str(spec_file), "--partitions", day, "--json"])
+    assert code == 0, err
+    plan_id = json.loads(out)["plan_id"]
+    code, _, err = run_cli(["approve", "--spec", str(spec_file), "--plan", plan_id, "--by", "matrix", "--yes"])
+    assert code == 0, err
+    return plan_id
+
+
+def plan_day_two(prep: Prepared, variable: str) -> Prepared:
+    return dataclasses.replace(prep, plan_id=plan_and_approve(prep.spec_file(variable), "2024-01-02"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", LAKE_COMMANDS)
+def test_a_command_on_a_lake_target_ends_in_bounded_time_while_its_catalog_is_held(lake_prepared, command, monkeypatch):
+    cases = [(lake_prepared.names[t], lock_table(lake_prepared.names[t])) for t in ICEBERG_CATALOG_TABLES]
+    found, blocked = run_cases(lake_prepared, command, cases, monkeypatch, setup=plan_day_two)
+    assert not found, "\n".join(found)
+    if command in ("cli:approve", "cli:apply", "cli:diff", "step:target"):  # they read the lake table
+        assert lake_prepared.names["iceberg_tables"] in blocked

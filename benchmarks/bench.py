@@ -40,7 +40,7 @@ from backfill_assets.core import embedded
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.catalog import table_columns
-from backfill_assets.core.db import DEFAULT_LIMITS, ConnectionFactory, DatabaseUrl, connection_factory, repeatable_read
+from backfill_assets.core.db import DEFAULT_LIMITS, ConnectionFactory, DatabaseUrl, Limits, connection_factory, repeatable_read
 from backfill_assets.core.fingerprint import (
     business_key_order, content_hash, fingerprint_partition, sorts_disabled,
 )
@@ -57,6 +57,9 @@ DAYS = 20
 BIG_ROWS = 10_000_000  # figure 8's large size
 COLUMNS = shapes.CURRENT_COLUMNS
 SPEC = shapes.CURRENT_SPEC
+# The bench's own connections (loading, the naive way, the raw reads): finite waits, and the
+# server's own work_mem, as a naive backfill would run with.
+SERVER_SETTINGS = Limits(DEFAULT_LIMITS.lock_timeout_ms, DEFAULT_LIMITS.statement_timeout_ms, work_mem=None)
 _RAW = sql.SQL(
     "COPY (SELECT t.d, t.k, t.updated_at, t.seq, t.amount, t.status, t.note FROM {stage} AS t "
     "WHERE t.d = %(day)s ORDER BY t.k) TO STDOUT (FORMAT binary)"
@@ -343,6 +346,11 @@ class Bench:
     safe: float | None = None
     cli_current: shapes.CliRun | None = None
 
+    def tool(self, spec) -> ConnectionFactory:
+        """The tool's own connections for ``spec`` (its limits and work_mem), for what runs in
+        process; ``factory`` opens connections with the server's settings, for the naive side."""
+        return connection_factory(self.url, spec.limits, application_name="backfill_assets:bench")
+
 
 def figure_3(b: Bench, report: Report) -> None:
     spec = spec_from_mapping(SPEC)
@@ -353,7 +361,7 @@ def figure_3(b: Bench, report: Report) -> None:
         shapes.reset(conn, shape)
         naive = naive_backfill(conn, b.args.rows)
         shapes.reset(conn, shape)
-    safe, steps, _ = safe_backfill(spec, b.factory)
+    safe, steps, _ = safe_backfill(spec, b.tool(spec))
     b.naive_current, b.safe = naive, safe
     report.row("3. whole safe backfill of 20 partitions vs naive DELETE+INSERT", safe, naive, "s", "<= 2.5x",
                safe / naive, safe / naive <= 2.5)
@@ -519,10 +527,10 @@ def figure_sensor(b: Bench, report: Report, small: shapes.Shape, module_path: Pa
     found.loader.exec_module(sensor_tick)
     spec = spec_from_mapping(small.spec)
     try:
-        seconds = float(sensor_tick.tick_seconds(b.factory, spec))
+        seconds = float(sensor_tick.tick_seconds(b.tool(spec), spec))
         # The old sensor's work on the same partitions (every one fingerprinted), when offered.
         full = getattr(sensor_tick, "full_check_seconds", None)
-        reference = None if full is None else float(full(b.factory, spec))
+        reference = None if full is None else float(full(b.tool(spec), spec))
     except Exception as err:  # noqa: BLE001 - a hook under construction must not lose the run; reported
         report.note("sensor", f"{title}: failed: {err.__class__.__name__}: {err}")
         return
@@ -571,7 +579,7 @@ def figure_6(b: Bench, report: Report) -> None:
         while len(runs) < 2:
             with b.factory() as conn:
                 load(conn, n)
-            runs.append(safe_backfill(spec, b.factory)[0])
+            runs.append(safe_backfill(spec, b.tool(spec))[0])
         times[n] = min(runs)
     ratio = times[rows] / times[rows // 4]
     report.row(f"6. safe backfill scaling: {rows} vs {rows // 4} rows (4x)", times[rows], times[rows // 4],
@@ -656,7 +664,7 @@ def main() -> int:
     report = Report()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as folder:
-        b = Bench(args, url, connection_factory(url, DEFAULT_LIMITS, application_name="backfill_assets:bench"), Path(folder))
+        b = Bench(args, url, connection_factory(url, SERVER_SETTINGS, application_name="backfill_assets:bench"), Path(folder))
         with b.factory() as conn:
             report.header = server_header(conn)
         for line in report.header:
@@ -690,7 +698,7 @@ def figure_lake(b: Bench, report: Report) -> None:
                 lake_targets.drop_iceberg(catalog)
             naive = lake_targets.naive(conn, fmt, folder, days(), catalog)
             read, rows = lake_targets.raw_read(fmt, folder, days(), catalog)
-        safe, steps, _ = safe_backfill(spec, b.factory)
+        safe, steps, _ = safe_backfill(spec, b.tool(spec))
         applied = next(v for k, v in steps.items() if k.startswith("apply"))
         report.row(f"10{letter}. whole safe backfill into {fmt} vs naive lake overwrite", safe, naive, "s", "-",
                    safe / naive, None)

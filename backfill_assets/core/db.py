@@ -65,6 +65,7 @@ class Limits:
 
     lock_timeout_ms: int
     statement_timeout_ms: int
+    work_mem: str | None = WORK_MEM  # None: the server's own (a benchmark's naive side)
 
     def __post_init__(self) -> None:
         if self.lock_timeout_ms <= 0 or self.statement_timeout_ms <= 0:
@@ -72,8 +73,8 @@ class Limits:
 
     def options(self) -> str:
         """The libpq ``options`` that set them (and the tool's ``work_mem``) at connect time."""
-        return (f"-c lock_timeout={self.lock_timeout_ms} -c statement_timeout={self.statement_timeout_ms} "
-                f"-c work_mem={WORK_MEM}")
+        work_mem = "" if self.work_mem is None else f" -c work_mem={self.work_mem}"
+        return f"-c lock_timeout={self.lock_timeout_ms} -c statement_timeout={self.statement_timeout_ms}{work_mem}"
 
 
 # For connections that serve no spec (the embedded server's setup, the UI's launcher, tests).
@@ -158,7 +159,7 @@ _LIMITS_IN_FORCE = sql.SQL(
 )
 _SET_LIMITS = sql.SQL(
     "SELECT set_config('lock_timeout', %(lock)s, false), set_config('statement_timeout', %(statement)s, false), "
-    "set_config('work_mem', %(work_mem)s, false)"
+    "set_config('work_mem', coalesce(%(work_mem)s, current_setting('work_mem')), false)"
 )
 
 
@@ -169,7 +170,7 @@ def enforce_limits(conn: psycopg.Connection, limits: Limits) -> None:
     found = dict(conn.execute(_LIMITS_IN_FORCE).fetchall())
     if found != {"lock_timeout": str(limits.lock_timeout_ms), "statement_timeout": str(limits.statement_timeout_ms)}:
         conn.execute(_SET_LIMITS, {"lock": f"{limits.lock_timeout_ms}ms",
-                                   "statement": f"{limits.statement_timeout_ms}ms", "work_mem": WORK_MEM})
+                                   "statement": f"{limits.statement_timeout_ms}ms", "work_mem": limits.work_mem})
 
 
 def connect(url: DatabaseUrl, limits: Limits, *, application_name: str = "backfill_assets") -> psycopg.Connection:

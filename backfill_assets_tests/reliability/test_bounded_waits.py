@@ -455,7 +455,7 @@ def test_apply_ends_in_bounded_time_against_rows_held_for_update(prepared, comma
 
 
 def test_a_connection_carries_the_spec_limits_from_its_first_statement(db_url):
-    from backfill_assets.core.db import Limits, enforce_limits
+    from backfill_assets.core.db import WORK_MEM, Limits, enforce_limits
 
     limits = Limits(lock_timeout_ms=1234, statement_timeout_ms=56789)
     with connect(db_url, limits) as conn:
@@ -464,10 +464,14 @@ def test_a_connection_carries_the_spec_limits_from_its_first_statement(db_url):
             "SELECT name, source FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout')")).fetchall())
         assert rows == {"lock_timeout": "client", "statement_timeout": "client"}
         assert conn.execute(sql.SQL("SHOW lock_timeout")).fetchone()[0] == "1234ms"
+        assert conn.execute(sql.SQL("SHOW work_mem")).fetchone()[0] == WORK_MEM
     # A session opened without them (as through a pooler that drops startup options) gets them.
     with psycopg.connect(db_url.reveal(), autocommit=True) as plain:
         enforce_limits(plain, limits)
         assert plain.execute(sql.SQL("SHOW statement_timeout")).fetchone()[0] == "56789ms"
+    # The server's own work_mem, where asked for (the benchmark's naive side).
+    with connect(db_url, Limits(1234, 56789, work_mem=None)) as conn:
+        assert conn.execute(sql.SQL("SELECT source FROM pg_settings WHERE name = 'work_mem'")).fetchone()[0] != "client"
 
 
 # --- a lake target: its Iceberg SQL catalog, kept in the spec's database ---------------------

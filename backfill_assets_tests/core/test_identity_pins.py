@@ -13,7 +13,14 @@ stored plans carry over).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
+from backfill_assets.core.identity import plan_id_of
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.plan_document import Plan
 from backfill_assets.core.spec import PartitionRequest
 from backfill_assets_tests.conftest import make_spec
 
@@ -48,3 +55,27 @@ def test_an_immutable_source_with_a_transform_has_pinned_ids(unmoved_db, factory
     assert plan.status == "ready"
     assert plan.as_json()["snapshot"]["id"] == IMMUTABLE_SNAPSHOT_ID
     assert plan.plan_id == IMMUTABLE_PLAN_ID
+
+
+# Stored plans, one per kind of target, pinned without a server: the documents (as plan
+# stores them) and their literal ids. A change to the plan document's model, its JSON or how
+# ids are hashed fails here in a second. The Delta plan names a fixed path; the Iceberg plan
+# its catalog, without a password.
+PINS = Path(__file__).parent / "pins"
+STORED_PLAN_IDS = {
+    "postgres": DEMO_PLAN_ID,
+    "delta": "203acbe63f4293e70316120c64adf2b647742e72f985bca531c2eeec7fe1e808",
+    "iceberg": "6552fc2d62c3beaf06e9704098cdb3c118e110c104e29348f0bc7586e3f4f97b",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(STORED_PLAN_IDS))
+def test_a_stored_plan_reads_back_whole_and_keeps_its_pinned_id(kind):
+    stored = json.loads((PINS / f"{kind}_plan.json").read_text(encoding="utf-8"))
+    plan = Plan.from_json(stored)  # refuses a document that no longer hashes to its id
+    assert plan.plan_id == STORED_PLAN_IDS[kind]
+    assert plan.as_json() == stored  # every key, as stored
+    document = {k: v for k, v in stored.items() if k not in ("plan_id", "status", "problems")}
+    assert plan_id_of(document) == STORED_PLAN_IDS[kind]
+    assert plan.document.target == {"postgres": "public.orders_daily", "delta": "delta:/pinned/lake/orders_daily",
+                                    "iceberg": "iceberg:default:sales.orders_daily"}[kind]

@@ -35,6 +35,21 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# Markers applied from what a test uses, so that nobody has to remember them: `postgres` for a
+# test that needs a PostgreSQL server (the admin_url fixture, directly or through another),
+# `dagster` for the Dagster layer's tests, `lake` for those of Delta and Iceberg targets.
+# `pytest -m "not postgres"` runs the tests that need no server, in seconds.
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if "admin_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+        if "/dagster_layer/" in path:
+            item.add_marker(pytest.mark.dagster)
+        if "lake" in path.rsplit("/", 1)[-1] or "lake" in item.name:
+            item.add_marker(pytest.mark.lake)
+
+
 @pytest.fixture(scope="session")
 def admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """An admin URL of a running PostgreSQL server."""

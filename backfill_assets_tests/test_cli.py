@@ -198,6 +198,7 @@ def test_help_documents_the_exit_codes(capsys):
     assert "exit codes:" in capsys.readouterr().out
 
 
+@pytest.mark.postgres  # the demo starts the embedded server of its own
 def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path):
     env = {**os.environ, "BACKFILL_ASSETS_HOME": str(tmp_path / "home")}
     env.pop(URL_ENV, None)

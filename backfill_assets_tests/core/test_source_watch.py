@@ -377,6 +377,7 @@ def test_partition_signals_use_the_index_and_never_the_table(demo_db):
     assert "Index Only Scan" in plan and "Seq Scan on orders_raw" not in plan
 
 
+@pytest.mark.postgres  # starts a server of its own
 def test_a_crash_that_discards_the_counters_is_seen_as_a_reset(tmp_path):
     """Crash recovery drops every counter and leaves the database's reset time as it was;
     the shared counters' reset time (pg_stat_bgwriter) is what moves."""

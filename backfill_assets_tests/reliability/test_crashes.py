@@ -95,6 +95,7 @@ def test_sigkill_at_each_step_leaves_old_or_new_and_a_rerun_converges(step, appr
     assert target_hashes(demo_db, DAYS8) == new
 
 
+@pytest.mark.postgres  # starts a server of its own
 def test_an_immediate_server_shutdown_mid_apply_leaves_old_or_new_and_a_rerun_converges(tmp_path):
     import pgserver
 

@@ -119,7 +119,7 @@ class IcebergCatalogSpec(_Strict):
     warehouse: Annotated[str, Field(min_length=1)]
     # The catalog name pyiceberg keys the catalog's rows by (iceberg_tables.catalog_name).
     # "default" is what pyiceberg's load_catalog() uses when given no name, so a reader with
-    # the URI alone sees the tables this tool writes (see README, "Lake targets").
+    # the URI alone sees the tables this tool writes (see docs/lake-targets.md).
     name: Identifier = "default"
 
 
@@ -233,7 +233,7 @@ MAX_CONCURRENT_BUILDS = 16
 
 
 class ParallelSpec(_Strict):
-    """Multi-run backfills in the Dagster code location (see README, "Running backfills in
+    """Multi-run backfills in the Dagster code location (see docs/dagster.md, "Running backfills in
     parallel"): a backfill becomes runs of at most ``max_partitions_per_run`` partitions, and at
     most ``max_concurrent_builds`` of the runs building the snapshot and stages go at once (the
     limit of the spec's build pool). The target's runs go one at a time."""
@@ -244,7 +244,7 @@ class ParallelSpec(_Strict):
 
 class TrustedFunction(_Strict):
     """A function outside ``pg_catalog`` that ``transform_sql`` may call although the guard
-    cannot see into it (see README, "transform_sql"): ``name`` as ``schema.function``, and
+    cannot see into it (see docs/reliability.md, "Functions the guard cannot see into"): ``name`` as ``schema.function``, and
     why its result depends on its arguments alone."""
 
     name: Annotated[str, AfterValidator(_check_function_name)]
@@ -270,7 +270,7 @@ DEFAULT_APPROVAL_EXPIRY = dt.timedelta(days=7)
 
 
 class Spec(_Strict):
-    """A declared backfill. See README.md, "Configuration reference"."""
+    """A declared backfill. See docs/spec.md."""
 
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=MAX_SPEC_NAME)]
     database_url_env: Annotated[str, AfterValidator(_check_env_name)]

@@ -26,7 +26,7 @@ from backfill_assets_tests.conftest import make_spec
 
 WEEK = PartitionRequest("2024-01-01..2024-01-07")
 
-# The demo data and spec (README's worked example prints the same ids).
+# The demo data and spec (docs/cli.md's worked example prints the same ids).
 DEMO_PLAN_ID = "37fbd45a3e9daa857830fba5e14e10b32964cdf83f0c7a9bf16a5b63626f2b3e"
 DEMO_SNAPSHOT_ID = "copy-a7ea30bf3a93fed2"
 DEMO_SNAPSHOT_FINGERPRINT = "12fc9c7310c05efafb3523bb863976de811299091cbced950c586caf7fe7c7cb"

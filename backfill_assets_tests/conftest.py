@@ -19,12 +19,15 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from backfill_assets.core import embedded
-from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connect, connection_factory
-from backfill_assets.core.spec import Spec, spec_from_mapping
+from backfill_assets.core.db import (
+    DEFAULT_LIMITS,
+    DatabaseUrl,
+    connect,
+    connection_factory,
+)
+from backfill_assets_tests.support.specs import CANARY, URL_ENV
 
 ADMIN_URL_ENV = "BACKFILL_TEST_DATABASE_URL"
-CANARY = "canary-Pw-7f3e91"  # a password that must never appear in any output
-URL_ENV = "BFA_TEST_DATABASE_URL"  # the variable the test specs name
 
 settings.register_profile(
     "ci", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -89,29 +92,8 @@ def url_env(db_url: DatabaseUrl, monkeypatch: pytest.MonkeyPatch) -> str:
     return URL_ENV
 
 
-DEMO_SPEC = {
-    "name": "orders_daily",
-    "database_url_env": URL_ENV,
-    "source": {"table": "public.orders_raw", "snapshot": "copy"},
-    "target": {"table": "public.orders_daily"},
-    "partition_key": "order_date",
-    "business_key": ["order_id"],
-    "ordering": [
-        {"column": "updated_at", "direction": "desc"},
-        {"column": "ingest_seq", "direction": "desc"},
-    ],
-    "columns": ["order_date", "order_id", "customer_id", "updated_at", "ingest_seq", "amount", "status", "note"],
-    "total": "amount",
-    "records_can_move": True,
-    "transform_version": "v1",
-    "partitions": {"type": "daily", "start": "2024-01-01", "end": "2024-01-09"},
-}
 
 
-def make_spec(**changes: object) -> Spec:
-    """The demo spec with some keys changed (None removes a key)."""
-    data = {**DEMO_SPEC, **changes}
-    return spec_from_mapping({k: v for k, v in data.items() if v is not None})
 
 
 @pytest.fixture
@@ -132,7 +114,6 @@ def unmoved_db(conn: psycopg.Connection) -> psycopg.Connection:
     return conn
 
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

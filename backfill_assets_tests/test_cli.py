@@ -6,10 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
 from backfill_assets import cli, crash_hook
 from backfill_assets.cli import main
@@ -22,19 +20,12 @@ from backfill_assets.core.errors import (
     StageDifference,
     VerificationError,
 )
-from backfill_assets_tests.conftest import CANARY, DEMO_SPEC, REPO, URL_ENV, make_spec
+from backfill_assets_tests.support.specs import CANARY, REPO, URL_ENV, make_spec
+from backfill_assets_tests.support.cli_runs import run, write_spec
 
 
-def write_spec(tmp_path: Path, **changes: object) -> Path:
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump({**DEMO_SPEC, **changes}), encoding="utf-8")
-    return path
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_plan_json_is_one_object_with_the_documented_keys(demo_db, url_env, tmp_path, capsys):
@@ -265,7 +256,7 @@ def test_approve_asks_on_a_terminal_and_records_only_a_yes(demo_db, url_env, tmp
 
 def test_status_shows_what_each_open_approval_still_covers_and_why_not(demo_db, url_env, factory, tmp_path, capsys):
     from backfill_assets.core.apply import apply_plan
-    from backfill_assets_tests.conftest import make_spec
+    from backfill_assets_tests.support.specs import make_spec
 
     spec = str(write_spec(tmp_path))
     code, out, _ = run(capsys, "plan", "--spec", spec, "--partitions", "2024-01-01..2024-01-07", "--json")

@@ -8,7 +8,7 @@ import os
 
 from backfill_assets import cli
 from backfill_assets.core.progress import ProgressEvent
-from backfill_assets_tests.test_cli import run, write_spec
+from backfill_assets_tests.support.cli_runs import run, write_spec
 
 DAYS = ["2024-01-01", "2024-01-02", "2024-01-03", "2024-01-04"]
 

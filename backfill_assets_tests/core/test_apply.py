@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import uuid
 
 import psycopg
 import pytest
@@ -21,35 +20,19 @@ from backfill_assets.core.errors import (
 )
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
-from backfill_assets_tests.conftest import make_spec
-from backfill_assets_tests.core.test_plan import (
-    ALL_DAYS, expected_hash, newest_wins, target_hashes,
+from backfill_assets_tests.support.specs import make_spec
+from backfill_assets_tests.support.flows import (
+    ALL_DAYS, DAYS8, all_target_rows, approved, expected_hash, ledger_rows, newest_wins, run, target_day_hashes,
 )
 
-DAYS8 = [*demo.DEMO_DAYS, dt.date(2024, 1, 8)]
 
 
-def approved(conn, factory, spec, request=ALL_DAYS):
-    plan = make_plan(spec, request, factory)
-    approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), "alice")
-    return plan
 
 
-def run(spec, plan, factory, **kwargs):
-    return apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, **kwargs)
 
 
-def all_target_rows(conn, day: dt.date | None = None):
-    """Every target row, or those of one day, in key order."""
-    return conn.execute(
-        "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note "
-        "FROM public.orders_daily WHERE %(day)s::date IS NULL OR order_date = %(day)s ORDER BY order_id",
-        {"day": day},
-    ).fetchall()
 
 
-def target_day_hashes(conn, days=DAYS8):
-    return target_hashes(conn, days)
 
 
 def test_apply_makes_the_target_equal_to_an_independent_newest_wins(demo_db, factory):
@@ -361,8 +344,6 @@ V2 = make_spec(records_can_move=False, transform_version="v2", transform_sql=(
     "FROM source"))
 
 
-def ledger_rows(conn) -> int:
-    return conn.execute("SELECT count(*) FROM backfill_control.ledger").fetchone()[0]
 
 
 def test_an_old_approval_of_a_plan_made_again_cannot_roll_back_a_newer_backfill(unmoved_db, factory):

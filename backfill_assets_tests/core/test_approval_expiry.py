@@ -9,7 +9,6 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from backfill_assets.core import control, ledger
 from backfill_assets.core.approve import (
@@ -18,11 +17,10 @@ from backfill_assets.core.approve import (
 from backfill_assets.core.context import utc_now
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import make_plan
-from backfill_assets_tests.conftest import make_spec
-from backfill_assets_tests.core.test_apply import DAYS8, ledger_rows, run, target_day_hashes
-from backfill_assets_tests.core.test_plan import ALL_DAYS
+from backfill_assets_tests.support.specs import make_spec
+from backfill_assets_tests.support.flows import ALL_DAYS, DAYS8, ledger_rows, run, target_day_hashes
+from backfill_assets_tests.support.approvals import SCHEMA, synthetic_approvals
 
-SCHEMA = "backfill_control"
 WEEK = dt.timedelta(days=7)
 
 
@@ -126,23 +124,6 @@ def test_status_lists_an_expired_approval_as_expired_with_what_its_runs_verified
 
 # --- the ledger, read by approval -----------------------------------------------------------
 
-_SNAPSHOT = sql.SQL(
-    "INSERT INTO {schema}.snapshots (snapshot_id, source_table, mode, partition_key, partitions, "
-    "fingerprint, created_at) VALUES ('synthetic', 'public.orders_raw', 'copy', 'order_date', '[]', "
-    "'synthetic', now())"
-)
-_PLANS = sql.SQL(
-    "INSERT INTO {schema}.plans (plan_id, spec_name, target_table, status, snapshot_id, plan, created_at) "
-    "SELECT md5('plan' || n), %(spec)s, 'public.orders_daily', 'ready', 'synthetic', '{{}}', now() "
-    "FROM generate_series(1, %(n)s) AS n"
-)
-# One approval per plan (none superseded), given at each of the times, in order.
-_APPROVALS = sql.SQL(
-    "INSERT INTO {schema}.approvals (plan_id, spec_name, target_table, partitions, approved_by, "
-    "approved_at, target_readings) "
-    "SELECT md5('plan' || t.n), %(spec)s, 'public.orders_daily', %(partitions)s, 'alice', t.at, '{{}}' "
-    "FROM unnest(%(times)s::timestamptz[]) WITH ORDINALITY AS t(at, n) ORDER BY t.n"
-)
 # Three runs of every approval over each of its partitions: the first two fail, the last
 # verifies all but the partitions of every tenth approval.
 _LEDGER = sql.SQL(
@@ -160,18 +141,6 @@ _DROP_INDEX = sql.SQL("DROP INDEX {index}")
 _PLAN_OF = sql.SQL("SELECT plan_id FROM {schema}.approvals WHERE approval_id = %(approval_id)s")
 
 
-def synthetic_approvals(conn: psycopg.Connection, spec_name: str, times: list[dt.datetime],
-                        partitions: list[str]) -> None:
-    """A control schema holding one ready plan and one approval of it per time, inserted in
-    one statement each (the sensor reads nothing else; no plan behind them is readable)."""
-    schema = sql.Identifier(SCHEMA)
-    with conn.transaction():
-        control.ensure_control_schema(conn, SCHEMA)
-        conn.execute(_SNAPSHOT.format(schema=schema))
-        conn.execute(_PLANS.format(schema=schema), {"spec": spec_name, "n": len(times)})
-        conn.execute(_APPROVALS.format(schema=schema), {
-            "spec": spec_name, "times": times, "partitions": Jsonb(partitions)})
-    control.ensure_ledger_index(conn, SCHEMA)  # as apply builds it
 
 
 def _nodes(plan: dict) -> Iterator[dict]:

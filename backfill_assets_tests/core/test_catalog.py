@@ -7,7 +7,7 @@ import pytest
 from backfill_assets.core.catalog import has_ordered_index, inspect_tables, unique_keys
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import TableRef
-from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.support.specs import make_spec
 
 
 def test_demo_tables_are_plannable(demo_db, factory):

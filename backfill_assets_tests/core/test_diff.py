@@ -11,8 +11,8 @@ from backfill_assets.core.diff import diff_plan
 from backfill_assets.core.errors import ApprovalError, SpecError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest, spec_from_mapping
-from backfill_assets_tests.conftest import URL_ENV, make_spec
-from backfill_assets_tests.core.test_apply import approved, run
+from backfill_assets_tests.support.specs import URL_ENV, make_spec
+from backfill_assets_tests.support.flows import approved, run
 
 STATIC = make_spec(records_can_move=False)
 DAYS = PartitionRequest("2024-01-01..2024-01-03")

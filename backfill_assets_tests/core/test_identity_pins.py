@@ -22,7 +22,7 @@ from backfill_assets.core.identity import plan_id_of
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.plan_document import Plan
 from backfill_assets.core.spec import PartitionRequest
-from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.support.specs import make_spec
 
 WEEK = PartitionRequest("2024-01-01..2024-01-07")
 

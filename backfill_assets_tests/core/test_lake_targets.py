@@ -4,7 +4,6 @@ with the stages in a real PostgreSQL (and, for Iceberg, its SQL catalog there to
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -17,71 +16,18 @@ from backfill_assets.core.errors import ApprovalOutdatedError, SpecError, Transi
 from backfill_assets.core.lake import delta_predicate
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
-from backfill_assets_tests.conftest import make_spec
-from backfill_assets_tests.core.test_apply import approved, run
-from backfill_assets_tests.core.test_plan import ALL_DAYS, newest_wins
+from backfill_assets_tests.support.specs import make_spec
+from backfill_assets_tests.support.flows import approved, run
+from backfill_assets_tests.support.flows import ALL_DAYS
+from backfill_assets_tests.support.lakes import COLUMNS, Lake, expected_rows, lake_spec
 
 FORMATS = ["delta", "iceberg"]
-COLUMNS = ["order_date", "order_id", "customer_id", "updated_at", "ingest_seq", "amount", "status", "note"]
 
 
-def lake_spec(fmt: str, where: Path, **changes: Any):
-    target: dict[str, Any] = (
-        {"format": "delta", "location": str(where / "orders_daily")} if fmt == "delta"
-        else {"format": "iceberg", "table": "sales.orders_daily",
-              "catalog": {"type": "sql", "warehouse": str(where / "warehouse")}}
-    )
-    return make_spec(**{"target": target, "records_can_move": False, **changes})
 
 
-class Lake:
-    """Read and write the test's lake table directly, as another writer would."""
-
-    def __init__(self, fmt: str, spec, conn) -> None:
-        from backfill_assets.core.lake import lake_table
-        from backfill_assets.core.lake_target import catalog_url
-        self.fmt, self.spec = fmt, spec
-        self.table = lake_table(spec.target, catalog_url(conn, spec) if fmt == "iceberg" else None)
-
-    def rows(self, day: dt.date | None = None) -> list[tuple]:
-        handle = self.table.open()
-        if handle is None:
-            return []
-        if day is None:
-            data = (handle.to_pyarrow_table() if self.fmt == "delta"
-                    else handle.scan().to_arrow())
-        else:
-            data = self.table.read(handle, "order_date", [day])
-        out = [tuple(r[c] for c in COLUMNS) for r in data.select(COLUMNS).to_pylist()]
-        return sorted(out, key=lambda r: (r[0], r[1]))
-
-    def version(self) -> str | None:
-        return self.table.version(self.table.open())
-
-    def overwrite(self, day: dt.date, rows: list[tuple], schema: pa.Schema) -> None:
-        data = pa.Table.from_pylist([dict(zip(COLUMNS, r)) for r in rows], schema=schema)
-        handle = self.table.open()
-        if self.fmt == "delta":
-            from deltalake import write_deltalake
-            write_deltalake(handle, data, mode="overwrite", predicate=delta_predicate("order_date", [day]))
-        else:
-            from pyiceberg.expressions import EqualTo
-            handle.overwrite(data, overwrite_filter=EqualTo("order_date", day.isoformat()))
-
-    def commit_metadata(self) -> dict[str, str]:
-        handle = self.table.open()
-        if self.fmt == "delta":
-            return {k: str(v) for k, v in handle.history(1)[0].items()}
-        return dict(handle.current_snapshot().summary.additional_properties)
 
 
-def expected_rows(conn) -> list[tuple]:
-    rows = conn.execute(
-        "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note "
-        "FROM public.orders_raw WHERE order_date BETWEEN '2024-01-01' AND '2024-01-07'"
-    ).fetchall()
-    by_day = newest_wins(rows, per_day=True)
-    return sorted((r for day in by_day.values() for r in day), key=lambda r: (r[0], r[1]))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -247,7 +193,7 @@ LAKE_SCHEMA = pa.schema([
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_moved_record_adds_its_partition_and_both_are_replaced_in_one_commit(demo_db, factory, tmp_path, fmt):
     from backfill_assets import demo
-    from backfill_assets_tests.core.test_apply import all_target_rows
+    from backfill_assets_tests.support.flows import all_target_rows
     spec = lake_spec(fmt, tmp_path, records_can_move=True)
     lake = Lake(fmt, spec, demo_db)
     # The lake holds what the stale PostgreSQL target holds: the moved keys at their old homes.
@@ -287,7 +233,7 @@ def test_a_key_in_two_partitions_of_the_lake_is_refused_when_records_can_move(de
 def test_an_iceberg_catalog_url_comes_only_from_its_variable_and_is_never_printed(
         unmoved_db, factory, url_env, password_role, tmp_path, monkeypatch, capsys):
     from backfill_assets.cli import main
-    from backfill_assets_tests.conftest import CANARY
+    from backfill_assets_tests.support.specs import CANARY
     spec = make_spec(target={"format": "iceberg", "table": "sales.orders_daily", "catalog": {
         "type": "sql", "warehouse": str(tmp_path / "warehouse"), "uri_env": "ICE_URL"}}, records_can_move=False)
     monkeypatch.setenv("ICE_URL", password_role)  # a role whose password is not CANARY

@@ -12,62 +12,25 @@ import pytest
 from psycopg import sql
 
 from backfill_assets import demo
-from backfill_assets.core.catalog import table_columns
 from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import (
     ApprovalError, ConcurrentRunError, SnapshotError, SourceDataError, SpecError,
 )
-from backfill_assets.core.fingerprint import business_key_order, content_hash, reference_digest
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.spec import PartitionRequest, TableRef
-from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.support.specs import make_spec
+from backfill_assets_tests.support.flows import ALL_DAYS, expected_hash, newest_wins, target_hashes
 
-ALL_DAYS = PartitionRequest("2024-01-01..2024-01-07")
 STATIC = make_spec(records_can_move=False)  # keys stay in their partition
-TARGET = TableRef("public", "orders_daily")
 
 
-def pg_text(value: object) -> str | None:
-    """PostgreSQL's text form of the demo's Python values, under the pinned settings."""
-    if value is None:
-        return None
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S+00")
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value.quantize(Decimal("0.01")))
-    return str(value)
 
 
-def newest_wins(rows: list[tuple], *, per_day: bool) -> dict[dt.date, list[tuple]]:
-    """An independent newest-wins: the max of (updated_at, ingest_seq) per order_id, across
-    days (records can move) or per (day, order_id); rows grouped by their day, key order."""
-    best: dict[tuple, tuple] = {}
-    for row in rows:
-        day, order_id, _, updated_at, seq = row[:5]
-        if order_id is None:
-            continue
-        key = (day, order_id) if per_day else (order_id,)
-        if key not in best or (updated_at, seq) > best[key][3:5]:
-            best[key] = row
-    out: dict[dt.date, list[tuple]] = {}
-    for row in sorted(best.values(), key=lambda r: r[1]):
-        out.setdefault(row[0], []).append(row)
-    return out
 
 
-def expected_hash(conn: psycopg.Connection, rows: list[tuple]) -> str:
-    cols = table_columns(conn, TARGET)
-    return reference_digest([(c.name, c.type_name) for c in cols], [[pg_text(v) for v in r] for r in rows])
 
 
-def target_hashes(conn: psycopg.Connection, days: list[dt.date] = demo.DEMO_DAYS) -> dict[str, str]:
-    """The content hash of each day of the demo target."""
-    cols = table_columns(conn, TARGET)
-    order = business_key_order(cols, ["order_id"])
-    return {d.isoformat(): content_hash(conn, TARGET, cols, "order_date", order, d) for d in days}
 
 
 def control_schema_exists(conn: psycopg.Connection) -> bool:

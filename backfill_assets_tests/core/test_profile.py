@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from backfill_assets.core.profile import profile_source
-from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.support.specs import make_spec
 
 
 def test_profile_proposes_the_demo_key_and_tiebreak(demo_db):

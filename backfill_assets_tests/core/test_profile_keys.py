@@ -17,7 +17,7 @@ from psycopg import sql
 from backfill_assets.core import keysearch as profile_mod
 from backfill_assets.core.profile import profile_source
 from backfill_assets.render import render_profile
-from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.support.specs import make_spec
 
 UTC = dt.timezone.utc
 DAYS = [dt.date(2024, 3, 1) + dt.timedelta(days=i) for i in range(3)]

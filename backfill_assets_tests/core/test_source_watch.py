@@ -8,7 +8,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from backfill_assets.core import sqlbuild
 from backfill_assets.core.errors import SpecError
@@ -17,35 +16,19 @@ from backfill_assets.core.source_watch import (
     TableReading, WatchState, compare_tables, watch_tick,
 )
 from backfill_assets.core.spec import PartitionRequest, TableRef
-from backfill_assets_tests.conftest import DEMO_SPEC, make_spec
+from backfill_assets_tests.support.specs import DEMO_SPEC, make_spec
+from backfill_assets_tests.support.source_writes import INDEX, NEXT_SEQ, settle, source_reads, write
 
 SRC = TableRef("public", "orders_raw")
 WEEK = PartitionRequest("2024-01-01..2024-01-07")
 WATCHED = [f"2024-01-0{d}" for d in range(1, 9)]  # the week, and the day a moved order adds
 WATCHING = make_spec(source={**DEMO_SPEC["source"], "change_column": "ingest_seq"})
-INDEX = "CREATE INDEX orders_raw_watch ON public.orders_raw (order_date, ingest_seq)"
 
 
 # --- helpers -----------------------------------------------------------------------------
 
-def settle(conn: psycopg.Connection, deadline_s: float = 20.0, *, keep: int = 0) -> None:
-    """Wait until every other backend of this database has exited (but the one whose pid is
-    ``keep``). A backend publishes its pending statistics before it leaves pg_stat_activity,
-    so afterwards the counters include everything those connections did."""
-    deadline = time.monotonic() + deadline_s
-    query = sql.SQL("SELECT count(*) FROM pg_catalog.pg_stat_activity "
-                    "WHERE datname = pg_catalog.current_database() AND pid <> pg_catalog.pg_backend_pid() "
-                    "AND pid <> %(keep)s")
-    while conn.execute(query, {"keep": keep}).fetchone()[0]:
-        assert time.monotonic() < deadline, "other backends did not exit"
-        time.sleep(0.05)
 
 
-def write(factory, conn: psycopg.Connection, statement: str, params: dict[str, Any] | None = None) -> None:
-    """One write on its own connection, then wait until its counters are published."""
-    with factory() as w:
-        w.execute(statement.encode(), params)
-    settle(conn)
 
 
 def tick(factory, spec, before: WatchState | None, conn: psycopg.Connection, **kwargs: Any):
@@ -55,13 +38,6 @@ def tick(factory, spec, before: WatchState | None, conn: psycopg.Connection, **k
     return result
 
 
-def source_reads(conn: psycopg.Connection) -> tuple[int, int, int, int]:
-    """Sequential and index scans of the source, and the rows they returned."""
-    row = conn.execute(
-        b"SELECT seq_scan, seq_tup_read, coalesce(idx_scan, 0), coalesce(idx_tup_fetch, 0) "
-        b"FROM pg_catalog.pg_stat_user_tables WHERE relid = 'public.orders_raw'::regclass"
-    ).fetchone()
-    return tuple(int(v) for v in row)
 
 
 @pytest.fixture
@@ -89,7 +65,6 @@ def watched(source_db, factory):
     return first.state
 
 
-NEXT_SEQ = "(SELECT max(ingest_seq) + 1 FROM public.orders_raw)"
 
 
 # --- gate 1 alone ------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import PartitionRequest, load_spec, parse_table_name, partition_label
-from backfill_assets_tests.conftest import DEMO_SPEC, REPO, make_spec
+from backfill_assets_tests.support.specs import DEMO_SPEC, REPO, make_spec
 
 
 def test_the_shipped_demo_spec_loads():
@@ -108,7 +108,7 @@ def test_malformed_partitions_are_refused(text, kind, message):
         PartitionRequest(text).resolve(kind)
 
 
-def test_demo_spec_in_conftest_matches_the_shipped_file():
+def test_the_tests_demo_spec_matches_the_shipped_file():
     shipped = load_spec(REPO / "backfills" / "orders_daily.yaml").model_dump()
     ours = make_spec().model_dump()
     shipped.pop("database_url_env"), ours.pop("database_url_env")

@@ -15,8 +15,8 @@ from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
 from backfill_assets.core.target import PostgresTarget, target_for
-from backfill_assets_tests.conftest import make_spec
-from backfill_assets_tests.core.test_plan import target_hashes
+from backfill_assets_tests.support.specs import make_spec
+from backfill_assets_tests.support.flows import target_hashes
 
 SPEC = make_spec(records_can_move=False)
 DAYS = PartitionRequest("2024-01-01..2024-01-02")

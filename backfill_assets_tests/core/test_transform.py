@@ -21,7 +21,7 @@ from backfill_assets.core.guardcatalog import referenced
 from backfill_assets.core.errors import SpecError, TransformError, TransientDatabaseError
 from backfill_assets.core.querytree import expr_type, parse_node_tree
 from backfill_assets.core.transform import _is_exact, validate_transform_in_catalog, validate_transform_text
-from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.support.specs import make_spec
 
 COLS = "order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note"
 TEMPORARY_FUNCTIONS = "SELECT count(*) FROM pg_proc WHERE pronamespace = pg_my_temp_schema()"

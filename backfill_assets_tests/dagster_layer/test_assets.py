@@ -12,8 +12,8 @@ from backfill_assets.core.errors import TransientDatabaseError, VerificationErro
 from backfill_assets.definitions import build_definitions
 from backfill_assets.resources import PostgresResource
 from backfill_assets.names import PLAN_TAG, RANGE_END, RANGE_START
-from backfill_assets_tests.conftest import make_spec
-from backfill_assets_tests.core.test_apply import DAYS8, target_day_hashes
+from backfill_assets_tests.support.specs import make_spec
+from backfill_assets_tests.support.flows import DAYS8, target_day_hashes
 
 SPEC = make_spec()
 KEYS = {n: dg.AssetKey(["orders_daily", n]) for n in ("snapshot", "stage_a", "stage_b", "target")}

@@ -14,7 +14,7 @@ import yaml
 from backfill_assets.core.errors import SpecError
 from backfill_assets.definitions import build_definitions, load_specs
 from backfill_assets.partitions import contiguous_segments, partitions_def
-from backfill_assets_tests.conftest import DEMO_SPEC, REPO, make_spec
+from backfill_assets_tests.support.specs import DEMO_SPEC, REPO, make_spec
 
 
 def test_dagster_definitions_validate_passes_on_the_workspace():

@@ -15,7 +15,7 @@ from dagster._config import process_config, resolve_to_config_type
 from dagster._core.errors import DagsterInvalidConfigError
 from dagster._core.instance.ref import InstanceRef
 
-from backfill_assets_tests.conftest import REPO
+from backfill_assets_tests.support.specs import REPO
 
 K8S = REPO / "deploy" / "k8s" / "dagster.yaml"
 LOCAL = REPO / "deploy" / "dagster.yaml"

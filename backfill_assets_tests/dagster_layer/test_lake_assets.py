@@ -10,7 +10,7 @@ from backfill_assets.assets import spec_assets
 from backfill_assets.definitions import build_definitions
 from backfill_assets.names import RANGE_END, RANGE_START
 from backfill_assets.resources import PostgresResource
-from backfill_assets_tests.core.test_lake_targets import Lake, expected_rows, lake_spec
+from backfill_assets_tests.support.lakes import Lake, expected_rows, lake_spec
 
 WEEK = {RANGE_START: "2024-01-01", RANGE_END: "2024-01-07"}
 

@@ -17,9 +17,9 @@ from backfill_assets.definitions import build_definitions
 from backfill_assets.names import APPROVAL_TAG, RANGE_END, RANGE_START, build_pool, pool_limits, replace_pool
 from backfill_assets.render import render_plan
 from backfill_assets.resources import PostgresResource
-from backfill_assets_tests.conftest import DEMO_SPEC
-from backfill_assets_tests.core.test_apply import target_day_hashes
-from backfill_assets_tests.dagster_layer.dagster_server import RUN_DONE, dagster_deployment
+from backfill_assets_tests.support.specs import DEMO_SPEC
+from backfill_assets_tests.support.flows import target_day_hashes
+from backfill_assets_tests.support.dagster_server import RUN_DONE, dagster_deployment
 
 PARALLEL_SPEC = {**{k: v for k, v in DEMO_SPEC.items() if k != "records_can_move"},
                  "parallel": {"max_partitions_per_run": 2, "max_concurrent_builds": 2}}

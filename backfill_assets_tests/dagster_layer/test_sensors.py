@@ -16,8 +16,8 @@ from backfill_assets.core.spec import PartitionRequest
 from backfill_assets.definitions import build_definitions
 from backfill_assets.names import APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
 from backfill_assets.resources import PostgresResource
-from backfill_assets_tests.conftest import make_spec
-from backfill_assets_tests.core.test_source_watch import INDEX, NEXT_SEQ, settle, source_reads, write
+from backfill_assets_tests.support.specs import make_spec
+from backfill_assets_tests.support.source_writes import INDEX, NEXT_SEQ, settle, source_reads, write
 
 SPEC = make_spec()
 WEEK = PartitionRequest("2024-01-01..2024-01-07")
@@ -217,7 +217,7 @@ def test_a_fresh_instance_reads_only_unexpired_approvals_at_most_a_hundred_a_tic
     others): the first tick of a fresh instance reads 100 approvals not yet expired, the next
     the remaining 89, the third none; the expired ones are neither launched nor read."""
     from backfill_assets.core.context import utc_now
-    from backfill_assets_tests.core.test_approval_expiry import synthetic_approvals
+    from backfill_assets_tests.support.approvals import synthetic_approvals
 
     now = utc_now()
     times = [now - dt.timedelta(days=30) + dt.timedelta(minutes=n) for n in range(60)]
@@ -278,7 +278,7 @@ def test_a_target_run_launched_in_time_that_starts_after_the_expiry_is_refused(r
     (it waited in the queue): the target run refuses it, writing nothing."""
     from backfill_assets.assets import spec_assets
     from backfill_assets.core.context import utc_now
-    from backfill_assets_tests.core.test_apply import ledger_rows, target_day_hashes
+    from backfill_assets_tests.support.flows import ledger_rows, target_day_hashes
 
     given = utc_now() - dt.timedelta(days=8)
     plan = make_plan(SPEC, WEEK, factory)

@@ -12,9 +12,9 @@ import yaml
 from backfill_assets.cli import main
 from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connect
 from backfill_assets.core.errors import TransientDatabaseError
-from backfill_assets_tests.conftest import CANARY, DEMO_SPEC, URL_ENV
-from backfill_assets_tests.core.test_apply import DAYS8
-from backfill_assets_tests.core.test_plan import target_hashes
+from backfill_assets_tests.support.specs import CANARY, DEMO_SPEC, URL_ENV
+from backfill_assets_tests.support.flows import DAYS8
+from backfill_assets_tests.support.flows import target_hashes
 
 WEEK = "2024-01-01..2024-01-07"
 VOLATILE_FN = ("CREATE FUNCTION public.shaky(x int) RETURNS int LANGUAGE plpgsql VOLATILE "

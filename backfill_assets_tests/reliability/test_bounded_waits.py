@@ -47,8 +47,8 @@ from backfill_assets.core.waits import ICEBERG_CATALOG_TABLES
 from backfill_assets.definitions import build_definitions
 from backfill_assets.names import APPROVE_JOB, APPROVE_OP, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
 from backfill_assets.resources import PostgresResource, resource_key
-from backfill_assets_tests.conftest import DEMO_SPEC
-from backfill_assets_tests.servers import default_settings_server
+from backfill_assets_tests.support.specs import DEMO_SPEC
+from backfill_assets_tests.support.servers import default_settings_server
 
 LOCK_MS = 200
 BOUND_S = LOCK_MS / 1000 + 2

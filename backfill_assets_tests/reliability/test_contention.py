@@ -15,9 +15,9 @@ from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError, TransientDatabaseError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
-from backfill_assets_tests.conftest import make_spec
-from backfill_assets_tests.core.test_apply import DAYS8, all_target_rows
-from backfill_assets_tests.core.test_plan import ALL_DAYS, target_hashes
+from backfill_assets_tests.support.specs import make_spec
+from backfill_assets_tests.support.flows import DAYS8, all_target_rows
+from backfill_assets_tests.support.flows import ALL_DAYS, target_hashes
 
 DAY = "2024-01-02"
 

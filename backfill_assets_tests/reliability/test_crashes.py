@@ -23,9 +23,9 @@ from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connection_fact
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.crash_hook import PAUSE_ENV, PAUSE_FILE_ENV
-from backfill_assets_tests.conftest import DEMO_SPEC, REPO, URL_ENV, make_spec
-from backfill_assets_tests.core.test_apply import DAYS8, all_target_rows
-from backfill_assets_tests.core.test_plan import ALL_DAYS, target_hashes
+from backfill_assets_tests.support.specs import DEMO_SPEC, REPO, URL_ENV, make_spec
+from backfill_assets_tests.support.flows import DAYS8, all_target_rows
+from backfill_assets_tests.support.flows import ALL_DAYS, target_hashes
 
 VICTIM = "2024-01-02"  # the partition apply is killed in
 ORDER = [d.isoformat() for d in DAYS8]

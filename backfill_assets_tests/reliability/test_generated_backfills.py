@@ -19,7 +19,7 @@ from backfill_assets.core.approve import approve_plan, find_plan
 from backfill_assets.core.errors import SourceDataError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
-from backfill_assets_tests.conftest import make_spec
+from backfill_assets_tests.support.specs import make_spec
 
 DAYS = [dt.date(2024, 1, d) for d in (1, 2, 3)]
 SPEC = make_spec(

@@ -22,7 +22,7 @@ from backfill_assets.names import PLAN_TAG
 from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connect
 from backfill_assets.core.errors import ConnectionConfigError
 from backfill_assets.resources import PostgresResource
-from backfill_assets_tests.conftest import CANARY, DEMO_SPEC, REPO, URL_ENV, make_spec
+from backfill_assets_tests.support.specs import CANARY, DEMO_SPEC, REPO, URL_ENV, make_spec
 
 CONTROL_TABLES = ("snapshots", "stage_builds", "plans", "approvals", "ledger")
 

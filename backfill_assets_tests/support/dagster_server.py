@@ -21,7 +21,7 @@ import psycopg
 import yaml
 from psycopg import sql
 
-from backfill_assets_tests.conftest import REPO, URL_ENV
+from backfill_assets_tests.support.specs import REPO, URL_ENV
 
 LOCATION = "backfill_assets.definitions"
 REPOSITORY = "__repository__"

@@ -1,0 +1,97 @@
+"""The demo's flow in a few calls (plan and approve, apply), and independent references to
+check it against: newest wins computed in Python, and the target's hashes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+
+import psycopg
+
+from backfill_assets import demo
+from backfill_assets.core.apply import apply_plan
+from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.catalog import table_columns
+from backfill_assets.core.fingerprint import (
+    business_key_order,
+    content_hash,
+    reference_digest,
+)
+from backfill_assets.core.plan import make_plan
+from backfill_assets.core.spec import PartitionRequest, TableRef
+
+TARGET = TableRef("public", "orders_daily")
+ALL_DAYS = PartitionRequest("2024-01-01..2024-01-07")
+
+
+def pg_text(value: object) -> str | None:
+    """PostgreSQL's text form of the demo's Python values, under the pinned settings."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S+00")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value.quantize(Decimal("0.01")))
+    return str(value)
+
+
+def newest_wins(rows: list[tuple], *, per_day: bool) -> dict[dt.date, list[tuple]]:
+    """An independent newest-wins: the max of (updated_at, ingest_seq) per order_id, across
+    days (records can move) or per (day, order_id); rows grouped by their day, key order."""
+    best: dict[tuple, tuple] = {}
+    for row in rows:
+        day, order_id, _, updated_at, seq = row[:5]
+        if order_id is None:
+            continue
+        key = (day, order_id) if per_day else (order_id,)
+        if key not in best or (updated_at, seq) > best[key][3:5]:
+            best[key] = row
+    out: dict[dt.date, list[tuple]] = {}
+    for row in sorted(best.values(), key=lambda r: r[1]):
+        out.setdefault(row[0], []).append(row)
+    return out
+
+
+def expected_hash(conn: psycopg.Connection, rows: list[tuple]) -> str:
+    cols = table_columns(conn, TARGET)
+    return reference_digest([(c.name, c.type_name) for c in cols], [[pg_text(v) for v in r] for r in rows])
+
+
+def target_hashes(conn: psycopg.Connection, days: list[dt.date] = demo.DEMO_DAYS) -> dict[str, str]:
+    """The content hash of each day of the demo target."""
+    cols = table_columns(conn, TARGET)
+    order = business_key_order(cols, ["order_id"])
+    return {d.isoformat(): content_hash(conn, TARGET, cols, "order_date", order, d) for d in days}
+
+
+DAYS8 = [*demo.DEMO_DAYS, dt.date(2024, 1, 8)]
+
+
+def approved(conn, factory, spec, request=ALL_DAYS):
+    plan = make_plan(spec, request, factory)
+    approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), "alice")
+    return plan
+
+
+def run(spec, plan, factory, **kwargs):
+    return apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, **kwargs)
+
+
+def all_target_rows(conn, day: dt.date | None = None):
+    """Every target row, or those of one day, in key order."""
+    return conn.execute(
+        "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note "
+        "FROM public.orders_daily WHERE %(day)s::date IS NULL OR order_date = %(day)s ORDER BY order_id",
+        {"day": day},
+    ).fetchall()
+
+
+def target_day_hashes(conn, days=DAYS8):
+    return target_hashes(conn, days)
+
+
+def ledger_rows(conn) -> int:
+    return conn.execute("SELECT count(*) FROM backfill_control.ledger").fetchone()[0]

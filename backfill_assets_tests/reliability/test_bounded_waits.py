@@ -146,6 +146,25 @@ class Prepared:
         return path
 
     @contextlib.contextmanager
+    def templated(self, monkeypatch: pytest.MonkeyPatch, variable: str) -> Iterator[tuple[str, Path]]:
+        """The template database, made afresh with the demo source (and the transform's
+        function) until the block ends; yields its URL and a spec file naming it."""
+        drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.template))
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            admin.execute(drop)
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
+        url = self.url(self.template)
+        with connect(DatabaseUrl(url, "a matrix template"), DEFAULT_LIMITS) as conn:
+            demo.load(conn, moved=False)
+            conn.execute(LABEL_FUNCTION)
+        monkeypatch.setenv(variable, url)
+        try:
+            yield url, self.spec_file(variable)
+        finally:
+            with psycopg.connect(self.admin_url, autocommit=True) as admin:
+                admin.execute(drop)
+
+    @contextlib.contextmanager
     def copies(self, names: list[str]) -> Iterator[list[str]]:
         with psycopg.connect(self.admin_url, autocommit=True) as admin:
             for name in names:
@@ -177,32 +196,18 @@ def default_server_url(tmp_path_factory) -> Iterator[str]:
 def prepared(request, admin_url, tmp_path_factory, monkeypatch_module) -> Iterator[Prepared]:
     server = admin_url if request.param == "embedded" else request.getfixturevalue("default_server_url")
     prep = Prepared(server, f"bfa_matrix_{request.param.replace('-', '_')}", tmp_path_factory.mktemp("matrix"))
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(prep.template)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(prep.template)))
-    url = prep.url(prep.template)
-    with connect(DatabaseUrl(url, "the matrix template"), DEFAULT_LIMITS) as conn:
-        demo.load(conn, moved=False)
-        conn.execute(LABEL_FUNCTION)
-    monkeypatch_module.setenv("BFA_MATRIX_TEMPLATE", url)
-    spec_file = prep.spec_file("BFA_MATRIX_TEMPLATE")
-    code, out, err = run_cli(["plan", "--spec", str(spec_file), "--partitions", PARTITIONS, "--json"])
-    assert code == 0, err
-    prep.plan_id = json.loads(out)["plan_id"]
-    code, _, err = run_cli(["approve", "--spec", str(spec_file), "--plan", prep.plan_id, "--by", "matrix", "--yes"])
-    assert code == 0, err
-    with psycopg.connect(url) as conn:
-        (snap,) = conn.execute(sql.SQL("SELECT snapshot_table FROM {}").format(
-            sql.Identifier(CONTROL, "snapshot_copies"))).fetchone()
-    prep.names = {
-        "source": "public.orders_raw", "target": "public.orders_daily",
-        "snapshot_copy": snap if "." in snap else f"{CONTROL}.{snap}",
-        "stage_a": f"{CONTROL}.orders_daily__stage_a", "stage_b": f"{CONTROL}.orders_daily__stage_b",
-        **{t: f"{CONTROL}.{t}" for t in control_tables()},
-    }
-    yield prep
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(prep.template)))
+    with prep.templated(monkeypatch_module, "BFA_MATRIX_TEMPLATE") as (url, spec_file):
+        prep.plan_id = plan_and_approve(spec_file, PARTITIONS)
+        with psycopg.connect(url) as conn:
+            (snap,) = conn.execute(sql.SQL("SELECT snapshot_table FROM {}").format(
+                sql.Identifier(CONTROL, "snapshot_copies"))).fetchone()
+        prep.names = {
+            "source": "public.orders_raw", "target": "public.orders_daily",
+            "snapshot_copy": snap if "." in snap else f"{CONTROL}.{snap}",
+            "stage_a": f"{CONTROL}.orders_daily__stage_a", "stage_b": f"{CONTROL}.orders_daily__stage_b",
+            **{t: f"{CONTROL}.{t}" for t in control_tables()},
+        }
+        yield prep
 
 
 @pytest.fixture(scope="module")
@@ -490,32 +495,21 @@ def lake_prepared(admin_url, tmp_path_factory, monkeypatch_module) -> Iterator[P
                                "catalog": {"type": "sql", "warehouse": str(folder / "warehouse")}}}
     prep = Prepared(admin_url, "bfa_matrix_lake", folder, spec=spec,
                     tags={RANGE_START: "2024-01-02", RANGE_END: "2024-01-02"})
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(prep.template)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(prep.template)))
-    url = prep.url(prep.template)
-    with connect(DatabaseUrl(url, "the lake matrix template"), DEFAULT_LIMITS) as conn:
-        demo.load(conn, moved=False)
-        conn.execute(LABEL_FUNCTION)
-    monkeypatch_module.setenv("BFA_LAKE_TEMPLATE", url)
-    spec_file = prep.spec_file("BFA_LAKE_TEMPLATE")
-    plan_id = plan_and_approve(spec_file, "2024-01-01")
-    code, _, err = run_cli(["apply", "--spec", str(spec_file), "--plan", plan_id])
-    assert code == 0, err
-    with psycopg.connect(url) as conn:
-        found = conn.execute(sql.SQL(
-            "SELECT schemaname, tablename FROM pg_tables WHERE tablename = ANY(%(names)s) ORDER BY 2"),
-            {"names": list(ICEBERG_CATALOG_TABLES)}).fetchall()
-    assert [t for _, t in found] == sorted(ICEBERG_CATALOG_TABLES), found
-    prep.names = {"source": "public.orders_raw", **{t: f"{CONTROL}.{t}" for t in control_tables()},
-                  **{t: f"{s}.{t}" for s, t in found}}
-    yield prep
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(prep.template)))
+    with prep.templated(monkeypatch_module, "BFA_LAKE_TEMPLATE") as (url, spec_file):
+        code, _, err = run_cli(["apply", "--spec", str(spec_file), "--plan", plan_and_approve(spec_file, "2024-01-01")])
+        assert code == 0, err
+        with psycopg.connect(url) as conn:
+            found = conn.execute(sql.SQL(
+                "SELECT schemaname, tablename FROM pg_tables WHERE tablename = ANY(%(names)s) ORDER BY 2"),
+                {"names": list(ICEBERG_CATALOG_TABLES)}).fetchall()
+        assert [t for _, t in found] == sorted(ICEBERG_CATALOG_TABLES), found
+        prep.names = {"source": "public.orders_raw", **{t: f"{CONTROL}.{t}" for t in control_tables()},
+                      **{t: f"{s}.{t}" for s, t in found}}
+        yield prep
 
 
-def plan_and_approve(spec_file: Path, day: str) -> str:
-    code, out, err = run_cli(["plan", "--spec", str(spec_file), "--partitions", day, "--json"])
+def plan_and_approve(spec_file: Path, partitions: str) -> str:
+    code, out, err = run_cli(["plan", "--spec", str(spec_file), "--partitions", partitions, "--json"])
     assert code == 0, err
     plan_id = json.loads(out)["plan_id"]
     code, _, err = run_cli(["approve", "--spec", str(spec_file), "--plan", plan_id, "--by", "matrix", "--yes"])

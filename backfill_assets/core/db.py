@@ -71,10 +71,12 @@ class Limits:
         if self.lock_timeout_ms <= 0 or self.statement_timeout_ms <= 0:
             raise ValueError("lock and statement timeouts must be positive (0 would mean no bound)")
 
-    def options(self) -> str:
-        """The libpq ``options`` that set them (and the tool's ``work_mem``) at connect time."""
+    def options(self, given: str | None = None) -> str:
+        """The libpq ``options`` that set them (and the tool's ``work_mem``) at connect time,
+        after the ``given`` options (of a URL, or ``PGOPTIONS``), so that they win."""
         work_mem = "" if self.work_mem is None else f" -c work_mem={self.work_mem}"
-        return f"-c lock_timeout={self.lock_timeout_ms} -c statement_timeout={self.statement_timeout_ms}{work_mem}"
+        own = f"-c lock_timeout={self.lock_timeout_ms} -c statement_timeout={self.statement_timeout_ms}{work_mem}"
+        return f"{given} {own}" if given else own
 
 
 # For connections that serve no spec (the embedded server's setup, the UI's launcher, tests).
@@ -188,7 +190,7 @@ def connect(url: DatabaseUrl, limits: Limits, *, application_name: str = "backfi
         given = conninfo_to_dict(url.reveal()).get("options") or os.environ.get("PGOPTIONS", "")
         conn = psycopg.connect(
             url.reveal(), autocommit=True, application_name=application_name, connect_timeout=10,
-            options=f"{given} {limits.options()}".strip(),
+            options=limits.options(given),
         )
     except psycopg.ProgrammingError as err:
         problem = f"the URL in {url.source} is malformed: {_one_line(url.redact(str(err)))}"

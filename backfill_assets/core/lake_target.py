@@ -74,8 +74,7 @@ def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
                 if not given.drivername.startswith("postgresql"):
                     return given
                 # A PostgreSQL catalog's connections carry the spec's limits too.
-                options = " ".join(filter(None, (given.query.get("options"), spec.limits.options())))
-                return given.update_query_dict({"options": options})
+                return given.update_query_dict({"options": spec.limits.options(given.query.get("options"))})
             params = conninfo_to_dict(value)
         except Exception:  # noqa: BLE001 - the parsers quote the value back: say only where it is
             problem = f"the Iceberg catalog URL in {url.source} is malformed; write a PostgreSQL or SQLAlchemy URL"
@@ -93,8 +92,7 @@ def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
         query["host"], host = host, None  # a socket directory goes to libpq as is
     # Finite limits for the catalog's own connections, as for every other connection.
     query.setdefault("connect_timeout", "10")
-    limits = spec.limits.options()
-    query["options"] = f"{query['options']} {limits}" if query.get("options") else limits
+    query["options"] = spec.limits.options(query.get("options"))
     return URL.create(
         "postgresql+psycopg", username=params.get("user") or None, password=params.get("password") or None,
         host=host or None, port=int(port) if port and str(port).isdigit() else None,

@@ -100,34 +100,51 @@ USER_FUNCTIONS = [
 # Operator classes whose operators' functions are built in or pure SQL, but whose comparison
 # and hash support functions (what sorting, hashing, GREATEST and LEAST call) are PL/pgSQL,
 # which say when they are called.
-_INT_OPERATORS = [("#<", "int4lt"), ("#<=", "int4le"), ("#=", "int4eq"), ("#>=", "int4ge"), ("#>", "int4gt")]
-_MOOD_OPERATORS = [("<", "lt"), ("<=", "le"), ("=", "eq"), (">=", "ge"), (">", "gt")]
-_MOOD = "bfa_sort.mood"
 SORT_SUPPORT = [
-    "CREATE SCHEMA bfa_sort",
+    'CREATE SCHEMA bfa_sort',
     # int, sorted by ORDER BY ... USING a built-in comparison of a non-default operator class
     # (the operators in public: pglast prints USING OPERATOR(schema.op) without OPERATOR()).
-    "CREATE FUNCTION bfa_sort.noisy_cmp(a int, b int) RETURNS int LANGUAGE plpgsql IMMUTABLE "
-    "AS $$ BEGIN RAISE NOTICE 'noisy_cmp'; RETURN btint4cmp(a, b); END $$",
-    *[f"CREATE OPERATOR public.{op} (LEFTARG = int, RIGHTARG = int, FUNCTION = {fn})" for op, fn in _INT_OPERATORS],
-    "CREATE OPERATOR CLASS bfa_sort.noisy_int_ops FOR TYPE int USING btree AS "
-    + ", ".join(f"OPERATOR {i} public.{op}" for i, (op, _) in enumerate(_INT_OPERATORS, 1))
-    + ", FUNCTION 1 bfa_sort.noisy_cmp(int, int)",
+    'CREATE FUNCTION bfa_sort.noisy_cmp(a int, b int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$ '
+    "BEGIN RAISE NOTICE 'noisy_cmp'; RETURN btint4cmp(a, b); END $$",
+    'CREATE OPERATOR public.#< (LEFTARG = int, RIGHTARG = int, FUNCTION = int4lt)',
+    'CREATE OPERATOR public.#<= (LEFTARG = int, RIGHTARG = int, FUNCTION = int4le)',
+    'CREATE OPERATOR public.#= (LEFTARG = int, RIGHTARG = int, FUNCTION = int4eq)',
+    'CREATE OPERATOR public.#>= (LEFTARG = int, RIGHTARG = int, FUNCTION = int4ge)',
+    'CREATE OPERATOR public.#> (LEFTARG = int, RIGHTARG = int, FUNCTION = int4gt)',
+    'CREATE OPERATOR CLASS bfa_sort.noisy_int_ops FOR TYPE int USING btree AS OPERATOR 1 public.#<, '
+    'OPERATOR 2 public.#<=, OPERATOR 3 public.#=, OPERATOR 4 public.#>=, OPERATOR 5 public.#>, '
+    'FUNCTION 1 bfa_sort.noisy_cmp(int, int)',
     # An enum whose default btree and hash operator classes (DISTINCT, GROUP BY, GREATEST) are these.
-    f"CREATE TYPE {_MOOD} AS ENUM ('sad', 'ok', 'happy')",
-    *[f"CREATE FUNCTION bfa_sort.mood_{n}(a {_MOOD}, b {_MOOD}) RETURNS boolean LANGUAGE sql IMMUTABLE "
-      f"RETURN pg_catalog.enum_{n}(a, b)" for _, n in _MOOD_OPERATORS],
-    *[f"CREATE OPERATOR bfa_sort.{op} (LEFTARG = {_MOOD}, RIGHTARG = {_MOOD}, FUNCTION = bfa_sort.mood_{n}"
-      + (", HASHES, MERGES)" if op == "=" else ")") for op, n in _MOOD_OPERATORS],
-    f"CREATE FUNCTION bfa_sort.mood_cmp(a {_MOOD}, b {_MOOD}) RETURNS int LANGUAGE plpgsql IMMUTABLE "
-    "AS $$ BEGIN RAISE NOTICE 'mood_cmp'; RETURN enum_cmp(a, b); END $$",
-    f"CREATE FUNCTION bfa_sort.mood_hash(a {_MOOD}) RETURNS int LANGUAGE plpgsql IMMUTABLE "
-    "AS $$ BEGIN RAISE NOTICE 'mood_hash'; RETURN hashenum(a); END $$",
-    f"CREATE OPERATOR CLASS bfa_sort.mood_ops DEFAULT FOR TYPE {_MOOD} USING btree AS "
-    + ", ".join(f"OPERATOR {i} bfa_sort.{op}" for i, (op, _) in enumerate(_MOOD_OPERATORS, 1))
-    + f", FUNCTION 1 bfa_sort.mood_cmp({_MOOD}, {_MOOD})",
-    f"CREATE OPERATOR CLASS bfa_sort.mood_hash_ops DEFAULT FOR TYPE {_MOOD} USING hash AS "
-    f"OPERATOR 1 bfa_sort.=, FUNCTION 1 bfa_sort.mood_hash({_MOOD})",
+    "CREATE TYPE bfa_sort.mood AS ENUM ('sad', 'ok', 'happy')",
+    'CREATE FUNCTION bfa_sort.mood_lt(a bfa_sort.mood, b bfa_sort.mood) RETURNS boolean LANGUAGE sql '
+    'IMMUTABLE RETURN pg_catalog.enum_lt(a, b)',
+    'CREATE FUNCTION bfa_sort.mood_le(a bfa_sort.mood, b bfa_sort.mood) RETURNS boolean LANGUAGE sql '
+    'IMMUTABLE RETURN pg_catalog.enum_le(a, b)',
+    'CREATE FUNCTION bfa_sort.mood_eq(a bfa_sort.mood, b bfa_sort.mood) RETURNS boolean LANGUAGE sql '
+    'IMMUTABLE RETURN pg_catalog.enum_eq(a, b)',
+    'CREATE FUNCTION bfa_sort.mood_ge(a bfa_sort.mood, b bfa_sort.mood) RETURNS boolean LANGUAGE sql '
+    'IMMUTABLE RETURN pg_catalog.enum_ge(a, b)',
+    'CREATE FUNCTION bfa_sort.mood_gt(a bfa_sort.mood, b bfa_sort.mood) RETURNS boolean LANGUAGE sql '
+    'IMMUTABLE RETURN pg_catalog.enum_gt(a, b)',
+    'CREATE OPERATOR bfa_sort.< (LEFTARG = bfa_sort.mood, RIGHTARG = bfa_sort.mood, FUNCTION = '
+    'bfa_sort.mood_lt)',
+    'CREATE OPERATOR bfa_sort.<= (LEFTARG = bfa_sort.mood, RIGHTARG = bfa_sort.mood, FUNCTION = '
+    'bfa_sort.mood_le)',
+    'CREATE OPERATOR bfa_sort.= (LEFTARG = bfa_sort.mood, RIGHTARG = bfa_sort.mood, FUNCTION = '
+    'bfa_sort.mood_eq, HASHES, MERGES)',
+    'CREATE OPERATOR bfa_sort.>= (LEFTARG = bfa_sort.mood, RIGHTARG = bfa_sort.mood, FUNCTION = '
+    'bfa_sort.mood_ge)',
+    'CREATE OPERATOR bfa_sort.> (LEFTARG = bfa_sort.mood, RIGHTARG = bfa_sort.mood, FUNCTION = '
+    'bfa_sort.mood_gt)',
+    'CREATE FUNCTION bfa_sort.mood_cmp(a bfa_sort.mood, b bfa_sort.mood) RETURNS int LANGUAGE '
+    "plpgsql IMMUTABLE AS $$ BEGIN RAISE NOTICE 'mood_cmp'; RETURN enum_cmp(a, b); END $$",
+    'CREATE FUNCTION bfa_sort.mood_hash(a bfa_sort.mood) RETURNS int LANGUAGE plpgsql IMMUTABLE AS '
+    "$$ BEGIN RAISE NOTICE 'mood_hash'; RETURN hashenum(a); END $$",
+    'CREATE OPERATOR CLASS bfa_sort.mood_ops DEFAULT FOR TYPE bfa_sort.mood USING btree AS OPERATOR '
+    '1 bfa_sort.<, OPERATOR 2 bfa_sort.<=, OPERATOR 3 bfa_sort.=, OPERATOR 4 bfa_sort.>=, OPERATOR 5 '
+    'bfa_sort.>, FUNCTION 1 bfa_sort.mood_cmp(bfa_sort.mood, bfa_sort.mood)',
+    'CREATE OPERATOR CLASS bfa_sort.mood_hash_ops DEFAULT FOR TYPE bfa_sort.mood USING hash AS '
+    'OPERATOR 1 bfa_sort.=, FUNCTION 1 bfa_sort.mood_hash(bfa_sort.mood)',
 ]
 
 

@@ -776,13 +776,13 @@ _DIFF_SETUP = (
 def figure_diff(b: Bench, report: Report) -> None:
     """Figure 12: the diff of a 1M-row partition pair with five differences (core.diff, as
     `backfill-assets diff` runs it) against one fingerprint of that partition."""
-    from backfill_assets.core.context import resolve, set_timeouts
+    from backfill_assets.core.context import resolve
     from backfill_assets.core.diff import diff_partition
     spec = spec_from_mapping({
         **SPEC, "name": "bench_diff", "source": {"table": "bench.diff_src", "snapshot": "copy"},
         "target": {"table": "bench.diff_tgt"}, "partitions": None,
     })
-    with b.factory() as conn:
+    with b.tool(spec)() as conn:  # the tool's limits and work_mem, for both figures
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS bench"))
         for statement in _DIFF_SETUP:
             conn.execute(statement.format(rows=sql.Literal(_DIFF_ROWS), extra=sql.Literal(_DIFF_ROWS + 1)))
@@ -792,13 +792,11 @@ def figure_diff(b: Bench, report: Report) -> None:
 
         def fingerprint() -> float:
             with repeatable_read(conn, read_only=True):
-                set_timeouts(conn, spec)
                 return timed(lambda: fingerprint_partition(conn, src, ctx.target_columns, "d", ["k"], "amount", day,
                                                            key_unique=True, indexed=True))[0]
 
         def diff() -> float:
             with repeatable_read(conn, read_only=True):
-                set_timeouts(conn, spec)
                 seconds, found = timed(lambda: diff_partition(conn, ctx, src, TableRef("bench", "diff_tgt"),
                                                               "2024-01-01", 10))
             assert (found.added, found.removed, found.changed) == (1, 1, 3), found

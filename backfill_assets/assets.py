@@ -238,17 +238,13 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
     return stages
 
 
-# The Dagster kind tag of each target format (its icon in the UI).
-TARGET_KINDS = {"postgres": "postgres", "delta": "delta", "iceberg": "iceberg"}
-
-
 def _target_asset(shape: _Shape) -> dg.AssetsDefinition:
     spec, keys, parts = shape.spec, shape.keys, shape.parts
 
     @shape.multi_asset(
         "target", replace_pool(spec),
         specs=[dg.AssetSpec(keys.target, deps=[keys.stage_a, keys.stage_b], group_name=spec.name,
-                            kinds={TARGET_KINDS[spec.target.format]},
+                            kinds={spec.target.format},  # its icon in the UI
                             description=f"{spec.target_name}: approved partitions replaced from stage A, "
                                         "one verified transaction each.")],
         check_specs=[shape.check(events.TARGET_CHECK, keys.target,

@@ -22,12 +22,9 @@ import psycopg
 
 from backfill_assets.core import embedded
 from backfill_assets.core.apply import apply_plan
-from backfill_assets.core.approve import (
-    confirm,
-    open_approvals,
-    review,
-)
-from backfill_assets.core.context import inspect
+from backfill_assets.core.approve import confirm, review
+from backfill_assets.core.coverage import open_approvals
+from backfill_assets.core.resolve import inspect
 from backfill_assets.core.ledger import ledger_status
 from backfill_assets.core.db import (
     ConnectionFactory,

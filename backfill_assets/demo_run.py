@@ -16,14 +16,14 @@ from backfill_assets import demo
 from backfill_assets.core import embedded
 from backfill_assets.core.apply import ApplyResult, apply_plan
 from backfill_assets.core.approve import confirm, review
-from backfill_assets.core.catalog import inspect_tables
+from backfill_assets.core.resolve import inspect
 from backfill_assets.core.ledger import ledger_status
 from backfill_assets.core.db import ConnectionFactory, connection_factory
 from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile import profile_source
 from backfill_assets.core.progress import ProgressEvent
-from backfill_assets.core.spec import PartitionRequest, Spec
+from backfill_assets.core.spec import DeltaTargetSpec, PartitionRequest, Spec
 from backfill_assets.render import (
     render_apply,
     render_plan,
@@ -79,8 +79,8 @@ def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None =
 def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, out: Printer,
                postgres: ApplyResult) -> None:
     """The same backfill into a Delta Lake table, which the first apply creates, then again."""
+    assert isinstance(spec.target, DeltaTargetSpec)
     location = spec.target.location
-    assert location is not None
     table = Path(location.removeprefix("file://")).expanduser().resolve()
     lakes = {Path(".backfill_assets/lake").resolve(), embedded.home() / "lake"}
     if any(table != lake and table.is_relative_to(lake) for lake in lakes):
@@ -115,7 +115,7 @@ def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
 def _inspect_and_profile(spec: Spec, factory: ConnectionFactory, out: Printer) -> None:
     out.result("\n-- 2. inspect (read-only)")
     with factory() as conn:
-        inspection = inspect_tables(conn, spec)
+        inspection = inspect(conn, spec)
         out.result(f"{inspection.server.engine} {inspection.server.version}; target keys: "
                    + "; ".join(f"{n} ({', '.join(c)})" for n, c in inspection.target_unique_keys))
         out.result("\n-- 3. profile: propose a key and a tiebreak from the data")

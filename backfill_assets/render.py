@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from backfill_assets.core.apply import ApplyResult
-from backfill_assets.core.approve import OpenApproval, Review, short_list, utc_text
+from backfill_assets.core.approve import Review
+from backfill_assets.core.coverage import OpenApproval, short_list, utc_text
 from backfill_assets.core.diff import DiffResult
 from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.plan_document import Plan, PlanDocument

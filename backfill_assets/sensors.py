@@ -10,7 +10,7 @@ import time
 import dagster as dg
 
 from backfill_assets.core import control, ledger
-from backfill_assets.core.approve import duration_text, expiry, is_expired, utc_text
+from backfill_assets.core.coverage import duration_text, expiry, is_expired, utc_text
 from backfill_assets.core.context import Clock, utc_now
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.source_watch import WatchState, watch_tick

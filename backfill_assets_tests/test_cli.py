@@ -11,7 +11,7 @@ import pytest
 
 from backfill_assets import cli, crash_hook
 from backfill_assets.cli import main
-from backfill_assets.core.approve import find_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.errors import (
     ApprovalError,
     DeterminismError,

@@ -38,7 +38,8 @@ from psycopg import sql
 
 from backfill_assets.core import embedded
 from backfill_assets.core.apply import apply_plan
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.catalog import table_columns
 from backfill_assets.core.db import DEFAULT_LIMITS, ConnectionFactory, DatabaseUrl, Limits, connection_factory, repeatable_read
 from backfill_assets.core.fingerprint import (
@@ -776,7 +777,7 @@ _DIFF_SETUP = (
 def figure_diff(b: Bench, report: Report) -> None:
     """Figure 12: the diff of a 1M-row partition pair with five differences (core.diff, as
     `backfill-assets diff` runs it) against one fingerprint of that partition."""
-    from backfill_assets.core.context import resolve
+    from backfill_assets.core.resolve import resolve
     from backfill_assets.core.diff import diff_partition
     spec = spec_from_mapping({
         **SPEC, "name": "bench_diff", "source": {"table": "bench.diff_src", "snapshot": "copy"},

@@ -10,7 +10,7 @@ For each partition (or each group of partitions that moved keys link), in plan o
    SERIALIZABLE, so a table lock that conflicts with every writer's ROW EXCLUSIVE is what
    keeps other writers out. It does not block readers: under MVCC they see the old
    partition until commit, then the new one, never a half-written one.
-2. Read the target: the approval must still cover it (approve.judge: the target is what the
+2. Read the target: the approval must still cover it (coverage.judge: the target is what the
    approval was given against, or carries the approved readings after this approval's own
    runs reached it), else refuse before writing. This is checked for every partition before
    the first write too; under the lock it catches a writer that slipped in since.
@@ -28,9 +28,10 @@ For each partition (or each group of partitions that moved keys link), in plan o
 Any failure stops before the next partition; partitions already verified stay verified.
 Every step is recorded in the ledger.
 
-The protocol is written once against core.target.Target (locks, one atomic write, reads
-under it, committed reads); the PostgreSQL specifics of steps 1, 4 and 6 live in
-core.target.PostgresTarget, so another engine adds a Target, not a second apply.
+The protocol is written once against core.context.Target (locks, one atomic write,
+reads under it, committed reads), which the spec's engine opens; the PostgreSQL specifics of
+steps 1, 4 and 6 live in core.targets.postgres, so another engine adds a Target, not a
+second apply.
 """
 
 from __future__ import annotations
@@ -43,24 +44,22 @@ from typing import Any
 import psycopg
 
 from backfill_assets.core import control, ledger, sqlbuild
-from backfill_assets.core.approve import (
-    Approval, check_data_unchanged, check_spec_unchanged, find_plan, latest_approval, refuse_if_expired,
-    require_coverage, short_readings,
-)
+from backfill_assets.core.approve import check_data_unchanged, check_spec_unchanged
+from backfill_assets.core.coverage import Approval, latest_approval, refuse_if_expired, require_coverage, short_readings
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.db import ConnectionFactory
 from backfill_assets.core.errors import (
     ApprovalError, ApprovalHaltedError, BackfillError, FailedPartition, VerificationError,
 )
 from backfill_assets.core.plan import DIFFERING_KEYS
 from backfill_assets.core.plan_document import Plan
-from backfill_assets.core.context import Clock, Context, spec_lock, utc_now
+from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint, spec_lock, utc_now
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.snapshot import immutable_source_changes
 from backfill_assets.core.stages import stage_partitions_changed
-from backfill_assets.core.target import Checkpoint, Target, no_checkpoint, target_for
 from backfill_assets.core.spec import Spec
 
-# A test or an operator may pause at these points (see core.target.Checkpoint).
+# A test or an operator may pause at these points (see core.context.Checkpoint).
 STEPS = ("locked", "deleted", "inserted", "before-commit", "committed", "verified")
 
 
@@ -90,7 +89,7 @@ def replace_group(
     labels: list[str], checkpoint: Checkpoint = no_checkpoint,
 ) -> str:
     """Replace the partitions ``labels`` in one atomic write of ``target``; return the ledger
-    status. The protocol is the same for every engine (core.target).
+    status. The protocol is the same for every engine (core.context.Target).
 
     Raises:
         ApprovalOutdatedError: under the lock, the approval no longer covers a partition (its
@@ -160,7 +159,7 @@ def apply_plan(
     spec: Spec, plan_ref: str, factory: ConnectionFactory, *, run_id: str,
     only: list[str] | None = None, clock: Clock = utc_now, progress: Progress = quiet,
     checkpoint: Checkpoint = no_checkpoint, on_result: Callable[[dict[str, Any]], None] | None = None,
-    make_target: Callable[..., Target] = target_for,
+    make_target: Callable[..., Target] | None = None,
 ) -> ApplyResult:
     """Replace the partitions of an approved plan, in order, verifying each.
 
@@ -170,8 +169,8 @@ def apply_plan(
             links them to, which are replaced in the same transaction).
         checkpoint: called at each step of each replace (see ``STEPS``); for tests.
         on_result: called with each partition's result as soon as it is final.
-        make_target: ``(conn, factory, ctx, checkpoint) -> Target``, the engine written to
-            (default: the spec's, see core.target.target_for).
+        make_target: ``(conn, factory, ctx, checkpoint) -> Target``, what is written to
+            (default: the spec's engine's, ``ctx.engine.open``); for tests.
 
     Raises:
         ApprovalError: unknown, refused, unapproved or outdated plan; nothing written.
@@ -202,7 +201,7 @@ def apply_plan(
             partitions=[{"partition": label, **stored.approved(label)} for label in in_order],
         )
         result = ApplyResult(run_id, stored.plan_id, approval.approval_id)
-        target = make_target(conn, factory, ctx, checkpoint)
+        target = (make_target or ctx.engine.open)(conn, factory, ctx, checkpoint)
         try:
             for n, labels in enumerate(groups):
                 status, version = _replace_and_record(conn, target, ctx, stored, approval, run_id, groups, n, clock,

@@ -103,9 +103,10 @@ class Inspection:
     problems: list[str] = field(default_factory=list)
     # An index gives the target's partitions in business-key order (fingerprints read it).
     target_key_indexed: bool = False
-    # A lake target: whether its table exists, and the schema the stage maps to
-    # (core.lake_target.LakeState; None for a PostgreSQL target).
-    lake: Any = None
+    # What the target's engine found of its table beyond the columns (a lake table: whether it
+    # exists, and the schema the stage maps to; core.targets.lake.LakeState), shown by
+    # ``inspect`` through its ``as_dict``. None for a PostgreSQL target.
+    target_table: Any = None
 
     def column(self, name: str) -> ColumnInfo:
         """A target column by name."""
@@ -131,7 +132,7 @@ class Inspection:
             "target_unique_keys": [{"name": n, "columns": cols} for n, cols in self.target_unique_keys],
             "partition_kind": self.partition_kind, "grain_columns": self.grain_columns,
             "grain_ddl": self.grain_ddl, "problems": self.problems,
-            **({} if self.lake is None else {"lake_table": self.lake.as_dict()}),
+            **({} if self.target_table is None else self.target_table.as_dict()),
         }
 
 
@@ -285,14 +286,9 @@ def describe_query(conn: psycopg.Connection, query: sql.Composable) -> list[Colu
     return [ColumnInfo(name, r[0], r[1], bool(r[2]), r[3]) for name, r in zip(names, rows)]
 
 
-def inspect_tables(conn: psycopg.Connection, spec: Spec) -> Inspection:
-    """Inspect source and target read-only and collect every problem with the spec.
-
-    Args:
-        conn: a pinned connection.
-        spec: the declared backfill.
-    """
-    problems: list[str] = []
+def _inspect_source(conn: psycopg.Connection, spec: Spec,
+                    problems: list[str]) -> tuple[ServerInfo, str | None, list[ColumnInfo]]:
+    """The server, the source's kind and its columns; a problem for each thing wrong."""
     server = server_info(conn)
     if server.version_num < MIN_SERVER_VERSION:
         problems.append(f"PostgreSQL {server.version} is too old; version 12 or newer is needed")
@@ -303,13 +299,29 @@ def inspect_tables(conn: psycopg.Connection, spec: Spec) -> Inspection:
         problems.append(f"source table {src} does not exist")
     elif source_kind not in _READABLE_KINDS:
         problems.append(f"source {src} is not a table or view")
-    if spec.target.is_lake:
-        # The stage's types come from the source (or transform), and the lake table is
-        # inspected by core.lake_target.inspect_lake once the transform is validated.
-        _check_source_columns(spec, {c.name: c for c in source_cols}, source_kind, problems)
-        return Inspection(server=server, source_columns=source_cols, target_columns=[], target_unique_keys=[],
-                          partition_kind=None, grain_columns=[spec.partition_key, *spec.business_key],
-                          grain_ddl=None, problems=problems)
+    return server, source_kind, source_cols
+
+
+def inspect_source(conn: psycopg.Connection, spec: Spec) -> Inspection:
+    """Inspect the source alone, for a target outside the database: the target's columns and
+    partition kind are left for its engine to fill in (core.targets.lake)."""
+    problems: list[str] = []
+    server, source_kind, source_cols = _inspect_source(conn, spec, problems)
+    _check_source_columns(spec, {c.name: c for c in source_cols}, source_kind, problems)
+    return Inspection(server=server, source_columns=source_cols, target_columns=[], target_unique_keys=[],
+                      partition_kind=None, grain_columns=[spec.partition_key, *spec.business_key],
+                      grain_ddl=None, problems=problems)
+
+
+def inspect_tables(conn: psycopg.Connection, spec: Spec) -> Inspection:
+    """Inspect source and target read-only and collect every problem with the spec.
+
+    Args:
+        conn: a pinned connection.
+        spec: the declared backfill.
+    """
+    problems: list[str] = []
+    server, source_kind, source_cols = _inspect_source(conn, spec, problems)
     tgt = spec.target_ref
     target_kind = table_kind(conn, tgt)
     target_cols = table_columns(conn, tgt) if target_kind else []

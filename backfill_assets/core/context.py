@@ -1,7 +1,15 @@
-"""The context of a run: the spec resolved against the catalog, its clock and progress, the
-finite timeouts and the per-spec lock every step takes.
+"""The context of a run: the spec resolved against the catalog with its target's engine,
+the clock, and the locks every step takes.
 
-``resolve`` inspects read-only and validates everything about a spec (identifiers, the
+The engine seam is here too. Every step is written once; where it needs the target, it asks
+the spec's :class:`TargetEngine` (core.targets, chosen by ``target.format``), and apply's
+protocol (core.apply) is written against the :class:`Target` the engine opens: keep other
+backfills of the partitions out, open one atomic write, read the target under it (is the
+approval still covering it? is it already done?), recheck the approved stage, replace, read
+back before the commit, commit, and read the committed state again. Readings are the
+canonical fingerprint of core.fingerprint as dicts, whatever the engine.
+
+core.resolve inspects read-only and validates everything about a spec (identifiers, the
 partitions, the transform) before anything is written; the :class:`Context` it returns is
 what the snapshot, the stages, the plan, approval and apply work from.
 """
@@ -9,23 +17,22 @@ what the snapshot, the stages, the plan, approval and apply work from.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
 
 from backfill_assets.core import sqlbuild
-from backfill_assets.core.catalog import ColumnInfo, Inspection, inspect_tables
-from backfill_assets.core.db import advisory_session_lock
+from backfill_assets.core.catalog import ColumnInfo, Inspection
+from backfill_assets.core.db import ConnectionFactory, advisory_session_lock
 from backfill_assets.core.fingerprint import Fingerprint, fingerprint_partition
 from backfill_assets.core.moves import Scope
-from backfill_assets.core.spec import (
-    PartitionKind, PartitionRequest, PartitionValue, Spec, TableRef, parse_labels, partition_label,
-)
-from backfill_assets.core.transform import validate_transform_in_catalog, validate_transform_text
+from backfill_assets.core.spec import PartitionKind, PartitionValue, Spec, TableRef, partition_label
 
 Clock = Callable[[], dt.datetime]
 _SET_LOCAL = sql.SQL("SELECT set_config(%(name)s, %(value)s, true)")
@@ -75,24 +82,156 @@ def partition_locks(conn: psycopg.Connection, spec: Spec, labels: list[str]) -> 
         yield
 
 
+Readings = dict[str, Any]
+Checkpoint = Callable[[str, list[str]], None]
+
+
+def no_checkpoint(step: str, labels: list[str]) -> None:
+    """The default checkpoint: go on."""
+
+
+class TargetWrite(Protocol):
+    """One atomic write of some partitions: everything in it commits together on a clean
+    exit of :meth:`Target.writing`, or not at all."""
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        """The partitions as this write sees them (before the replace: as they are, with
+        other writers kept out; after it: as they will be committed)."""
+        ...
+
+    def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
+        """Replace the partitions with the approved stage's rows. ``note``: what the commit's
+        own metadata records where the engine keeps such metadata (plan id, content hash)."""
+        ...
+
+
+class Target(Protocol):
+    """A table whose partitions apply replaces and verifies."""
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        """The partitions as they are now, in the caller's transaction where the engine has one."""
+        ...
+
+    def locked(self, labels: list[str]) -> contextlib.AbstractContextManager[None]:
+        """Keep every other backfill of these partitions out until the committed state has
+        been read back."""
+        ...
+
+    def writing(self, labels: list[str]) -> contextlib.AbstractContextManager[TargetWrite]:
+        """One atomic write of these partitions, with other writers kept out."""
+        ...
+
+    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+        """The partitions as committed, read afresh (not through the write)."""
+        ...
+
+    def committed_version(self, labels: list[str]) -> str | None:
+        """The table version (Delta) or snapshot id (Iceberg) the last write of ``labels``
+        committed (or, when it found them already carrying the approved rows, read them at),
+        for the ledger; None where the engine has no such id (PostgreSQL)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the target opened (apply calls it when it is done)."""
+        ...
+
+
+class TargetEngine(Protocol):
+    """What the steps ask of a spec's target: every step is written once, and where it needs
+    the target it asks this. One per resolved spec, chosen by ``target.format``
+    (core.targets.engine_for): how inspection reads the target, what types the stage takes,
+    which keys a moved record may leave, what the plan records of the table, how diff and
+    review read a partition of it, and the Target apply writes through."""
+
+    spec: Spec
+    # The target as a table of the data database, where it is one (PostgreSQL), else None:
+    # read in place by the moved-records scope and the readings' index check.
+    relation: TableRef | None
+    # Whether a comparison with the target (diff, a review's preview) may run in a read-only
+    # transaction (False where a partition is loaded into a temporary table first).
+    compares_read_only: bool
+
+    def inspect(self, conn: psycopg.Connection, transform: str | None) -> Inspection:
+        """Inspect source and target read-only, collecting every problem (core.resolve).
+        ``transform``: the parsed transform_sql (None: the spec's, or none)."""
+        ...
+
+    def check(self, conn: psycopg.Connection, inspection: Inspection, partitions: list[PartitionValue],
+              transform: str | None) -> None:
+        """What resolving must check after the partitions are known (the transform against
+        the catalog; partition values the target can be written with). Raises SpecError."""
+        ...
+
+    def check_partitions(self, partitions: list[PartitionValue]) -> None:
+        """Partitions the moved-records scope adds must be writable too. Raises SpecError."""
+        ...
+
+    def stage_table(self, ctx: Context, stage: TableRef) -> sql.Composed:
+        """The statement that creates an empty stage with the target's column types."""
+        ...
+
+    def with_target_keys(self, conn: psycopg.Connection, ctx: Context) -> Context:
+        """``ctx`` with the target's (partition key, business key) pairs readable in SQL in the
+        caller's transaction (core.moves), for records_can_move."""
+        ...
+
+    def plan_fields(self, ctx: Context) -> dict[str, Any]:
+        """What the plan records of the target table: ``target_table_columns`` (every column
+        it has or will have) and any field that names it further (an Iceberg catalog)."""
+        ...
+
+    def creates_target(self, ctx: Context) -> bool | None:
+        """Whether apply will create the table (None: an engine that never creates it)."""
+        ...
+
+    def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
+        """Problems with stage A's values that the target could not hold, before approval."""
+        ...
+
+    def compared(self, conn: psycopg.Connection, ctx: Context, label: str,
+                 version: str | None = None) -> tuple[TableRef, bool]:
+        """One partition of the target as a relation for core.diff, and whether its columns
+        are the canonical text forms (a lake partition loaded at ``version``)."""
+        ...
+
+    def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
+        """Where another session's lock may hold the target up: its tables in the data
+        database, and the names of catalog tables kept there (core.waits)."""
+        ...
+
+    def open(self, conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
+             checkpoint: Checkpoint = no_checkpoint) -> Target:
+        """The target apply (or approval) reads and writes, on its connection; ``factory``
+        opens the fresh connection committed readings are read on."""
+        ...
+
+
 @dataclass(frozen=True)
 class Context:
     """A spec checked against the catalog, with its partitions and transform resolved."""
 
     spec: Spec
+    engine: TargetEngine  # what the steps ask of the target (core.targets, by target.format)
     inspection: Inspection
     partitions: list[PartitionValue]  # requested, plus those moved records add
     transform: str | None  # the re-printed, validated transform_sql
     scope: Scope | None = None  # records_can_move: the added partitions and moves
-    # records_can_move with a lake target: the lake's keys, loaded into a temporary table for
-    # the snapshot's transaction (core.lake_target.load_target_keys).
+    # records_can_move with a target outside the database: its keys, loaded into a temporary
+    # table for the snapshot's transaction (TargetEngine.with_target_keys).
     target_keys: TableRef | None = None
 
     @property
     def keys_relation(self) -> TableRef:
         """Where the target's (partition key, business key) pairs are read in SQL: the
-        PostgreSQL target itself, or a lake target's keys loaded for the snapshot."""
-        return self.target_keys if self.target_keys is not None else self.spec.target_ref
+        target's own table, or its keys loaded for the snapshot."""
+        if self.target_keys is not None:
+            return self.target_keys
+        assert self.engine.relation is not None, "the engine loads the keys (with_target_keys) first"
+        return self.engine.relation
+
+    def with_keys(self, keys: TableRef) -> Context:
+        """This context, reading the target's keys from ``keys``."""
+        return dataclasses.replace(self, target_keys=keys)
 
     @property
     def kind(self) -> PartitionKind:
@@ -143,68 +282,9 @@ class Context:
         plan and apply starts with), so they are not counted. A stage's index, and the
         target's when it has one, give the business-key order without a sort."""
         spec = self.spec
-        # The stages have the index; a PostgreSQL target may (a lake target is read in Arrow).
-        indexed = spec.target.is_lake or rel != spec.target_ref or self.inspection.target_key_indexed
+        # The stages have the index; the target's own table may.
+        indexed = rel != self.engine.relation or self.inspection.target_key_indexed
         return fingerprint_partition(
             conn, rel, self.target_columns, spec.partition_key, spec.business_key, spec.total,
             partition, key_unique=True, indexed=indexed,
-        )
-
-
-def resolve(
-    conn: psycopg.Connection, spec: Spec, request: PartitionRequest | list[str],
-) -> Context:
-    """Inspect read-only and validate everything about the spec before any write.
-
-    ``request`` is the command line's partitions, or the labels stored in a plan.
-
-    Raises:
-        SpecError: the catalog disagrees with the spec, the partitions are malformed, or
-            the transform is refused.
-    """
-    if spec.transform_sql is not None:
-        transform = validate_transform_text(spec.transform_sql)  # the parser first: no I/O
-    else:
-        transform = None
-    inspection = inspect(conn, spec, transform)
-    lake = spec.target.is_lake
-    kind = inspection.require_plannable()
-    if isinstance(request, PartitionRequest):
-        partitions = request.resolve(kind)
-    else:
-        partitions = parse_labels(request, kind)
-    if lake:
-        from backfill_assets.core.lake_target import check_partition_values
-        check_partition_values(spec, partitions)
-    else:
-        _validate_transform(conn, spec, inspection, transform)
-    return Context(spec, inspection, partitions, transform)
-
-
-def inspect(conn: psycopg.Connection, spec: Spec, transform: str | None = None) -> Inspection:
-    """Inspect read-only: the catalog (catalog.inspect_tables) and, for a lake target, the
-    stage's types as the source or the validated transform gives them, and the lake table
-    (core.lake_target.inspect_lake). ``transform``: the validated transform_sql (None: validate
-    the spec's here, for a lake target that has one).
-
-    Raises:
-        TransformError: a lake spec's transform is refused.
-    """
-    inspection = inspect_tables(conn, spec)
-    if spec.target.is_lake and not inspection.problems:
-        if transform is None and spec.transform_sql is not None:
-            transform = validate_transform_text(spec.transform_sql)
-        # A lake target's types are the stage's, which the (validated) transform gives.
-        _validate_transform(conn, spec, inspection, transform)
-        from backfill_assets.core.lake_target import inspect_lake  # pyarrow only for lake specs
-        inspect_lake(conn, spec, inspection, transform)
-    return inspection
-
-
-def _validate_transform(conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:
-    if transform is not None:
-        validate_transform_in_catalog(
-            conn, spec.source_ref, [c.name for c in inspection.source_columns],
-            spec.partition_key, spec.input_columns, transform, original=spec.transform_sql,
-            trusted_functions=spec.trusted_functions,
         )

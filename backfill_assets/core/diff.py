@@ -12,7 +12,7 @@ back, with both sides' values, looked up by key.
 
 Across engines (a Delta or Iceberg target), the lake partition's rows are rendered to the same
 text forms from Arrow and loaded, as text, into a temporary table
-(core.lake_target.load_lake_partition), then compared by the same SQL with the stage's text
+(TargetEngine.compared, core.targets.lake), then compared by the same SQL with the stage's text
 forms, keyed by the keys' text: exact, each side read once, no per-row Python; a key the lake
 holds more than once counts once, as changed.
 
@@ -29,8 +29,9 @@ from typing import Any, Literal
 import psycopg
 
 from backfill_assets.core import sqlbuild
-from backfill_assets.core.approve import find_plan
-from backfill_assets.core.context import Context, resolve
+from backfill_assets.core.context import Context
+from backfill_assets.core.plans import find_plan
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError, SpecError
 from backfill_assets.core.fingerprint import business_key_order
@@ -143,9 +144,8 @@ def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against:
         missing = [label for label in wanted if label not in stored.labels]
         if missing:
             raise SpecError(f"partition(s) {', '.join(missing)} are not in plan {stored.plan_id[:16]}")
-        lake = against == "target" and spec.target.is_lake
-        # A lake partition is loaded into a temporary table, which a read-only transaction forbids.
-        with repeatable_read(conn, read_only=not lake):
+        # A target partition may be loaded into a temporary table (TargetEngine.compared).
+        with repeatable_read(conn, read_only=against != "target" or ctx.engine.compares_read_only):
             changed = stage_partitions_changed(conn, ctx, "a", {label: stored.approved(label) for label in wanted})
             if changed:
                 raise ApprovalError(
@@ -161,10 +161,7 @@ def diff_against(conn: psycopg.Connection, ctx: Context, label: str, against: Ag
     """Stage A's partition against the target's (a PostgreSQL table, or a lake partition, at
     ``version`` if given, loaded for the caller's transaction, which must be a writable one)
     or stage B's."""
-    spec = ctx.spec
-    if against == "target" and spec.target.is_lake:
-        from backfill_assets.core.lake_target import load_lake_partition
-        right = load_lake_partition(conn, ctx, label, version)
-        return diff_partition(conn, ctx, ctx.stage("a"), right, label, limit, right_as_text=True)
-    right = ctx.stage("b") if against == "stage_b" else spec.target_ref
-    return diff_partition(conn, ctx, ctx.stage("a"), right, label, limit)
+    if against == "stage_b":
+        return diff_partition(conn, ctx, ctx.stage("a"), ctx.stage("b"), label, limit)
+    right, as_text = ctx.engine.compared(conn, ctx, label, version)
+    return diff_partition(conn, ctx, ctx.stage("a"), right, label, limit, right_as_text=as_text)

@@ -14,11 +14,11 @@ from typing import Any
 import psycopg
 
 from backfill_assets.core import control, sqlbuild
-from backfill_assets.core.context import (
-    Clock, Context, build_lock, partition_locks, resolve, spec_lock, utc_now,
-)
+from backfill_assets.core.context import Clock, Context, build_lock, partition_locks, spec_lock, utc_now
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.db import ConnectionFactory, transient_errors
+from backfill_assets.core.diff import diff_partition, example_text
 from backfill_assets.core.fingerprint import Fingerprint
 from backfill_assets.core.identity import PLAN_FORMAT, sha256_hex
 from backfill_assets.core.plan_document import (
@@ -37,12 +37,10 @@ def spec_document(ctx: Context) -> dict[str, Any]:
     (another transform version, a target column added or retyped) refuses the plan.
     """
     spec = ctx.spec
-    lake = ctx.inspection.lake
-    # An Iceberg table is named by its catalog too (without its password): a plan made against
-    # one catalog is refused against another. Absent for other targets (their ids unchanged).
-    catalog = {} if lake is None or lake.catalog is None else {"target_catalog": lake.catalog}
     return {
-        **catalog,
+        # Every column of the target, so that one added to it since the plan is drift too
+        # (and whatever else names the table: an Iceberg table's catalog).
+        **ctx.engine.plan_fields(ctx),
         "format": PLAN_FORMAT,
         "spec": spec.name,
         "target": spec.target_name,
@@ -51,12 +49,6 @@ def spec_document(ctx: Context) -> dict[str, Any]:
         "business_key": list(spec.business_key),
         "ordering": [o.model_dump() for o in spec.ordering],
         "columns": [[c.name, c.type_name] for c in ctx.target_columns],
-        # Every column of the target, so that one added to it since the plan is drift too. A
-        # lake table's: the schema the stage maps to, which an existing table must have.
-        "target_table_columns": (
-            [list(c) for c in ctx.inspection.lake.columns] if ctx.inspection.lake is not None
-            else [[c.name, c.type_name] for c in ctx.inspection.target_columns]
-        ),
         "total": spec.total,
         "records_can_move": spec.records_can_move,
         "transform_version": spec.transform_version,
@@ -102,8 +94,8 @@ def assemble(ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint], b: dic
         # Partitions that moved keys link are replaced together, in one transaction.
         replace_groups=scope.groups() if scope else [[label] for label in ctx.labels],
         partitions=partitions,
-        # A lake table that does not exist yet is created by apply: the approval covers that.
-        creates_target=None if ctx.inspection.lake is None else not ctx.inspection.lake.exists,
+        # A table that does not exist yet is created by apply: the approval covers that.
+        creates_target=ctx.engine.creates_target(ctx),
     )
     return Plan.of(document, problems + list(found or []))
 
@@ -189,11 +181,7 @@ def finish_plan(
     reports = _input_reports(conn, ctx, snapshot)
     if snapshot.mode == "immutable":
         recheck_immutable_source(conn, ctx, snapshot)
-    problems = []
-    if spec.target.is_lake:
-        from backfill_assets.core.lake_target import unholdable_values
-        problems = unholdable_values(conn, ctx)
-    problems += differing_keys(conn, ctx, a, b)
+    problems = ctx.engine.plan_problems(conn, ctx) + differing_keys(conn, ctx, a, b)
     plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)
     with conn.transaction():
         control.record_plan(
@@ -224,8 +212,6 @@ def differing_keys(conn: psycopg.Connection, ctx: Context, a: dict[str, Fingerpr
                    b: dict[str, Fingerprint]) -> list[str]:
     """For each partition whose stages differ, a problem naming its first differing keys and
     columns (core.diff, stage A against stage B), read before the refused plan deletes them."""
-    from backfill_assets.core.diff import diff_partition, example_text
-
     found = []
     for label in ctx.labels:
         if a[label] == b[label]:

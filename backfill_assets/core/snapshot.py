@@ -19,7 +19,8 @@ from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import table_columns, table_kind
-from backfill_assets.core.context import Clock, Context, resolve
+from backfill_assets.core.context import Clock, Context
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.db import repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, SourceDataError
@@ -181,13 +182,9 @@ def take_snapshot(
     requested = ctx.labels
     with transient_errors("taking the snapshot"), repeatable_read(conn):
         if spec.records_can_move:
-            if spec.target.is_lake:  # the lake's keys, for this transaction's SQL
-                from backfill_assets.core.lake_target import load_target_keys
-                ctx = dataclasses.replace(ctx, target_keys=load_target_keys(conn, ctx))
+            ctx = ctx.engine.with_target_keys(conn, ctx)  # the target's keys, for this transaction's SQL
             scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys(), ctx.keys_relation)
-            if spec.target.is_lake:  # the partitions moved keys add must be writable too
-                from backfill_assets.core.lake_target import check_partition_values
-                check_partition_values(spec, scope.partitions)
+            ctx.engine.check_partitions(scope.partitions)  # the partitions moved keys add must be writable too
             ctx = dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
             if scope.added:
                 progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))

@@ -61,7 +61,7 @@ import psycopg
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import has_ordered_index, table_columns, table_kind
-from backfill_assets.core.context import resolve
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.db import repeatable_read, transient_errors
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.snapshot import changes_against

@@ -129,62 +129,107 @@ _NAMESPACE_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LOCATION = re.compile(r"(file://)?[^\x00-\x1f\x7f]+")
 
 
-class TargetSpec(_Strict):
-    """Where apply writes: a PostgreSQL table (``table``), a Delta Lake table (``location``)
-    or an Iceberg table (``table`` as namespace.table, and its ``catalog``)."""
+def _only(given: object, fmt: str, allowed: set[str], shape: str) -> object:
+    """Refuse, naming the shape, a target mapping with a field its format does not take."""
+    if isinstance(given, dict) and set(given) - allowed - {"format"}:
+        raise ValueError(f"a {fmt} target takes {shape}")
+    return given
 
-    format: Literal["postgres", "delta", "iceberg"] = "postgres"
-    table: str | None = None
-    location: str | None = None
-    catalog: IcebergCatalogSpec | None = None
 
-    @pydantic.model_validator(mode="after")
-    def _shape(self) -> TargetSpec:
-        if self.format == "postgres":
-            if self.table is None or self.location is not None or self.catalog is not None:
-                raise ValueError("a postgres target takes `table: schema.table` and no location or catalog")
-            _check_table(self.table)
-        elif self.format == "delta":
-            if self.location is None or self.table is not None or self.catalog is not None:
-                raise ValueError("a delta target takes `location: <path or file:// URI>` and no table or catalog")
-            if "://" in self.location and not self.location.startswith("file://"):
-                raise ValueError("a delta location is a local path or a file:// URI (other stores are not supported yet)")
-            if not _LOCATION.fullmatch(self.location):
-                raise ValueError("a delta location may not contain control characters")
-        else:
-            if self.table is None or self.catalog is None or self.location is not None:
-                raise ValueError("an iceberg target takes `table: namespace.table` and a `catalog`, and no location")
-            parts = self.table.split(".")
-            if len(parts) != 2 or not all(_NAMESPACE_PART.fullmatch(p) for p in parts):
-                raise ValueError(
-                    "an iceberg table is written namespace.table, each a plain identifier (letters, digits, _)"
-                )
-        return self
+class PostgresTargetSpec(_Strict):
+    """A PostgreSQL table in the spec's database (``format`` may be left out)."""
+
+    format: Literal["postgres"] = "postgres"
+    table: TableName
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fields(cls, given: object) -> object:
+        return _only(given, "postgres", {"table"}, "`table: schema.table` and no location or catalog")
 
     @property
     def ref(self) -> TableRef:
-        if self.format != "postgres" or self.table is None:
-            raise TypeError(f"a {self.format} target is not a PostgreSQL table")
         return parse_table_name(self.table)
 
     @property
-    def is_lake(self) -> bool:
-        return self.format != "postgres"
+    def display_name(self) -> str:
+        """``schema.table``."""
+        return str(self.ref)
+
+
+class DeltaTargetSpec(_Strict):
+    """A Delta Lake table at a local path or ``file://`` URI."""
+
+    format: Literal["delta"]
+    location: str
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fields(cls, given: object) -> object:
+        return _only(given, "delta", {"location"}, "`location: <path or file:// URI>` and no table or catalog")
+
+    @pydantic.field_validator("location")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        if "://" in value and not value.startswith("file://"):
+            raise ValueError("a delta location is a local path or a file:// URI (other stores are not supported yet)")
+        if not _LOCATION.fullmatch(value):
+            raise ValueError("a delta location may not contain control characters")
+        return value
 
     @property
     def display_name(self) -> str:
-        """How plans, ledgers, locks and messages name the target: ``schema.table`` for
-        PostgreSQL; ``delta:<absolute path>`` (a relative location resolved against the current
-        directory now) or ``iceberg:<catalog name>:<namespace.table>`` for a lake table. A plan
-        names exactly one table: run from another directory, the same spec names another Delta
-        table, and apply refuses the plan as made for a different target."""
-        if self.format == "delta":
-            assert self.location is not None
-            return "delta:" + str(Path(self.location.removeprefix("file://")).expanduser().resolve())
-        if self.format == "iceberg":
-            assert self.catalog is not None
-            return f"iceberg:{self.catalog.name}:{self.table}"
-        return str(self.ref)
+        """``delta:<absolute path>``: a relative location is resolved against the current
+        directory now. A plan names exactly one table: run from another directory, the same
+        spec names another Delta table, and apply refuses the plan as made for a different
+        target."""
+        return "delta:" + str(Path(self.location.removeprefix("file://")).expanduser().resolve())
+
+
+class IcebergTargetSpec(_Strict):
+    """An Iceberg table (``table`` as namespace.table) in a SQL ``catalog``."""
+
+    format: Literal["iceberg"]
+    table: str
+    catalog: IcebergCatalogSpec
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fields(cls, given: object) -> object:
+        return _only(given, "iceberg", {"table", "catalog"},
+                     "`table: namespace.table` and a `catalog`, and no location")
+
+    @pydantic.field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        parts = value.split(".")
+        if len(parts) != 2 or not all(_NAMESPACE_PART.fullmatch(p) for p in parts):
+            raise ValueError("an iceberg table is written namespace.table, each a plain identifier (letters, digits, _)")
+        return value
+
+    @property
+    def display_name(self) -> str:
+        """``iceberg:<catalog name>:<namespace.table>``."""
+        return f"iceberg:{self.catalog.name}:{self.table}"
+
+
+def _target_format(given: object) -> str:
+    if isinstance(given, dict):
+        fmt = given.get("format", "postgres")
+        return fmt if isinstance(fmt, str) else ""
+    return getattr(given, "format", "")
+
+
+# Where apply writes, told apart by ``format``. Each format's engine (what inspection, the
+# stages, the plan, approval, diff and apply ask of the target) is core.targets.engine_for's;
+# a new engine is a variant here, its literal there, and its module.
+TargetSpec = Annotated[
+    Annotated[PostgresTargetSpec, pydantic.Tag("postgres")]
+    | Annotated[DeltaTargetSpec, pydantic.Tag("delta")]
+    | Annotated[IcebergTargetSpec, pydantic.Tag("iceberg")],
+    pydantic.Discriminator(_target_format, custom_error_type="target_format",
+                           custom_error_message="target.format is postgres (the default), delta or iceberg"),
+]
 
 
 class OrderingColumn(_Strict):
@@ -372,6 +417,9 @@ class Spec(_Strict):
 
     @property
     def target_ref(self) -> TableRef:
+        """A PostgreSQL target's table (TypeError for any other format)."""
+        if not isinstance(self.target, PostgresTargetSpec):
+            raise TypeError(f"a {self.target.format} target is not a PostgreSQL table")
         return self.target.ref
 
     @property

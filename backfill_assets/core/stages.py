@@ -13,7 +13,8 @@ from psycopg import sql
 
 from backfill_assets.core import control, sqlbuild
 from backfill_assets.core.catalog import table_columns, table_kind
-from backfill_assets.core.context import Clock, Context, resolve, set_local
+from backfill_assets.core.context import Clock, Context, set_local
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, StageError
@@ -37,7 +38,7 @@ def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableR
         unique = conn.execute(*sqlbuild.has_unique_index(stage)).fetchone()
         if current != expected or not (unique and unique[0]):
             conn.execute(sqlbuild.drop_table(stage))
-            conn.execute(_create_stage(ctx, stage))
+            conn.execute(ctx.engine.stage_table(ctx, stage))
             made = [(c.name, c.type_name) for c in table_columns(conn, stage)]
             if made != expected:  # the input's types as a table differ from its description
                 raise StageError(
@@ -47,17 +48,6 @@ def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableR
             keys = [sqlbuild.OrderKey(ctx.spec.partition_key)] + business_key_order(ctx.target_columns, ctx.spec.business_key)
             conn.execute(sqlbuild.create_index(stage, keys, unique=True))
     return stage
-
-
-def _create_stage(ctx: Context, stage: TableRef) -> sql.Composed:
-    """A new empty stage with the target's column types, or for a lake target (no PostgreSQL
-    table to copy them from) the types the source or transform gives."""
-    spec = ctx.spec
-    if not spec.target.is_lake:
-        return sqlbuild.create_empty_copy(stage, spec.target_ref, spec.columns, unlogged=True)
-    input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
-                                        spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
-    return sqlbuild.create_stage_from_input(stage, input_rel, spec.columns)
 
 
 _SYNC_COMMIT_OFF = sql.SQL("SELECT set_config('synchronous_commit', 'off', true)")

@@ -22,6 +22,7 @@ from psycopg import sql
 from backfill_assets.core.db import ConnectionFactory, as_transient
 from backfill_assets.core.errors import BackfillError, HeldLock, TransientDatabaseError
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.targets import engine_for
 
 # At most this many held locks are named, the strongest first.
 MOST_NAMED = 5
@@ -48,19 +49,14 @@ _HELD = sql.SQL(
 )
 
 
-# The tables of a pyiceberg SQL catalog, when it lives in the spec's own database.
-ICEBERG_CATALOG_TABLES = ("iceberg_tables", "iceberg_namespace_properties")
-
-
 def held_locks(conn: psycopg.Connection, spec: Spec) -> list[HeldLock]:
     """The locks other sessions hold now on the spec's relations, strongest first."""
-    tables = [spec.source_ref] + ([] if spec.target.is_lake else [spec.target_ref])
-    catalog = spec.target.catalog
-    in_database = spec.target.format == "iceberg" and catalog is not None and catalog.uri_env is None
+    target_tables, catalog_tables = engine_for(spec).held_elsewhere()
+    tables = [spec.source_ref, *target_tables]
     rows = conn.execute(_HELD, {
         "control": spec.control_schema, "schemas": [t.schema for t in tables],
         "names": [t.name for t in tables], "most": MOST_NAMED,
-        "catalog": list(ICEBERG_CATALOG_TABLES) if in_database else [],
+        "catalog": catalog_tables,
     }).fetchall()
     return [HeldLock(f"{schema}.{name}", mode, pid) for schema, name, mode, pid in rows]
 

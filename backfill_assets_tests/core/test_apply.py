@@ -12,7 +12,8 @@ from backfill_assets import demo
 from backfill_assets.core import ledger
 from backfill_assets.core.db import connection_factory
 from backfill_assets.core.apply import apply_plan
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.errors import (
     ApprovalHaltedError,
     ApprovalError, ApprovalOutdatedError, ConcurrentRunError, SourceDataError, SpecError, TransientDatabaseError,
@@ -440,7 +441,7 @@ def test_a_run_stopped_after_its_commit_resumes_under_the_same_approval(demo_db,
 
 
 def test_a_rerun_after_success_skips_every_partition_and_closes_the_approval(demo_db, factory):
-    from backfill_assets.core.approve import open_approvals
+    from backfill_assets.core.coverage import open_approvals
 
     spec = make_spec()
     plan = approved(demo_db, factory, spec)
@@ -507,7 +508,7 @@ def test_an_approval_records_every_partitions_target_readings_as_approved_agains
 
 def test_a_stored_plan_edited_after_it_was_made_is_refused_and_status_still_lists_the_others(
         unmoved_db, factory):
-    from backfill_assets.core.approve import open_approvals
+    from backfill_assets.core.coverage import open_approvals
 
     spec = make_spec(records_can_move=False)
     plan = make_plan(spec, PartitionRequest("2024-01-01..2024-01-02"), factory)

@@ -11,9 +11,9 @@ import pytest
 from psycopg import sql
 
 from backfill_assets.core import control, ledger
-from backfill_assets.core.approve import (
-    ApprovalExpiredError, approve_plan, find_plan, open_approvals,
-)
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.coverage import ApprovalExpiredError, open_approvals
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.context import utc_now
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import make_plan

@@ -11,9 +11,11 @@ import pytest
 import yaml
 
 from backfill_assets.core import ledger
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.errors import ApprovalOutdatedError, SpecError, TransientDatabaseError
-from backfill_assets.core.lake import delta_predicate
+from backfill_assets.core.targets.delta import DeltaLakeTable, delta_predicate
+from backfill_assets.core.targets.iceberg import IcebergLakeTable
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
 from backfill_assets_tests.support.specs import make_spec
@@ -346,7 +348,7 @@ def test_iceberg_rows_outside_the_partition_are_refused_before_anything_is_commi
 
 def test_a_delta_commit_that_is_not_our_overwrite_of_our_partition_fails_the_log_check(unmoved_db, tmp_path):
     from backfill_assets.core.errors import VerificationError
-    from backfill_assets.core.lake import META_PREFIX
+    from backfill_assets.core.targets.lake_tables import META_PREFIX
     spec = lake_spec("delta", tmp_path)
     lake = Lake("delta", spec, unmoved_db)
     lake.table.create(LAKE_SCHEMA, "order_date")
@@ -382,10 +384,9 @@ def test_an_empty_text_partition_is_refused_for_delta_before_anything_is_written
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_writer_right_after_our_create_fails_our_first_commit_and_keeps_its_rows(
         unmoved_db, factory, tmp_path, fmt, monkeypatch):
-    from backfill_assets.core import lake as lake_module
     spec = lake_spec(fmt, tmp_path)
     plan = approved(unmoved_db, factory, spec, PartitionRequest("2024-01-03"))
-    cls = lake_module.DeltaLakeTable if fmt == "delta" else lake_module.IcebergLakeTable
+    cls = DeltaLakeTable if fmt == "delta" else IcebergLakeTable
     create = cls.create
     at = dt.datetime(2024, 1, 3, tzinfo=dt.timezone.utc)
     theirs = [(dt.date(2024, 1, 3), 7, 7, at, 7, None, "theirs", "")]
@@ -555,12 +556,11 @@ def test_a_key_of_ours_put_into_another_partition_after_the_plan_refuses_the_wri
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_guarded_write_applies_when_no_key_of_ours_lies_elsewhere(
         unmoved_db, factory, tmp_path, fmt, other_key, monkeypatch):
-    from backfill_assets.core import lake as lake_module
     spec, plan, ours, lake = one_home_setup(unmoved_db, factory, tmp_path, fmt)
     if other_key is not None:  # another writer, elsewhere, with a key the plan does not write
         lake.overwrite(ELSEWHERE, [(ELSEWHERE, other_key, *ours[2:])], LAKE_SCHEMA)
     before = lake.version()
-    cls = lake_module.DeltaLakeTable if fmt == "delta" else lake_module.IcebergLakeTable
+    cls = DeltaLakeTable if fmt == "delta" else IcebergLakeTable
     reads, keys_elsewhere = [], cls.keys_elsewhere
     monkeypatch.setattr(cls, "keys_elsewhere", lambda self, *a: reads.append(a) or keys_elsewhere(self, *a))
     result = run(spec, plan, factory)
@@ -575,8 +575,7 @@ def test_the_guarded_write_applies_when_no_key_of_ours_lies_elsewhere(
 def _writer_before_our_commit(monkeypatch, fmt, act, rebase=False):
     """Run ``act`` (another writer) right before our overwrite commits: after the key check.
     ``rebase``: stand for an engine that rebases our commit over theirs all the same."""
-    from backfill_assets.core import lake as lake_module
-    cls = lake_module.DeltaLakeTable if fmt == "delta" else lake_module.IcebergLakeTable
+    cls = DeltaLakeTable if fmt == "delta" else IcebergLakeTable
     overwrite = cls.overwrite
 
     def another_writer_first(self, handle, column, values, data, metadata, exclusive=False):
@@ -628,7 +627,7 @@ def test_an_engine_that_rebased_our_commit_all_the_same_is_caught_after_the_comm
 def test_the_key_check_reads_keys_in_a_null_partition_and_every_key_column(tmp_path, fmt):
     from sqlalchemy.engine import make_url
 
-    from backfill_assets.core.lake import DeltaLakeTable, IcebergLakeTable, keys_found
+    from backfill_assets.core.targets.lake_tables import keys_found
     table = (DeltaLakeTable(str(tmp_path / "t")) if fmt == "delta" else
              IcebergLakeTable("s.t", "default", str(tmp_path / "w"), make_url(f"sqlite:///{tmp_path / 'c.db'}")))
     schema = pa.schema([("p", pa.string()), ("a", pa.int64()), ("b", pa.string())])

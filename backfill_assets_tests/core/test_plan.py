@@ -12,7 +12,8 @@ import pytest
 from psycopg import sql
 
 from backfill_assets import demo
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.errors import (
     ApprovalError, ConcurrentRunError, SnapshotError, SourceDataError, SpecError,
 )
@@ -154,7 +155,7 @@ def test_a_later_plan_reuses_an_intact_copy_and_copies_again_when_its_seal_broke
     "ALTER TABLE {copy} ALTER COLUMN amount TYPE numeric(14,4)",
 ])
 def test_any_change_to_a_copy_breaks_its_seal(demo_db, factory, change):
-    from backfill_assets.core.context import resolve
+    from backfill_assets.core.resolve import resolve
     from backfill_assets.core.snapshot import copy_intact
 
     plan = make_plan(make_spec(), ALL_DAYS, factory)

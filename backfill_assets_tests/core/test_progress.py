@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 
 from backfill_assets.core.apply import apply_plan
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets_tests.support.specs import make_spec

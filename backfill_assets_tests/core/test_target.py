@@ -1,4 +1,4 @@
-"""The engine seam: apply's protocol is written once against core.target.Target. These tests
+"""The engine seam: apply's protocol is written once against core.context.Target. These tests
 drive it through the PostgreSQL target, wrapped to record (or damage) what the engine does,
 on a real database."""
 
@@ -10,11 +10,12 @@ import datetime as dt
 import pytest
 
 from backfill_assets.core.apply import apply_plan
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
-from backfill_assets.core.target import PostgresTarget, target_for
+from backfill_assets.core.targets.postgres import PostgresTarget
 from backfill_assets_tests.support.specs import make_spec
 from backfill_assets_tests.support.flows import target_hashes
 
@@ -83,13 +84,13 @@ def test_apply_drives_the_target_through_one_protocol_per_partition(unmoved_db, 
     plan = _approved(unmoved_db, factory)
     calls: list[str] = []
     result = apply_plan(SPEC, plan.plan_id, factory, run_id="seam",
-                        make_target=lambda *a: Recording(target_for(*a), calls))
+                        make_target=lambda *a: Recording(PostgresTarget(*a), calls))
     assert [p["status"] for p in result.partitions] == ["verified", "verified"]
     one = ["begin", "read", "replace", "read", "commit", "read committed", "unlock"]
     assert calls == ["lock 2024-01-01", *one, "lock 2024-01-02", *one, "close"]
     # A rerun finds the approved rows under the lock and writes nothing.
     calls.clear()
-    apply_plan(SPEC, plan.plan_id, factory, run_id="again", make_target=lambda *a: Recording(target_for(*a), calls))
+    apply_plan(SPEC, plan.plan_id, factory, run_id="again", make_target=lambda *a: Recording(PostgresTarget(*a), calls))
     assert "replace" not in calls and calls.count("begin") == 2
 
 
@@ -98,7 +99,7 @@ def test_a_target_that_reads_back_other_rows_after_its_commit_stops_the_run(unmo
     calls: list[str] = []
     with pytest.raises(VerificationError, match="2024-01-01: verification after commit failed"):
         apply_plan(SPEC, plan.plan_id, factory, run_id="damaged",
-                   make_target=lambda *a: Recording(target_for(*a), calls, damage_committed=True))
+                   make_target=lambda *a: Recording(PostgresTarget(*a), calls, damage_committed=True))
     assert "lock 2024-01-02" not in calls  # stopped before the next partition
     statuses = dict(unmoved_db.execute(
         "SELECT partition, status FROM backfill_control.ledger WHERE run_id = 'damaged'").fetchall())
@@ -110,7 +111,7 @@ def test_a_target_that_reads_back_other_rows_after_its_commit_stops_the_run(unmo
 def test_the_committed_read_survives_its_connection_dropped_while_idle(unmoved_db, factory):
     """Apply reads committed partitions on one second connection; if the server dropped it
     between two partitions (idle_session_timeout, a proxy), the read opens a new one."""
-    from backfill_assets.core.context import resolve
+    from backfill_assets.core.resolve import resolve
 
     spec = make_spec(records_can_move=False)
     with factory() as conn:

@@ -10,7 +10,8 @@ import dagster as dg
 import pytest
 
 from backfill_assets.assets import spec_assets
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest, spec_from_mapping
 from backfill_assets.definitions import build_definitions

@@ -10,7 +10,8 @@ import pytest
 
 from backfill_assets.assets import spec_assets
 from backfill_assets.core.apply import apply_plan
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest
 from backfill_assets.definitions import build_definitions

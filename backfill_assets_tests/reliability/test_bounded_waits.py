@@ -43,7 +43,7 @@ from backfill_assets.core import control
 from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connect
 from backfill_assets.core.errors import TransientDatabaseError
 from backfill_assets.core.spec import spec_from_mapping
-from backfill_assets.core.waits import ICEBERG_CATALOG_TABLES
+from backfill_assets.core.targets.iceberg import CATALOG_TABLES as ICEBERG_CATALOG_TABLES
 from backfill_assets.definitions import build_definitions
 from backfill_assets.names import APPROVE_JOB, APPROVE_OP, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
 from backfill_assets.resources import PostgresResource, resource_key

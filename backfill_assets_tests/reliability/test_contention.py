@@ -11,7 +11,8 @@ import pytest
 
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.db import connection_factory
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError, TransientDatabaseError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest

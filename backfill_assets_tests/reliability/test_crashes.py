@@ -18,7 +18,8 @@ import yaml
 from psycopg import sql
 
 from backfill_assets.core.apply import apply_plan
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connection_factory
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import make_plan

@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backfill_assets.core.apply import apply_plan
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.errors import SourceDataError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import PartitionRequest

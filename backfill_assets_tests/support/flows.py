@@ -11,7 +11,8 @@ import psycopg
 
 from backfill_assets import demo
 from backfill_assets.core.apply import apply_plan
-from backfill_assets.core.approve import approve_plan, find_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plans import find_plan
 from backfill_assets.core.catalog import table_columns
 from backfill_assets.core.fingerprint import (
     business_key_order,

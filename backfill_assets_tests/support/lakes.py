@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from backfill_assets.core.lake import delta_predicate
+from backfill_assets.core.targets.delta import delta_predicate
 from backfill_assets_tests.support.flows import newest_wins
 from backfill_assets_tests.support.specs import make_spec
 
@@ -28,10 +28,9 @@ class Lake:
     """Read and write the test's lake table directly, as another writer would."""
 
     def __init__(self, fmt: str, spec, conn) -> None:
-        from backfill_assets.core.lake import lake_table
-        from backfill_assets.core.lake_target import catalog_url
+        from backfill_assets.core.targets import engine_for
         self.fmt, self.spec = fmt, spec
-        self.table = lake_table(spec.target, catalog_url(conn, spec) if fmt == "iceberg" else None)
+        self.table = engine_for(spec).table(conn)
 
     def rows(self, day: dt.date | None = None) -> list[tuple]:
         handle = self.table.open()

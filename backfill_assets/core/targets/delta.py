@@ -1,0 +1,215 @@
+"""A Delta Lake table as the target (``deltalake``, delta-rs).
+
+Written with ``write_deltalake(mode="overwrite", predicate=<the partition>)`` on a handle
+loaded at the version the partition was read at. delta-rs refuses rows outside the
+predicate, and fails the commit (``CommitFailedError``) when another writer changed the same
+partition since that version. The predicate is built here from typed, validated values only,
+and compared with the one the table's history records for our version. See
+core.targets.lake_tables for what every lake table promises.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from backfill_assets.core.errors import SpecError, TransientDatabaseError, VerificationError
+from backfill_assets.core.spec import DeltaTargetSpec, PartitionValue, partition_label
+from backfill_assets.core.targets.lake import LakeEngine
+from backfill_assets.core.targets.lake_tables import (
+    META_PREFIX, LakeTable, TableShape, among, commit_failed, key_bounds, local_path,
+)
+
+
+class DeltaEngine(LakeEngine):
+    """A ``format: delta`` target (core.context.TargetEngine)."""
+
+    def table(self, conn: psycopg.Connection) -> LakeTable:
+        target = self.spec.target
+        assert isinstance(target, DeltaTargetSpec)
+        return DeltaLakeTable(target.location)
+
+    def check_partitions(self, partitions: list[PartitionValue]) -> None:
+        """Every partition value must be one a Delta predicate can carry (built, never run here).
+
+        Raises:
+            SpecError: naming the value.
+        """
+        for value in partitions:
+            delta_predicate(self.spec.partition_key, [value])
+
+
+def _sql_literal(value: PartitionValue) -> str:
+    """A partition value as a literal of the predicate delta-rs parses (DataFusion SQL). The
+    values are typed by the spec's parser (a date, an int, or text without NUL); quotes in
+    text are doubled."""
+    if isinstance(value, bool):  # a bool is an int to Python; never a partition value
+        raise TypeError("a boolean is not a partition value")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, dt.date):
+        return f"'{value.isoformat()}'"
+    if value == "":
+        raise SpecError(
+            "the empty text partition cannot be written to a Delta table, which stores '' as a NULL "
+            "partition value; give those rows a non-empty partition value"
+        )
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise SpecError(
+            f"partition {value!r} contains a control character, which a Delta predicate cannot "
+            "carry safely; rename the partition value"
+        )
+    return "'" + value.replace("'", "''") + "'"
+
+
+def delta_predicate(column: str, values: Sequence[PartitionValue]) -> str:
+    """``"col" = v`` (one partition) or ``"col" IN (v1, v2)``, from validated values only."""
+    ident = '"' + column.replace('"', '""') + '"'
+    if len(values) == 1:
+        return f"{ident} = {_sql_literal(values[0])}"
+    return f"{ident} IN ({', '.join(_sql_literal(v) for v in values)})"
+
+
+class DeltaLakeTable:
+    """A Delta table on local disk."""
+
+    def __init__(self, location: str) -> None:
+        self.path = local_path(location)
+        self.name = f"delta table {location}"
+
+    def _load(self, version: int | None = None) -> Any:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+        try:
+            return DeltaTable(self.path, version=version)
+        except TableNotFoundError:
+            return None
+
+    def shape(self) -> TableShape | None:
+        table = self._load()
+        if table is None:
+            return None
+        schema = table.schema().to_arrow()
+        schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
+        metadata = table.metadata()
+        constraints = [f"{k.removeprefix('delta.constraints.')} CHECK ({v})"
+                       for k, v in (metadata.configuration or {}).items() if k.startswith("delta.constraints.")]
+        constraints += [f"generated column {f.name}" for f in schema
+                        if f.metadata and b"delta.generationExpression" in f.metadata]
+        constraints += [f"invariant on column {f.name}" for f in schema
+                        if f.metadata and b"delta.invariants" in f.metadata]
+        return TableShape([(f.name, f.type) for f in schema], list(metadata.partition_columns),
+                          [f.name for f in schema if not f.nullable], constraints)
+
+    def open(self) -> Any:
+        return self._load()
+
+    def version(self, handle: Any) -> str | None:
+        return None if handle is None else str(handle.version())
+
+    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        dataset = handle.to_pyarrow_dataset()
+        return dataset.to_table(filter=pads.field(column).isin(list(values)))
+
+    def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
+        return handle.to_pyarrow_dataset().to_table(columns=list(columns))
+
+    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                       keys: pa.Table) -> pa.Table | None:
+        if handle is None:
+            return None
+        # Rows with a NULL partition value are outside our partitions too (~isin keeps them).
+        where = ~pads.field(column).isin(list(values))
+        for name, least, greatest in key_bounds(keys):
+            where = where & (pads.field(name) >= least) & (pads.field(name) <= greatest)
+        found = handle.to_pyarrow_dataset().to_table(columns=[column, *keys.column_names], filter=where)
+        return among(found, keys)
+
+    def follows(self, handle: Any, base: str | None, metadata: Mapping[str, str]) -> bool:
+        # The version after ``base`` is ours (_check_commit read it from the log): nothing
+        # can lie between them.
+        return handle is not None and base is not None and handle.version() == int(base) + 1
+
+    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        handle = self._load(None if version is None else int(version))
+        if handle is None:
+            raise VerificationError(", ".join(partition_label(v) for v in values), "read of the committed version",
+                                    f"{self.name} at version {version}", "no table")
+        return self.read(handle, column, values)
+
+    def close(self) -> None:
+        pass
+
+    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        try:
+            created = DeltaTable.create(self.path, schema, mode="error", partition_by=[partition_key])
+        except DeltaError as err:
+            if "already exists" not in str(err):
+                raise
+            problem = f"creating {self.name}: another writer created it first"
+        else:
+            return str(created.version())
+        raise TransientDatabaseError(problem)
+
+    def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
+                  metadata: Mapping[str, str], exclusive: bool = False) -> str:
+        from deltalake import CommitProperties, write_deltalake
+        from deltalake.exceptions import CommitFailedError
+        predicate = delta_predicate(column, values)
+        base = handle.version()
+        # Without retries delta-rs commits exactly the next version after the handle's, or
+        # fails: it neither rebases over a newer version nor retries after losing the race
+        # for the next one.
+        properties = CommitProperties(custom_metadata=dict(metadata), max_commit_retries=0 if exclusive else None)
+        try:
+            write_deltalake(handle, data, mode="overwrite", predicate=predicate, commit_properties=properties)
+        except CommitFailedError as err:
+            raise TransientDatabaseError(
+                commit_failed(self.name, values, base, exclusive, " ".join(str(err).split())[:200])
+            ) from err
+        version = handle.version()
+        self._check_commit(version, column, values, predicate, metadata)
+        return str(version)
+
+    def _check_commit(self, version: int, column: str, values: Sequence[PartitionValue], predicate: str,
+                      metadata: Mapping[str, str]) -> None:
+        """Read OUR commit from the table's log: an overwrite with a predicate, carrying our
+        plan, whose every added and removed file lies in our partitions. (delta-rs records
+        the predicate as it parsed it, ``order_date = '2024-01-01'::date``, so its text is not
+        compared; the files it touched say exactly what it did.)
+
+        Raises:
+            VerificationError: naming what the commit did instead.
+        """
+        import json
+        log = Path(self.path) / "_delta_log" / f"{version:020d}.json"
+        actions = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        params = info.get("operationParameters", {})
+        ours = {partition_label(v) for v in values}
+        touched = {(a.get("add") or a.get("remove") or {}).get("partitionValues", {}).get(column)
+                   for a in actions if "add" in a or "remove" in a}
+        if (info.get("operation") != "WRITE" or params.get("mode") != "Overwrite" or not params.get("predicate")
+                or info.get(META_PREFIX + "plan_id") != metadata.get(META_PREFIX + "plan_id")
+                or not touched <= ours):
+            raise VerificationError(
+                ", ".join(sorted(ours)), f"the log of {self.name} at version {version}",
+                f"an overwrite where {predicate} by plan {metadata.get(META_PREFIX + 'plan_id', '')[:16]}, "
+                f"touching partition(s) {', '.join(sorted(ours))} only",
+                f"{info.get('operation')} {params.get('mode')} where {params.get('predicate')} touching "
+                f"{', '.join(sorted(str(t) for t in touched))}",
+            )
+
+
+# --- Apache Iceberg ---------------------------------------------------------------------------
+
+

@@ -1,0 +1,363 @@
+"""An Apache Iceberg table in a pyiceberg SQL catalog, with a local warehouse, as the target.
+
+Written with ``overwrite(df, overwrite_filter=<the partition>)`` on a table loaded at the
+snapshot the partition was read at: one catalog commit (a delete and an append snapshot),
+validated against writers since. pyiceberg does not refuse rows outside the filter (they
+would land in other partitions), so every row's partition is checked here first. Never
+``dynamic_partition_overwrite``: with an empty stage it leaves the stale rows. The catalog
+lives in the spec's own database unless ``catalog.uri_env`` names another; its connections
+carry the spec's limits like every other. See core.targets.lake_tables for what every lake
+table promises.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+from psycopg.conninfo import conninfo_to_dict
+
+from backfill_assets.core.db import url_from_env
+from backfill_assets.core.errors import ConnectionConfigError, SpecError, TransientDatabaseError, VerificationError
+from backfill_assets.core.spec import IcebergTargetSpec, PartitionValue, Spec, TableRef, partition_label
+from backfill_assets.core.targets.lake import LakeEngine
+from backfill_assets.core.targets.lake_tables import (
+    META_PREFIX, LakeTable, TableShape, among, check_rows_in, commit_failed, key_bounds, local_path,
+)
+
+# The tables of a pyiceberg SQL catalog, when it lives in the spec's own database.
+CATALOG_TABLES = ("iceberg_tables", "iceberg_namespace_properties")
+
+
+class IcebergEngine(LakeEngine):
+    """A ``format: iceberg`` target (core.context.TargetEngine)."""
+
+    def _target(self) -> IcebergTargetSpec:
+        target = self.spec.target
+        assert isinstance(target, IcebergTargetSpec)
+        return target
+
+    def table(self, conn: psycopg.Connection) -> LakeTable:
+        target = self._target()
+        source = f"${target.catalog.uri_env}" if target.catalog.uri_env else "the spec's database"
+        return IcebergLakeTable(target.table, target.catalog.name, target.catalog.warehouse,
+                                catalog_url(conn, self.spec), source)
+
+    def catalog_of(self, table: LakeTable) -> str | None:
+        assert isinstance(table, IcebergLakeTable)
+        return catalog_identity(table.url, table.warehouse)
+
+    def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
+        """A catalog kept in the spec's database: a lock on its tables holds every commit up."""
+        return [], list(CATALOG_TABLES) if self._target().catalog.uri_env is None else []
+
+
+def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
+    """The SQLAlchemy URL of an Iceberg spec's SQL catalog: the variable ``catalog.uri_env``
+    names, or else the database apply is connected to (the embedded one in the demo). A URL
+    object, whose password no repr shows; it is never printed or stored."""
+    from sqlalchemy.engine import URL, make_url
+    catalog = spec.target.catalog if isinstance(spec.target, IcebergTargetSpec) else None
+    if catalog is not None and catalog.uri_env is not None:
+        url = url_from_env(catalog.uri_env)
+        value = url.reveal()
+        scheme = value.split("://", 1)[0] if "://" in value else ""
+        try:
+            if scheme and scheme not in ("postgresql", "postgres"):
+                given = make_url(value)  # a SQLAlchemy URL (postgresql+psycopg://, sqlite:///...)
+                if not given.drivername.startswith("postgresql"):
+                    return given
+                # A PostgreSQL catalog's connections carry the spec's limits too.
+                return given.update_query_dict({"options": spec.limits.options(given.query.get("options"))})
+            params = conninfo_to_dict(value)
+        except Exception:  # noqa: BLE001 - the parsers quote the value back: say only where it is
+            problem = f"the Iceberg catalog URL in {url.source} is malformed; write a PostgreSQL or SQLAlchemy URL"
+        else:
+            problem = None
+        if problem is not None:  # raised outside the except block: no chained parser error
+            raise ConnectionConfigError(problem)
+    else:
+        params = dict(conn.info.get_parameters())
+        params["password"] = conn.info.password
+    host = params.pop("host", None)
+    port = params.pop("port", None)
+    query = {k: str(v) for k, v in params.items() if k not in ("user", "password", "dbname") and v}
+    if host and (host.startswith("/") or "," in host):
+        query["host"], host = host, None  # a socket directory goes to libpq as is
+    # Finite limits for the catalog's own connections, as for every other connection.
+    query.setdefault("connect_timeout", "10")
+    query["options"] = spec.limits.options(query.get("options"))
+    return URL.create(
+        "postgresql+psycopg", username=params.get("user") or None, password=params.get("password") or None,
+        host=host or None, port=int(port) if port and str(port).isdigit() else None,
+        database=params.get("dbname") or None, query=query,
+    )
+
+
+
+def catalog_identity(url: Any, warehouse: str) -> str:
+    """An Iceberg catalog as a plan names it, without its password: the driver, user, host,
+    port and database of its URL (or a SQLite file), and the warehouse. A plan approved for
+    one catalog is refused for another (core.approve compares it like the spec's fields)."""
+    host = url.host or url.query.get("host") or ""
+    user = f"{url.username}@" if url.username else ""
+    port = f":{url.port}" if url.port else ""
+    return f"{url.drivername}://{user}{host}{port}/{url.database or ''} warehouse {warehouse}"
+
+
+def _iceberg_literal(value: PartitionValue) -> object:
+    return value.isoformat() if isinstance(value, dt.date) else value
+
+
+class IcebergLakeTable:
+    """An Iceberg table in a pyiceberg SQL catalog, with a local warehouse."""
+
+    def __init__(self, identifier: str, catalog_name: str, warehouse: str, catalog_url: Any,
+                 catalog_source: str = "the spec's database") -> None:
+        self.identifier = identifier
+        self.catalog_source = catalog_source
+        self.name = f"iceberg table {identifier}"
+        self.catalog_name = catalog_name
+        self.warehouse = "file://" + local_path(warehouse)
+        self.url = catalog_url  # a URL object: no repr shows its password
+        # The catalog password, removed from any library message we report (never printed).
+        self.secret = getattr(catalog_url, "password", None) or None
+        self._catalog: Any = None
+
+    def catalog(self) -> Any:
+        """The SQL catalog. It does not create its own tables (pyiceberg would, on connecting):
+        reading is read-only; :meth:`create` creates them."""
+        if self._catalog is None:
+            from pyiceberg.catalog.sql import SqlCatalog
+            from sqlalchemy.exc import DBAPIError
+            # The URL object keeps its password out of every repr; it is never printed.
+            try:
+                catalog = SqlCatalog(self.catalog_name, uri=self.url, warehouse=self.warehouse,
+                                     init_catalog_tables="false")
+                # pyiceberg takes a failed connection for missing catalog tables: connect here.
+                catalog.engine.connect().close()
+                self._catalog = catalog
+            except ImportError as err:  # the URL names a driver that is not installed
+                problem = (f"the Iceberg catalog URL in {self.catalog_source} needs the {err.name or 'a'} "
+                           "driver, which is not installed; use a postgresql or sqlite URL")
+            except DBAPIError as err:
+                problem = " ".join(str(err.orig).split())
+                password = getattr(self.url, "password", None)
+                if password:
+                    problem = problem.replace(str(password), "[redacted]")
+                # Raised outside the except block: the driver's exception is not chained.
+                problem = f"cannot connect to the Iceberg catalog in {self.catalog_source}: {problem}"
+            else:
+                return self._catalog
+            raise ConnectionConfigError(problem)
+        return self._catalog
+
+    def _load(self) -> Any:
+        from pyiceberg.exceptions import NoSuchTableError
+        from sqlalchemy.exc import OperationalError, ProgrammingError
+        try:
+            return self.catalog().load_table(self.identifier)
+        except NoSuchTableError:
+            self._refuse_another_name()
+            return None
+        except FileNotFoundError as err:
+            raise SpecError(
+                f"the Iceberg catalog lists {self.identifier}, but its metadata file is missing "
+                f"({err.filename or 'a file under the warehouse'}); restore the warehouse, or drop the "
+                "table from the catalog"
+            ) from None
+        except (ProgrammingError, OperationalError) as err:  # no catalog tables yet: no table either
+            if getattr(err.orig, "sqlstate", None) == "42P01" or "no such table" in str(err.orig):
+                return None
+            raise
+
+    def _refuse_another_name(self) -> None:
+        """A table not under our catalog name, but under another name of the same catalog
+        database in the same place of the warehouse (the table this tool made when its
+        catalog name defaulted to "backfill_assets"), must not be created again beside it:
+        a second table in the same folder, which readers would take for the first.
+
+        Raises:
+            SpecError: naming the other catalog name(s) and how to carry on.
+        """
+        from pyiceberg.catalog.sql import IcebergTables
+        from sqlalchemy import select
+        from sqlalchemy.orm import Session
+        namespace, name = self.identifier.split(".")
+        folder = f"{self.warehouse}/{namespace}/{name}/"
+        query = select(IcebergTables.catalog_name, IcebergTables.metadata_location).where(
+            IcebergTables.table_namespace == namespace, IcebergTables.table_name == name,
+            IcebergTables.catalog_name != self.catalog_name,
+        )
+        with Session(self.catalog().engine) as session:
+            others = sorted({c for c, location in session.execute(query) if (location or "").startswith(folder)})
+        if others:
+            listed = ", ".join(repr(c) for c in others)
+            raise SpecError(
+                f"the Iceberg catalog in {self.catalog_source} lists {self.identifier} in this warehouse under "
+                f"the catalog name {listed}, not under {self.catalog_name!r}, the name the spec uses "
+                "(target.catalog.name; pyiceberg's default name unless set). Creating it under "
+                f"{self.catalog_name!r} would put a second table in the same folder. Set "
+                f"target.catalog.name: {others[0]} to keep writing that table, or move its catalog rows "
+                f"(catalog_name in iceberg_tables and iceberg_namespace_properties) to {self.catalog_name!r}"
+            )
+
+    def close(self) -> None:
+        if self._catalog is not None:
+            self._catalog.engine.dispose()
+            self._catalog = None
+
+    def shape(self) -> TableShape | None:
+        table = self._load()
+        if table is None:
+            return None
+        schema = table.schema()
+        arrow = schema.as_arrow()
+        partitioned = []
+        for part in table.spec().fields:
+            source = schema.find_column_name(part.source_id)
+            partitioned.append(source if str(part.transform) == "identity" else f"{part.transform}({source})")
+        # Snapshot isolation lets a concurrent write to our partition through: our commit must
+        # fail instead (serializable, Iceberg's default).
+        weak = [f"{key} = snapshot (a concurrent write to the partition would not fail our commit)"
+                for key in ("write.delete.isolation-level", "write.update.isolation-level",
+                            "write.merge.isolation-level")
+                if str(table.properties.get(key, "serializable")).lower() == "snapshot"]
+        return TableShape([(f.name, f.type) for f in arrow], partitioned,
+                          [f.name for f in schema.fields if f.required], weak)
+
+    def open(self) -> Any:
+        return self._load()
+
+    def version(self, handle: Any) -> str | None:
+        if handle is None:
+            return None
+        snapshot = handle.current_snapshot()
+        return None if snapshot is None else str(snapshot.snapshot_id)
+
+    def _filter(self, column: str, values: Sequence[PartitionValue]) -> Any:
+        from pyiceberg.expressions import EqualTo, In
+        literals = [_iceberg_literal(v) for v in values]
+        return EqualTo(column, literals[0]) if len(literals) == 1 else In(column, literals)
+
+    def _scan(self, handle: Any, snapshot_id: int | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        schema = handle.schema().as_arrow()
+        if snapshot_id is None:
+            return schema.empty_table()
+        return handle.scan(row_filter=self._filter(column, values), snapshot_id=snapshot_id).to_arrow()
+
+    def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
+        if self.version(handle) is None:
+            return handle.schema().as_arrow().empty_table().select(list(columns))
+        return handle.scan(selected_fields=tuple(columns)).to_arrow()
+
+    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        version = self.version(handle)
+        return self._scan(handle, None if version is None else int(version), column, values)
+
+    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                       keys: pa.Table) -> pa.Table | None:
+        from pyiceberg.expressions import And, GreaterThanOrEqual, IsNull, LessThanOrEqual, Not, Or
+        version = self.version(handle)
+        if version is None:
+            return None
+        # NOT (col IN ...) leaves out a NULL partition value, which lies outside ours too.
+        where: Any = Or(IsNull(column), Not(self._filter(column, values)))
+        for name, least, greatest in key_bounds(keys):
+            where = And(where, GreaterThanOrEqual(name, _iceberg_literal(least)),
+                        LessThanOrEqual(name, _iceberg_literal(greatest)))
+        found = handle.scan(row_filter=where, selected_fields=(column, *keys.column_names),
+                            snapshot_id=int(version)).to_arrow()
+        return among(found, keys)
+
+    def follows(self, handle: Any, base: str | None, metadata: Mapping[str, str]) -> bool:
+        # An overwrite commits a delete and an append snapshot, each carrying our plan id:
+        # walking back from the current snapshot, only ours may lie before ``base``. (A
+        # previous commit of the same plan may be ``base`` itself: the walk stops there.)
+        plan = metadata.get(META_PREFIX + "plan_id")
+        snapshot = None if handle is None else handle.current_snapshot()
+        for _ in range(8):
+            if snapshot is None:
+                return base is None
+            if str(snapshot.snapshot_id) == base:
+                return True
+            if snapshot.summary is None or snapshot.summary.additional_properties.get(META_PREFIX + "plan_id") != plan:
+                return False
+            parent = snapshot.parent_snapshot_id
+            snapshot = None if parent is None else handle.snapshot_by_id(parent)
+        return False
+
+    @staticmethod
+    def _without_retries(handle: Any) -> Any:
+        """The handle's table, with its commit made once: pyiceberg retries a failed commit
+        (``commit.retry.num-retries``, default 4) on the newer snapshot when the other
+        writer's commit did not touch our overwrite's partitions. The property is set on
+        this in-memory copy only: a commit sends its updates, never the metadata read."""
+        from pyiceberg.table import Table, TableProperties
+        properties = {**handle.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+        return Table(handle.name(), handle.metadata.model_copy(update={"properties": properties}),
+                     handle.metadata_location, handle.io, handle.catalog, handle.config)
+
+    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        handle = self._load()
+        if handle is None:
+            raise VerificationError(", ".join(partition_label(v) for v in values), "read of the committed snapshot",
+                                    f"{self.name} at snapshot {version}", "no table")
+        return self._scan(handle, None if version is None else int(version), column, values)
+
+    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
+        namespace = self.identifier.split(".")[0]
+        Path(self.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        catalog = self.catalog()
+        catalog.create_tables()  # the catalog's own tables, if missing
+        catalog.create_namespace_if_not_exists(namespace)
+        from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
+        # One catalog commit: the schema and its identity partitioning together.
+        try:
+            with catalog.create_table_transaction(self.identifier, schema=schema) as txn:
+                with txn.update_spec() as spec:
+                    spec.add_identity(partition_key)
+        except (TableAlreadyExistsError, CommitFailedException):
+            problem = f"creating {self.name}: another writer created it first"
+        else:
+            return None  # a new Iceberg table has no snapshot
+        raise TransientDatabaseError(problem)
+
+    def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
+                  metadata: Mapping[str, str], exclusive: bool = False) -> str:
+        from pyiceberg.exceptions import CommitFailedException, ValidationException
+        check_rows_in(data, column, values, self.name)
+        before = self.version(handle)
+        # Exclusive: one attempt, whose AssertRefSnapshotId (main is still the snapshot read)
+        # fails if anything was committed since.
+        table = self._without_retries(handle) if exclusive else handle
+        try:
+            with warnings.catch_warnings():
+                # "Delete operation did not match any records": a partition that was empty.
+                warnings.filterwarnings("ignore", "Delete operation did not match", UserWarning)
+                table.overwrite(data, overwrite_filter=self._filter(column, values),
+                                snapshot_properties=dict(metadata))
+        except (CommitFailedException, ValidationException) as err:
+            raise TransientDatabaseError(
+                commit_failed(self.name, values, before, exclusive, err.__class__.__name__)
+            ) from err
+        if table is not handle:  # the handle reads what we committed, as after a commit of its own
+            handle.metadata, handle.metadata_location = table.metadata, table.metadata_location
+        snapshot = handle.current_snapshot()
+        if snapshot is None or str(snapshot.snapshot_id) == before:
+            # Nothing to delete and nothing to append (an empty stage, an empty partition):
+            # pyiceberg commits no snapshot, and the partition is as approved at ``before``.
+            return before
+        if snapshot.summary is None or \
+                snapshot.summary.additional_properties.get(META_PREFIX + "plan_id") != metadata.get(META_PREFIX + "plan_id"):
+            raise VerificationError(
+                ", ".join(partition_label(v) for v in values), f"snapshot summary of {self.name}",
+                f"a snapshot by plan {metadata.get(META_PREFIX + 'plan_id', '')[:16]}", "another snapshot",
+            )
+        return str(snapshot.snapshot_id)
+

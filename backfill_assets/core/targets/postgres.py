@@ -1,0 +1,159 @@
+"""A PostgreSQL table as the target: the first engine, in the spec's own database.
+
+The stage lives in the same database, so apply's recheck of the stage runs in the same
+transaction as the replace, and a comparison with the target reads it in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from backfill_assets.core import sqlbuild
+from backfill_assets.core.catalog import Inspection, inspect_tables
+from backfill_assets.core.context import Context
+from backfill_assets.core.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
+from backfill_assets.core.fingerprint import business_key_order
+from backfill_assets.core.spec import PartitionValue, Spec, TableRef
+from backfill_assets.core.context import Checkpoint, Readings, Target, TargetWrite, no_checkpoint
+from backfill_assets.core.targets.common import AdvisoryLocked, check_transform
+
+
+class PostgresEngine:
+    """A ``format: postgres`` target (core.context.TargetEngine)."""
+
+    compares_read_only = True
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.relation: TableRef | None = spec.target_ref
+
+    def inspect(self, conn: psycopg.Connection, transform: str | None) -> Inspection:
+        return inspect_tables(conn, self.spec)
+
+    def check(self, conn: psycopg.Connection, inspection: Inspection, partitions: list[PartitionValue],
+              transform: str | None) -> None:
+        check_transform(conn, self.spec, inspection, transform)
+
+    def check_partitions(self, partitions: list[PartitionValue]) -> None:
+        """Any partition value can be written: nothing to check."""
+
+    def stage_table(self, ctx: Context, stage: TableRef) -> sql.Composed:
+        return sqlbuild.create_empty_copy(stage, self.spec.target_ref, self.spec.columns, unlogged=True)
+
+    def with_target_keys(self, conn: psycopg.Connection, ctx: Context) -> Context:
+        return ctx  # read in place
+
+    def plan_fields(self, ctx: Context) -> dict[str, Any]:
+        return {"target_table_columns": [[c.name, c.type_name] for c in ctx.inspection.target_columns]}
+
+    def creates_target(self, ctx: Context) -> bool | None:
+        return None
+
+    def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
+        return []  # the stage has the target's types
+
+    def compared(self, conn: psycopg.Connection, ctx: Context, label: str,
+                 version: str | None = None) -> tuple[TableRef, bool]:
+        return self.spec.target_ref, False
+
+    def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
+        return [self.spec.target_ref], []
+
+    def open(self, conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
+             checkpoint: Checkpoint = no_checkpoint) -> Target:
+        return PostgresTarget(conn, factory, ctx, checkpoint)
+
+
+class PostgresTarget(AdvisoryLocked):
+    """A PostgreSQL table, written on apply's own connection (the stage lives in the same
+    database, so its recheck runs in the same transaction as the replace).
+
+    Locks: a session advisory lock per (target, partition), taken in one order by every run
+    and held until the committed state is read back; inside the write, ``LOCK TABLE ... IN
+    SHARE ROW EXCLUSIVE MODE``, which conflicts with every other writer (row locks cannot
+    cover rows not yet inserted) and blocks no reader. Finite lock and statement timeouts.
+    """
+
+    def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
+                 checkpoint: Checkpoint = no_checkpoint) -> None:
+        self.conn, self.factory, self.ctx, self.checkpoint = conn, factory, ctx, checkpoint
+        self._reader: psycopg.Connection | None = None
+
+    def _values(self, labels: list[str]) -> list[object]:
+        return [self.ctx.value_of(label) for label in labels]
+
+    def read(self, conn: psycopg.Connection, labels: list[str]) -> dict[str, Readings]:
+        rel = self.ctx.spec.target_ref
+        return {label: self.ctx.readings(conn, rel, value).as_dict()
+                for value, label in zip(self._values(labels), labels)}
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        return self.read(self.conn, labels)
+
+    @contextlib.contextmanager
+    def writing(self, labels: list[str]) -> Iterator[TargetWrite]:
+        spec = self.ctx.spec
+        # READ COMMITTED whatever the server's default: every read after the lock sees every
+        # write the lock waited for.
+        with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
+                read_committed(self.conn):
+            self.conn.execute(sqlbuild.lock_for_replace(spec.target_ref))
+            yield _PostgresWrite(self)
+
+    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+        # A second connection, opened once per apply, and a new transaction on it for each
+        # read: it sees only what was committed, never the write's own view.
+        if self.factory is None:
+            raise TypeError("committed readings need a connection factory")
+        try:
+            return self._read_committed(labels)
+        except psycopg.OperationalError:
+            # Dropped while it sat idle (idle_session_timeout, a proxy, a restart): a partition
+            # just committed is read again on a new connection, once.
+            if self._reader is None or not self._reader.broken:
+                raise
+            self._reader = None
+            return self._read_committed(labels)
+
+    def _read_committed(self, labels: list[str]) -> dict[str, Readings]:
+        assert self.factory is not None
+        if self._reader is None or self._reader.closed or self._reader.broken:
+            self._reader = self.factory()
+        with repeatable_read(self._reader, read_only=True):
+            return self.read(self._reader, labels)
+
+    def committed_version(self, labels: list[str]) -> str | None:
+        return None
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+class _PostgresWrite:
+    def __init__(self, target: PostgresTarget) -> None:
+        self.target = target
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        return self.target.readings(labels)
+
+    def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
+        # PostgreSQL keeps no commit metadata: the ledger row in the control schema, written
+        # on the same server, records the plan and the readings.
+        t = self.target
+        spec, conn = t.ctx.spec, t.conn
+        values = t._values(labels)
+        for value in values:
+            conn.execute(*sqlbuild.delete_partition(spec.target_ref, spec.partition_key, value))
+        t.checkpoint("deleted", labels)
+        order = business_key_order(t.ctx.target_columns, spec.business_key)
+        for value in values:
+            conn.execute(*sqlbuild.insert_from_stage(
+                spec.target_ref, t.ctx.stage("a"), spec.columns, spec.partition_key, order, value))
+        t.checkpoint("inserted", labels)

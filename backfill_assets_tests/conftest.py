@@ -18,13 +18,9 @@ from hypothesis import HealthCheck, settings
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from backfill_assets.core import embedded
-from backfill_assets.core.db import (
-    DEFAULT_LIMITS,
-    DatabaseUrl,
-    connect,
-    connection_factory,
-)
+from backfill_assets.core.pg import embedded
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
+from backfill_assets.core.pg.db import DatabaseUrl, connect, connection_factory
 from backfill_assets_tests.support.specs import CANARY, URL_ENV
 
 ADMIN_URL_ENV = "BACKFILL_TEST_DATABASE_URL"
@@ -99,7 +95,7 @@ def url_env(db_url: DatabaseUrl, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture
 def demo_db(conn: psycopg.Connection) -> psycopg.Connection:
     """The test database loaded with the demo source (moved records included) and stale target."""
-    from backfill_assets import demo
+    from backfill_assets.cli import demo
 
     demo.load(conn)
     return conn
@@ -108,7 +104,7 @@ def demo_db(conn: psycopg.Connection) -> psycopg.Connection:
 @pytest.fixture
 def unmoved_db(conn: psycopg.Connection) -> psycopg.Connection:
     """The demo data without moved records, for specs with records_can_move off."""
-    from backfill_assets import demo
+    from backfill_assets.cli import demo
 
     demo.load(conn, moved=False)
     return conn

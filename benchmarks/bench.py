@@ -36,19 +36,21 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from backfill_assets.core import embedded
+from backfill_assets.core.pg import embedded
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.plans import find_plan
-from backfill_assets.core.catalog import table_columns
-from backfill_assets.core.db import DEFAULT_LIMITS, ConnectionFactory, DatabaseUrl, Limits, connection_factory, repeatable_read
-from backfill_assets.core.fingerprint import (
+from backfill_assets.core.store.plans import find_plan
+from backfill_assets.core.pg.catalog import table_columns
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS, Limits
+from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, connection_factory, repeatable_read
+from backfill_assets.core.fingerprint.partition import (
     business_key_order, content_hash, fingerprint_partition, sorts_disabled,
 )
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.progress import ProgressEvent
-from backfill_assets.core.spec import PartitionRequest, TableRef, spec_from_mapping
-from backfill_assets.core.sqlbuild import copy_canonical_stream, in_partition, partition_readings
+from backfill_assets.core.vocabulary import PartitionRequest, TableRef
+from backfill_assets.core.spec import spec_from_mapping
+from backfill_assets.core.pg.sqlbuild import copy_canonical_stream, in_partition, partition_readings
 
 import lake_fingerprint  # benchmarks/lake_fingerprint.py
 import lake_targets  # benchmarks/lake_targets.py
@@ -217,9 +219,9 @@ def best(fn, n: int = 3) -> float:
 
 _MEMORY_CHILD = """
 import resource, sys, datetime as dt
-from backfill_assets.core.db import DEFAULT_LIMITS, connection_factory, DatabaseUrl, repeatable_read
-from backfill_assets.core.catalog import table_columns
-from backfill_assets.core.fingerprint import fingerprint_partition
+from backfill_assets.core.pg.db import DEFAULT_LIMITS, connection_factory, DatabaseUrl, repeatable_read
+from backfill_assets.core.pg.catalog import table_columns
+from backfill_assets.core.fingerprint.partition import fingerprint_partition
 from backfill_assets.core.spec import TableRef
 url, day = sys.argv[1], dt.date.fromisoformat(sys.argv[2])
 ref = TableRef("bench", "mem")
@@ -265,9 +267,9 @@ def dagster_backfill(spec, url: str, last_day: str = "2024-01-20") -> float:
     """The same safe backfill through Dagster, in process, with the shipped instance storage
     (PostgreSQL through dagster-postgres): stages as one single-run backfill over the range,
     the approval gate job, then the target as a single-run backfill."""
-    from backfill_assets.names import PLAN_TAG
-    from backfill_assets.definitions import build_definitions
-    from backfill_assets.resources import PostgresResource
+    from backfill_assets.dagster_layer.names import PLAN_TAG
+    from backfill_assets.dagster_layer.definitions import build_definitions
+    from backfill_assets.dagster_layer.resources import PostgresResource
 
     defs = build_definitions([spec])
     resources = {"pg_bench": PostgresResource(database_url=url, variable="BENCH_URL")}
@@ -404,8 +406,8 @@ def figures_1_2(b: Bench, report: Report) -> None:
 
 
 def tool_work_mem() -> str | None:
-    """The work_mem the core sets on its own connections, if it sets one (core.db)."""
-    from backfill_assets.core import db
+    """The work_mem the core sets on its own connections, if it sets one (core.pg.db)."""
+    from backfill_assets.core.pg import db
 
     return getattr(db, "WORK_MEM", None)
 
@@ -720,7 +722,7 @@ def figure_lake_fingerprint(b: Bench, report: Report) -> None:
     memory it holds at 1M and 2M rows (flat: bounded by the partition's own columns)."""
     from deltalake import DeltaTable, write_deltalake
 
-    from backfill_assets.core.arrow_fingerprint import arrow_readings
+    from backfill_assets.core.fingerprint.arrow import arrow_readings
     rows, peaks, rate = 1_000_000, {}, 0.0
     with b.factory() as conn:
         conn.execute(lake_fingerprint.DROP)

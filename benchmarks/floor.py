@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 
 import shapes
-from backfill_assets.core import embedded
+from backfill_assets.core.pg import embedded
 
 if len(sys.argv) != 2 or sys.argv[1] not in ("current", "wide", "small"):
     sys.exit(__doc__.split("\n\n")[1])

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/sensor_tick.py [--days 365] [--rows-per-day 5000]
 
 For ``benchmarks/bench.py``: :func:`tick_seconds` times one tick of ``source_snapshot_sensor``'s
-work (``core.source_watch.watch_tick``, connection included) over a spec's snapshotted,
+work (``core.watch.watch_tick``, connection included) over a spec's snapshotted,
 unchanged partitions, and :func:`full_check_seconds` the old sensor's work on the same data
 (``core.snapshot.source_changes``: every snapshotted partition fingerprinted). Run alone, it
 loads ``--days`` daily partitions into the embedded PostgreSQL (database ``bench_sensor``),
@@ -19,12 +19,14 @@ import time
 
 from psycopg import sql
 
-from backfill_assets.core import embedded
-from backfill_assets.core.db import DEFAULT_LIMITS, ConnectionFactory, connection_factory
+from backfill_assets.core.pg import embedded
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
+from backfill_assets.core.pg.db import ConnectionFactory, connection_factory
 from backfill_assets.core.plan import snapshot_step
 from backfill_assets.core.snapshot import source_changes
-from backfill_assets.core.source_watch import Tick, WatchState, watch_tick
-from backfill_assets.core.spec import PartitionRequest, Spec, spec_from_mapping
+from backfill_assets.core.watch import Tick, WatchState, watch_tick
+from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.core.spec import Spec, spec_from_mapping
 
 SETTLE_S = 60.0
 

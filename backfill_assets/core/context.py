@@ -7,7 +7,7 @@ protocol (core.apply) is written against the :class:`Target` the engine opens: k
 backfills of the partitions out, open one atomic write, read the target under it (is the
 approval still covering it? is it already done?), recheck the approved stage, replace, read
 back before the commit, commit, and read the committed state again. Readings are the
-canonical fingerprint of core.fingerprint as dicts, whatever the engine.
+canonical fingerprint of core.fingerprint.partition as dicts, whatever the engine.
 
 core.resolve inspects read-only and validates everything about a spec (identifiers, the
 partitions, the transform) before anything is written; the :class:`Context` it returns is
@@ -27,12 +27,13 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core import sqlbuild
-from backfill_assets.core.catalog import ColumnInfo, Inspection
-from backfill_assets.core.db import ConnectionFactory, advisory_session_lock
-from backfill_assets.core.fingerprint import Fingerprint, fingerprint_partition
+from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.pg.catalog import ColumnInfo, Inspection
+from backfill_assets.core.pg.db import ConnectionFactory, advisory_session_lock
+from backfill_assets.core.fingerprint.partition import Fingerprint, fingerprint_partition
 from backfill_assets.core.moves import Scope
-from backfill_assets.core.spec import PartitionKind, PartitionValue, Spec, TableRef, partition_label
+from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, TableRef, partition_label
+from backfill_assets.core.spec import Spec
 
 Clock = Callable[[], dt.datetime]
 _SET_LOCAL = sql.SQL("SELECT set_config(%(name)s, %(value)s, true)")

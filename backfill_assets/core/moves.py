@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from backfill_assets.core import sqlbuild
+from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.errors import SourceDataError, SpecError
-from backfill_assets.core.spec import (
-    MAX_PARTITIONS, PartitionKind, PartitionValue, Spec, TableRef, parse_labels, partition_label,
+from backfill_assets.core.vocabulary import (
+    MAX_PARTITIONS, PartitionKind, PartitionValue, TableRef, parse_labels, partition_label,
 )
+from backfill_assets.core.spec import Spec
 
 MAX_ROUNDS = 100
 EXAMPLES = 3

@@ -1,7 +1,7 @@
 """The plan: compare the two builds on every reading and record what an approver approves.
 
 Nothing here writes to the target. The plan is stored in the control schema; its id is a
-SHA-256 over the canonical JSON of everything an approver approves (core.identity), so the
+SHA-256 over the canonical JSON of everything an approver approves (core.fingerprint.identity), so the
 same source, spec and partitions always give the same plan id. ``make_plan`` runs the whole
 plan side (resolve, snapshot, both builds, compare); ``snapshot_step`` and ``stages_step`` are
 its two halves for an orchestrator.
@@ -13,21 +13,23 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core import control, sqlbuild
+from backfill_assets.core.store import control
+from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.context import Clock, Context, build_lock, partition_locks, spec_lock, utc_now
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.resolve import resolve
-from backfill_assets.core.db import ConnectionFactory, transient_errors
+from backfill_assets.core.pg.db import ConnectionFactory, transient_errors
 from backfill_assets.core.diff import diff_partition, example_text
-from backfill_assets.core.fingerprint import Fingerprint
-from backfill_assets.core.identity import PLAN_FORMAT, sha256_hex
-from backfill_assets.core.plan_document import (
+from backfill_assets.core.fingerprint.partition import Fingerprint
+from backfill_assets.core.fingerprint.identity import PLAN_FORMAT, sha256_hex
+from backfill_assets.core.store.plan_document import (
     AddedPartition, PartitionEntry, Plan, PlanDocument, SnapshotRef, SourceReport,
 )
 from backfill_assets.core.snapshot import (
     Snapshot, load_snapshot, recheck_immutable_source, take_snapshot,
 )
-from backfill_assets.core.spec import PartitionRequest, Spec, partition_label
+from backfill_assets.core.vocabulary import PartitionRequest, partition_label
+from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import build_both, ensure_stage
 
 def spec_document(ctx: Context) -> dict[str, Any]:

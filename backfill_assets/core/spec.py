@@ -1,14 +1,13 @@
-"""The declared backfill: a YAML spec validated by pydantic, and the partitions to rebuild.
+"""The declared backfill: a YAML spec validated by pydantic.
 
-Nothing here touches a database. Identifiers are checked for shape only (non-empty, no NUL,
-at most 63 bytes); :mod:`backfill_assets.core.catalog` checks that they exist.
+Nothing here touches a database. Identifiers are checked for shape only (core.vocabulary);
+core.pg.catalog checks that they exist.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -16,61 +15,11 @@ import pydantic
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from backfill_assets.core.db import Limits
+from backfill_assets.core.vocabulary import Limits
 from backfill_assets.core.errors import SpecError
-
-# PostgreSQL silently truncates longer identifiers to NAMEDATALEN - 1 bytes.
-MAX_IDENTIFIER_BYTES = 63
-# Staging objects are named "<name>__stage_a" and "<name>__snap_<16 hex>" in the control schema.
-MAX_SPEC_NAME = 40
-MAX_PARTITIONS = 100_000
-
-
-def check_identifier(value: str) -> str:
-    """Return ``value`` if it can be a PostgreSQL identifier, else raise ValueError."""
-    if not value:
-        raise ValueError("an identifier may not be empty")
-    if "\x00" in value:
-        raise ValueError("an identifier may not contain a NUL character")
-    if len(value.encode("utf-8")) > MAX_IDENTIFIER_BYTES:
-        raise ValueError(
-            f"identifier is longer than {MAX_IDENTIFIER_BYTES} bytes; "
-            "PostgreSQL would silently truncate it"
-        )
-    return value
-
-
-Identifier = Annotated[str, AfterValidator(check_identifier)]
-
-
-@dataclass(frozen=True)
-class TableRef:
-    """A schema-qualified table name, always used as ``sql.Identifier(schema, name)``."""
-
-    schema: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.schema}.{self.name}"
-
-
-def parse_table_name(text: str) -> TableRef:
-    """Split ``schema.table`` (or ``table``, meaning ``public.table``) into a :class:`TableRef`."""
-    parts = text.split(".")
-    if len(parts) == 1:
-        parts = ["public", parts[0]]
-    if len(parts) != 2:
-        raise ValueError("a table is written as schema.table (one dot)")
-    return TableRef(check_identifier(parts[0]), check_identifier(parts[1]))
-
-
-def _check_table(value: str) -> str:
-    parse_table_name(value)
-    return value
-
-
-TableName = Annotated[str, AfterValidator(_check_table)]
-
+from backfill_assets.core.vocabulary import (
+    MAX_SPEC_NAME, Identifier, TableName, TableRef, check_identifier, parse_table_name,
+)
 
 def _check_env_name(value: str) -> str:
     # Never echo the value: someone may have pasted the URL itself here.
@@ -101,7 +50,7 @@ class SourceSpec(_Strict):
     snapshot: Literal["copy", "immutable"]
     # A column every write sets to a value above any the table holds (an ingest sequence, an
     # `updated_at` set on insert and update): the source sensor's cheap per-partition signal.
-    # Its type is checked against the catalog by core.source_watch (an integer, numeric,
+    # Its type is checked against the catalog by core.watch (an integer, numeric,
     # date or timestamp).
     change_column: Identifier | None = None
 
@@ -334,7 +283,7 @@ class Spec(_Strict):
     parallel: ParallelSpec | None = None
     lock_timeout_ms: Annotated[int, Field(gt=0, le=3_600_000)] = 5_000
     statement_timeout_ms: Annotated[int, Field(gt=0, le=86_400_000)] = 600_000
-    # Functions outside pg_catalog that transform_sql may call (core.transform).
+    # Functions outside pg_catalog that transform_sql may call (core.guard.transform).
     trusted_functions: list[TrustedFunction] = []
     # An approval not applied within this long is expired: apply refuses it, status and the
     # approval sensor say so.
@@ -403,7 +352,7 @@ class Spec(_Strict):
 
     @property
     def limits(self) -> Limits:
-        """The finite waits every connection of this spec carries (db.Limits)."""
+        """The finite waits every connection of this spec carries (vocabulary.Limits)."""
         return Limits(self.lock_timeout_ms, self.statement_timeout_ms)
 
     @property
@@ -470,86 +419,3 @@ def load_spec(path: str | Path) -> Spec:
         problem = getattr(err, "problem", None) or "malformed YAML"
         raise SpecError(f"spec file {path} is not valid YAML{where}: {problem}") from None
     return spec_from_mapping(data, origin=f"spec file {path}")
-
-
-# --- partitions -------------------------------------------------------------------------
-
-PartitionKind = Literal["date", "integer", "text"]
-PartitionValue = dt.date | int | str
-
-
-@dataclass(frozen=True)
-class PartitionRequest:
-    """Partitions as written on the command line, before the key's type is known."""
-
-    text: str
-
-    def resolve(self, kind: PartitionKind) -> list[PartitionValue]:
-        """Turn the request into sorted, distinct typed values for a key of ``kind``.
-
-        ``a..b`` is an inclusive range (dates and integers); ``a,b,c`` is a list.
-        """
-        items = [item.strip() for item in self.text.split(",")]
-        if not self.text.strip() or any(not item for item in items):
-            raise SpecError(
-                "--partitions is empty or has an empty item; write 2024-01-01..2024-01-31 "
-                "or a comma list like 2024-01-01,2024-01-03"
-            )
-        values: set[PartitionValue] = set()
-        for item in items:
-            if ".." in item:
-                lo_text, _, hi_text = item.partition("..")
-                if kind == "text":
-                    raise SpecError(
-                        f"partition range {item!r}: ranges need a date or integer partition "
-                        "key; list text partitions with commas"
-                    )
-                lo, hi = _parse_value(lo_text.strip(), kind), _parse_value(hi_text.strip(), kind)
-                if lo > hi:  # type: ignore[operator]
-                    raise SpecError(f"partition range {item!r} ends before it starts")
-                values.update(_expand(lo, hi))
-            else:
-                values.add(_parse_value(item, kind))
-            if len(values) > MAX_PARTITIONS:
-                raise SpecError(f"--partitions names more than {MAX_PARTITIONS} partitions")
-        return sorted(values)  # type: ignore[type-var]
-
-
-def _parse_value(text: str, kind: PartitionKind) -> PartitionValue:
-    if kind == "date":
-        try:
-            return dt.date.fromisoformat(text)
-        except ValueError:
-            raise SpecError(
-                f"partition {text!r} is not a date; the partition key is a date, "
-                "write partitions as YYYY-MM-DD"
-            ) from None
-    if kind == "integer":
-        if not re.fullmatch(r"[+-]?[0-9]+", text):
-            raise SpecError(f"partition {text!r} is not an integer; the partition key is an integer")
-        return int(text)
-    if "\x00" in text:
-        raise SpecError("a partition value may not contain a NUL character")
-    return text
-
-
-def _expand(lo: PartitionValue, hi: PartitionValue) -> list[PartitionValue]:
-    if isinstance(lo, dt.date) and isinstance(hi, dt.date):
-        days = (hi - lo).days
-        if days >= MAX_PARTITIONS:
-            raise SpecError(f"a partition range may span at most {MAX_PARTITIONS} partitions")
-        return [lo + dt.timedelta(days=i) for i in range(days + 1)]
-    assert isinstance(lo, int) and isinstance(hi, int)
-    if hi - lo >= MAX_PARTITIONS:
-        raise SpecError(f"a partition range may span at most {MAX_PARTITIONS} partitions")
-    return list(range(lo, hi + 1))
-
-
-def parse_labels(labels: list[str], kind: PartitionKind) -> list[PartitionValue]:
-    """Typed partition values from their labels (as stored in a plan), in the given order."""
-    return [_parse_value(label, kind) for label in labels]
-
-
-def partition_label(value: PartitionValue) -> str:
-    """The string form of a partition used in plans, ledgers and JSON (ISO for dates)."""
-    return value.isoformat() if isinstance(value, dt.date) else str(value)

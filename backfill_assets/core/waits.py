@@ -1,7 +1,7 @@
 """Bounded waits, explained: a wait that ran out says what it waited for.
 
 Every connection carries the spec's lock and statement timeouts from its first byte
-(db.Limits), so no wait of the tool lasts longer than them. PostgreSQL's lock timeout says
+(vocabulary.Limits), so no wait of the tool lasts longer than them. PostgreSQL's lock timeout says
 only "canceling statement due to lock timeout"; the front-ends (the command line, each Dagster
 step and sensor tick) pass what ends their work through :func:`explained_waits`, which maps any
 timeout still in the driver's form onto :class:`TransientDatabaseError` and, for a lock wait,
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.db import ConnectionFactory, as_transient
+from backfill_assets.core.pg.db import ConnectionFactory, as_transient
 from backfill_assets.core.errors import BackfillError, HeldLock, TransientDatabaseError
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for

@@ -10,7 +10,8 @@ import pytest
 from backfill_assets.core.diff import diff_plan
 from backfill_assets.core.errors import ApprovalError, SpecError
 from backfill_assets.core.plan import make_plan
-from backfill_assets.core.spec import PartitionRequest, spec_from_mapping
+from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets_tests.support.specs import URL_ENV, make_spec
 from backfill_assets_tests.support.flows import approved, run
 
@@ -167,7 +168,7 @@ def test_a_refused_plan_names_its_first_differing_keys_and_columns(unmoved_db, f
 def test_a_failed_check_after_commit_names_the_differing_keys_in_its_error_and_ledger(unmoved_db, factory, db_url):
     import psycopg
 
-    from backfill_assets.core import ledger
+    from backfill_assets.core.store import ledger
     from backfill_assets.core.errors import VerificationError
     plan = approved(unmoved_db, factory, STATIC, DAYS)
     victim = {}

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backfill_assets.core.errors import SourceDataError
-from backfill_assets.core.fingerprint import reference_digest
+from backfill_assets.core.fingerprint.partition import reference_digest
 from backfill_assets.core.plan import make_plan
-from backfill_assets.core.spec import PartitionRequest
+from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.specs import make_spec
 
 DAYS = [dt.date(2024, 1, d) for d in (1, 2, 3)]

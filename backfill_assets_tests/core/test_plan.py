@@ -11,15 +11,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from backfill_assets import demo
+from backfill_assets.cli import demo
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.plans import find_plan
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.errors import (
     ApprovalError, ConcurrentRunError, SnapshotError, SourceDataError, SpecError,
 )
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.progress import ProgressEvent
-from backfill_assets.core.spec import PartitionRequest, TableRef
+from backfill_assets.core.vocabulary import PartitionRequest, TableRef
 from backfill_assets_tests.support.specs import make_spec
 from backfill_assets_tests.support.flows import ALL_DAYS, expected_hash, newest_wins, target_hashes
 
@@ -389,7 +389,7 @@ def test_source_changes_name_the_partitions_whose_source_moved_on(unmoved_db, fa
 def test_a_source_that_comes_back_to_an_earlier_state_is_snapshotted_as_the_newest(unmoved_db, factory, conn):
     """A -> B -> A: the third snapshot has the first one's id (content-addressed) and is the
     newest, so the sensor sees no change and the stages step builds from it, not from B."""
-    from backfill_assets.core import control
+    from backfill_assets.core.store import control
     from backfill_assets.core.plan import snapshot_step
     from backfill_assets.core.snapshot import source_changes
 
@@ -411,7 +411,7 @@ def test_a_source_that_comes_back_to_an_earlier_state_is_snapshotted_as_the_newe
 
 
 def test_a_control_schema_from_an_older_version_is_upgraded_in_place(unmoved_db, factory, conn):
-    from backfill_assets.core import control
+    from backfill_assets.core.store import control
 
     make_plan(STATIC, PartitionRequest("2024-01-01"), factory)
     conn.execute("ALTER TABLE backfill_control.snapshots DROP COLUMN scope")

@@ -6,7 +6,7 @@ import uuid
 
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.plans import find_plan
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets_tests.support.specs import make_spec

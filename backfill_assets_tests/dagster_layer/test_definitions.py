@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from backfill_assets.core.errors import SpecError
-from backfill_assets.definitions import build_definitions, load_specs
-from backfill_assets.partitions import contiguous_segments, partitions_def
+from backfill_assets.dagster_layer.definitions import build_definitions, load_specs
+from backfill_assets.dagster_layer.partitions import contiguous_segments, partitions_def
 from backfill_assets_tests.support.specs import DEMO_SPEC, REPO, make_spec
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from backfill_assets.assets import spec_assets
-from backfill_assets.definitions import build_definitions
-from backfill_assets.names import RANGE_END, RANGE_START
-from backfill_assets.resources import PostgresResource
+from backfill_assets.dagster_layer.assets import spec_assets
+from backfill_assets.dagster_layer.definitions import build_definitions
+from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
+from backfill_assets.dagster_layer.resources import PostgresResource
 from backfill_assets_tests.support.lakes import Lake, expected_rows, lake_spec
 
 WEEK = {RANGE_START: "2024-01-01", RANGE_END: "2024-01-07"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from backfill_assets.assets import _progress
+from backfill_assets.dagster_layer.assets import _progress
 from backfill_assets.core.progress import ProgressEvent
 
 

@@ -8,15 +8,15 @@ import json
 import dagster as dg
 import pytest
 
-from backfill_assets.assets import spec_assets
+from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.plans import find_plan
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.plan import make_plan
-from backfill_assets.core.spec import PartitionRequest
-from backfill_assets.definitions import build_definitions
-from backfill_assets.names import APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
-from backfill_assets.resources import PostgresResource
+from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.dagster_layer.definitions import build_definitions
+from backfill_assets.dagster_layer.names import APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
+from backfill_assets.dagster_layer.resources import PostgresResource
 from backfill_assets_tests.support.specs import make_spec
 from backfill_assets_tests.support.source_writes import INDEX, NEXT_SEQ, settle, source_reads, write
 
@@ -151,7 +151,7 @@ def watched_week(db_url, conn, factory):
     test's ``conn`` only reads statistics), the index gate 2 reads, the week snapshotted
     through Dagster, and a first tick (every partition fingerprinted once, nothing changed).
     Returns the resources and the first tick's cursor."""
-    from backfill_assets import demo
+    from backfill_assets.cli import demo
 
     with factory() as loader:
         demo.load(loader)
@@ -199,8 +199,8 @@ def test_the_source_sensor_with_an_unreadable_cursor_checks_everything_again(con
 
 def clocked_sensor(now):
     """The approval sensor of SPEC with its clock stopped at ``now``."""
-    from backfill_assets.names import target_job_name
-    from backfill_assets.sensors import approval_sensor
+    from backfill_assets.dagster_layer.names import target_job_name
+    from backfill_assets.dagster_layer.sensors import approval_sensor
 
     defs = build_definitions([SPEC])
     jobs = [defs.resolve_job_def(target_job_name(SPEC)), defs.resolve_job_def(UNLAUNCHABLE_JOB)]
@@ -277,7 +277,7 @@ def test_an_approval_that_expired_before_the_sensor_saw_it_is_a_failed_run_sayin
 def test_a_target_run_launched_in_time_that_starts_after_the_expiry_is_refused(resources, demo_db, factory):
     """The sensor launched the approval in time; the run started after the approval expired
     (it waited in the queue): the target run refuses it, writing nothing."""
-    from backfill_assets.assets import spec_assets
+    from backfill_assets.dagster_layer.assets import spec_assets
     from backfill_assets.core.context import utc_now
     from backfill_assets_tests.support.flows import ledger_rows, target_day_hashes
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from backfill_assets.cli import main
-from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connect
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
+from backfill_assets.core.pg.db import DatabaseUrl, connect
 from backfill_assets.core.errors import TransientDatabaseError
 from backfill_assets_tests.support.specs import CANARY, DEMO_SPEC, URL_ENV
 from backfill_assets_tests.support.flows import DAYS8

@@ -19,11 +19,12 @@ from psycopg import sql
 
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.plans import find_plan
-from backfill_assets.core.db import DEFAULT_LIMITS, DatabaseUrl, connection_factory
+from backfill_assets.core.store.plans import find_plan
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
+from backfill_assets.core.pg.db import DatabaseUrl, connection_factory
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import make_plan
-from backfill_assets.crash_hook import PAUSE_ENV, PAUSE_FILE_ENV
+from backfill_assets.cli.crash_hook import PAUSE_ENV, PAUSE_FILE_ENV
 from backfill_assets_tests.support.specs import DEMO_SPEC, REPO, URL_ENV, make_spec
 from backfill_assets_tests.support.flows import DAYS8, all_target_rows
 from backfill_assets_tests.support.flows import ALL_DAYS, target_hashes
@@ -107,7 +108,7 @@ def test_an_immediate_server_shutdown_mid_apply_leaves_old_or_new_and_a_rerun_co
         c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier("crash")))
     url = DatabaseUrl(admin.replace("/postgres?", "/crash?"), source="the crash-test server")
     factory = connection_factory(url, DEFAULT_LIMITS)
-    from backfill_assets import demo
+    from backfill_assets.cli import demo
 
     spec = make_spec()
     spec_file = tmp_path / "spec.yaml"

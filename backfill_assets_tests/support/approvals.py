@@ -8,7 +8,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from backfill_assets.core import control
+from backfill_assets.core.store import control
 
 SCHEMA = "backfill_control"
 

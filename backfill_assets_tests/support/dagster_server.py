@@ -23,7 +23,7 @@ from psycopg import sql
 
 from backfill_assets_tests.support.specs import REPO, URL_ENV
 
-LOCATION = "backfill_assets.definitions"
+LOCATION = "backfill_assets.dagster_layer.definitions"
 REPOSITORY = "__repository__"
 TERMINAL = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 RUN_DONE = {"SUCCESS", "FAILURE", "CANCELED"}

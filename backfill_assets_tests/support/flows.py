@@ -9,18 +9,18 @@ from decimal import Decimal
 
 import psycopg
 
-from backfill_assets import demo
+from backfill_assets.cli import demo
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.plans import find_plan
-from backfill_assets.core.catalog import table_columns
-from backfill_assets.core.fingerprint import (
+from backfill_assets.core.store.plans import find_plan
+from backfill_assets.core.pg.catalog import table_columns
+from backfill_assets.core.fingerprint.partition import (
     business_key_order,
     content_hash,
     reference_digest,
 )
 from backfill_assets.core.plan import make_plan
-from backfill_assets.core.spec import PartitionRequest, TableRef
+from backfill_assets.core.vocabulary import PartitionRequest, TableRef
 
 TARGET = TableRef("public", "orders_daily")
 ALL_DAYS = PartitionRequest("2024-01-01..2024-01-07")

@@ -10,19 +10,19 @@ from collections.abc import Iterator
 
 import psycopg
 
-from backfill_assets.core import sqlbuild
-from backfill_assets.core.catalog import Inspection
+from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.pg.catalog import Inspection
 from backfill_assets.core.context import Context
-from backfill_assets.core.db import transient_errors
+from backfill_assets.core.pg.db import transient_errors
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.transform import validate_transform_in_catalog
+from backfill_assets.core.guard.transform import validate_transform_in_catalog
 
 
 @contextlib.contextmanager
 def partition_advisory_locks(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> Iterator[None]:
     """A session advisory lock per (target, partition), taken in one order by every run, so
     that no other backfill of these partitions runs until the caller is done. Each waits at
-    most the connection's lock timeout (db.Limits)."""
+    most the connection's lock timeout (vocabulary.Limits)."""
     spec = ctx.spec
     keys = [f"backfill_assets:target:{spec.target_name}:{label}" for label in sorted(labels)]
     taken: list[str] = []
@@ -53,7 +53,7 @@ class AdvisoryLocked:
 
 def check_transform(conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:
     """The (parsed) transform_sql against the catalog: the columns, relations and functions it
-    reads (core.transform). Raises TransformError."""
+    reads (core.guard.transform). Raises TransformError."""
     if transform is not None:
         validate_transform_in_catalog(
             conn, spec.source_ref, [c.name for c in inspection.source_columns],

@@ -1,0 +1,5 @@
+import sys
+
+from backfill_assets.cli.commands import main
+
+sys.exit(main())

@@ -1,0 +1,169 @@
+"""The scripted demo (``backfill-assets demo``): the whole flow on the embedded PostgreSQL.
+
+It loads the messy sample source of :mod:`backfill_assets.cli.demo`, then inspects, profiles,
+plans, approves, applies, shows the ledger, and runs the same backfill again, printing each
+step. The command line only parses its arguments and calls :func:`run_demo`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Protocol
+
+from backfill_assets.cli import demo
+from backfill_assets.core.pg import embedded
+from backfill_assets.core.apply import ApplyResult, apply_plan
+from backfill_assets.core.approve import confirm, review
+from backfill_assets.core.resolve import inspect
+from backfill_assets.core.store.ledger import ledger_status
+from backfill_assets.core.pg.db import ConnectionFactory, connection_factory
+from backfill_assets.core.errors import VerificationError
+from backfill_assets.core.plan import Plan, make_plan
+from backfill_assets.core.profile.propose import profile_source
+from backfill_assets.core.progress import ProgressEvent
+from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.core.spec import DeltaTargetSpec, Spec
+from backfill_assets.render import (
+    render_apply,
+    render_plan,
+    render_profile,
+    render_replacement,
+    render_status,
+)
+
+
+class Printer(Protocol):
+    """Where the demo writes: results for people, progress on the side."""
+
+    def result(self, text: str) -> None: ...
+
+    def progress(self, event: ProgressEvent) -> None: ...
+
+
+def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None = None) -> None:
+    """Run the demo of ``spec`` over ``partitions`` on the embedded PostgreSQL; then, with
+    ``lake_spec`` (a Delta target), the same backfill into a Delta Lake table.
+
+    Raises:
+        DeterminismError: the plan was refused.
+        VerificationError: the second run did not reproduce the first one's stages or
+            target (after printing what it found).
+    """
+    out.result(f"== backfill-assets demo, on the embedded PostgreSQL (under {embedded.home()}) ==")
+    factory = connection_factory(embedded.database_url(), spec.limits, application_name="backfill_assets:demo")
+    with factory() as conn:
+        demo.load(conn)
+    out.result(f"\n-- 1. loaded a messy sample source {spec.source_ref} and a stale target {spec.target_name}")
+    _inspect_and_profile(spec, factory, out)
+    request = PartitionRequest(partitions)
+    out.result(f"\n-- 4. plan {partitions}: snapshot, build twice, fingerprint, compare")
+    plan = make_plan(spec, request, factory, progress=out.progress)
+    out.result(render_plan(plan))
+    if plan.status != "ready":
+        raise plan.refusal()
+    first = _approve_and_apply(spec, factory, plan, out)
+    out.result("\n-- 7. the ledger")
+    with factory() as conn:
+        out.result(render_status(ledger_status(conn, spec)))
+    out.result("\n-- 8. the same backfill again, from the same source")
+    again = make_plan(spec, request, factory, progress=out.progress)
+    with factory() as conn:
+        confirm(conn, review(conn, factory, spec, again.plan_id), "demo")
+    second = apply_plan(spec, again.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    _report_rerun(plan, again, first, second, out)
+    if lake_spec is not None:
+        _lake_demo(lake_spec, request, factory, out, second)
+
+
+def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, out: Printer,
+               postgres: ApplyResult) -> None:
+    """The same backfill into a Delta Lake table, which the first apply creates, then again."""
+    assert isinstance(spec.target, DeltaTargetSpec)
+    location = spec.target.location
+    table = Path(location.removeprefix("file://")).expanduser().resolve()
+    lakes = {Path(".backfill_assets/lake").resolve(), embedded.home() / "lake"}
+    if any(table != lake and table.is_relative_to(lake) for lake in lakes):
+        shutil.rmtree(table, ignore_errors=True)  # the demo's own table: start from none
+    # (any other location is left as it is: the plan then says whether apply creates it)
+    out.result(f"\n-- 9. the same source into a Delta Lake table ({spec.target_name}): plan, approve, apply")
+    plan = make_plan(spec, request, factory, progress=out.progress)
+    if plan.status != "ready":
+        raise plan.refusal()
+    out.result(f"plan {plan.plan_id}: {len(plan.labels)} partition(s); apply creates the table: "
+               f"{plan.document.creates_target}")
+    with factory() as conn:
+        confirm(conn, review(conn, factory, spec, plan.plan_id), "demo")
+    first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    out.result(render_apply(first))
+    out.result("Delta versions committed and read back: "
+               + ", ".join(f"{p['partition']} v{p['target_version']}" for p in first.partitions))
+    # One fingerprint across engines: the rows the PostgreSQL target holds hash the same in Delta.
+    in_postgres = {p["partition"]: p["content_hash"] for p in postgres.partitions}
+    same = [p["partition"] for p in first.partitions if in_postgres.get(p["partition"]) == p["content_hash"]]
+    out.result(f"the same content hash as the PostgreSQL target in {len(same)} of {len(first.partitions)} "
+               "partition(s); the others keep the old version of an order a correction re-dated (this spec "
+               "does not set records_can_move, so each day keeps its own newest version)")
+    again = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    skipped = sum(p["status"] == "skipped-already-verified" for p in again.partitions)
+    out.result(f"applied again: {skipped} of {len(again.partitions)} partition(s) already carry the approved "
+               "fingerprint; nothing written")
+    if skipped != len(again.partitions):
+        raise VerificationError("all", "the second apply into Delta", "every partition skipped", f"{skipped} skipped")
+
+
+def _inspect_and_profile(spec: Spec, factory: ConnectionFactory, out: Printer) -> None:
+    out.result("\n-- 2. inspect (read-only)")
+    with factory() as conn:
+        inspection = inspect(conn, spec)
+        out.result(f"{inspection.server.engine} {inspection.server.version}; target keys: "
+                   + "; ".join(f"{n} ({', '.join(c)})" for n, c in inspection.target_unique_keys))
+        out.result("\n-- 3. profile: propose a key and a tiebreak from the data")
+        out.result(render_profile(profile_source(conn, spec, None)))
+
+
+def _approve_and_apply(spec: Spec, factory: ConnectionFactory, plan: Plan, out: Printer) -> ApplyResult:
+    out.result("\n-- 5. approve that exact plan")
+    with factory() as conn:
+        checked = review(conn, factory, spec, plan.plan_id)
+        out.result(render_replacement(checked.stored.document))
+        approval = confirm(conn, checked, "demo")
+    out.result(f"approved as approval {approval} by 'demo' (in real use a person runs "
+               "`backfill-assets approve`, which asks on the terminal)")
+    out.result("\n-- 6. apply: replace and verify one partition (or moved-key group) per transaction")
+    first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    out.result(render_apply(first))
+    return first
+
+
+def _stage_hashes(plan: Plan) -> list[tuple[str, str]]:
+    return [(e.partition, e.stage_a.content_hash) for e in plan.document.partitions]
+
+
+def _report_rerun(plan: Plan, again: Plan, first: ApplyResult, second: ApplyResult, out: Printer) -> None:
+    """Print what the second run found, and raise unless it reproduced the first."""
+    same = _stage_hashes(again) == _stage_hashes(plan)
+    out.result(
+        f"plan {again.plan_id}: "
+        + (f"the same {len(_stage_hashes(again))} partitions and stage hashes" if same else "OTHER STAGES")
+        + ("; the moved keys are home now, so it records no moves and has another id"
+           if again.plan_id != plan.plan_id else "; the same plan id")
+    )
+    out.result(render_apply(second))
+    before = {p["partition"]: p["content_hash"] for p in first.partitions}
+    unchanged = [p["content_hash"] == before.get(p["partition"]) for p in second.partitions]
+    out.result(f"target hashes unchanged in {sum(unchanged)} of {len(before)} partition(s)")
+    if not same:
+        planned, now = dict(_stage_hashes(plan)), dict(_stage_hashes(again))
+        label = next((k for k in sorted(planned.keys() | now.keys()) if planned.get(k) != now.get(k)), None)
+        if label is None:  # the same hashes, in another order
+            raise VerificationError("all", "the second plan's partitions", list(planned), list(now))
+        raise VerificationError(label, "the second plan's stage A hash", planned.get(label), now.get(label))
+    for p in second.partitions:
+        if p["content_hash"] != before.get(p["partition"]):
+            raise VerificationError(p["partition"], "the target hash after the second run",
+                                    before.get(p["partition"]), p["content_hash"])
+    if len(unchanged) != len(before):
+        missing = sorted(before.keys() - {p["partition"] for p in second.partitions})
+        raise VerificationError(", ".join(missing), "the second run", "every partition of the first", "not reached")

@@ -1,0 +1,59 @@
+"""The embedded default: a local PostgreSQL the project starts itself (the pgserver wheel).
+
+Its data lives under ``$BACKFILL_ASSETS_HOME`` (default ``./.backfill_assets``, git-ignored).
+It listens on a Unix socket only and has no password, so its URL is no credential.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
+from backfill_assets.core.pg.db import DatabaseUrl
+
+HOME_ENV = "BACKFILL_ASSETS_HOME"
+DEFAULT_DATABASE = "backfill_demo"
+
+_servers: dict[Path, object] = {}
+
+
+def home() -> Path:
+    """Where the project keeps its local state."""
+    return Path(os.environ.get(HOME_ENV) or ".backfill_assets").resolve()
+
+
+def server_url(pgdata: Path | None = None) -> str:
+    """Start (or reuse) the embedded server and return its admin URL.
+
+    The server stops when the last process using it exits.
+    """
+    pgdata = (pgdata or home() / "pgdata").resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (as under CI); it is harmless here.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver  # imported here: only the embedded default needs it
+
+        if pgdata not in _servers:
+            _servers[pgdata] = pgserver.get_server(pgdata, cleanup_mode="stop")
+        return _servers[pgdata].get_uri()  # type: ignore[attr-defined]
+
+
+def database_url(database: str = DEFAULT_DATABASE, pgdata: Path | None = None) -> DatabaseUrl:
+    """The URL of a database on the embedded server, created if missing."""
+    admin = server_url(pgdata)
+    with psycopg.connect(admin, autocommit=True, options=DEFAULT_LIMITS.options()) as conn:
+        exists = conn.execute(
+            sql.SQL("SELECT 1 FROM pg_database WHERE datname = %(name)s"), {"name": database}
+        ).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    # Keep the URL form (SQLAlchemy, used by dagster-postgres, takes URLs only).
+    parts = urlsplit(admin)
+    return DatabaseUrl(urlunsplit(parts._replace(path="/" + quote(database))), source="the embedded PostgreSQL")

@@ -1,0 +1,107 @@
+"""SQL builders: pure functions returning ``(Composed, params)``.
+
+Identifiers are always ``sql.Identifier`` (two parts for tables), values always bound
+parameters. Templates are module-level literals. No statement selects ``*``.
+
+The builders live in rooms by what the statement is for: ``parts`` (what every statement is
+built from), ``readings`` (fingerprint streams and partition readings), ``builds`` (the input
+relation and the stage builds), ``checks`` (input checks before a build), ``copies``
+(snapshot and stage tables and their seals), ``moves`` (records that can move), ``lake`` (a
+stage partition read for a lake table), ``replace`` (locks and the insert into the target) and
+``profiling`` (what ``profile`` measures). This package re-exports every public name so that
+there is one namespace for every statement builder: callers write ``sqlbuild.<name>`` and need
+not know which room a builder is in.
+"""
+
+from __future__ import annotations
+
+from backfill_assets.core.pg.sqlbuild.builds import (
+    SOURCE_CTE,
+    build_stage,
+    create_stage_from_input,
+    delete_partition,
+    describe_input,
+    input_relation,
+)
+from backfill_assets.core.pg.sqlbuild.checks import (
+    any_tied_group,
+    input_report,
+    ordering_null_counts,
+    ordering_ties,
+    rows_outside_partitions,
+)
+from backfill_assets.core.pg.sqlbuild.copies import (
+    add_unique_constraint,
+    copy_partitions,
+    copy_seal_check,
+    copy_writer,
+    create_empty_copy,
+    create_index,
+    drop_table,
+    dropped_columns,
+    partition_seal_check,
+    current_txid,
+    partition_writer,
+    rename_table,
+)
+from backfill_assets.core.pg.sqlbuild.diff import create_text_table, partition_diff, prefer_parallel
+from backfill_assets.core.pg.sqlbuild.lake import copy_partition_csv, read_settings, unholdable_kinds, unholdable_values
+from backfill_assets.core.pg.sqlbuild.moves import (
+    copy_keys_in,
+    copy_scope,
+    create_temp_table,
+    key_homes,
+    keys_in_several_partitions,
+    outside_scope,
+    scope_keys,
+)
+from backfill_assets.core.pg.sqlbuild.parts import (
+    GROUP_SIZE_COLUMN,
+    RANK_COLUMN,
+    OrderKey,
+    Query,
+    table,
+)
+from backfill_assets.core.pg.sqlbuild.profiling import (
+    column_profile,
+    distinct_partitions,
+    key_evidence,
+    key_splits,
+)
+from backfill_assets.core.pg.sqlbuild.readings import (
+    copy_canonical_stream,
+    copy_snapshot_stream,
+    in_partition,
+    partition_counts,
+    partition_readings,
+)
+from backfill_assets.core.pg.sqlbuild.replace import (
+    advisory_lock,
+    advisory_xact_lock,
+    advisory_unlock,
+    has_unique_index,
+    insert_from_stage,
+    lock_against_writers,
+    lock_for_replace,
+)
+from backfill_assets.core.pg.sqlbuild.watch import (
+    partition_signals,
+    statistics_state,
+    table_counters,
+)
+
+__all__ = [
+    "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
+    "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "build_stage",
+    "column_profile", "copy_canonical_stream", "copy_partition_csv", "copy_snapshot_stream", "copy_partitions", "copy_scope",
+    "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
+    "create_stage_from_input", "describe_input", "copy_keys_in", "create_temp_table", "keys_in_several_partitions",
+    "unholdable_kinds", "unholdable_values", "partition_diff", "prefer_parallel", "create_text_table",
+    "delete_partition", "distinct_partitions", "drop_table", "dropped_columns",
+    "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
+    "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace",
+    "ordering_null_counts", "ordering_ties", "outside_scope", "partition_counts",
+    "partition_readings", "partition_seal_check", "partition_writer", "read_settings", "rename_table", "rows_outside_partitions",
+    "scope_keys", "table",
+    "partition_signals", "statistics_state", "table_counters",
+]

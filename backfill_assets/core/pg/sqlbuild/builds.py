@@ -1,0 +1,162 @@
+"""The stage builds: the input relation they read (snapshot rows, optionally through
+``transform_sql``) and the two newest-wins plans, DISTINCT ON and a row_number() window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from psycopg import sql
+
+from backfill_assets.core.vocabulary import TableRef
+from backfill_assets.core.pg.sqlbuild.parts import (
+    RANK_COLUMN,
+    OrderKey,
+    Query,
+    col,
+    cols,
+    key_not_null,
+    order_by,
+    table,
+)
+
+# --- the input relation: snapshot rows, optionally through transform_sql ------------------
+
+_BASE_ALL = sql.SQL("SELECT {cols} FROM {base} AS s")
+_BASE_FILTERED = sql.SQL("SELECT {cols} FROM {base} AS s WHERE {pk} = ANY(%(partitions)s)")
+
+# The CTE a transform_sql reads the snapshot through.
+SOURCE_CTE = "source"
+_WITH_TRANSFORM = sql.SQL("WITH {cte} AS ({base}) SELECT {out} FROM ({transform}) AS i")
+
+
+def input_relation(
+    base: TableRef, base_columns: Sequence[str], partition_key: str,
+    output_columns: Sequence[str], transform_sql: str | None, *, filtered: bool,
+    escape_percent: bool = True,
+) -> sql.Composed:
+    """The rows the newest-wins step reads.
+
+    Without a transform: the output columns of ``base``. With one: the transform's output
+    columns, the transform reading ``base`` (all its columns) as the CTE ``source``.
+    ``filtered`` restricts ``base`` to ``%(partitions)s`` (a live source); a snapshot table
+    holds only the snapshot's partitions already.
+
+    ``transform_sql`` must be the validated, re-printed statement from
+    :func:`backfill_assets.core.guard.transform.validate_transform_text`. psycopg reads ``%`` as a
+    placeholder marker when parameters are passed, so the transform's own ``%`` signs are
+    doubled unless ``escape_percent`` is false (a statement executed without parameters).
+    """
+    template = _BASE_FILTERED if filtered else _BASE_ALL
+    if transform_sql is None:
+        return template.format(
+            cols=cols("s", output_columns), base=table(base), pk=col("s", partition_key)
+        )
+    base_q = template.format(
+        cols=cols("s", base_columns), base=table(base), pk=col("s", partition_key)
+    )
+    text = transform_sql.replace("%", "%%") if escape_percent else transform_sql
+    transform = sql.SQL(text)  # type: ignore[arg-type]
+    return _WITH_TRANSFORM.format(
+        cte=sql.Identifier(SOURCE_CTE), base=base_q, out=cols("i", output_columns),
+        transform=transform,
+    )
+
+
+_DESCRIBE = sql.SQL("SELECT {cols} FROM ({input}) AS i LIMIT 0")
+_CREATE_FROM_INPUT = sql.SQL("CREATE UNLOGGED TABLE {new} AS SELECT {cols} FROM ({input}) AS i WITH NO DATA")
+
+
+def describe_input(input_relation: sql.Composable, columns: Sequence[str]) -> sql.Composed:
+    """A query of the input relation's ``columns`` that reads no row: its result description
+    gives their types (catalog.describe_query). Build the relation unfiltered and without
+    ``%`` escaping (the query takes no parameters)."""
+    return _DESCRIBE.format(cols=cols("i", columns), input=input_relation)
+
+
+def create_stage_from_input(new: TableRef, input_relation: sql.Composable, columns: Sequence[str]) -> sql.Composed:
+    """A new, empty, unlogged table with ``columns`` typed as the input relation gives them
+    (the stage of a lake target, which has no PostgreSQL table to copy the types from)."""
+    return _CREATE_FROM_INPUT.format(new=table(new), cols=cols("i", columns), input=input_relation)
+
+
+# --- stage builds -----------------------------------------------------------------------
+
+_DELETE_PARTITION = sql.SQL("DELETE FROM {rel} WHERE {pk} = %(partition)s")
+
+_BUILD_DISTINCT_ON = sql.SQL(
+    "INSERT INTO {stage} ({cols}) "
+    "SELECT DISTINCT ON ({i_key}) {i_cols} FROM ({input}) AS i "
+    "WHERE {i_pk} = %(partition)s AND {i_key_not_null} "
+    "ORDER BY {i_key}, {ordering}"
+)
+
+_BUILD_WINDOW = sql.SQL(
+    "INSERT INTO {stage} ({cols}) "
+    "SELECT {r_cols} FROM (SELECT {i_cols}, row_number() OVER "
+    "(PARTITION BY {i_bk} ORDER BY {ordering}) AS {rank} FROM ({input}) AS i "
+    "WHERE {i_pk} = %(partition)s AND {i_key_not_null}) AS r WHERE {r_rank} = 1"
+)
+
+# Records that can move: the newest version of each key over the whole snapshot decides its
+# partition, so rank first and keep the partition's rows after.
+_BUILD_DISTINCT_ON_MOVING = sql.SQL(
+    "INSERT INTO {stage} ({cols}) "
+    "SELECT {g_cols} FROM (SELECT DISTINCT ON ({i_bk}) {i_cols} FROM ({input}) AS i "
+    "WHERE {i_key_not_null} ORDER BY {i_bk}, {ordering}) AS g WHERE {g_pk} = %(partition)s"
+)
+
+_BUILD_WINDOW_MOVING = sql.SQL(
+    "INSERT INTO {stage} ({cols}) "
+    "SELECT {r_cols} FROM (SELECT {i_cols}, row_number() OVER "
+    "(PARTITION BY {i_bk} ORDER BY {ordering}) AS {rank} FROM ({input}) AS i "
+    "WHERE {i_key_not_null}) AS r WHERE {r_rank} = 1 AND {r_pk} = %(partition)s"
+)
+
+
+def delete_partition(rel: TableRef, partition_key: str, partition: object) -> Query:
+    """Delete one partition's rows."""
+    return _DELETE_PARTITION.format(rel=table(rel), pk=sql.Identifier(partition_key)), {
+        "partition": partition
+    }
+
+
+def build_stage(
+    variant: Literal["a", "b"], stage: TableRef, input_rel: sql.Composed,
+    columns: Sequence[str], partition_key: str, business_key: Sequence[str],
+    ordering: Sequence[OrderKey], params: Mapping[str, Any], partition: object,
+    *, moving: bool = False,
+) -> Query:
+    """Insert the newest row per non-null business key of one partition into a stage.
+
+    Variant ``a`` uses DISTINCT ON, variant ``b`` a row_number() window: two physical
+    plans, so a result that depends on physical row order shows up as a difference.
+    With ``moving``, the newest version is chosen per key across all partitions.
+    """
+    common = dict(
+        stage=table(stage), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        i_cols=cols("i", columns), input=input_rel, i_pk=col("i", partition_key),
+        i_key_not_null=key_not_null("i", business_key), ordering=order_by("i", ordering),
+    )
+    if moving and variant == "a":
+        query = _BUILD_DISTINCT_ON_MOVING.format(
+            g_cols=cols("g", columns), i_bk=cols("i", business_key),
+            g_pk=col("g", partition_key), **common,
+        )
+    elif moving:
+        query = _BUILD_WINDOW_MOVING.format(
+            r_cols=cols("r", columns), i_bk=cols("i", business_key),
+            rank=sql.Identifier(RANK_COLUMN), r_rank=col("r", RANK_COLUMN),
+            r_pk=col("r", partition_key), **common,
+        )
+    elif variant == "a":
+        query = _BUILD_DISTINCT_ON.format(
+            i_key=cols("i", [partition_key, *business_key]), **common
+        )
+    else:
+        query = _BUILD_WINDOW.format(
+            r_cols=cols("r", columns), i_bk=cols("i", business_key),
+            rank=sql.Identifier(RANK_COLUMN), r_rank=col("r", RANK_COLUMN), **common,
+        )
+    return query, {**params, "partition": partition}

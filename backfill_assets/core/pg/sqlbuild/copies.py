@@ -1,0 +1,121 @@
+"""Snapshot and stage tables: empty copies, copying partitions in, indexes, the seal
+checks (which transaction wrote the rows) and dropping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from psycopg import sql
+
+from backfill_assets.core.vocabulary import TableRef
+from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, table
+
+_CREATE_COPY_OF = sql.SQL("CREATE {unlogged}TABLE {new} AS SELECT {cols} FROM {rel} AS s WITH NO DATA")
+_INSERT_PARTITIONS = sql.SQL(
+    "INSERT INTO {new} ({cols}) SELECT {s_cols} FROM {rel} AS s WHERE {pk} = ANY(%(partitions)s)"
+)
+_CREATE_INDEX = sql.SQL("CREATE INDEX ON {rel} ({items})")
+_CREATE_UNIQUE_INDEX = sql.SQL("CREATE UNIQUE INDEX ON {rel} ({items})")
+_DROP_TABLE = sql.SQL("DROP TABLE IF EXISTS {rel}")
+_RENAME_TABLE = sql.SQL("ALTER TABLE {rel} RENAME TO {name}")
+_CURRENT_TXID = sql.SQL("SELECT txid_current()")
+
+
+def create_empty_copy(new: TableRef, rel: TableRef, columns: Sequence[str], *, unlogged: bool) -> sql.Composed:
+    """A new empty table with ``columns`` of ``rel``, in that order and with their types."""
+    return _CREATE_COPY_OF.format(
+        unlogged=sql.SQL("UNLOGGED ") if unlogged else sql.SQL(""), new=table(new),
+        cols=cols("s", columns), rel=table(rel),
+    )
+
+
+def copy_partitions(new: TableRef, rel: TableRef, columns: Sequence[str], partition_key: str, partitions: list) -> Query:
+    """Copy the rows of ``partitions`` from ``rel`` into ``new``."""
+    return _INSERT_PARTITIONS.format(
+        new=table(new), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        s_cols=cols("s", columns), rel=table(rel), pk=col("s", partition_key),
+    ), {"partitions": partitions}
+
+
+def create_index(rel: TableRef, keys: Sequence[OrderKey], *, unique: bool = False) -> sql.Composed:
+    """An index whose order serves the given ORDER BY (``COLLATE "C"`` where asked)."""
+    items = sql.SQL(", ").join(
+        sql.SQL(" ").join(
+            [sql.Identifier(k.column), *([sql.SQL('COLLATE "C"')] if k.collate_c else [])]
+        )
+        for k in keys
+    )
+    return (_CREATE_UNIQUE_INDEX if unique else _CREATE_INDEX).format(rel=table(rel), items=items)
+
+
+_COPY_WRITER = sql.SQL("SELECT t.xmin::text FROM {rel} AS t LIMIT 1")
+_COPY_SEAL_CHECK = sql.SQL(
+    "SELECT count(*), count(*) FILTER (WHERE t.xmin IS DISTINCT FROM %(writer)s::xid) FROM {rel} AS t"
+)
+_DROPPED_COLUMNS = sql.SQL(
+    "SELECT count(*) FROM pg_catalog.pg_attribute AS a "
+    "JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid "
+    "JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = %(schema)s AND c.relname = %(name)s AND a.attnum > 0 AND a.attisdropped"
+)
+
+
+_PARTITION_WRITER = sql.SQL("SELECT t.xmin::text FROM {rel} AS t WHERE {pk} = %(partition)s LIMIT 1")
+_PARTITION_SEAL_CHECK = sql.SQL(
+    "SELECT count(*), count(*) FILTER (WHERE t.xmin IS DISTINCT FROM %(writer)s::xid) "
+    "FROM {rel} AS t WHERE {pk} = %(partition)s"
+)
+
+
+def partition_writer(rel: TableRef, partition_key: str, partition: object) -> Query:
+    """The transaction that wrote a row of one partition (its xmin)."""
+    return _PARTITION_WRITER.format(rel=table(rel), pk=col("t", partition_key)), {"partition": partition}
+
+
+def partition_seal_check(rel: TableRef, partition_key: str, partition: object, writer: str | None) -> Query:
+    """Rows of one partition, and how many of them another transaction than ``writer`` wrote."""
+    return _PARTITION_SEAL_CHECK.format(rel=table(rel), pk=col("t", partition_key)), {
+        "partition": partition, "writer": writer,
+    }
+
+
+def copy_writer(rel: TableRef) -> sql.Composed:
+    """The transaction that wrote a row of ``rel`` (its xmin), for a table one statement filled."""
+    return _COPY_WRITER.format(rel=table(rel))
+
+
+def copy_seal_check(rel: TableRef, writer: str | None) -> Query:
+    """Rows of ``rel``, and how many of them another transaction than ``writer`` wrote."""
+    return _COPY_SEAL_CHECK.format(rel=table(rel)), {"writer": writer}
+
+
+def dropped_columns(rel: TableRef) -> Query:
+    """How many dropped columns a table has (a column dropped and added again keeps xmin)."""
+    return _DROPPED_COLUMNS, {"schema": rel.schema, "name": rel.name}
+
+
+def current_txid() -> sql.Composed:
+    """The 64-bit id of the current transaction (assigning one if it has none yet)."""
+    return _CURRENT_TXID.format()
+
+
+def rename_table(rel: TableRef, name: str) -> sql.Composed:
+    """Rename a table within its schema."""
+    return _RENAME_TABLE.format(rel=table(rel), name=sql.Identifier(name))
+
+
+def drop_table(rel: TableRef) -> sql.Composed:
+    """Drop a table if it exists."""
+    return _DROP_TABLE.format(rel=table(rel))
+
+
+_ADD_UNIQUE = sql.SQL("ALTER TABLE {rel} ADD CONSTRAINT {name} UNIQUE ({cols})")
+
+
+def add_unique_constraint(rel: TableRef, name: str, columns: Sequence[str]) -> sql.Composed:
+    """The DDL a user runs to give the target its grain constraint."""
+    return _ADD_UNIQUE.format(
+        rel=table(rel), name=sql.Identifier(name),
+        cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+    )

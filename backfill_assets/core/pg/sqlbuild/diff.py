@@ -1,0 +1,124 @@
+"""Comparing two relations' partitions row by row: a keyed comparison of the canonical text
+forms (core.diff), one pass over each side, inside the server."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from psycopg import sql
+
+from backfill_assets.core.vocabulary import TableRef
+from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, order_by, table
+
+# Each side: its keys and a 64-bit digest of the row's canonical text forms.
+# ROW(text, ...)::text quotes every value as needed and writes NULL as nothing and '' as "",
+# so equal digests mean equal text forms ('-0' and '0', '1.5' and '1.50', NULL and '' differ),
+# short of a digest collision (about 1 in 2^64 per changed row). The diff only explains; what
+# decides a plan or a verification is the SHA-256 fingerprint over the full text forms.
+_SIDE = sql.SQL(
+    "SELECT {keys}, true AS __present, hashtextextended(ROW({texts})::text, 0) AS __h "
+    "FROM {rel} AS t WHERE {pk} = %({param})s"
+)
+# A side that may hold a key more than once (a lake table enforces no key): one row per key,
+# with no digest where the key repeats, so that it counts once, as changed.
+_SIDE_BY_KEY = sql.SQL(
+    "SELECT {keys}, true AS __present, CASE WHEN count(*) = 1 THEN min(s.__h) END AS __h "
+    "FROM ({side}) AS s GROUP BY {keys}"
+)
+_KIND = sql.SQL(
+    "CASE WHEN b.__present IS NULL THEN 'added' WHEN a.__present IS NULL THEN 'removed' "
+    "WHEN a.__h IS DISTINCT FROM b.__h THEN 'changed' ELSE 'unchanged' END"
+)
+_KEY_TEXT = sql.SQL("{}::text AS {}")
+_COALESCE = sql.SQL("coalesce({}, {}) AS {}")
+_EQUAL = sql.SQL("{} = {}")
+_EQUAL_TEXT = sql.SQL("{}::text = {}")
+_VALUES = sql.SQL("(SELECT ARRAY[{texts}] FROM {rel} AS t WHERE {pk} = %({param})s AND {match} LIMIT 1)")
+# The counts, then up to %(limit)s differing keys in key order, each with both sides' text
+# forms (looked up by key: a few index reads). The join is materialized once.
+_DIFF = sql.SQL(
+    "WITH j AS MATERIALIZED (SELECT {kind} AS __kind, {keys} FROM ({left}) AS a FULL JOIN ({right}) AS b ON {on}) "
+    "SELECT 'count' AS __row, __kind, count(*) AS __n, NULL::text[] AS __key, NULL::text[] AS __a, "
+    "NULL::text[] AS __b FROM j GROUP BY __kind "
+    "UNION ALL (SELECT 'example', j.__kind, NULL, ARRAY[{key_texts}], {left_values}, {right_values} FROM j "
+    "WHERE j.__kind <> 'unchanged' ORDER BY {order} LIMIT %(limit)s)"
+)
+
+
+def _texts(columns: Sequence[str]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.SQL("{}::text").format(col("t", c)) for c in columns)
+
+
+def _side(rel: TableRef, partition_key: str, business_key: Sequence[str], columns: Sequence[str],
+          *, as_text: bool, param: str) -> sql.Composed:
+    keys = (sql.SQL(", ").join(_KEY_TEXT.format(col("t", k), sql.Identifier(k)) for k in business_key)
+            if as_text else cols("t", business_key))
+    return _SIDE.format(keys=keys, texts=_texts(columns), rel=table(rel), pk=col("t", partition_key), param=sql.SQL(param))
+
+
+def _values(rel: TableRef, partition_key: str, business_key: Sequence[str], columns: Sequence[str],
+            *, as_text: bool, param: str) -> sql.Composed:
+    equal = _EQUAL_TEXT if as_text else _EQUAL
+    return _VALUES.format(
+        texts=_texts(columns), rel=table(rel), pk=col("t", partition_key), param=sql.SQL(param),
+        match=sql.SQL(" AND ").join(equal.format(col("t", k), col("j", k)) for k in business_key),
+    )
+
+
+def partition_diff(
+    left: TableRef, right: TableRef, partition_key: str, order: Sequence[OrderKey], columns: Sequence[str],
+    partition: object, limit: int, *, right_as_text: object = None,
+) -> Query:
+    """One partition of ``left`` (the rows that would be written) against the same partition
+    of ``right`` (what is there), keyed by the business key (``order``, its ascending order,
+    text by bytes): per kind (``added``: in left only, ``removed``: in right only,
+    ``changed``, ``unchanged``) a count row, then up to ``limit`` example rows of the
+    differing keys, in key order.
+
+    ``right_as_text``: ``right`` holds every column as text (a lake partition's canonical text
+    forms), and this is the partition key's text there. Both sides are then keyed by the text
+    forms of their keys (examples in that order), and a key ``right`` holds more than once
+    counts once, as changed.
+
+    Rows: (``'count'`` or ``'example'``, kind, count, key texts, left's texts, right's texts)."""
+    business_key = [k.column for k in order]
+    as_text = right_as_text is not None
+    right_side = _side(right, partition_key, business_key, columns, as_text=False, param="right_partition")
+    if as_text:
+        right_side = _SIDE_BY_KEY.format(keys=sql.SQL(", ").join(sql.Identifier(k) for k in business_key),
+                                         side=right_side)
+    query = _DIFF.format(
+        kind=_KIND,
+        keys=sql.SQL(", ").join(_COALESCE.format(col("a", k), col("b", k), sql.Identifier(k)) for k in business_key),
+        left=_side(left, partition_key, business_key, columns, as_text=as_text, param="partition"),
+        right=right_side,
+        on=sql.SQL(" AND ").join(_EQUAL.format(col("a", k), col("b", k)) for k in business_key),
+        key_texts=sql.SQL(", ").join(sql.SQL("{}::text").format(col("j", k)) for k in business_key),
+        left_values=_values(left, partition_key, business_key, columns, as_text=as_text, param="partition"),
+        right_values=_values(right, partition_key, business_key, columns, as_text=as_text, param="right_partition"),
+        order=order_by("j", [OrderKey(k, collate_c=True) for k in business_key]) if as_text else order_by("j", order),
+    )
+    return query, {"partition": partition, "right_partition": right_as_text if as_text else partition, "limit": limit}
+
+
+# For the caller's transaction: a parallel hash full join over both sides (PostgreSQL 16 can),
+# which the default costs do not pick for a join of one partition.
+_PREFER_PARALLEL = sql.SQL(
+    "SELECT set_config('parallel_setup_cost', '10', true), set_config('parallel_tuple_cost', '0.001', true)"
+)
+
+
+def prefer_parallel() -> sql.Composed:
+    """Make the diff's join run in parallel workers where the server can (current transaction)."""
+    return sql.Composed([_PREFER_PARALLEL])
+
+
+_CREATE_TEXT_TABLE = sql.SQL("CREATE TEMPORARY TABLE {name} ({columns}) ON COMMIT DROP")
+_TEXT_COLUMN = sql.SQL("{} text")
+
+
+def create_text_table(name: str, columns: Sequence[str]) -> sql.Composed:
+    """A temporary table, dropped at commit, with every column ``text``: a lake partition's
+    canonical text forms go in unchanged (no type or typmod to trim, round or refuse them)."""
+    return _CREATE_TEXT_TABLE.format(
+        name=sql.Identifier(name), columns=sql.SQL(", ").join(_TEXT_COLUMN.format(sql.Identifier(c)) for c in columns))

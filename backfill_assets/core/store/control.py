@@ -1,0 +1,347 @@
+"""The control schema: snapshots (and the seals of their copies), plans, approvals, the
+stage builds and the ledger.
+
+It lives in the same database as the target, so a plan, its stages and the target can be
+read in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from backfill_assets.core.pg import sqlbuild
+
+
+# The index of the ledger by approval (see _DDL), in the control schema.
+LEDGER_APPROVAL_INDEX = "ledger_by_approval"
+
+_DDL = (
+    sql.SQL("CREATE SCHEMA IF NOT EXISTS {schema}"),
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.snapshots ("
+        "snapshot_id text PRIMARY KEY, source_table text NOT NULL, mode text NOT NULL, "
+        "snapshot_table text, partition_key text NOT NULL, partitions jsonb NOT NULL, "
+        "fingerprint text NOT NULL, created_at timestamptz NOT NULL)"
+    ),
+    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS scope jsonb"),  # added later
+    # When the snapshot was last taken: an identical snapshot taken again (a source that went
+    # A -> B -> A) keeps its id and created_at, but is the newest again.
+    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS taken_at timestamptz"),  # added later
+    # The seal of each snapshot copy: every row was written by one transaction (writer_xid,
+    # the rows' xmin), so a later change to any row, or a new or missing row, shows.
+    # writer_txid: the same transaction's 64-bit id, to tell when its 32-bit xmin could have
+    # been reused (after 2^31 more transactions the seal is no longer trusted).
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.snapshot_copies ("
+        "snapshot_table text PRIMARY KEY, fingerprint text NOT NULL, writer_xid text, "
+        "writer_txid bigint, row_count bigint NOT NULL, columns jsonb NOT NULL, "
+        "copied_at timestamptz NOT NULL)"
+    ),
+    sql.SQL("ALTER TABLE {schema}.snapshot_copies ADD COLUMN IF NOT EXISTS writer_txid bigint"),
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.stage_builds ("
+        "spec_name text NOT NULL, variant text NOT NULL, partition text NOT NULL, "
+        "snapshot_id text NOT NULL, readings jsonb NOT NULL, built_at timestamptz NOT NULL, "
+        "PRIMARY KEY (spec_name, variant, partition))"
+    ),
+    # The transaction that built each stage partition (its rows' xmin): the stage's seal.
+    sql.SQL("ALTER TABLE {schema}.stage_builds ADD COLUMN IF NOT EXISTS writer_xid text"),  # added later
+    # The same transaction's 64-bit id: a seal older than plan.SEAL_HORIZON is not trusted.
+    sql.SQL("ALTER TABLE {schema}.stage_builds ADD COLUMN IF NOT EXISTS writer_txid bigint"),  # added later
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.plans ("
+        "plan_id text PRIMARY KEY, spec_name text NOT NULL, target_table text NOT NULL, "
+        "status text NOT NULL CHECK (status IN ('ready', 'refused')), "
+        "snapshot_id text NOT NULL REFERENCES {schema}.snapshots (snapshot_id), "
+        "plan jsonb NOT NULL, created_at timestamptz NOT NULL)"
+    ),
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.approvals ("
+        "approval_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+        "plan_id text NOT NULL REFERENCES {schema}.plans (plan_id), spec_name text NOT NULL, "
+        "target_table text NOT NULL, partitions jsonb NOT NULL, approved_by text NOT NULL, "
+        "approved_at timestamptz NOT NULL)"
+    ),
+    # What an approval was given against: each partition's target readings when it was
+    # approved (NULL: recorded by an older version, which apply refuses).
+    sql.SQL("ALTER TABLE {schema}.approvals ADD COLUMN IF NOT EXISTS target_readings jsonb"),  # added later
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.ledger ("
+        "run_id text NOT NULL, plan_id text NOT NULL, approval_id bigint NOT NULL, "
+        "snapshot_id text NOT NULL, target_table text NOT NULL, partition text NOT NULL, "
+        "transform_version text NOT NULL, row_count bigint, total text, content_hash text, "
+        "status text NOT NULL CHECK (status IN ('pending', 'started', 'verified', "
+        "'skipped-already-verified', 'failed', 'not-attempted')), "
+        "run_started_at timestamptz NOT NULL, started_at timestamptz, finished_at timestamptz, "
+        "error text, PRIMARY KEY (run_id, partition))"
+    ),
+    # The lake table's version (Delta) or snapshot id (Iceberg) a verified partition was
+    # committed and read back at (NULL for a PostgreSQL target).
+    sql.SQL("ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS target_version text"),  # added later
+)
+
+_SNAPSHOT_ROW = sql.SQL(
+    "SELECT snapshot_id, snapshot_table, fingerprint, mode, partitions, scope "
+    "FROM {schema}.snapshots WHERE snapshot_id = %(snapshot_id)s"
+)
+_INSERT_SNAPSHOT = sql.SQL(
+    "INSERT INTO {schema}.snapshots (snapshot_id, source_table, mode, snapshot_table, "
+    "partition_key, partitions, fingerprint, scope, created_at, taken_at) VALUES (%(snapshot_id)s, "
+    "%(source_table)s, %(mode)s, %(snapshot_table)s, %(partition_key)s, %(partitions)s, "
+    "%(fingerprint)s, %(scope)s, %(created_at)s, %(created_at)s) ON CONFLICT (snapshot_id) "
+    "DO UPDATE SET taken_at = greatest({schema}.snapshots.taken_at, EXCLUDED.taken_at)"
+)
+_UPSERT_BUILD = sql.SQL(
+    "INSERT INTO {schema}.stage_builds (spec_name, variant, partition, snapshot_id, readings, "
+    "writer_xid, writer_txid, built_at) VALUES (%(spec_name)s, %(variant)s, %(partition)s, "
+    "%(snapshot_id)s, %(readings)s, %(writer_xid)s, %(writer_txid)s, %(built_at)s) "
+    "ON CONFLICT (spec_name, variant, partition) "
+    "DO UPDATE SET snapshot_id = EXCLUDED.snapshot_id, readings = EXCLUDED.readings, "
+    "writer_xid = EXCLUDED.writer_xid, writer_txid = EXCLUDED.writer_txid, built_at = EXCLUDED.built_at"
+)
+_BUILDS = sql.SQL(
+    "SELECT partition, readings, writer_xid, "
+    "txid_snapshot_xmax(txid_current_snapshot()) - writer_txid FROM {schema}.stage_builds "
+    "WHERE spec_name = %(spec_name)s AND variant = %(variant)s AND partition = ANY(%(partitions)s)"
+)
+_INSERT_PLAN = sql.SQL(
+    "INSERT INTO {schema}.plans (plan_id, spec_name, target_table, status, snapshot_id, plan, "
+    "created_at) VALUES (%(plan_id)s, %(spec_name)s, %(target_table)s, %(status)s, "
+    "%(snapshot_id)s, %(plan)s, %(created_at)s) ON CONFLICT (plan_id) DO NOTHING"
+)
+
+
+def ensure_control_schema(conn: psycopg.Connection, schema: str) -> None:
+    """Create the control schema and its tables if missing, in the caller's transaction.
+
+    An advisory transaction lock keeps two first runs from racing on CREATE.
+    """
+    conn.execute(*sqlbuild.advisory_xact_lock(f"backfill_assets:control:{schema}"))
+    for ddl in _DDL:
+        conn.execute(ddl.format(schema=sql.Identifier(schema)))
+
+
+def find_snapshot(conn: psycopg.Connection, schema: str, snapshot_id: str) -> dict[str, Any] | None:
+    """A recorded snapshot (snapshot_id, snapshot_table, fingerprint, mode, partitions,
+    scope), or None."""
+    row = conn.execute(
+        _SNAPSHOT_ROW.format(schema=sql.Identifier(schema)), {"snapshot_id": snapshot_id}
+    ).fetchone()
+    if row is None:
+        return None
+    keys = ("snapshot_id", "snapshot_table", "fingerprint", "mode", "partitions", "scope")
+    return dict(zip(keys, row))
+
+
+def record_snapshot(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
+    """Record a snapshot (idempotent: the id is derived from its content and scope; taking
+    the same snapshot again only moves its ``taken_at``, so it is the newest again)."""
+    fields = {**fields, "partitions": Jsonb(fields["partitions"]), "scope": Jsonb(fields["scope"])}
+    conn.execute(_INSERT_SNAPSHOT.format(schema=sql.Identifier(schema)), fields)
+
+
+_UPSERT_COPY = sql.SQL(
+    "INSERT INTO {schema}.snapshot_copies (snapshot_table, fingerprint, writer_xid, writer_txid, "
+    "row_count, columns, copied_at) VALUES (%(snapshot_table)s, %(fingerprint)s, %(writer_xid)s, "
+    "txid_current(), %(row_count)s, %(columns)s, %(copied_at)s) ON CONFLICT (snapshot_table) "
+    "DO UPDATE SET fingerprint = EXCLUDED.fingerprint, writer_xid = EXCLUDED.writer_xid, "
+    "writer_txid = EXCLUDED.writer_txid, row_count = EXCLUDED.row_count, "
+    "columns = EXCLUDED.columns, copied_at = EXCLUDED.copied_at"
+)
+_COPY_SEAL = sql.SQL(
+    "SELECT fingerprint, writer_xid, row_count, columns, "
+    "txid_snapshot_xmax(txid_current_snapshot()) - writer_txid "
+    "FROM {schema}.snapshot_copies WHERE snapshot_table = %(snapshot_table)s"
+)
+
+
+def record_copy(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
+    """Record the seal of a snapshot copy just made (replacing an earlier copy's)."""
+    fields = {**fields, "columns": Jsonb(fields["columns"])}
+    conn.execute(_UPSERT_COPY.format(schema=sql.Identifier(schema)), fields)
+
+
+def copy_seal(conn: psycopg.Connection, schema: str, snapshot_table: str) -> dict[str, Any] | None:
+    """The recorded seal of a snapshot copy (fingerprint, writer_xid, row_count, columns, and
+    transactions_since: how many transaction ids were assigned since the copy was made)."""
+    row = conn.execute(
+        _COPY_SEAL.format(schema=sql.Identifier(schema)), {"snapshot_table": snapshot_table}
+    ).fetchone()
+    keys = ("fingerprint", "writer_xid", "row_count", "columns", "transactions_since")
+    return None if row is None else dict(zip(keys, row))
+
+
+def record_build(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
+    """Record the readings of one stage partition as built from a snapshot, and the
+    transaction that wrote its rows (``writer_xid``, its rows' xmin, and ``writer_txid``, the
+    same transaction's 64-bit id); latest wins."""
+    fields = {**fields, "readings": Jsonb(fields["readings"])}
+    conn.execute(_UPSERT_BUILD.format(schema=sql.Identifier(schema)), fields)
+
+
+def builds(
+    conn: psycopg.Connection, schema: str, spec_name: str, variant: str, partitions: list[str]
+) -> dict[str, tuple[dict[str, Any], str | None, int | None]]:
+    """partition -> (readings, writer_xid, transactions_since) of the latest build of one
+    stage; transactions_since counts the transaction ids assigned since the build (None for a
+    build recorded by an older version)."""
+    rows = conn.execute(
+        _BUILDS.format(schema=sql.Identifier(schema)),
+        {"spec_name": spec_name, "variant": variant, "partitions": partitions},
+    ).fetchall()
+    return {r[0]: (r[1], r[2], None if r[3] is None else int(r[3])) for r in rows}
+
+
+def record_plan(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
+    """Record a plan (idempotent: the id is derived from its content)."""
+    fields = {**fields, "plan": Jsonb(fields["plan"])}
+    conn.execute(_INSERT_PLAN.format(schema=sql.Identifier(schema)), fields)
+
+
+_PLANS_BY_PREFIX = sql.SQL(
+    "SELECT plan_id, status, plan FROM {schema}.plans WHERE plan_id LIKE %(pattern)s "
+    "ORDER BY plan_id LIMIT 2"
+)
+_SCHEMA_STATE = sql.SQL(
+    "SELECT to_regclass(%(plans)s) IS NOT NULL, "
+    "to_regclass(%(ledger)s) IS NOT NULL AND to_regclass(%(builds)s) IS NOT NULL "
+    "AND to_regclass(%(copies)s) IS NOT NULL "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
+    "AND attname = 'scope' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
+    "AND attname = 'taken_at' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
+    "AND attname = 'writer_xid' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(copies)s) "
+    "AND attname = 'writer_txid' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
+    "AND attname = 'writer_txid' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(approvals)s) "
+    "AND attname = 'target_readings' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(ledger)s) "
+    "AND attname = 'target_version' AND NOT attisdropped)"
+)
+
+
+def control_ready(conn: psycopg.Connection, schema: str) -> bool:
+    """Whether the control schema exists (a first plan creates it). A schema made by an
+    older version is brought up to date here, in its own transaction."""
+    names = {k: sql.Identifier(schema, k).as_string(conn) for k in ("plans", "ledger", "snapshots", "approvals")}
+    names["builds"] = sql.Identifier(schema, "stage_builds").as_string(conn)
+    names["copies"] = sql.Identifier(schema, "snapshot_copies").as_string(conn)
+    row = conn.execute(_SCHEMA_STATE, names).fetchone()
+    if not row or not row[0]:
+        return False
+    if not row[1]:
+        with conn.transaction():
+            ensure_control_schema(conn, schema)
+    return True
+
+
+# The ledger read by approval: what an approval's own runs did (status, the approval sensor,
+# apply's stop after a failure). Without it each of those reads the whole ledger, which grows
+# by a row per partition per run, once per approval it judges.
+_LEDGER_INDEX_EXISTS = sql.SQL("SELECT to_regclass(%(index)s) IS NOT NULL")
+_CREATE_LEDGER_INDEX = sql.SQL("CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {ledger} (approval_id)")
+
+
+def ensure_ledger_index(conn: psycopg.Connection, schema: str) -> None:
+    """Index the ledger by approval if it is not yet (a schema made before the index, or a new
+    one). Built CONCURRENTLY, outside any transaction, so that other runs keep writing the
+    ledger meanwhile; apply calls it before its first write (read-only commands never build
+    it, and work without it, only slower). ``conn`` must not be in a transaction."""
+    index = sql.Identifier(schema, LEDGER_APPROVAL_INDEX)
+    (exists,) = conn.execute(_LEDGER_INDEX_EXISTS, {"index": index.as_string(conn)}).fetchone()
+    if not exists:
+        conn.execute(_CREATE_LEDGER_INDEX.format(index=sql.Identifier(LEDGER_APPROVAL_INDEX),
+                                                  ledger=sql.Identifier(schema, "ledger")))
+
+
+def plans_by_prefix(conn: psycopg.Connection, schema: str, prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """Up to two stored plans whose id starts with ``prefix`` (hex, validated by the caller)."""
+    rows = conn.execute(
+        _PLANS_BY_PREFIX.format(schema=sql.Identifier(schema)), {"pattern": prefix + "%"}
+    ).fetchall()
+    return [(r[0], r[1], r[2] if isinstance(r[2], dict) else json.loads(r[2])) for r in rows]
+
+
+_PLANS_WITH = sql.SQL(
+    "SELECT e ->> 'partition', p.plan_id, e -> 'stage_a', e -> 'stage_b' "
+    "FROM {schema}.plans AS p, jsonb_array_elements(p.plan -> 'partitions') AS e "
+    "WHERE p.spec_name = %(spec_name)s AND e ->> 'partition' = ANY(%(partitions)s) "
+    "ORDER BY p.created_at DESC, p.plan_id"
+)
+_LATEST_SNAPSHOTTED = sql.SQL(
+    "SELECT DISTINCT ON (e ->> 'partition') e ->> 'partition', e ->> 'content_hash' "
+    "FROM {schema}.snapshots AS s, jsonb_array_elements(s.partitions) AS e "
+    "WHERE s.source_table = %(source_table)s ORDER BY e ->> 'partition', coalesce(s.taken_at, s.created_at) DESC"
+)
+
+
+def plans_with(
+    conn: psycopg.Connection, schema: str, spec_name: str, partitions: list[str]
+) -> dict[str, list[tuple[str, dict[str, Any], dict[str, Any]]]]:
+    """partition -> (plan_id, stage_a readings, stage_b readings) of every plan of a spec that
+    includes it, newest first."""
+    rows = conn.execute(
+        _PLANS_WITH.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "partitions": partitions}
+    ).fetchall()
+    out: dict[str, list[tuple[str, dict[str, Any], dict[str, Any]]]] = {}
+    for label, plan_id, a, b in rows:
+        out.setdefault(label, []).append((plan_id, a, b))
+    return out
+
+
+def latest_snapshotted(conn: psycopg.Connection, schema: str, source_table: str) -> dict[str, str]:
+    """partition -> source content hash in the newest snapshot of each partition of a source."""
+    rows = conn.execute(
+        _LATEST_SNAPSHOTTED.format(schema=sql.Identifier(schema)), {"source_table": source_table}
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+_NEWEST_SNAPSHOTS = sql.SQL(
+    "SELECT DISTINCT ON (e ->> 'partition') e ->> 'partition', s.snapshot_id, e ->> 'content_hash' "
+    "FROM {schema}.snapshots AS s, jsonb_array_elements(s.partitions) AS e "
+    "WHERE s.source_table = %(source_table)s AND s.partition_key = %(partition_key)s "
+    "AND e ->> 'partition' = ANY(%(partitions)s) "
+    "ORDER BY e ->> 'partition', coalesce(s.taken_at, s.created_at) DESC, s.snapshot_id"
+)
+# The newest snapshot holding every given partition with the given source content hash.
+_SNAPSHOT_WITH = sql.SQL(
+    "SELECT s.snapshot_id FROM {schema}.snapshots AS s "
+    "WHERE s.source_table = %(source_table)s AND s.partition_key = %(partition_key)s "
+    "AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(%(hashes)s) AS w(partition, content_hash) "
+    "WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(s.partitions) AS e "
+    "WHERE e ->> 'partition' = w.partition AND e ->> 'content_hash' = w.content_hash)) "
+    "ORDER BY coalesce(s.taken_at, s.created_at) DESC, s.snapshot_id LIMIT 1"
+)
+
+
+def newest_snapshots(
+    conn: psycopg.Connection, schema: str, source_table: str, partition_key: str, partitions: list[str]
+) -> dict[str, tuple[str, str]]:
+    """partition -> (snapshot_id, source content hash) of the newest snapshot holding each of
+    ``partitions`` (partitions never snapshotted are absent)."""
+    rows = conn.execute(
+        _NEWEST_SNAPSHOTS.format(schema=sql.Identifier(schema)),
+        {"source_table": source_table, "partition_key": partition_key, "partitions": partitions},
+    ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def snapshot_with(
+    conn: psycopg.Connection, schema: str, source_table: str, partition_key: str, hashes: dict[str, str]
+) -> str | None:
+    """The newest snapshot holding every partition of ``hashes`` (partition -> source
+    content hash) with that content, or None."""
+    row = conn.execute(
+        _SNAPSHOT_WITH.format(schema=sql.Identifier(schema)),
+        {"source_table": source_table, "partition_key": partition_key, "hashes": Jsonb(hashes)},
+    ).fetchone()
+    return None if row is None else row[0]

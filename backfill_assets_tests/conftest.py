@@ -57,17 +57,27 @@ def admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return embedded.server_url(tmp_path_factory.mktemp("pg") / "pgdata")
 
 
-@pytest.fixture
-def db_url(admin_url: str) -> Iterator[DatabaseUrl]:
-    """A fresh, empty database for one test, dropped afterwards."""
+def _fresh_database(admin_url: str, source: str) -> Iterator[DatabaseUrl]:
     name = f"bfa_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     info = conninfo_to_dict(admin_url)
     info["dbname"] = name
-    yield DatabaseUrl(make_conninfo(**info), source="the test database")
+    yield DatabaseUrl(make_conninfo(**info), source=source)
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def db_url(admin_url: str) -> Iterator[DatabaseUrl]:
+    """A fresh, empty database for one test, dropped afterwards."""
+    yield from _fresh_database(admin_url, "the test database")
+
+
+@pytest.fixture
+def control_db_url(admin_url: str) -> Iterator[DatabaseUrl]:
+    """A second fresh database on the same server, for a control store of its own."""
+    yield from _fresh_database(admin_url, "the test control database")
 
 
 @pytest.fixture

@@ -106,7 +106,9 @@ def _url(spec: Spec, args: argparse.Namespace) -> DatabaseUrl:
 def _factory(spec: Spec, args: argparse.Namespace) -> ConnectionFactory:
     """The command's connections, carrying the spec's timeouts; kept on ``args`` so that
     :func:`main` can say what a wait that ran out waited for (core.waits)."""
-    factory = connection_factory(_url(spec, args), spec.limits, application_name=f"backfill_assets:{spec.name}")
+    control = None if spec.control_database_url_env is None else url_from_env(spec.control_database_url_env)
+    factory = connection_factory(_url(spec, args), spec.limits, application_name=f"backfill_assets:{spec.name}",
+                                 control_url=control)
     args.opened = (factory, spec)
     return factory
 
@@ -185,7 +187,8 @@ def cmd_approve(args: argparse.Namespace, out: Output) -> int:
         if not out.json_mode:
             out.result(render_review(checked, spec.parallel))
         _confirm(args, checked.plan_id)
-        approval_id = confirm(conn, checked, args.by)
+        with factory.control(conn) as control:
+            approval_id = confirm(control, checked, args.by)
     if out.json_mode:
         out.json({"approval_id": approval_id, "plan_id": checked.plan_id, "approved_by": args.by,
                   "partitions": checked.stored.labels, "target": checked.stored.document.target,
@@ -238,7 +241,8 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     factory = _factory(spec, args)
     with factory() as conn:
-        rows = ledger_status(conn, spec)
+        with factory.control(conn) as store:
+            rows = ledger_status(store, spec)
         approvals = open_approvals(conn, factory, spec)
     if out.json_mode:
         out.json({"target": spec.target_name, "partitions": [

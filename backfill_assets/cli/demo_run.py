@@ -69,8 +69,8 @@ def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None =
         out.result(render_status(ledger_status(conn, spec)))
     out.result("\n-- 8. the same backfill again, from the same source")
     again = make_plan(spec, request, factory, progress=out.progress)
-    with factory() as conn:
-        confirm(conn, review(conn, factory, spec, again.plan_id), "demo")
+    with factory() as conn, factory.control(conn) as control:
+        confirm(control, review(conn, factory, spec, again.plan_id), "demo")
     second = apply_plan(spec, again.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
     _report_rerun(plan, again, first, second, out)
     if lake_spec is not None:
@@ -93,8 +93,8 @@ def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
         raise plan.refusal()
     out.result(f"plan {plan.plan_id}: {len(plan.labels)} partition(s); apply creates the table: "
                f"{plan.document.creates_target}")
-    with factory() as conn:
-        confirm(conn, review(conn, factory, spec, plan.plan_id), "demo")
+    with factory() as conn, factory.control(conn) as control:
+        confirm(control, review(conn, factory, spec, plan.plan_id), "demo")
     first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
     out.result(render_apply(first))
     out.result("Delta versions committed and read back: "
@@ -128,7 +128,8 @@ def _approve_and_apply(spec: Spec, factory: ConnectionFactory, plan: Plan, out: 
     with factory() as conn:
         checked = review(conn, factory, spec, plan.plan_id)
         out.result(render_replacement(checked.stored.document))
-        approval = confirm(conn, checked, "demo")
+        with factory.control(conn) as control:
+            approval = confirm(control, checked, "demo")
     out.result(f"approved as approval {approval} by 'demo' (in real use a person runs "
                "`backfill-assets approve`, which asks on the terminal)")
     out.result("\n-- 6. apply: replace and verify one partition (or moved-key group) per transaction")

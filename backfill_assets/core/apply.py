@@ -43,6 +43,7 @@ from typing import Any
 
 import psycopg
 
+from backfill_assets.core.diff import diff_against, example_text
 from backfill_assets.core.store import control, ledger
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.approve import check_data_unchanged, check_spec_unchanged
@@ -86,8 +87,8 @@ def _replaced(label: str, status: str, approved: dict[str, Any], done: int, tota
 
 
 def replace_group(
-    conn: psycopg.Connection, target: Target, ctx: Context, stored: Plan, approval: Approval,
-    labels: list[str], checkpoint: Checkpoint = no_checkpoint,
+    conn: psycopg.Connection, control: psycopg.Connection, target: Target, ctx: Context, stored: Plan,
+    approval: Approval, labels: list[str], checkpoint: Checkpoint = no_checkpoint,
 ) -> str:
     """Replace the partitions ``labels`` in one atomic write of ``target``; return the ledger
     status. The protocol is the same for every engine (core.context.Target).
@@ -103,7 +104,7 @@ def replace_group(
         checkpoint("locked", labels)
         # A writer may have slipped in since apply's first check: read the target again here,
         # where nobody else can write it until the commit.
-        covered = require_coverage(conn, ctx, stored, approval, labels, write.readings(labels))
+        covered = require_coverage(conn, control, ctx, stored, approval, labels, write.readings(labels))
         if all(covered[label].now == approved[label] for label in labels):
             return "skipped-already-verified"
         recheck_stage(conn, ctx, stored, labels)
@@ -188,25 +189,25 @@ def apply_plan(
             the following ones not attempted.
         TransientDatabaseError, ConcurrentRunError: safe to retry with the same plan.
     """
-    with factory() as conn, spec_lock(conn, spec):
-        stored, approval, ctx, groups = _checked_before_writing(conn, factory, spec, plan_ref, only, clock())
-        control.ensure_ledger_index(conn, spec.control_schema)
+    with factory() as conn, factory.control(conn) as store, spec_lock(store, spec):
+        stored, approval, ctx, groups = _checked_before_writing(conn, store, factory, spec, plan_ref, only, clock())
+        control.ensure_ledger_index(store, spec.control_schema)
         in_order = [label for g in groups for label in g]
         progress(ProgressEvent("apply", f"replacing {len(in_order)} partition(s)", done=0, total=len(in_order),
                                status="started"))
         doc = stored.document
         ledger.ledger_start(
-            conn, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval.approval_id,
+            store, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval.approval_id,
             snapshot_id=doc.snapshot.id, target_table=doc.target,
             transform_version=doc.transform_version, run_started_at=clock(),
             partitions=[{"partition": label, **stored.approved(label)} for label in in_order],
         )
         result = ApplyResult(run_id, stored.plan_id, approval.approval_id)
-        target = (make_target or ctx.engine.open)(conn, factory, ctx, checkpoint)
+        target = (make_target or ctx.engine.open)(conn, store, factory, ctx, checkpoint)
         try:
             for n, labels in enumerate(groups):
-                status, version = _replace_and_record(conn, target, ctx, stored, approval, run_id, groups, n, clock,
-                                                      checkpoint)
+                status, version = _replace_and_record(conn, store, target, ctx, stored, approval, run_id, groups, n,
+                                                      clock, checkpoint)
                 for label in labels:
                     entry = {"partition": label, "status": status, **stored.approved(label)}
                     if version is not None:
@@ -221,15 +222,15 @@ def apply_plan(
 
 
 def _checked_before_writing(
-    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, plan_ref: str, only: list[str] | None,
-    now: dt.datetime,
+    conn: psycopg.Connection, store: psycopg.Connection, factory: ConnectionFactory, spec: Spec, plan_ref: str,
+    only: list[str] | None, now: dt.datetime,
 ) -> tuple[Plan, Approval, Context, list[list[str]]]:
     """The approved plan, its approval, the context and the groups to replace (in plan order),
     after every check apply makes before its first write: the approval not expired at ``now``,
     the spec and the target's columns unchanged, the stage (and an immutable source) as
     planned, the target still covered."""
-    stored = find_plan(conn, spec, plan_ref)
-    approval = latest_approval(conn, spec, stored.plan_id)
+    stored = find_plan(store, spec, plan_ref)
+    approval = latest_approval(store, spec, stored.plan_id)
     if approval is None:
         raise ApprovalError(
             f"plan {stored.plan_id[:16]} has not been approved; run approve and review it first"
@@ -237,7 +238,7 @@ def _checked_before_writing(
     # Checked when a run starts (a run that started in time finishes), for a run resuming a
     # partly applied approval too: expiry bounds how long a person's review is acted on, and
     # partitions this approval's runs already replaced cannot make the rest any fresher.
-    refuse_if_expired(conn, spec, approval, now)
+    refuse_if_expired(store, spec, approval, now)
     ctx = check_spec_unchanged(conn, factory, spec, stored)
     groups = [list(g) for g in stored.document.replace_groups]
     if only is not None:
@@ -250,24 +251,25 @@ def _checked_before_writing(
         groups = [g for g in groups if set(g) & set(only)]
     chosen = {label for g in groups for label in g}
     in_order = [label for label in stored.labels if label in chosen]
-    refuse_after_failure(conn, spec, stored.plan_id, in_order)
+    refuse_after_failure(store, spec, stored.plan_id, in_order)
     # Each replace checks its own partitions again under the lock.
-    require_coverage(conn, ctx, stored, approval, in_order, check_data_unchanged(conn, ctx, stored, in_order))
+    require_coverage(conn, store, ctx, stored, approval, in_order, check_data_unchanged(conn, ctx, stored, in_order))
     return stored, approval, ctx, groups
 
 
 def _replace_and_record(
-    conn: psycopg.Connection, target: Target, ctx: Context, stored: Plan, approval: Approval, run_id: str,
-    groups: list[list[str]], n: int, clock: Clock, checkpoint: Checkpoint,
+    conn: psycopg.Connection, store: psycopg.Connection, target: Target, ctx: Context, stored: Plan,
+    approval: Approval, run_id: str, groups: list[list[str]], n: int, clock: Clock, checkpoint: Checkpoint,
 ) -> tuple[str, str | None]:
     """Replace and verify group ``n`` under its partition locks, recording each step in the
-    ledger; return its status and the lake version committed (None for PostgreSQL). On
-    failure, mark it failed and the following groups not attempted, and raise."""
+    ledger (``store``, the control store's connection); return its status and the lake version
+    committed (None for PostgreSQL). On failure, mark it failed and the following groups not
+    attempted, and raise."""
     spec, labels = ctx.spec, groups[n]
-    ledger.ledger_mark(conn, spec.control_schema, run_id, labels, "started", clock())
+    ledger.ledger_mark(store, spec.control_schema, run_id, labels, "started", clock())
     try:
         with target.locked(labels):
-            status = replace_group(conn, target, ctx, stored, approval, labels, checkpoint)
+            status = replace_group(conn, store, target, ctx, stored, approval, labels, checkpoint)
             if status == "verified":
                 try:
                     verify_committed(target, stored, labels)
@@ -277,7 +279,7 @@ def _replace_and_record(
             # Recorded before the partition is released: the next run to lock it
             # judges its approval against a ledger that names this run.
             version = target.committed_version(labels)
-            ledger.ledger_mark(conn, spec.control_schema, run_id, labels, status, clock(), target_version=version)
+            ledger.ledger_mark(store, spec.control_schema, run_id, labels, status, clock(), target_version=version)
             return status, version
     except Exception as err:
         # Our errors and the driver's carry no credential (see db.connect); of anything else
@@ -289,9 +291,9 @@ def _replace_and_record(
             message = f"unexpected {err.__class__.__name__}; see the run's output"
         rest = [label for group in groups[n + 1:] for label in group]
         try:
-            ledger.ledger_mark(conn, spec.control_schema, run_id, labels, "failed", clock(), message)
+            ledger.ledger_mark(store, spec.control_schema, run_id, labels, "failed", clock(), message)
             if rest:
-                ledger.ledger_mark(conn, spec.control_schema, run_id, rest, "not-attempted", clock(),
+                ledger.ledger_mark(store, spec.control_schema, run_id, rest, "not-attempted", clock(),
                                     f"stopped after partition(s) {', '.join(labels)} failed")
         except psycopg.Error:
             # The ledger could not take the record (its own lock or the connection failed
@@ -306,7 +308,6 @@ def _naming_keys(conn: psycopg.Connection, ctx: Context, err: VerificationError,
     """The same failure, naming the first keys and columns where the committed partition (a
     lake table's at the ``version`` committed) differs from the approved stage (core.diff).
     The failure is what matters: if the keys cannot be read, it is raised as it was."""
-    from backfill_assets.core.diff import diff_against, example_text
     try:
         with conn.transaction():  # a lake partition is loaded into a temporary table for it
             found = diff_against(conn, ctx, err.partition, "target", DIFFERING_KEYS, version=version)
@@ -319,7 +320,7 @@ def _naming_keys(conn: psycopg.Connection, ctx: Context, err: VerificationError,
     return VerificationError(err.partition, err.step, err.expected, err.actual, detail)
 
 
-def refuse_after_failure(conn: psycopg.Connection, spec: Spec, plan_id: str, labels: list[str]) -> None:
+def refuse_after_failure(control: psycopg.Connection, spec: Spec, plan_id: str, labels: list[str]) -> None:
     """Apply stops after its first failure, across runs too (several runs of one approval, as
     a multi-run Dagster backfill makes): a run of an approval does not replace partitions
     while an earlier run of it failed a partition that no run of it has verified since,
@@ -328,22 +329,23 @@ def refuse_after_failure(conn: psycopg.Connection, spec: Spec, plan_id: str, lab
     Raises:
         ApprovalHaltedError: naming each such partition, its run and its error.
     """
-    failed = [f for f in ledger.unverified_failures(conn, spec.control_schema, plan_id) if f["partition"] not in labels]
+    failed = [f for f in ledger.unverified_failures(control, spec.control_schema, plan_id)
+              if f["partition"] not in labels]
     if failed:
         raise ApprovalHaltedError(failed[0]["approval_id"], plan_id, [
             FailedPartition(f["partition"], f["run_id"], f["error"]) for f in failed
         ])
 
 
-def approved_plan_for(conn: psycopg.Connection, spec: Spec, labels: list[str]) -> str:
-    """The newest approved plan that includes every one of ``labels``.
+def approved_plan_for(store: psycopg.Connection, spec: Spec, labels: list[str]) -> str:
+    """The newest approved plan that includes every one of ``labels``, from the control store.
 
     Raises:
         ApprovalError: some partition has no approved plan, or they are in different ones.
     """
-    if not control.control_ready(conn, spec.control_schema):
+    if not control.control_ready(store, spec.control_schema):
         raise ApprovalError(f"no plan has been approved for spec {spec.name}; plan and approve first")
-    found = {label: ledger.newest_approved_plan_with(conn, spec.control_schema, spec.name, label) for label in labels}
+    found = {label: ledger.newest_approved_plan_with(store, spec.control_schema, spec.name, label) for label in labels}
     missing = [label for label, plan_id in found.items() if plan_id is None]
     if missing:
         raise ApprovalError(

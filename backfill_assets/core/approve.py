@@ -115,7 +115,7 @@ def check_data_unchanged(
 def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
     """The target's readings of partitions ``labels`` of the context, in the caller's
     transaction (the same readings a plan records for its stages)."""
-    target = ctx.engine.open(conn, None, ctx)
+    target = ctx.engine.open(conn, conn, None, ctx)  # read only: no lock, no control store
     try:
         return target.readings(labels)
     finally:
@@ -146,7 +146,8 @@ def review(
     """Every check an approval needs, once: the plan exists, belongs to the spec and was not
     refused; the spec and the target's columns are unchanged; the snapshot's seal holds (an
     immutable source still carries its fingerprint); stage A still carries the planned
-    readings. Reads the target as it is now.
+    readings. Reads the target as it is now (on ``conn``, the data) and the plan from the
+    control store.
 
     Args:
         plan: a plan id or unique prefix, or a plan already found.
@@ -156,7 +157,10 @@ def review(
         ApprovalError, SpecError: see :func:`find_plan`, :func:`check_spec_unchanged`,
             :func:`check_data_unchanged`.
     """
-    stored = plan if isinstance(plan, Plan) else find_plan(conn, spec, plan)
+    if not isinstance(plan, Plan):
+        with factory.control(conn) as control:
+            plan = find_plan(control, spec, plan)
+    stored = plan
     ctx = check_spec_unchanged(conn, factory, spec, stored)
     target = check_data_unchanged(conn, ctx, stored)
     try:
@@ -175,10 +179,11 @@ def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan) -> dict[str
             for d in found}
 
 
-def confirm(conn: psycopg.Connection, checked: Review, approved_by: str, *, clock: Clock = utc_now) -> int:
-    """Record the approval of a reviewed plan, against the target the review read. Returns
-    the approval id. apply checks the stage and the target again before it writes."""
-    return record_approval(conn, checked.spec, checked.stored, approved_by, target=checked.target, clock=clock)
+def confirm(control: psycopg.Connection, checked: Review, approved_by: str, *, clock: Clock = utc_now) -> int:
+    """Record the approval of a reviewed plan in the control store (``control``), against the
+    target the review read. Returns the approval id. apply checks the stage and the target
+    again before it writes."""
+    return record_approval(control, checked.spec, checked.stored, approved_by, target=checked.target, clock=clock)
 
 
 def approve_plan(
@@ -192,15 +197,17 @@ def approve_plan(
         ApprovalError, SpecError: see :func:`review`.
     """
     _approver(approved_by)
-    return confirm(conn, review(conn, factory, spec, stored), approved_by, clock=clock)
+    checked = review(conn, factory, spec, stored)
+    with factory.control(conn) as control:
+        return confirm(control, checked, approved_by, clock=clock)
 
 
 def record_approval(
-    conn: psycopg.Connection, spec: Spec, stored: Plan, approved_by: str, *,
+    control: psycopg.Connection, spec: Spec, stored: Plan, approved_by: str, *,
     target: dict[str, dict[str, Any]], clock: Clock = utc_now,
 ) -> int:
-    """Record an approval of a plan that the caller has just checked and shown (see
-    :func:`review` and :func:`confirm`, which call this). Returns its id.
+    """Record, in the control store, an approval of a plan that the caller has just checked
+    and shown (see :func:`review` and :func:`confirm`, which call this). Returns its id.
 
     Args:
         target: what :func:`check_data_unchanged` returned: every plan partition's target
@@ -215,9 +222,9 @@ def record_approval(
             f"the target was not read in partition(s) {', '.join(missing)} of plan "
             f"{stored.plan_id[:16]}; check it with check_data_unchanged before approving"
         )
-    with conn.transaction():
+    with control.transaction():
         return ledger.record_approval(
-            conn, spec.control_schema, plan_id=stored.plan_id, spec_name=spec.name,
+            control, spec.control_schema, plan_id=stored.plan_id, spec_name=spec.name,
             target_table=stored.document.target, partitions=stored.labels,
             approved_by=_approver(approved_by), approved_at=clock(),
             target_readings={label: target[label] for label in stored.labels},

@@ -49,35 +49,36 @@ def set_local(conn: psycopg.Connection, name: str, value: str) -> None:
     conn.execute(_SET_LOCAL, {"name": name, "value": value})
 
 
-def spec_lock(conn: psycopg.Connection, spec: Spec, *, shared: bool = False):
-    """A session lock per spec: plan and apply of one spec never overlap, so a stage cannot
-    be rebuilt while it is being applied. A second run is refused at once.
+def spec_lock(control: psycopg.Connection, spec: Spec, *, shared: bool = False):
+    """A session lock per spec, on the control store's connection: plan and apply of one spec
+    never overlap, so a stage cannot be rebuilt while it is being applied. A second run is
+    refused at once.
 
     ``shared``: the build steps of a spec with ``parallel`` (see :func:`build_lock`) hold it
     shared, so several build at once, each holding its own partitions; apply and a whole plan
     hold it alone."""
     return advisory_session_lock(
-        conn, f"backfill_assets:plan:{spec.control_schema}:{spec.name}",
+        control, f"backfill_assets:plan:{spec.control_schema}:{spec.name}",
         f"a plan or apply of spec {spec.name}", shared=shared,
     )
 
 
-def build_lock(conn: psycopg.Connection, spec: Spec):
+def build_lock(control: psycopg.Connection, spec: Spec):
     """The spec lock a snapshot or stages step holds: alone, or shared with the other builds
     of a spec with ``parallel`` (which then hold their partitions, :func:`partition_locks`)."""
-    return spec_lock(conn, spec, shared=spec.parallel is not None)
+    return spec_lock(control, spec, shared=spec.parallel is not None)
 
 
 @contextlib.contextmanager
-def partition_locks(conn: psycopg.Connection, spec: Spec, labels: list[str]) -> Iterator[None]:
+def partition_locks(control: psycopg.Connection, spec: Spec, labels: list[str]) -> Iterator[None]:
     """For a spec with ``parallel``: a session lock per partition a build step snapshots or
-    builds, so two builds sharing the spec lock never write the same partition (the second is
+    builds, on the control store's connection, so two builds sharing the spec lock never write the same partition (the second is
     refused at once). Nothing for another spec: it builds alone under its spec lock."""
     with contextlib.ExitStack() as held:
         if spec.parallel is not None:
             for label in labels:
                 held.enter_context(advisory_session_lock(
-                    conn, f"backfill_assets:build:{spec.control_schema}:{spec.name}:{label}",
+                    control, f"backfill_assets:build:{spec.control_schema}:{spec.name}:{label}",
                     f"a build of partition {label} of spec {spec.name}",
                 ))
         yield
@@ -200,10 +201,11 @@ class TargetEngine(Protocol):
         database, and the names of catalog tables kept there (core.waits)."""
         ...
 
-    def open(self, conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
-             checkpoint: Checkpoint = no_checkpoint) -> Target:
-        """The target apply (or approval) reads and writes, on its connection; ``factory``
-        opens the fresh connection committed readings are read on."""
+    def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+             ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        """The target apply (or approval) reads and writes: the data on ``conn``, the locks
+        that keep other backfills of its partitions out on ``control`` (the control store's
+        connection); ``factory`` opens the fresh connection committed readings are read on."""
         ...
 
 

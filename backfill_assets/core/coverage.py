@@ -120,8 +120,9 @@ class ApprovalExpiredError(ApprovalError):
         )
 
 
-def refuse_if_expired(conn: psycopg.Connection, spec: Spec, approval: Approval, now: dt.datetime) -> None:
-    """Refuse an expired approval, whatever its runs did so far.
+def refuse_if_expired(control: psycopg.Connection, spec: Spec, approval: Approval, now: dt.datetime) -> None:
+    """Refuse an expired approval, whatever its runs did so far (``control``: the control
+    store's connection, whose ledger says what they verified).
 
     Raises:
         ApprovalExpiredError: naming the approval, when it expired and what its runs verified.
@@ -130,13 +131,13 @@ def refuse_if_expired(conn: psycopg.Connection, spec: Spec, approval: Approval, 
         raise ApprovalExpiredError(
             approval.approval_id, approval.plan_id, approval.approved_by, approval.approved_at,
             approval.expires_at(spec), spec.approval_expires_after,
-            ledger.verified_by_approval(conn, spec.control_schema, approval.approval_id),
+            ledger.verified_by_approval(control, spec.control_schema, approval.approval_id),
         )
 
 
-def latest_approval(conn: psycopg.Connection, spec: Spec, plan_id: str) -> Approval | None:
-    """The newest approval of a plan (the one apply acts on), or None."""
-    row = ledger.latest_approval(conn, spec.control_schema, plan_id)
+def latest_approval(control: psycopg.Connection, spec: Spec, plan_id: str) -> Approval | None:
+    """The newest approval of a plan (the one apply acts on), or None, from the control store."""
+    row = ledger.latest_approval(control, spec.control_schema, plan_id)
     return None if row is None else Approval.from_row(row)
 
 
@@ -220,27 +221,28 @@ def judge(
 
 
 def coverage(
-    conn: psycopg.Connection, ctx: Context, stored: Plan, approval: Approval, labels: list[str],
-    now: dict[str, dict[str, Any]] | None = None,
+    conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, stored: Plan, approval: Approval,
+    labels: list[str], now: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Coverage]:
     """Whether ``approval`` still covers each of ``labels`` (see :func:`judge`), reading the
-    target (unless ``now`` gives its readings) and the ledger in the caller's transaction."""
+    target on ``conn`` (unless ``now`` gives its readings) and the ledger on ``control``, each
+    in the caller's transaction (the same one when the control store is the data database)."""
     if now is None:
         now = target_readings(conn, ctx, labels)
-    history = ledger.partition_history(conn, ctx.spec.control_schema, stored.document.target, labels)
+    history = ledger.partition_history(control, ctx.spec.control_schema, stored.document.target, labels)
     return {label: judge(approval, stored, label, now[label], history) for label in labels}
 
 
 def require_coverage(
-    conn: psycopg.Connection, ctx: Context, stored: Plan, approval: Approval, labels: list[str],
-    now: dict[str, dict[str, Any]] | None = None,
+    conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, stored: Plan, approval: Approval,
+    labels: list[str], now: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Coverage]:
     """:func:`coverage`, refusing any partition the approval no longer covers.
 
     Raises:
         ApprovalOutdatedError: naming each such partition and why.
     """
-    found = coverage(conn, ctx, stored, approval, labels, now)
+    found = coverage(conn, control, ctx, stored, approval, labels, now)
     refused = {label: c.reason for label, c in found.items() if not c.covered}
     if refused:
         raise ApprovalOutdatedError(approval.approval_id, stored.plan_id, refused)
@@ -281,22 +283,28 @@ def open_approvals(
     partition, each with what it still covers: what apply would do with it now. An expired one
     is listed as such (``expired``), with the partitions its runs verified, and nothing read.
 
-    Reads the target of those partitions (and checks each plan's stage as apply does).
+    Reads the target of those partitions (and checks each plan's stage as apply does) on
+    ``conn``, the approvals, plans and ledger in the control store.
     """
-    if not control.control_ready(conn, spec.control_schema):
+    with factory.control(conn) as store:
+        return _open_approvals(conn, store, factory, spec, clock())
+
+
+def _open_approvals(conn: psycopg.Connection, store: psycopg.Connection, factory: ConnectionFactory,
+                    spec: Spec, now: dt.datetime) -> list[OpenApproval]:
+    if not control.control_ready(store, spec.control_schema):
         return []
     out = []
-    now = clock()
-    for row in ledger.open_approvals(conn, spec.control_schema, spec.name):
+    for row in ledger.open_approvals(store, spec.control_schema, spec.name):
         approval = Approval.from_row(row)
         labels = list(row["partitions"])
         if approval.expired(spec, now):
             out.append(_expired(spec, approval, labels, row["verified"]))
             continue
         try:
-            stored = find_plan(conn, spec, approval.plan_id)
+            stored = find_plan(store, spec, approval.plan_id)
             ctx = check_spec_unchanged(conn, factory, spec, stored)
-            found = coverage(conn, ctx, stored, approval, labels, check_data_unchanged(conn, ctx, stored))
+            found = coverage(conn, store, ctx, stored, approval, labels, check_data_unchanged(conn, ctx, stored))
             problem = None
         except (ApprovalError, SpecError) as err:
             # One approval that cannot be judged (its plan unreadable or drifted) is shown as

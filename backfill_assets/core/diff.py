@@ -139,7 +139,8 @@ def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against:
     if limit < 0:
         raise SpecError("--limit must be 0 or more")
     with factory() as conn:
-        stored = find_plan(conn, spec, plan_ref)
+        with factory.control(conn) as store:
+            stored = find_plan(store, spec, plan_ref)
         ctx = resolve(conn, spec, stored.labels)
         wanted = stored.labels if request is None else [partition_label(v) for v in request.resolve(ctx.kind)]
         missing = [label for label in wanted if label not in stored.labels]

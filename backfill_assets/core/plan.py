@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.store import control
+from backfill_assets.core.store import control as store
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.context import Clock, Context, build_lock, partition_locks, spec_lock, utc_now
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
@@ -118,12 +118,12 @@ def make_plan(
         SpecError, ConnectionConfigError, SourceDataError, SnapshotError,
         TransientDatabaseError, ConcurrentRunError.
     """
-    with factory() as conn, spec_lock(conn, spec):
+    with factory() as conn, factory.control(conn) as control, spec_lock(control, spec):
         progress(ProgressEvent("inspect", f"{spec.source_ref} -> {spec.target_name}"))
         ctx = resolve(conn, spec, request)
         snapshot, ctx = take_snapshot(conn, ctx, clock, progress)
         a, b = build_both(ctx, snapshot, factory, clock, progress)
-        return finish_plan(conn, ctx, snapshot, a, b, clock, progress)
+        return finish_plan(conn, control, ctx, snapshot, a, b, clock, progress)
 
 
 def snapshot_step(
@@ -134,9 +134,9 @@ def snapshot_step(
 
     A spec with ``parallel`` snapshots at once with its other builds of other partitions
     (core.context.build_lock)."""
-    with factory() as conn, build_lock(conn, spec):
+    with factory() as conn, factory.control(conn) as control, build_lock(control, spec):
         ctx = resolve(conn, spec, request)
-        with partition_locks(conn, spec, ctx.labels):
+        with partition_locks(control, spec, ctx.labels):
             snapshot, _ = take_snapshot(conn, ctx, clock, progress)
             return snapshot
 
@@ -154,13 +154,13 @@ def stages_step(
 
     Returns the snapshot's context, the plan, and the readings of stages A and B.
     """
-    with factory() as conn, build_lock(conn, spec):
+    with factory() as conn, factory.control(conn) as control, build_lock(control, spec):
         snapshot, ctx = load_snapshot(conn, spec, snapshot_id)
-        with partition_locks(conn, spec, ctx.labels):
+        with partition_locks(control, spec, ctx.labels):
             if spec.parallel is not None:
                 _stage_tables_ready(conn, ctx)
             a, b = build_both(ctx, snapshot, factory, clock, progress)
-            return ctx, finish_plan(conn, ctx, snapshot, a, b, clock, progress), a, b
+            return ctx, finish_plan(conn, control, ctx, snapshot, a, b, clock, progress), a, b
 
 
 def _stage_tables_ready(conn: psycopg.Connection, ctx: Context) -> None:
@@ -174,20 +174,29 @@ def _stage_tables_ready(conn: psycopg.Connection, ctx: Context) -> None:
 
 
 def finish_plan(
-    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, a: dict[str, Fingerprint],
-    b: dict[str, Fingerprint], clock: Clock, progress: Progress,
+    conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, snapshot: Snapshot,
+    a: dict[str, Fingerprint], b: dict[str, Fingerprint], clock: Clock, progress: Progress,
 ) -> Plan:
-    """Compare the builds, recheck an immutable source, then store the plan; a refused plan's
-    differing stage partitions are deleted so that nothing can apply them."""
+    """Compare the builds (on ``conn``, the data), recheck an immutable source, then store the
+    plan in the control store (``control``: ``conn`` itself, or a database of its own); a
+    refused plan's differing stage partitions are deleted so that nothing can apply them.
+
+    With one database, both happen in one transaction. With a control store of its own, the
+    plan is committed there first: should the data's commit then fail, the plan is refused
+    already and its stage partitions cannot be applied."""
     spec = ctx.spec
     reports = _input_reports(conn, ctx, snapshot)
     if snapshot.mode == "immutable":
         recheck_immutable_source(conn, ctx, snapshot)
     problems = ctx.engine.plan_problems(conn, ctx) + differing_keys(conn, ctx, a, b)
     plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)
-    with conn.transaction():
-        control.record_plan(
-            conn, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name,
+    with conn.transaction(), control.transaction():
+        if control is not conn:
+            if not store.control_ready(control, spec.control_schema):
+                store.ensure_control_schema(control, spec.control_schema)
+            store.copy_snapshot_record(conn, control, spec.control_schema, snapshot.snapshot_id)
+        store.record_plan(
+            control, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name,
             target_table=spec.target_name, status=plan.status,
             snapshot_id=snapshot.snapshot_id, plan=plan.as_json(), created_at=clock(),
         )

@@ -268,6 +268,9 @@ class Spec(_Strict):
 
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=MAX_SPEC_NAME)]
     database_url_env: Annotated[str, AfterValidator(_check_env_name)]
+    # The control store (plans, approvals, ledger, the runs' locks) in another PostgreSQL
+    # database, named by this variable; without it they live in control_schema of the data's.
+    control_database_url_env: Annotated[str, AfterValidator(_check_env_name)] | None = None
     source: SourceSpec
     target: TargetSpec
     partition_key: Identifier

@@ -203,7 +203,7 @@ def read_stages(spec: Spec, labels: list[str], factory: ConnectionFactory) -> li
         StageError: the stages of this spec have never been built.
         SpecError: the spec no longer matches the catalog, or a label is malformed.
     """
-    with factory() as conn:
+    with factory() as conn, factory.control(conn) as store:
         if not control.control_ready(conn, spec.control_schema):
             raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
         ctx = resolve(conn, spec, labels)
@@ -214,7 +214,10 @@ def read_stages(spec: Spec, labels: list[str], factory: ConnectionFactory) -> li
             built = {v: control.builds(conn, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
             now = {v: {label: ctx.readings(conn, ctx.stage(v), value) for value, label in zip(ctx.partitions, ctx.labels)}
                    for v in ("a", "b")}
-            plans = control.plans_with(conn, spec.control_schema, spec.name, ctx.labels)
+        # The plans are the control store's (read after the stages: a plan made meanwhile
+        # names stages it recorded, which the comparison below then tells apart).
+        plans = (control.plans_with(store, spec.control_schema, spec.name, ctx.labels)
+                 if control.control_ready(store, spec.control_schema) else {})
     out = []
     for label in ctx.labels:
         a, b = now["a"][label], now["b"][label]

@@ -49,10 +49,19 @@ _HELD = sql.SQL(
 )
 
 
-def held_locks(conn: psycopg.Connection, spec: Spec) -> list[HeldLock]:
-    """The locks other sessions hold now on the spec's relations, strongest first."""
-    target_tables, catalog_tables = engine_for(spec).held_elsewhere()
-    tables = [spec.source_ref, *target_tables]
+_MODES = ("AccessExclusiveLock", "ExclusiveLock", "ShareRowExclusiveLock", "ShareLock", "ShareUpdateExclusiveLock",
+          "RowShareLock", "RowExclusiveLock", "AccessShareLock")
+
+
+def _strongest(lock: HeldLock) -> tuple[int, str, int]:
+    return (_MODES.index(lock.mode) if lock.mode in _MODES else len(_MODES), lock.relation, lock.pid)
+
+
+def held_locks(conn: psycopg.Connection, spec: Spec, *, control_only: bool = False) -> list[HeldLock]:
+    """The locks other sessions hold now on the spec's relations in ``conn``'s database,
+    strongest first. ``control_only``: the control schema alone (a control store of its own)."""
+    target_tables, catalog_tables = ([], []) if control_only else engine_for(spec).held_elsewhere()
+    tables = [] if control_only else [spec.source_ref, *target_tables]
     rows = conn.execute(_HELD, {
         "control": spec.control_schema, "schemas": [t.schema for t in tables],
         "names": [t.name for t in tables], "most": MOST_NAMED,
@@ -78,6 +87,9 @@ def explain(err: BaseException, factory: ConnectionFactory, spec: Spec) -> Backf
     try:
         with factory() as conn:
             held = held_locks(conn, spec)
+            if factory.separate:  # the control store's tables live in a database of their own
+                with factory.control(conn) as store:
+                    held = sorted([*held, *held_locks(store, spec, control_only=True)], key=_strongest)[:MOST_NAMED]
     except (psycopg.Error, BackfillError):
         return err
     return err.naming(held) if held else err

@@ -260,8 +260,8 @@ def _target_asset(shape: _Shape) -> dg.AssetsDefinition:
         try:
             with transient_retry(factory, spec):
                 if plan_id is None:
-                    with factory() as conn:
-                        plan_id = approved_plan_for(conn, spec, labels)
+                    with factory() as conn, factory.control(conn) as store:
+                        plan_id = approved_plan_for(store, spec, labels)
                 with _progress(context) as progress:
                     apply_plan(
                         spec, plan_id, factory, run_id=f"dagster-{context.run.run_id}-{context.retry_number}",

@@ -52,7 +52,8 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
         with transient_retry(factory, spec), factory() as conn:
             checked = review(conn, factory, spec, config.plan_id)
             context.log.info(render_review(checked, spec.parallel))
-            approval_id = confirm(conn, checked, config.approved_by)
+            with factory.control(conn) as control:
+                approval_id = confirm(control, checked, config.approved_by)
         stored = checked.stored
         context.add_output_metadata({
             "approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": config.approved_by,

@@ -18,16 +18,21 @@ MAX_TRANSIENT_RETRIES = 3
 
 
 class PostgresResource(dg.ConfigurableResource):
-    """Connections to the database of one spec."""
+    """Connections to the databases of one spec: its data, and its control store when that is
+    a database of its own (``control_database_url_env``)."""
 
     database_url: str
     variable: str = "DATABASE_URL"
+    control_database_url: str | None = None
+    control_variable: str | None = None
 
     def factory(self, spec: Spec, application_name: str = "backfill_assets:dagster") -> ConnectionFactory:
         """Open pinned connections carrying the spec's lock and statement timeouts from their
         first statement (see core.pg.db); errors never contain the URL."""
+        control = (None if self.control_database_url is None
+                   else DatabaseUrl(self.control_database_url, source=f"${self.control_variable}"))
         return connection_factory(DatabaseUrl(self.database_url, source=f"${self.variable}"), spec.limits,
-                                  application_name)
+                                  application_name, control_url=control)
 
 
 def resource_key(spec: Spec) -> str:
@@ -35,7 +40,11 @@ def resource_key(spec: Spec) -> str:
 
 
 def resource_for(spec: Spec) -> PostgresResource:
-    return PostgresResource(database_url=dg.EnvVar(spec.database_url_env), variable=spec.database_url_env)
+    control = spec.control_database_url_env
+    return PostgresResource(
+        database_url=dg.EnvVar(spec.database_url_env), variable=spec.database_url_env,
+        control_database_url=None if control is None else dg.EnvVar(control), control_variable=control,
+    )
 
 
 @contextlib.contextmanager

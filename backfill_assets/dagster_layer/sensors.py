@@ -117,10 +117,10 @@ def approval_sensor(
             since = now - spec.approval_expires_after if fresh else None
             factory = _factory(context, spec)
             # A timeout fails the tick (the next one tries again), naming what it waited for.
-            with explained_waits(factory, spec), factory() as conn:
-                if not control.control_ready(conn, spec.control_schema):
+            with explained_waits(factory, spec), factory() as conn, factory.control(conn) as store:
+                if not control.control_ready(store, spec.control_schema):
                     continue
-                new = ledger.approvals_since(conn, spec.control_schema, spec.name, cursor.get(spec.name, 0),
+                new = ledger.approvals_since(store, spec.control_schema, spec.name, cursor.get(spec.name, 0),
                                              limit=per_tick, approved_after=since)
             if since is not None:
                 context.log.info(f"{spec.name}: no cursor yet: reading only approvals given after {utc_text(since)} "

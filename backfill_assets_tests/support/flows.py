@@ -73,7 +73,9 @@ DAYS8 = [*demo.DEMO_DAYS, dt.date(2024, 1, 8)]
 
 def approved(conn, factory, spec, request=ALL_DAYS):
     plan = make_plan(spec, request, factory)
-    approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), "alice")
+    with factory.control(conn) as store:
+        stored = find_plan(store, spec, plan.plan_id)
+    approve_plan(conn, factory, spec, stored, "alice")
     return plan
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -43,7 +43,6 @@ _REPEATABLE_READ = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
 _READ_COMMITTED = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 _REPEATABLE_READ_ONLY = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
 
-ConnectionFactory = Callable[[], psycopg.Connection]
 
 class DatabaseUrl:
     """A connection URL that does not print itself.
@@ -171,9 +170,50 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def connection_factory(url: DatabaseUrl, limits: Limits, application_name: str = "backfill_assets") -> ConnectionFactory:
-    """A zero-argument callable opening a new pinned connection with ``limits`` each time."""
-    return lambda: connect(url, limits, application_name=application_name)
+class Connections:
+    """A spec's connections, by the role each plays.
+
+    - The **data**: the source, the snapshot, the stages and the target (the spec's
+      ``database_url_env``). Calling the object opens one.
+    - The **control store**: the plans, the approvals, the ledger, and the locks that keep
+      runs of a spec and backfills of a partition apart (``control_database_url_env``). A spec
+      that names none keeps them in its data database, as every PostgreSQL spec always has:
+      then :meth:`control` hands back the data connection itself, and the two roles share its
+      transactions.
+
+    Every connection carries ``limits`` from its first statement; errors never contain a URL.
+    """
+
+    def __init__(self, url: DatabaseUrl, limits: Limits, application_name: str = "backfill_assets",
+                 control_url: DatabaseUrl | None = None) -> None:
+        self._url, self._control_url = url, control_url
+        self.limits, self.application_name = limits, application_name
+
+    def __call__(self) -> psycopg.Connection:
+        """A new connection to the data."""
+        return connect(self._url, self.limits, application_name=self.application_name)
+
+    @property
+    def separate(self) -> bool:
+        """Whether the control store is a database of its own."""
+        return self._control_url is not None
+
+    @contextlib.contextmanager
+    def control(self, data: psycopg.Connection) -> Iterator[psycopg.Connection]:
+        """The control store's connection for a run working on ``data``: ``data`` itself when
+        the control store is the data database, else a new connection, closed on exit."""
+        if self._control_url is None:
+            yield data
+            return
+        with connect(self._control_url, self.limits, application_name=self.application_name) as conn:
+            yield conn
+
+
+def connection_factory(url: DatabaseUrl, limits: Limits, application_name: str = "backfill_assets",
+                       control_url: DatabaseUrl | None = None) -> Connections:
+    """A spec's connections (:class:`Connections`): calling it opens a new pinned connection to
+    the data with ``limits``; ``control_url``: the control store's database, if another."""
+    return Connections(url, limits, application_name, control_url)
 
 
 _TRANSIENT = (
@@ -256,3 +296,8 @@ def advisory_session_lock(conn: psycopg.Connection, key: str, what: str, *, shar
     finally:
         if not conn.closed:
             conn.execute(_UNLOCK[shared], {"key": key})
+
+
+# What the core takes to open connections: the data by calling it, the control store by
+# Connections.control.
+ConnectionFactory = Connections

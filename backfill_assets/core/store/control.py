@@ -12,8 +12,10 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.pg import sqlbuild
 
 
@@ -143,6 +145,31 @@ def record_snapshot(conn: psycopg.Connection, schema: str, **fields: Any) -> Non
     the same snapshot again only moves its ``taken_at``, so it is the newest again)."""
     fields = {**fields, "partitions": Jsonb(fields["partitions"]), "scope": Jsonb(fields["scope"])}
     conn.execute(_INSERT_SNAPSHOT.format(schema=sql.Identifier(schema)), fields)
+
+
+_SNAPSHOT_RECORD = sql.SQL(
+    "SELECT snapshot_id, source_table, mode, snapshot_table, partition_key, partitions, fingerprint, "
+    "scope, created_at, taken_at FROM {schema}.snapshots WHERE snapshot_id = %(snapshot_id)s"
+)
+_COPY_SNAPSHOT_RECORD = sql.SQL(
+    "INSERT INTO {schema}.snapshots (snapshot_id, source_table, mode, snapshot_table, partition_key, "
+    "partitions, fingerprint, scope, created_at, taken_at) VALUES (%(snapshot_id)s, %(source_table)s, "
+    "%(mode)s, %(snapshot_table)s, %(partition_key)s, %(partitions)s, %(fingerprint)s, %(scope)s, "
+    "%(created_at)s, %(taken_at)s) ON CONFLICT (snapshot_id) "
+    "DO UPDATE SET taken_at = greatest({schema}.snapshots.taken_at, EXCLUDED.taken_at)"
+)
+
+
+def copy_snapshot_record(data: psycopg.Connection, control: psycopg.Connection, schema: str, snapshot_id: str) -> None:
+    """Record a snapshot taken in the data database in a control store of its own too, as the
+    plans made from it there refer to it (its rows and copies stay with the data)."""
+    target = sql.Identifier(schema)
+    with data.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(_SNAPSHOT_RECORD.format(schema=target), {"snapshot_id": snapshot_id}).fetchone()
+    if row is None:
+        raise SnapshotError(f"snapshot {snapshot_id[:16]} is not recorded in the data database; plan again")
+    row = {**row, "partitions": Jsonb(row["partitions"]), "scope": Jsonb(row["scope"])}
+    control.execute(_COPY_SNAPSHOT_RECORD.format(schema=target), row)
 
 
 _UPSERT_COPY = sql.SQL(

@@ -19,7 +19,7 @@ from backfill_assets.core.guard.transform import validate_transform_in_catalog
 
 
 @contextlib.contextmanager
-def partition_advisory_locks(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> Iterator[None]:
+def partition_advisory_locks(control: psycopg.Connection, ctx: Context, labels: list[str]) -> Iterator[None]:
     """A session advisory lock per (target, partition), taken in one order by every run, so
     that no other backfill of these partitions runs until the caller is done. Each waits at
     most the connection's lock timeout (vocabulary.Limits)."""
@@ -29,25 +29,26 @@ def partition_advisory_locks(conn: psycopg.Connection, ctx: Context, labels: lis
     try:
         with transient_errors(f"locking partition(s) {', '.join(labels)} of {spec.target_name}"):
             for key in keys:
-                conn.execute(*sqlbuild.advisory_lock(key))
+                control.execute(*sqlbuild.advisory_lock(key))
                 taken.append(key)
         yield
     finally:
-        if not conn.closed and not conn.broken:
+        if not control.closed and not control.broken:
             for key in taken:
-                conn.execute(*sqlbuild.advisory_unlock(key))
+                control.execute(*sqlbuild.advisory_unlock(key))
 
 
 class AdvisoryLocked:
-    """``Target.locked`` by session advisory locks on apply's connection (every engine's: the
-    control store, and so the locks, live in PostgreSQL). Needs ``conn`` and ``ctx``."""
+    """``Target.locked`` by session advisory locks on the control store's connection (every
+    engine's: the control store, and so the locks, live in PostgreSQL). Needs ``control``
+    and ``ctx``."""
 
-    conn: psycopg.Connection
+    control: psycopg.Connection
     ctx: Context
 
     @contextlib.contextmanager
     def locked(self, labels: list[str]) -> Iterator[None]:
-        with partition_advisory_locks(self.conn, self.ctx, labels):
+        with partition_advisory_locks(self.control, self.ctx, labels):
             yield
 
 

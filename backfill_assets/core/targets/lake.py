@@ -277,18 +277,18 @@ class LakeEngine:
     def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
         return [], []  # files: no lock of the data database holds them
 
-    def open(self, conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
-             checkpoint: Checkpoint = no_checkpoint) -> Target:
-        return LakeTarget(conn, ctx, self.table(conn), checkpoint)
+    def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+             ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        return LakeTarget(conn, control, ctx, self.table(conn), checkpoint)
 
 
 
 class LakeTarget(AdvisoryLocked):
     """A Delta or Iceberg table whose partitions apply replaces (see the module docstring)."""
 
-    def __init__(self, conn: psycopg.Connection, ctx: Context, table: LakeTable,
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, table: LakeTable,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
-        self.conn, self.ctx, self.table, self.checkpoint = conn, ctx, table, checkpoint
+        self.conn, self.control, self.ctx, self.table, self.checkpoint = conn, control, ctx, table, checkpoint
         self.schema = lake_schema(ctx.target_columns)  # the stage's columns, in the spec's order
         self._committed: dict[str, str | None] = {}
 

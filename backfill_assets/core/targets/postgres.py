@@ -65,9 +65,9 @@ class PostgresEngine:
     def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
         return [self.spec.target_ref], []
 
-    def open(self, conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
-             checkpoint: Checkpoint = no_checkpoint) -> Target:
-        return PostgresTarget(conn, factory, ctx, checkpoint)
+    def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+             ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        return PostgresTarget(conn, control, factory, ctx, checkpoint)
 
 
 class PostgresTarget(AdvisoryLocked):
@@ -80,9 +80,9 @@ class PostgresTarget(AdvisoryLocked):
     cover rows not yet inserted) and blocks no reader. Finite lock and statement timeouts.
     """
 
-    def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory | None, ctx: Context,
-                 checkpoint: Checkpoint = no_checkpoint) -> None:
-        self.conn, self.factory, self.ctx, self.checkpoint = conn, factory, ctx, checkpoint
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+                 ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> None:
+        self.conn, self.control, self.factory, self.ctx, self.checkpoint = conn, control, factory, ctx, checkpoint
         self._reader: psycopg.Connection | None = None
 
     def _values(self, labels: list[str]) -> list[object]:

@@ -116,7 +116,7 @@ def test_the_committed_read_survives_its_connection_dropped_while_idle(unmoved_d
     spec = make_spec(records_can_move=False)
     with factory() as conn:
         ctx = resolve(conn, spec, PartitionRequest("2024-01-01..2024-01-02"))
-        target = PostgresTarget(conn, factory, ctx)
+        target = PostgresTarget(conn, conn, factory, ctx)
         first = target.committed_readings(["2024-01-01"])
         reader = target._reader
         assert reader is not None

@@ -19,8 +19,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from backfill_assets.core.pg import embedded
-from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets.core.pg.db import DatabaseUrl, connect, connection_factory
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets_tests.support.specs import CANARY, URL_ENV
 
 ADMIN_URL_ENV = "BACKFILL_TEST_DATABASE_URL"

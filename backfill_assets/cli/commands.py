@@ -20,25 +20,27 @@ from typing import Any, TextIO
 
 import psycopg
 
-from backfill_assets.core.pg import embedded
+from backfill_assets.cli.demo_run import run_demo
+from backfill_assets.cli.progress_bar import ProgressBar, plain
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import confirm, review
 from backfill_assets.core.coverage import open_approvals
-from backfill_assets.core.resolve import inspect
-from backfill_assets.core.store.ledger import ledger_status
-from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, as_transient, connection_factory, url_from_env
+from backfill_assets.core.diff import diff_plan
 from backfill_assets.core.errors import ApprovalError, BackfillError
+from backfill_assets.core.pg import embedded
+from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, as_transient, connection_factory, url_from_env
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.profile.propose import profile_source
 from backfill_assets.core.progress import ProgressEvent
-from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.core.resolve import inspect
 from backfill_assets.core.spec import Spec, load_spec
+from backfill_assets.core.store.ledger import ledger_status
+from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets.core.waits import explain
-from backfill_assets.cli.progress_bar import ProgressBar, plain
 from backfill_assets.render import (
     render_apply,
-    render_diff,
     render_approvals,
+    render_diff,
     render_plan,
     render_profile,
     render_review,
@@ -224,8 +226,6 @@ def cmd_apply(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_diff(args: argparse.Namespace, out: Output) -> int:
-    from backfill_assets.core.diff import diff_plan
-
     spec = load_spec(args.spec)
     request = PartitionRequest(args.partitions) if args.partitions else None
     result = diff_plan(spec, args.plan, _factory(spec, args), against=args.against, request=request,
@@ -257,8 +257,6 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, out: Output) -> int:
-    from backfill_assets.cli.demo_run import run_demo
-
     lake = None if args.lake_spec == "none" else load_spec(args.lake_spec)
     run_demo(load_spec(args.spec), args.partitions, out, lake)
     return 0

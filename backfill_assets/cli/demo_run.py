@@ -13,25 +13,19 @@ from pathlib import Path
 from typing import Protocol
 
 from backfill_assets.cli import demo
-from backfill_assets.core.pg import embedded
 from backfill_assets.core.apply import ApplyResult, apply_plan
 from backfill_assets.core.approve import confirm, review
-from backfill_assets.core.resolve import inspect
-from backfill_assets.core.store.ledger import ledger_status
-from backfill_assets.core.pg.db import ConnectionFactory, connection_factory
 from backfill_assets.core.errors import VerificationError
+from backfill_assets.core.pg import embedded
+from backfill_assets.core.pg.db import ConnectionFactory, connection_factory
 from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile.propose import profile_source
 from backfill_assets.core.progress import ProgressEvent
-from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.core.resolve import inspect
 from backfill_assets.core.spec import DeltaTargetSpec, Spec
-from backfill_assets.render import (
-    render_apply,
-    render_plan,
-    render_profile,
-    render_replacement,
-    render_status,
-)
+from backfill_assets.core.store.ledger import ledger_status
+from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.render import render_apply, render_plan, render_profile, render_replacement, render_status
 
 
 class Printer(Protocol):

@@ -13,9 +13,8 @@ from pathlib import Path
 from backfill_assets.cli import demo
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.catalog import table_kind
-from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets.core.pg.db import connection_factory
-from backfill_assets.core.vocabulary import TableRef
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS, TableRef
 from backfill_assets.dagster_layer.names import pool_limits
 
 REPO = Path(__file__).resolve().parents[1]

@@ -43,23 +43,27 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.diff import diff_against, example_text
-from backfill_assets.core.store import control, ledger
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.approve import check_data_unchanged, check_spec_unchanged
-from backfill_assets.core.coverage import Approval, latest_approval, refuse_if_expired, require_coverage, short_readings
-from backfill_assets.core.store.plans import find_plan
-from backfill_assets.core.pg.db import ConnectionFactory
-from backfill_assets.core.errors import (
-    ApprovalError, ApprovalHaltedError, BackfillError, FailedPartition, VerificationError,
-)
-from backfill_assets.core.plan import DIFFERING_KEYS
-from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint, spec_lock, utc_now
+from backfill_assets.core.coverage import Approval, latest_approval, refuse_if_expired, require_coverage, short_readings
+from backfill_assets.core.diff import diff_against, example_text
+from backfill_assets.core.errors import (
+    ApprovalError,
+    ApprovalHaltedError,
+    BackfillError,
+    FailedPartition,
+    VerificationError,
+)
+from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.plan import DIFFERING_KEYS
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.snapshot import immutable_source_changes
-from backfill_assets.core.stages import stage_partitions_changed
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.stages import stage_partitions_changed
+from backfill_assets.core.store import control, ledger
+from backfill_assets.core.store.plan_document import Plan
+from backfill_assets.core.store.plans import find_plan
 
 # A test or an operator may pause at these points (see core.context.Checkpoint).
 STEPS = ("locked", "deleted", "inserted", "before-commit", "committed", "verified")

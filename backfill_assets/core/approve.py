@@ -18,20 +18,19 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.store import control, ledger
-from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
-from backfill_assets.core.errors import ApprovalError, BackfillError
 from backfill_assets.core.context import Clock, Context, utc_now
 from backfill_assets.core.diff import diff_against
-from backfill_assets.core.store.plans import find_plan
-from backfill_assets.core.resolve import resolve
+from backfill_assets.core.errors import ApprovalError, BackfillError
+from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.plan import spec_document
-from backfill_assets.core.store.plan_document import Plan
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.snapshot import copy_problem, immutable_source_changes
-from backfill_assets.core.stages import stage_partitions_changed
-from backfill_assets.core.vocabulary import parse_table_name
 from backfill_assets.core.spec import Spec
-
+from backfill_assets.core.stages import stage_partitions_changed
+from backfill_assets.core.store import control, ledger
+from backfill_assets.core.store.plan_document import Plan
+from backfill_assets.core.store.plans import find_plan
+from backfill_assets.core.vocabulary import parse_table_name
 
 
 def check_spec_unchanged(

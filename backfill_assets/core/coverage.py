@@ -20,14 +20,13 @@ from typing import Any, Literal
 
 import psycopg
 
-from backfill_assets.core.store import control, ledger
-from backfill_assets.core.pg.db import ConnectionFactory
-from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError
-from backfill_assets.core.context import Clock, Context, utc_now
-from backfill_assets.core.store.plan_document import Plan
-from backfill_assets.core.spec import Spec
-
 from backfill_assets.core.approve import check_data_unchanged, check_spec_unchanged, target_readings
+from backfill_assets.core.context import Clock, Context, utc_now
+from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError
+from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.store import control, ledger
+from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.store.plans import find_plan
 
 

@@ -28,16 +28,16 @@ from typing import Any, Literal
 
 import psycopg
 
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.context import Context
-from backfill_assets.core.store.plans import find_plan
-from backfill_assets.core.resolve import resolve
-from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.errors import ApprovalError, SpecError
 from backfill_assets.core.fingerprint.partition import business_key_order
-from backfill_assets.core.vocabulary import PartitionRequest, TableRef, partition_label
+from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import stage_partitions_changed
+from backfill_assets.core.store.plans import find_plan
+from backfill_assets.core.vocabulary import PartitionRequest, TableRef, partition_label
 
 Against = Literal["target", "stage_b"]
 KINDS = ("added", "removed", "changed", "unchanged")

@@ -12,12 +12,17 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.errors import SourceDataError, SpecError
-from backfill_assets.core.vocabulary import (
-    MAX_PARTITIONS, PartitionKind, PartitionValue, TableRef, parse_labels, partition_label,
-)
+from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.vocabulary import (
+    MAX_PARTITIONS,
+    PartitionKind,
+    PartitionValue,
+    TableRef,
+    parse_labels,
+    partition_label,
+)
 
 MAX_ROUNDS = 100
 EXAMPLES = 3

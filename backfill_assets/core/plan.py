@@ -13,24 +13,28 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.store import control as store
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.context import Clock, Context, build_lock, partition_locks, spec_lock, utc_now
+from backfill_assets.core.diff import diff_partition, example_text
+from backfill_assets.core.fingerprint.identity import PLAN_FORMAT, sha256_hex
+from backfill_assets.core.fingerprint.partition import Fingerprint
+from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.pg.db import ConnectionFactory, transient_errors
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.resolve import resolve
-from backfill_assets.core.pg.db import ConnectionFactory, transient_errors
-from backfill_assets.core.diff import diff_partition, example_text
-from backfill_assets.core.fingerprint.partition import Fingerprint
-from backfill_assets.core.fingerprint.identity import PLAN_FORMAT, sha256_hex
-from backfill_assets.core.store.plan_document import (
-    AddedPartition, PartitionEntry, Plan, PlanDocument, SnapshotRef, SourceReport,
-)
-from backfill_assets.core.snapshot import (
-    Snapshot, load_snapshot, recheck_immutable_source, take_snapshot,
-)
-from backfill_assets.core.vocabulary import PartitionRequest, partition_label
+from backfill_assets.core.snapshot import Snapshot, load_snapshot, recheck_immutable_source, take_snapshot
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import build_both, ensure_stage
+from backfill_assets.core.store import control as store
+from backfill_assets.core.store.plan_document import (
+    AddedPartition,
+    PartitionEntry,
+    Plan,
+    PlanDocument,
+    SnapshotRef,
+    SourceReport,
+)
+from backfill_assets.core.vocabulary import PartitionRequest, partition_label
+
 
 def spec_document(ctx: Context) -> dict[str, Any]:
     """The parts of a plan that come from the spec and the target's catalog.

@@ -17,19 +17,20 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.store import control
+from backfill_assets.core.context import Clock, Context
+from backfill_assets.core.errors import SnapshotError, SourceDataError
+from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
+from backfill_assets.core.fingerprint.partition import snapshot_rows_hash
+from backfill_assets.core.moves import Scope, close_scope
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns, table_kind
-from backfill_assets.core.context import Clock, Context
-from backfill_assets.core.resolve import resolve
-from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.pg.db import repeatable_read, transient_errors
-from backfill_assets.core.errors import SnapshotError, SourceDataError
-from backfill_assets.core.fingerprint.partition import snapshot_rows_hash
-from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
-from backfill_assets.core.moves import Scope, close_scope
-from backfill_assets.core.vocabulary import TableRef, parse_table_name, partition_label
+from backfill_assets.core.progress import Progress, ProgressEvent
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.store import control
+from backfill_assets.core.vocabulary import TableRef, parse_table_name, partition_label
+
 
 @dataclass(frozen=True)
 class Snapshot:

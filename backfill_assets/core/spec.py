@@ -15,11 +15,17 @@ import pydantic
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from backfill_assets.core.vocabulary import Limits
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.vocabulary import (
-    MAX_SPEC_NAME, Identifier, TableName, TableRef, check_identifier, parse_table_name,
+    MAX_SPEC_NAME,
+    Identifier,
+    Limits,
+    TableName,
+    TableRef,
+    check_identifier,
+    parse_table_name,
 )
+
 
 def _check_env_name(value: str) -> str:
     # Never echo the value: someone may have pasted the URL itself here.

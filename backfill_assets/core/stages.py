@@ -11,20 +11,18 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.store import control
-from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import table_columns, table_kind
 from backfill_assets.core.context import Clock, Context, set_local
-from backfill_assets.core.resolve import resolve
-from backfill_assets.core.progress import Progress, ProgressEvent
-from backfill_assets.core.pg.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.errors import SnapshotError, StageError
 from backfill_assets.core.fingerprint.partition import Fingerprint, business_key_order
+from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.pg.catalog import table_columns, table_kind
+from backfill_assets.core.pg.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
+from backfill_assets.core.progress import Progress, ProgressEvent
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.snapshot import SEAL_HORIZON, Snapshot, copy_problem
-from backfill_assets.core.vocabulary import PartitionValue, TableRef, partition_label
 from backfill_assets.core.spec import Spec
-
-
+from backfill_assets.core.store import control
+from backfill_assets.core.vocabulary import PartitionValue, TableRef, partition_label
 
 
 def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableRef:

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.pg.db import ConnectionFactory, as_transient
 from backfill_assets.core.errors import BackfillError, HeldLock, TransientDatabaseError
+from backfill_assets.core.pg.db import ConnectionFactory, as_transient
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
 

@@ -49,24 +49,24 @@ enum label that a column shows) are not watched.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import psycopg
 
-from backfill_assets.core.store import control
+from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import has_ordered_index, table_columns, table_kind
-from backfill_assets.core.resolve import resolve
 from backfill_assets.core.pg.db import repeatable_read, transient_errors
-from backfill_assets.core.errors import SpecError
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.snapshot import changes_against
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.store import control
 
 STATE_FORMAT = 1
 # Hashes are kept as their first 16 hex digits (64 bits): the state only tells whether a

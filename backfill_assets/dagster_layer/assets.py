@@ -29,7 +29,6 @@ from typing import Any
 
 import dagster as dg
 
-from backfill_assets.dagster_layer import events
 from backfill_assets.core.apply import apply_plan, approved_plan_for
 from backfill_assets.core.errors import ApprovalError, SpecError, StageError, VerificationError
 from backfill_assets.core.plan import snapshot_step, stages_step
@@ -37,6 +36,7 @@ from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.snapshot import snapshot_covering
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import read_stages
+from backfill_assets.dagster_layer import events
 from backfill_assets.dagster_layer.names import PLAN_TAG, Keys, build_pool, replace_pool
 from backfill_assets.dagster_layer.partitions import partitions_def
 from backfill_assets.dagster_layer.resources import PostgresResource, resource_key, transient_retry

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import Spec, load_spec
+from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.jobs import approval_job, not_launched_job, spec_jobs
 from backfill_assets.dagster_layer.resources import resource_for, resource_key
 from backfill_assets.dagster_layer.sensors import approval_sensor, source_snapshot_sensor

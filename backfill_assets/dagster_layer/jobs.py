@@ -7,10 +7,16 @@ from backfill_assets.core.approve import confirm, review
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import Spec
 from backfill_assets.dagster_layer.names import (
-    APPROVE_JOB, APPROVE_OP, UNLAUNCHABLE_JOB, UNLAUNCHABLE_OP, Keys, stages_job_name, target_job_name,
+    APPROVE_JOB,
+    APPROVE_OP,
+    UNLAUNCHABLE_JOB,
+    UNLAUNCHABLE_OP,
+    Keys,
+    stages_job_name,
+    target_job_name,
 )
-from backfill_assets.render import plan_markdown, render_review
 from backfill_assets.dagster_layer.resources import PostgresResource, resource_key, transient_retry
+from backfill_assets.render import plan_markdown, render_review
 
 
 def spec_jobs(spec: Spec) -> list:

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, connection_factory
 from backfill_assets.core.errors import ConcurrentRunError, TransientDatabaseError
+from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, connection_factory
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.waits import explained_waits
 

@@ -9,16 +9,24 @@ import time
 
 import dagster as dg
 
-from backfill_assets.core.store import control, ledger
-from backfill_assets.core.coverage import duration_text, expiry, is_expired, utc_text
 from backfill_assets.core.context import Clock, utc_now
+from backfill_assets.core.coverage import duration_text, expiry, is_expired, utc_text
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.watch import WatchState, watch_tick
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.store import control, ledger
 from backfill_assets.core.waits import explained_waits
+from backfill_assets.core.watch import WatchState, watch_tick
 from backfill_assets.dagster_layer.names import (
-    APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB, UNLAUNCHABLE_OP, approval_run_key,
-    stages_job_name, target_job_name, unlaunchable_run_key,
+    APPROVAL_TAG,
+    PLAN_TAG,
+    RANGE_END,
+    RANGE_START,
+    UNLAUNCHABLE_JOB,
+    UNLAUNCHABLE_OP,
+    approval_run_key,
+    stages_job_name,
+    target_job_name,
+    unlaunchable_run_key,
 )
 from backfill_assets.dagster_layer.partitions import contiguous_segments, partitions_def, run_segments
 from backfill_assets.dagster_layer.resources import PostgresResource, resource_key

@@ -11,8 +11,7 @@ import pytest
 
 from backfill_assets.cli import commands as cli
 from backfill_assets.cli import crash_hook
-from backfill_assets.cli import main
-from backfill_assets.core.store.plans import find_plan
+from backfill_assets.cli.commands import main
 from backfill_assets.core.errors import (
     ApprovalError,
     DeterminismError,
@@ -21,12 +20,9 @@ from backfill_assets.core.errors import (
     StageDifference,
     VerificationError,
 )
-from backfill_assets_tests.support.specs import CANARY, REPO, URL_ENV, make_spec
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets_tests.support.cli_runs import run, write_spec
-
-
-
-
+from backfill_assets_tests.support.specs import CANARY, REPO, URL_ENV, make_spec
 
 
 def test_plan_json_is_one_object_with_the_documented_keys(demo_db, url_env, tmp_path, capsys):
@@ -119,7 +115,7 @@ def test_a_malformed_plan_id_is_a_bad_argument_and_an_unknown_one_an_approval_er
 
 def test_the_crash_hook_is_imported_only_when_its_variable_is_set(demo_db, url_env, tmp_path):
     assert cli.TEST_PAUSE_ENV == crash_hook.PAUSE_ENV
-    probe = ("import sys\nfrom backfill_assets.cli import main\n"
+    probe = ("import sys\nfrom backfill_assets.cli.commands import main\n"
              f"code = main(['apply', '--spec', {str(write_spec(tmp_path))!r}, '--plan', 'abc', '--quiet'])\n"
              "print(code, 'backfill_assets.cli.crash_hook' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k not in (crash_hook.PAUSE_ENV, crash_hook.PAUSE_FILE_ENV)}

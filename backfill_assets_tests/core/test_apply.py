@@ -9,31 +9,35 @@ import psycopg
 import pytest
 
 from backfill_assets.cli import demo
-from backfill_assets.core.store import ledger
-from backfill_assets.core.pg.db import connection_factory
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.errors import (
+    ApprovalError,
     ApprovalHaltedError,
-    ApprovalError, ApprovalOutdatedError, ConcurrentRunError, SourceDataError, SpecError, TransientDatabaseError,
+    ApprovalOutdatedError,
+    ConcurrentRunError,
+    SourceDataError,
+    SpecError,
+    TransientDatabaseError,
     VerificationError,
 )
+from backfill_assets.core.pg.db import connection_factory
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.store import ledger
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest
-from backfill_assets_tests.support.specs import make_spec
 from backfill_assets_tests.support.flows import (
-    ALL_DAYS, DAYS8, all_target_rows, approved, expected_hash, ledger_rows, newest_wins, run, target_day_hashes,
+    ALL_DAYS,
+    DAYS8,
+    all_target_rows,
+    approved,
+    expected_hash,
+    ledger_rows,
+    newest_wins,
+    run,
+    target_day_hashes,
 )
-
-
-
-
-
-
-
-
-
+from backfill_assets_tests.support.specs import make_spec
 
 
 def test_apply_makes_the_target_equal_to_an_independent_newest_wins(demo_db, factory):

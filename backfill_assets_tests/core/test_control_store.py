@@ -18,7 +18,8 @@ from backfill_assets.core.errors import ConcurrentRunError
 from backfill_assets.core.pg.db import DatabaseUrl, connect, connection_factory
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.vocabulary import DEFAULT_LIMITS, PartitionRequest
-from backfill_assets_tests.support.cli_runs import run as cli, write_spec
+from backfill_assets_tests.support.cli_runs import run as cli
+from backfill_assets_tests.support.cli_runs import write_spec
 from backfill_assets_tests.support.flows import approved, expected_hash, newest_wins, run, target_hashes
 from backfill_assets_tests.support.lakes import Lake, expected_rows, lake_spec
 from backfill_assets_tests.support.specs import URL_ENV, make_spec

@@ -10,16 +10,16 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from backfill_assets.core.store import control, ledger
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.coverage import ApprovalExpiredError, open_approvals
-from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.context import utc_now
+from backfill_assets.core.coverage import ApprovalExpiredError, open_approvals
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import make_plan
-from backfill_assets_tests.support.specs import make_spec
-from backfill_assets_tests.support.flows import ALL_DAYS, DAYS8, ledger_rows, run, target_day_hashes
+from backfill_assets.core.store import control, ledger
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets_tests.support.approvals import SCHEMA, synthetic_approvals
+from backfill_assets_tests.support.flows import ALL_DAYS, DAYS8, ledger_rows, run, target_day_hashes
+from backfill_assets_tests.support.specs import make_spec
 
 WEEK = dt.timedelta(days=7)
 

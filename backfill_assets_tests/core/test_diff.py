@@ -10,10 +10,10 @@ import pytest
 from backfill_assets.core.diff import diff_plan
 from backfill_assets.core.errors import ApprovalError, SpecError
 from backfill_assets.core.plan import make_plan
-from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets.core.spec import spec_from_mapping
-from backfill_assets_tests.support.specs import URL_ENV, make_spec
+from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.flows import approved, run
+from backfill_assets_tests.support.specs import URL_ENV, make_spec
 
 STATIC = make_spec(records_can_move=False)
 DAYS = PartitionRequest("2024-01-01..2024-01-03")
@@ -110,7 +110,7 @@ def test_a_rebuilt_stage_is_refused_rather_than_diffed(unmoved_db, factory):
 def test_diff_from_the_command_line_prints_one_json_object_and_exits_0(unmoved_db, url_env, tmp_path, capsys):
     import yaml
 
-    from backfill_assets.cli import main
+    from backfill_assets.cli.commands import main
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(STATIC.model_dump(mode="json", exclude_none=True)))
     assert main(["plan", "--spec", str(path), "--partitions", "2024-01-01..2024-01-02", "--json"]) == 0
@@ -130,7 +130,7 @@ def test_diff_from_the_command_line_prints_one_json_object_and_exits_0(unmoved_d
 def test_approve_shows_what_the_replacement_changes_before_asking(unmoved_db, url_env, tmp_path, capsys):
     import yaml
 
-    from backfill_assets.cli import main
+    from backfill_assets.cli.commands import main
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(STATIC.model_dump(mode="json", exclude_none=True)))
     assert main(["plan", "--spec", str(path), "--partitions", "2024-01-01..2024-01-02", "--json"]) == 0
@@ -168,8 +168,8 @@ def test_a_refused_plan_names_its_first_differing_keys_and_columns(unmoved_db, f
 def test_a_failed_check_after_commit_names_the_differing_keys_in_its_error_and_ledger(unmoved_db, factory, db_url):
     import psycopg
 
-    from backfill_assets.core.store import ledger
     from backfill_assets.core.errors import VerificationError
+    from backfill_assets.core.store import ledger
     plan = approved(unmoved_db, factory, STATIC, DAYS)
     victim = {}
 

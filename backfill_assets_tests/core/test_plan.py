@@ -13,15 +13,13 @@ from psycopg import sql
 
 from backfill_assets.cli import demo
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.store.plans import find_plan
-from backfill_assets.core.errors import (
-    ApprovalError, ConcurrentRunError, SnapshotError, SourceDataError, SpecError,
-)
+from backfill_assets.core.errors import ApprovalError, ConcurrentRunError, SnapshotError, SourceDataError, SpecError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.progress import ProgressEvent
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest, TableRef
-from backfill_assets_tests.support.specs import make_spec
 from backfill_assets_tests.support.flows import ALL_DAYS, expected_hash, newest_wins, target_hashes
+from backfill_assets_tests.support.specs import make_spec
 
 STATIC = make_spec(records_can_move=False)  # keys stay in their partition
 
@@ -389,9 +387,9 @@ def test_source_changes_name_the_partitions_whose_source_moved_on(unmoved_db, fa
 def test_a_source_that_comes_back_to_an_earlier_state_is_snapshotted_as_the_newest(unmoved_db, factory, conn):
     """A -> B -> A: the third snapshot has the first one's id (content-addressed) and is the
     newest, so the sensor sees no change and the stages step builds from it, not from B."""
-    from backfill_assets.core.store import control
     from backfill_assets.core.plan import snapshot_step
     from backfill_assets.core.snapshot import source_changes
+    from backfill_assets.core.store import control
 
     day = PartitionRequest("2024-01-02")
     (seq, note) = unmoved_db.execute(

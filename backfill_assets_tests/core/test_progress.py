@@ -6,11 +6,11 @@ import uuid
 
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.progress import ProgressEvent
-from backfill_assets_tests.support.specs import make_spec
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets_tests.support.flows import ALL_DAYS
+from backfill_assets_tests.support.specs import make_spec
 
 
 def counted(events: list[ProgressEvent], step: str) -> list[ProgressEvent]:

@@ -7,8 +7,8 @@ import datetime as dt
 import pytest
 
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.vocabulary import PartitionRequest, parse_table_name, partition_label
 from backfill_assets.core.spec import load_spec
+from backfill_assets.core.vocabulary import PartitionRequest, parse_table_name, partition_label
 from backfill_assets_tests.support.specs import DEMO_SPEC, REPO, make_spec
 
 

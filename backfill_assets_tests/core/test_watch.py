@@ -9,15 +9,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.errors import SpecError
+from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.plan import snapshot_step
-from backfill_assets.core.watch import (
-    TableReading, WatchState, compare_tables, watch_tick,
-)
 from backfill_assets.core.vocabulary import PartitionRequest, TableRef
-from backfill_assets_tests.support.specs import DEMO_SPEC, make_spec
+from backfill_assets.core.watch import TableReading, WatchState, compare_tables, watch_tick
 from backfill_assets_tests.support.source_writes import INDEX, NEXT_SEQ, settle, source_reads, write
+from backfill_assets_tests.support.specs import DEMO_SPEC, make_spec
 
 SRC = TableRef("public", "orders_raw")
 WEEK = PartitionRequest("2024-01-01..2024-01-07")
@@ -362,8 +360,8 @@ def test_a_crash_that_discards_the_counters_is_seen_as_a_reset(tmp_path):
     import pgserver
 
     from backfill_assets.cli import demo
-    from backfill_assets.core.vocabulary import DEFAULT_LIMITS
     from backfill_assets.core.pg.db import DatabaseUrl, connection_factory
+    from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 
     if os.environ.get("BACKFILL_TEST_DATABASE_URL"):
         pytest.skip("needs a server of its own to crash")

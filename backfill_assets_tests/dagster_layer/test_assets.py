@@ -6,14 +6,13 @@ import dagster as dg
 import psycopg
 import pytest
 
-from backfill_assets.dagster_layer.assets import spec_assets
-from backfill_assets.dagster_layer.resources import transient_retry
 from backfill_assets.core.errors import TransientDatabaseError, VerificationError
+from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
-from backfill_assets.dagster_layer.resources import PostgresResource
 from backfill_assets.dagster_layer.names import PLAN_TAG, RANGE_END, RANGE_START
-from backfill_assets_tests.support.specs import make_spec
+from backfill_assets.dagster_layer.resources import PostgresResource, transient_retry
 from backfill_assets_tests.support.flows import DAYS8, target_day_hashes
+from backfill_assets_tests.support.specs import make_spec
 
 SPEC = make_spec()
 KEYS = {n: dg.AssetKey(["orders_daily", n]) for n in ("snapshot", "stage_a", "stage_b", "target")}

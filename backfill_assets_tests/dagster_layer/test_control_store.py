@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dagster as dg
 
+from backfill_assets.core.pg.db import connect
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import resource_for
-from backfill_assets.core.pg.db import connect
-from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets_tests.support.specs import URL_ENV, make_spec
 
 CONTROL_ENV = "BFA_TEST_CONTROL_URL"

@@ -9,19 +9,26 @@ import time
 import dagster as dg
 import pytest
 
-from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.plan import make_plan
-from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets.core.spec import spec_from_mapping
+from backfill_assets.core.store.plans import find_plan
+from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
-from backfill_assets.dagster_layer.names import APPROVAL_TAG, RANGE_END, RANGE_START, build_pool, pool_limits, replace_pool
-from backfill_assets.render import render_plan
+from backfill_assets.dagster_layer.names import (
+    APPROVAL_TAG,
+    RANGE_END,
+    RANGE_START,
+    build_pool,
+    pool_limits,
+    replace_pool,
+)
 from backfill_assets.dagster_layer.resources import PostgresResource
-from backfill_assets_tests.support.specs import DEMO_SPEC
-from backfill_assets_tests.support.flows import target_day_hashes
+from backfill_assets.render import render_plan
 from backfill_assets_tests.support.dagster_server import RUN_DONE, dagster_deployment
+from backfill_assets_tests.support.flows import target_day_hashes
+from backfill_assets_tests.support.specs import DEMO_SPEC
 
 PARALLEL_SPEC = {**{k: v for k, v in DEMO_SPEC.items() if k != "records_can_move"},
                  "parallel": {"max_partitions_per_run": 2, "max_concurrent_builds": 2}}

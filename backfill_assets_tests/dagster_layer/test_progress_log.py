@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from backfill_assets.dagster_layer.assets import _progress
 from backfill_assets.core.progress import ProgressEvent
+from backfill_assets.dagster_layer.assets import _progress
 
 
 def step(name: str, done: int, total: int = 3) -> ProgressEvent:

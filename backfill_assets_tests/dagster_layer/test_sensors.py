@@ -8,17 +8,17 @@ import json
 import dagster as dg
 import pytest
 
-from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import APPROVAL_TAG, PLAN_TAG, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
 from backfill_assets.dagster_layer.resources import PostgresResource
-from backfill_assets_tests.support.specs import make_spec
 from backfill_assets_tests.support.source_writes import INDEX, NEXT_SEQ, settle, source_reads, write
+from backfill_assets_tests.support.specs import make_spec
 
 SPEC = make_spec()
 WEEK = PartitionRequest("2024-01-01..2024-01-07")
@@ -277,8 +277,8 @@ def test_an_approval_that_expired_before_the_sensor_saw_it_is_a_failed_run_sayin
 def test_a_target_run_launched_in_time_that_starts_after_the_expiry_is_refused(resources, demo_db, factory):
     """The sensor launched the approval in time; the run started after the approval expired
     (it waited in the queue): the target run refuses it, writing nothing."""
-    from backfill_assets.dagster_layer.assets import spec_assets
     from backfill_assets.core.context import utc_now
+    from backfill_assets.dagster_layer.assets import spec_assets
     from backfill_assets_tests.support.flows import ledger_rows, target_day_hashes
 
     given = utc_now() - dt.timedelta(days=8)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from backfill_assets_tests.support.specs import DEMO_SPEC
-from backfill_assets_tests.support.flows import target_day_hashes
 from backfill_assets_tests.support.dagster_server import dagster_deployment
+from backfill_assets_tests.support.flows import target_day_hashes
+from backfill_assets_tests.support.specs import DEMO_SPEC
 
 pytestmark = pytest.mark.slow
 

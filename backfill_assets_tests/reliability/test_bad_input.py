@@ -9,13 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
-from backfill_assets.cli import main
-from backfill_assets.core.vocabulary import DEFAULT_LIMITS
-from backfill_assets.core.pg.db import DatabaseUrl, connect
+from backfill_assets.cli.commands import main
 from backfill_assets.core.errors import TransientDatabaseError
+from backfill_assets.core.pg.db import DatabaseUrl, connect
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
+from backfill_assets_tests.support.flows import DAYS8, target_hashes
 from backfill_assets_tests.support.specs import CANARY, DEMO_SPEC, URL_ENV
-from backfill_assets_tests.support.flows import DAYS8
-from backfill_assets_tests.support.flows import target_hashes
 
 WEEK = "2024-01-01..2024-01-07"
 VOLATILE_FN = ("CREATE FUNCTION public.shaky(x int) RETURNS int LANGUAGE plpgsql VOLATILE "

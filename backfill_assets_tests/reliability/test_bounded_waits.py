@@ -38,19 +38,19 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from backfill_assets.cli import commands as cli
 from backfill_assets.cli import demo
+from backfill_assets.core.errors import TransientDatabaseError
+from backfill_assets.core.pg.db import DatabaseUrl, connect
+from backfill_assets.core.spec import spec_from_mapping
+from backfill_assets.core.store import control
+from backfill_assets.core.targets.iceberg import CATALOG_TABLES as ICEBERG_CATALOG_TABLES
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets.dagster_layer import resources as dagster_resources
 from backfill_assets.dagster_layer.assets import spec_assets
-from backfill_assets.core.store import control
-from backfill_assets.core.vocabulary import DEFAULT_LIMITS
-from backfill_assets.core.pg.db import DatabaseUrl, connect
-from backfill_assets.core.errors import TransientDatabaseError
-from backfill_assets.core.spec import spec_from_mapping
-from backfill_assets.core.targets.iceberg import CATALOG_TABLES as ICEBERG_CATALOG_TABLES
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import APPROVE_JOB, APPROVE_OP, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
 from backfill_assets.dagster_layer.resources import PostgresResource, resource_key
-from backfill_assets_tests.support.specs import DEMO_SPEC
 from backfill_assets_tests.support.servers import default_settings_server
+from backfill_assets_tests.support.specs import DEMO_SPEC
 
 LOCK_MS = 200
 BOUND_S = LOCK_MS / 1000 + 2
@@ -463,8 +463,8 @@ def test_apply_ends_in_bounded_time_against_rows_held_for_update(prepared, comma
 
 
 def test_a_connection_carries_the_spec_limits_from_its_first_statement(db_url):
-    from backfill_assets.core.vocabulary import Limits, WORK_MEM
     from backfill_assets.core.pg.db import enforce_limits
+    from backfill_assets.core.vocabulary import WORK_MEM, Limits
 
     limits = Limits(lock_timeout_ms=1234, statement_timeout_ms=56789)
     with connect(db_url, limits) as conn:

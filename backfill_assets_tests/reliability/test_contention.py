@@ -10,15 +10,14 @@ import psycopg
 import pytest
 
 from backfill_assets.core.apply import apply_plan
-from backfill_assets.core.pg.db import connection_factory
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError, TransientDatabaseError
+from backfill_assets.core.pg.db import connection_factory
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets_tests.support.flows import ALL_DAYS, DAYS8, all_target_rows, target_hashes
 from backfill_assets_tests.support.specs import make_spec
-from backfill_assets_tests.support.flows import DAYS8, all_target_rows
-from backfill_assets_tests.support.flows import ALL_DAYS, target_hashes
 
 DAY = "2024-01-02"
 

@@ -17,17 +17,16 @@ import pytest
 import yaml
 from psycopg import sql
 
+from backfill_assets.cli.crash_hook import PAUSE_ENV, PAUSE_FILE_ENV
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.errors import ApprovalError
+from backfill_assets.core.pg.db import DatabaseUrl, connection_factory
+from backfill_assets.core.plan import make_plan
 from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import DEFAULT_LIMITS
-from backfill_assets.core.pg.db import DatabaseUrl, connection_factory
-from backfill_assets.core.errors import ApprovalError
-from backfill_assets.core.plan import make_plan
-from backfill_assets.cli.crash_hook import PAUSE_ENV, PAUSE_FILE_ENV
+from backfill_assets_tests.support.flows import ALL_DAYS, DAYS8, all_target_rows, target_hashes
 from backfill_assets_tests.support.specs import DEMO_SPEC, REPO, URL_ENV, make_spec
-from backfill_assets_tests.support.flows import DAYS8, all_target_rows
-from backfill_assets_tests.support.flows import ALL_DAYS, target_hashes
 
 VICTIM = "2024-01-02"  # the partition apply is killed in
 ORDER = [d.isoformat() for d in DAYS8]

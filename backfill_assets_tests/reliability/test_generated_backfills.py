@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.errors import SourceDataError
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.specs import make_spec
 

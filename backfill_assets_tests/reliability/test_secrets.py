@@ -17,11 +17,11 @@ import yaml
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from backfill_assets.core.errors import ConnectionConfigError
+from backfill_assets.core.pg.db import DatabaseUrl, connect
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.names import PLAN_TAG
-from backfill_assets.core.vocabulary import DEFAULT_LIMITS
-from backfill_assets.core.pg.db import DatabaseUrl, connect
-from backfill_assets.core.errors import ConnectionConfigError
 from backfill_assets.dagster_layer.resources import PostgresResource
 from backfill_assets_tests.support.specs import CANARY, DEMO_SPEC, REPO, URL_ENV, make_spec
 

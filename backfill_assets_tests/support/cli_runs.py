@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from backfill_assets.cli import main
+from backfill_assets.cli.commands import main
 from backfill_assets_tests.support.specs import DEMO_SPEC
 
 

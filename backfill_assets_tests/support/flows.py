@@ -12,14 +12,10 @@ import psycopg
 from backfill_assets.cli import demo
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.store.plans import find_plan
+from backfill_assets.core.fingerprint.partition import business_key_order, content_hash, reference_digest
 from backfill_assets.core.pg.catalog import table_columns
-from backfill_assets.core.fingerprint.partition import (
-    business_key_order,
-    content_hash,
-    reference_digest,
-)
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest, TableRef
 
 TARGET = TableRef("public", "orders_daily")

@@ -35,15 +35,14 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backfill_assets.core.pg.catalog import ColumnInfo
 from backfill_assets.core.errors import LakeValueError, SpecError
 from backfill_assets.core.fingerprint.partition import Fingerprint, preamble
+from backfill_assets.core.pg.catalog import ColumnInfo
 
 if TYPE_CHECKING:
     pass
 from backfill_assets.core.fingerprint.kinds import NO_BYTES, Kind, kind_of, require_key
 from backfill_assets.core.fingerprint.texts import MAX_SLICE, data_range, length_prefixes, render, row_numbers
-
 
 # ---------------------------------------------------------------------------------------------
 # Readings

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from backfill_assets.core.pg.catalog import ColumnInfo
 from backfill_assets.core.errors import SpecError
+from backfill_assets.core.pg.catalog import ColumnInfo
 
 if TYPE_CHECKING:
     pass

@@ -19,9 +19,9 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
+from backfill_assets.core.errors import BackfillError
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import ColumnInfo
-from backfill_assets.core.errors import BackfillError
 from backfill_assets.core.vocabulary import TableRef
 
 FORMAT_TAG = b"backfill-assets/fingerprint/v1\n"

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-
 if TYPE_CHECKING:
     pass
 

@@ -47,13 +47,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from backfill_assets.core.guard.catalog import (
-    FUNCTION_FIELDS,
-    OPERATOR_NODES,
-    SORT_GROUP_OPERATORS,
-    Catalog,
-    Finding,
-)
+from backfill_assets.core.guard.catalog import FUNCTION_FIELDS, OPERATOR_NODES, SORT_GROUP_OPERATORS, Catalog, Finding
 from backfill_assets.core.guard.querytree import Node, as_int, expr_type, location, nodes
 from backfill_assets.core.guard.roworder import query_order
 

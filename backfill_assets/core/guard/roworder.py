@@ -10,14 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from backfill_assets.core.guard.catalog import Catalog, Finding
-from backfill_assets.core.guard.querytree import (
-    Node,
-    as_int,
-    expr_type,
-    is_node,
-    location,
-    nodes,
-)
+from backfill_assets.core.guard.querytree import Node, as_int, expr_type, is_node, location, nodes
 
 # Window functions whose value for a row depends only on its peers' ORDER BY values.
 PEER_WINDOW_FUNCTIONS = {"rank", "dense_rank", "percent_rank", "cume_dist"}

@@ -32,20 +32,10 @@ from pglast.stream import RawStream
 from pglast.visitors import Visitor
 from psycopg import sql
 
-from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.guard.determinism import called, findings, in_order
-from backfill_assets.core.guard.catalog import (
-    SUPPORT_NUMBERS,
-    Catalog,
-    Finding,
-    Function,
-    compared_types,
-    referenced,
-)
 from backfill_assets.core.errors import SpecError, TransformError, TransformProblem
+from backfill_assets.core.guard.catalog import SUPPORT_NUMBERS, Catalog, Finding, Function, compared_types, referenced
+from backfill_assets.core.guard.determinism import called, findings, in_order
 from backfill_assets.core.guard.querytree import location, nodes, parse_node_tree
-from backfill_assets.core.vocabulary import TableRef
-from backfill_assets.core.spec import TrustedFunction
 from backfill_assets.core.guard.userfunctions import (
     FORBIDDEN_NODES,
     STANDARD_STRINGS,
@@ -57,6 +47,9 @@ from backfill_assets.core.guard.userfunctions import (
     read_functions,
     relations_read,
 )
+from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.spec import TrustedFunction
+from backfill_assets.core.vocabulary import TableRef
 
 
 class _Shape(Visitor):

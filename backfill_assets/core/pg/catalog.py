@@ -13,10 +13,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.vocabulary import PartitionKind, TableRef
+from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.vocabulary import PartitionKind, TableRef
 
 MIN_SERVER_VERSION = 120000
 

@@ -12,17 +12,15 @@ import contextlib
 import os
 import re
 from collections.abc import Iterator, Mapping
+from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from urllib.parse import urlsplit
 
+from backfill_assets.core.errors import ConcurrentRunError, ConnectionConfigError, TransientDatabaseError
 from backfill_assets.core.vocabulary import Limits
-from backfill_assets.core.errors import (
-    ConcurrentRunError, ConnectionConfigError, TransientDatabaseError,
-)
 
 # The settings a digest depends on. extra_float_digits=1 is PostgreSQL's shortest exact form.
 PINNED_SETTINGS: tuple[tuple[str, str], ...] = (

@@ -14,8 +14,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets.core.pg.db import DatabaseUrl
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 
 HOME_ENV = "BACKFILL_ASSETS_HOME"
 DEFAULT_DATABASE = "backfill_demo"

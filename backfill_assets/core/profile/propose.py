@@ -17,20 +17,13 @@ from typing import Any
 
 import psycopg
 
+from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import ColumnInfo, table_columns
-from backfill_assets.core.errors import SpecError
 from backfill_assets.core.profile.keyrule import KeyCandidate, choose
-from backfill_assets.core.profile.keysearch import (
-    KEY_SAMPLE_ROWS,
-    KeySearch,
-    confirm,
-    judge,
-    search_keys,
-    verify,
-)
-from backfill_assets.core.vocabulary import PartitionValue, partition_label
+from backfill_assets.core.profile.keysearch import KEY_SAMPLE_ROWS, KeySearch, confirm, judge, search_keys, verify
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 # Keys are integers, strings (typcategory S), uuids (U) or date/times (D); orderings are
 # date/times or integers. Floats and fractional numerics are values, not identities.

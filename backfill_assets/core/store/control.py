@@ -18,7 +18,6 @@ from psycopg.types.json import Jsonb
 from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.pg import sqlbuild
 
-
 # The index of the ledger by approval (see _DDL), in the control schema.
 LEDGER_APPROVAL_INDEX = "ledger_by_approval"
 

@@ -11,14 +11,13 @@ backfill_assets_tests/core/fingerprint/test_identity_pins.py. Plans are stored (
 from __future__ import annotations
 
 import functools
-
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from backfill_assets.core.errors import DeterminismError, StageDifference
-from backfill_assets.core.fingerprint.partition import Fingerprint
 from backfill_assets.core.fingerprint.identity import plan_id_of
+from backfill_assets.core.fingerprint.partition import Fingerprint
 from backfill_assets.core.spec import OrderingColumn
 
 

@@ -7,10 +7,10 @@ import re
 import psycopg
 from pydantic import ValidationError
 
-from backfill_assets.core.store import control
 from backfill_assets.core.errors import ApprovalError, PlanReferenceError
-from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.store import control
+from backfill_assets.core.store.plan_document import Plan
 
 MIN_PREFIX = 8
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from backfill_assets.core.context import Target, TargetEngine
+from backfill_assets.core.context import TargetEngine
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets.delta import DeltaEngine
 from backfill_assets.core.targets.iceberg import IcebergEngine
@@ -26,5 +26,3 @@ def engine_for(spec: Spec) -> TargetEngine:
     """The engine of the spec's target."""
     return ENGINES[spec.target.format](spec)
 
-
-__all__ = ["ENGINES", "Target", "TargetEngine", "engine_for"]

@@ -20,12 +20,18 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from backfill_assets.core.errors import SpecError, TransientDatabaseError, VerificationError
-from backfill_assets.core.vocabulary import PartitionValue, partition_label
 from backfill_assets.core.spec import DeltaTargetSpec
 from backfill_assets.core.targets.lake import LakeEngine
 from backfill_assets.core.targets.lake_tables import (
-    META_PREFIX, LakeTable, TableShape, among, commit_failed, key_bounds, local_path,
+    META_PREFIX,
+    LakeTable,
+    TableShape,
+    among,
+    commit_failed,
+    key_bounds,
+    local_path,
 )
+from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 
 class DeltaEngine(LakeEngine):

@@ -22,14 +22,21 @@ import psycopg
 import pyarrow as pa
 from psycopg.conninfo import conninfo_to_dict
 
-from backfill_assets.core.pg.db import url_from_env
 from backfill_assets.core.errors import ConnectionConfigError, SpecError, TransientDatabaseError, VerificationError
-from backfill_assets.core.vocabulary import PartitionValue, TableRef, partition_label
+from backfill_assets.core.pg.db import url_from_env
 from backfill_assets.core.spec import IcebergTargetSpec, Spec
 from backfill_assets.core.targets.lake import LakeEngine
 from backfill_assets.core.targets.lake_tables import (
-    META_PREFIX, LakeTable, TableShape, among, check_rows_in, commit_failed, key_bounds, local_path,
+    META_PREFIX,
+    LakeTable,
+    TableShape,
+    among,
+    check_rows_in,
+    commit_failed,
+    key_bounds,
+    local_path,
 )
+from backfill_assets.core.vocabulary import PartitionValue, TableRef, partition_label
 
 # The tables of a pyiceberg SQL catalog, when it lives in the spec's own database.
 CATALOG_TABLES = ("iceberg_tables", "iceberg_namespace_properties")

@@ -45,24 +45,33 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 from psycopg import sql
 
-from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.context import Checkpoint, Context, Readings, Target, no_checkpoint
+from backfill_assets.core.errors import (
+    KeysElsewhereError,
+    SourceDataError,
+    SpecError,
+    TransientDatabaseError,
+    VerificationError,
+)
 from backfill_assets.core.fingerprint.arrow import arrow_readings, canonical_texts
 from backfill_assets.core.fingerprint.kinds import lake_schema, lake_type
 from backfill_assets.core.fingerprint.stage_arrow import read_stage_partition
+from backfill_assets.core.guard.transform import validate_transform_text
+from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import Inspection, check_total, describe_query, inspect_source, partition_kind_of
-from backfill_assets.core.context import Context
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed, transient_errors
-from backfill_assets.core.errors import (
-    KeysElsewhereError, SourceDataError, SpecError, TransientDatabaseError, VerificationError,
-)
-from backfill_assets.core.vocabulary import PartitionValue, TableRef
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.context import Checkpoint, Readings, Target, no_checkpoint
 from backfill_assets.core.targets.common import AdvisoryLocked, check_transform
 from backfill_assets.core.targets.lake_tables import (
-    META_PREFIX, KeysFound, LakeTable, keys_found, lake_errors, shape_problems, type_text,
+    META_PREFIX,
+    KeysFound,
+    LakeTable,
+    keys_found,
+    lake_errors,
+    shape_problems,
+    type_text,
 )
-from backfill_assets.core.guard.transform import validate_transform_text
+from backfill_assets.core.vocabulary import PartitionValue, TableRef
 
 _ROWS_PER_SLICE = 65_536  # rows written as CSV at a time by _copy_csv
 

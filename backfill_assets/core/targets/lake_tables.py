@@ -44,10 +44,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.core.errors import BackfillError, LakeTargetError, VerificationError
 from backfill_assets.core.pg.db import as_transient
-from backfill_assets.core.errors import (
-    BackfillError, LakeTargetError, VerificationError,
-)
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 # Commit metadata keys (Delta commit properties, Iceberg snapshot summary).

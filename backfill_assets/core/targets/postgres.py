@@ -13,15 +13,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from backfill_assets.core.context import Checkpoint, Context, Readings, Target, TargetWrite, no_checkpoint
+from backfill_assets.core.fingerprint.partition import business_key_order
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import Inspection, inspect_tables
-from backfill_assets.core.context import Context
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
-from backfill_assets.core.fingerprint.partition import business_key_order
-from backfill_assets.core.vocabulary import PartitionValue, TableRef
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.context import Checkpoint, Readings, Target, TargetWrite, no_checkpoint
 from backfill_assets.core.targets.common import AdvisoryLocked, check_transform
+from backfill_assets.core.vocabulary import PartitionValue, TableRef
 
 
 class PostgresEngine:

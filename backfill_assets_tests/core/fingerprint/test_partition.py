@@ -11,12 +11,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 from psycopg import sql
 
+from backfill_assets.core.fingerprint.partition import (
+    _hash_copy_stream,
+    business_key_order,
+    content_hash,
+    encode_row,
+    exact_in_binary,
+    fingerprint_partition,
+    preamble,
+    reference_digest,
+    snapshot_rows_hash,
+    sorts_disabled,
+)
 from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.pg.db import pin_session
-from backfill_assets.core.fingerprint.partition import (
-    _hash_copy_stream, business_key_order, content_hash, encode_row,
-    exact_in_binary, fingerprint_partition, preamble, reference_digest, snapshot_rows_hash, sorts_disabled,
-)
 from backfill_assets.core.pg.sqlbuild import in_partition
 from backfill_assets.core.vocabulary import TableRef
 

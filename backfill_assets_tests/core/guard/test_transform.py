@@ -16,12 +16,12 @@ import yaml
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from backfill_assets.core.vocabulary import DEFAULT_LIMITS
-from backfill_assets.core.pg.db import DatabaseUrl, as_transient, connect
-from backfill_assets.core.guard.catalog import referenced
 from backfill_assets.core.errors import SpecError, TransformError, TransientDatabaseError
+from backfill_assets.core.guard.catalog import referenced
 from backfill_assets.core.guard.querytree import expr_type, parse_node_tree
 from backfill_assets.core.guard.transform import _is_exact, validate_transform_in_catalog, validate_transform_text
+from backfill_assets.core.pg.db import DatabaseUrl, as_transient, connect
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets_tests.support.specs import make_spec
 
 COLS = "order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from backfill_assets.core.pg.catalog import has_ordered_index, inspect_tables, unique_keys
 from backfill_assets.core.errors import SpecError
+from backfill_assets.core.pg.catalog import has_ordered_index, inspect_tables, unique_keys
 from backfill_assets.core.vocabulary import TableRef
 from backfill_assets_tests.support.specs import make_spec
 

@@ -10,18 +10,17 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from backfill_assets.core.store import ledger
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.errors import ApprovalOutdatedError, SpecError, TransientDatabaseError
+from backfill_assets.core.plan import make_plan
+from backfill_assets.core.store import ledger
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.targets.delta import DeltaLakeTable, delta_predicate
 from backfill_assets.core.targets.iceberg import IcebergLakeTable
-from backfill_assets.core.plan import make_plan
 from backfill_assets.core.vocabulary import PartitionRequest
-from backfill_assets_tests.support.specs import make_spec
-from backfill_assets_tests.support.flows import approved, run
-from backfill_assets_tests.support.flows import ALL_DAYS
+from backfill_assets_tests.support.flows import ALL_DAYS, approved, run
 from backfill_assets_tests.support.lakes import COLUMNS, Lake, expected_rows, lake_spec
+from backfill_assets_tests.support.specs import make_spec
 
 FORMATS = ["delta", "iceberg"]
 
@@ -234,7 +233,7 @@ def test_a_key_in_two_partitions_of_the_lake_is_refused_when_records_can_move(de
 
 def test_an_iceberg_catalog_url_comes_only_from_its_variable_and_is_never_printed(
         unmoved_db, factory, url_env, password_role, tmp_path, monkeypatch, capsys):
-    from backfill_assets.cli import main
+    from backfill_assets.cli.commands import main
     from backfill_assets_tests.support.specs import CANARY
     spec = make_spec(target={"format": "iceberg", "table": "sales.orders_daily", "catalog": {
         "type": "sql", "warehouse": str(tmp_path / "warehouse"), "uri_env": "ICE_URL"}}, records_can_move=False)
@@ -271,7 +270,7 @@ def test_values_a_lake_cannot_hold_refuse_the_plan_naming_partition_and_column(u
     "postgresql+psycopg://u:SECRET PW@h:notaport/db",
 ])
 def test_a_malformed_catalog_url_is_refused_without_quoting_it(unmoved_db, url_env, tmp_path, monkeypatch, capsys, value):
-    from backfill_assets.cli import main
+    from backfill_assets.cli.commands import main
     spec = make_spec(target={"format": "iceberg", "table": "sales.orders_daily", "catalog": {
         "type": "sql", "warehouse": str(tmp_path / "warehouse"), "uri_env": "ICE_URL"}}, records_can_move=False)
     path = tmp_path / "spec.yaml"

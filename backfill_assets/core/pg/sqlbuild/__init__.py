@@ -37,10 +37,10 @@ from backfill_assets.core.pg.sqlbuild.copies import (
     copy_writer,
     create_empty_copy,
     create_index,
+    current_txid,
     drop_table,
     dropped_columns,
     partition_seal_check,
-    current_txid,
     partition_writer,
     rename_table,
 )
@@ -55,19 +55,8 @@ from backfill_assets.core.pg.sqlbuild.moves import (
     outside_scope,
     scope_keys,
 )
-from backfill_assets.core.pg.sqlbuild.parts import (
-    GROUP_SIZE_COLUMN,
-    RANK_COLUMN,
-    OrderKey,
-    Query,
-    table,
-)
-from backfill_assets.core.pg.sqlbuild.profiling import (
-    column_profile,
-    distinct_partitions,
-    key_evidence,
-    key_splits,
-)
+from backfill_assets.core.pg.sqlbuild.parts import GROUP_SIZE_COLUMN, RANK_COLUMN, OrderKey, Query, table
+from backfill_assets.core.pg.sqlbuild.profiling import column_profile, distinct_partitions, key_evidence, key_splits
 from backfill_assets.core.pg.sqlbuild.readings import (
     copy_canonical_stream,
     copy_snapshot_stream,
@@ -77,18 +66,14 @@ from backfill_assets.core.pg.sqlbuild.readings import (
 )
 from backfill_assets.core.pg.sqlbuild.replace import (
     advisory_lock,
-    advisory_xact_lock,
     advisory_unlock,
+    advisory_xact_lock,
     has_unique_index,
     insert_from_stage,
     lock_against_writers,
     lock_for_replace,
 )
-from backfill_assets.core.pg.sqlbuild.watch import (
-    partition_signals,
-    statistics_state,
-    table_counters,
-)
+from backfill_assets.core.pg.sqlbuild.watch import partition_signals, statistics_state, table_counters
 
 __all__ = [
     "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",

@@ -9,7 +9,6 @@ from typing import Any, Literal
 
 from psycopg import sql
 
-from backfill_assets.core.vocabulary import TableRef
 from backfill_assets.core.pg.sqlbuild.parts import (
     RANK_COLUMN,
     OrderKey,
@@ -20,6 +19,7 @@ from backfill_assets.core.pg.sqlbuild.parts import (
     order_by,
     table,
 )
+from backfill_assets.core.vocabulary import TableRef
 
 # --- the input relation: snapshot rows, optionally through transform_sql ------------------
 

@@ -9,14 +9,7 @@ from typing import Any
 
 from psycopg import sql
 
-from backfill_assets.core.pg.sqlbuild.parts import (
-    GROUP_SIZE_COLUMN,
-    Query,
-    col,
-    cols,
-    key_is_null,
-    key_not_null,
-)
+from backfill_assets.core.pg.sqlbuild.parts import GROUP_SIZE_COLUMN, Query, col, cols, key_is_null, key_not_null
 
 _ORDERING_NULLS = sql.SQL(
     "SELECT {counts} FROM ({input}) AS i WHERE {i_key_not_null}"

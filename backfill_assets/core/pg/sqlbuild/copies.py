@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.vocabulary import TableRef
 from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, table
+from backfill_assets.core.vocabulary import TableRef
 
 _CREATE_COPY_OF = sql.SQL("CREATE {unlogged}TABLE {new} AS SELECT {cols} FROM {rel} AS s WITH NO DATA")
 _INSERT_PARTITIONS = sql.SQL(

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.vocabulary import TableRef
 from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, order_by, table
+from backfill_assets.core.vocabulary import TableRef
 
 # Each side: its keys and a 64-bit digest of the row's canonical text forms.
 # ROW(text, ...)::text quotes every value as needed and writes NULL as nothing and '' as "",

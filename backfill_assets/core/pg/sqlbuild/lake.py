@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.vocabulary import TableRef
 from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, order_by, table
+from backfill_assets.core.vocabulary import TableRef
 
 # CSV, not text: NULL is an unquoted empty field and the empty string a quoted one, and values
 # with newlines are quoted, which pyarrow's CSV reader tells apart. Columns are not cast: COPY

@@ -8,16 +8,8 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
+from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, key_not_null, order_by, table
 from backfill_assets.core.vocabulary import TableRef
-from backfill_assets.core.pg.sqlbuild.parts import (
-    OrderKey,
-    Query,
-    col,
-    cols,
-    key_not_null,
-    order_by,
-    table,
-)
 
 _SCOPE_KEYS = sql.SQL(
     "SELECT {s_bk} FROM {src} AS s WHERE {s_pk} = ANY(%(partitions)s) AND {s_key_not_null} "

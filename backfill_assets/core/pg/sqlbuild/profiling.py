@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.vocabulary import TableRef
 from backfill_assets.core.pg.sqlbuild.parts import Query, col, cols, key_not_null, table
+from backfill_assets.core.vocabulary import TableRef
 
 _COLUMN_PROFILE = sql.SQL(
     "SELECT (SELECT count(*) FROM {rel} AS s WHERE {pk} = ANY(%(partitions)s) AND {c} IS NULL), "

@@ -9,7 +9,6 @@ from typing import Any
 
 from psycopg import sql
 
-from backfill_assets.core.vocabulary import TableRef
 from backfill_assets.core.pg.sqlbuild.parts import (
     OrderKey,
     Query,
@@ -20,6 +19,7 @@ from backfill_assets.core.pg.sqlbuild.parts import (
     order_by,
     table,
 )
+from backfill_assets.core.vocabulary import TableRef
 
 _COPY_STREAM = sql.SQL(
     "COPY (SELECT {text_cols} FROM {rel} AS t WHERE {where} ORDER BY {order}) "

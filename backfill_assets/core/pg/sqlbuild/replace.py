@@ -8,15 +8,8 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
+from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, order_by, table
 from backfill_assets.core.vocabulary import TableRef
-from backfill_assets.core.pg.sqlbuild.parts import (
-    OrderKey,
-    Query,
-    col,
-    cols,
-    order_by,
-    table,
-)
 
 _ADVISORY_LOCK = sql.SQL("SELECT pg_advisory_lock(hashtextextended(%(key)s, 0))")
 _ADVISORY_XACT_LOCK = sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))")

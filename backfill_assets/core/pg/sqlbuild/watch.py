@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from backfill_assets.core.vocabulary import TableRef
 from backfill_assets.core.pg.sqlbuild.parts import Query, table
+from backfill_assets.core.vocabulary import TableRef
 
 # Gate 1. Each relation that holds the source's rows (the table itself; for a partitioned
 # table its leaf partitions), its kind, its file (a TRUNCATE, VACUUM FULL, CLUSTER or

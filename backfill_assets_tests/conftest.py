@@ -47,6 +47,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.dagster)
         if "lake" in path.rsplit("/", 1)[-1] or "lake" in item.name:
             item.add_marker(pytest.mark.lake)
+        if "spark" in getattr(item, "fixturenames", ()) or "/spark/" in path:
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture(scope="session")

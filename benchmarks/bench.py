@@ -219,10 +219,10 @@ def best(fn, n: int = 3) -> float:
 
 _MEMORY_CHILD = """
 import resource, sys, datetime as dt
-from backfill_assets.core.pg.db import DEFAULT_LIMITS, connection_factory, DatabaseUrl, repeatable_read
+from backfill_assets.core.pg.db import connection_factory, DatabaseUrl, repeatable_read
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS, TableRef
 from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.fingerprint.partition import fingerprint_partition
-from backfill_assets.core.spec import TableRef
 url, day = sys.argv[1], dt.date.fromisoformat(sys.argv[2])
 ref = TableRef("bench", "mem")
 with connection_factory(DatabaseUrl(url, "bench"), DEFAULT_LIMITS)() as conn, repeatable_read(conn, read_only=True):
@@ -406,10 +406,8 @@ def figures_1_2(b: Bench, report: Report) -> None:
 
 
 def tool_work_mem() -> str | None:
-    """The work_mem the core sets on its own connections, if it sets one (core.pg.db)."""
-    from backfill_assets.core.pg import db
-
-    return getattr(db, "WORK_MEM", None)
+    """The work_mem the core sets on its own connections (core.vocabulary.Limits)."""
+    return DEFAULT_LIMITS.work_mem
 
 
 def _cli_note(title: str, run: shapes.CliRun, naive: float, partitions: int, rows: int,

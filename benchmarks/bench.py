@@ -115,8 +115,8 @@ def safe_backfill(spec, factory) -> tuple[float, dict[str, float], str]:
     request = PartitionRequest("2024-01-01..2024-01-20")
     plan = make_plan(spec, request, factory, progress=mark)
     t_plan = time.perf_counter() - start
-    with factory() as conn:
-        approve_plan(conn, factory, spec, find_plan(conn, spec, plan.plan_id), "bench")
+    with factory() as conn, factory.control(conn) as store:
+        approve_plan(conn, factory, spec, find_plan(store, spec, plan.plan_id), "bench")
     t_approve = time.perf_counter() - start
     apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=mark)
     total = time.perf_counter() - start

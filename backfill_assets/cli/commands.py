@@ -108,9 +108,9 @@ def _url(spec: Spec, args: argparse.Namespace) -> DatabaseUrl:
 def _factory(spec: Spec, args: argparse.Namespace) -> ConnectionFactory:
     """The command's connections, carrying the spec's timeouts; kept on ``args`` so that
     :func:`main` can say what a wait that ran out waited for (core.waits)."""
-    control = None if spec.control_database_url_env is None else url_from_env(spec.control_database_url_env)
+    name = spec.control_database_url_env  # read when a command first uses the control store
     factory = connection_factory(_url(spec, args), spec.limits, application_name=f"backfill_assets:{spec.name}",
-                                 control_url=control)
+                                 control_url=None if name is None else lambda: url_from_env(name))
     args.opened = (factory, spec)
     return factory
 

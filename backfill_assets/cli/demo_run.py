@@ -17,7 +17,7 @@ from backfill_assets.core.apply import ApplyResult, apply_plan
 from backfill_assets.core.approve import confirm, review
 from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.pg import embedded
-from backfill_assets.core.pg.db import ConnectionFactory, connection_factory
+from backfill_assets.core.pg.db import ConnectionFactory, connection_factory, url_from_env
 from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile.propose import profile_source
 from backfill_assets.core.progress import ProgressEvent
@@ -46,7 +46,9 @@ def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None =
             target (after printing what it found).
     """
     out.result(f"== backfill-assets demo, on the embedded PostgreSQL (under {embedded.home()}) ==")
-    factory = connection_factory(embedded.database_url(), spec.limits, application_name="backfill_assets:demo")
+    control = None if spec.control_database_url_env is None else url_from_env(spec.control_database_url_env)
+    factory = connection_factory(embedded.database_url(), spec.limits, application_name="backfill_assets:demo",
+                                 control_url=control)
     with factory() as conn:
         demo.load(conn)
     out.result(f"\n-- 1. loaded a messy sample source {spec.source_ref} and a stale target {spec.target_name}")
@@ -59,8 +61,8 @@ def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None =
         raise plan.refusal()
     first = _approve_and_apply(spec, factory, plan, out)
     out.result("\n-- 7. the ledger")
-    with factory() as conn:
-        out.result(render_status(ledger_status(conn, spec)))
+    with factory() as conn, factory.control(conn) as store:
+        out.result(render_status(ledger_status(store, spec)))
     out.result("\n-- 8. the same backfill again, from the same source")
     again = make_plan(spec, request, factory, progress=out.progress)
     with factory() as conn, factory.control(conn) as control:

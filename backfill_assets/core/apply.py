@@ -175,7 +175,7 @@ def apply_plan(
             links them to, which are replaced in the same transaction).
         checkpoint: called at each step of each replace (see ``STEPS``); for tests.
         on_result: called with each partition's result as soon as it is final.
-        make_target: ``(conn, factory, ctx, checkpoint) -> Target``, what is written to
+        make_target: ``(conn, control, factory, ctx, checkpoint) -> Target``, what is written to
             (default: the spec's engine's, ``ctx.engine.open``); for tests.
 
     Raises:

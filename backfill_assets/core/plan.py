@@ -186,15 +186,15 @@ def finish_plan(
     refused plan's differing stage partitions are deleted so that nothing can apply them.
 
     With one database, both happen in one transaction. With a control store of its own, the
-    plan is committed there first: should the data's commit then fail, the plan is refused
-    already and its stage partitions cannot be applied."""
+    data's deletions commit first: should the plan's commit then fail, no plan names those
+    stages, and the next plan builds them again."""
     spec = ctx.spec
     reports = _input_reports(conn, ctx, snapshot)
     if snapshot.mode == "immutable":
         recheck_immutable_source(conn, ctx, snapshot)
     problems = ctx.engine.plan_problems(conn, ctx) + differing_keys(conn, ctx, a, b)
     plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)
-    with conn.transaction(), control.transaction():
+    with control.transaction(), conn.transaction():
         if control is not conn:
             if not store.control_ready(control, spec.control_schema):
                 store.ensure_control_schema(control, spec.control_schema)

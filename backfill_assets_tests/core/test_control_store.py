@@ -110,6 +110,13 @@ def test_the_command_line_reads_both_variables_and_status_reads_the_control_stor
     assert _rows(unmoved_db, "ledger") == 0 and _rows(control, "ledger") == 2
 
 
+def test_read_only_commands_need_no_control_variable(unmoved_db, db_url, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(URL_ENV, db_url.reveal())
+    monkeypatch.delenv(CONTROL_ENV, raising=False)
+    path = str(write_spec(tmp_path, records_can_move=False, control_database_url_env=CONTROL_ENV))
+    assert cli(capsys, "inspect", "--spec", path)[0] == 0
+
+
 def test_an_unset_control_variable_is_a_clear_error_before_anything_is_written(unmoved_db, db_url, tmp_path,
                                                                                 capsys, monkeypatch):
     monkeypatch.setenv(URL_ENV, db_url.reveal())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import psycopg
@@ -183,7 +183,7 @@ class Connections:
     """
 
     def __init__(self, url: DatabaseUrl, limits: Limits, application_name: str = "backfill_assets",
-                 control_url: DatabaseUrl | None = None) -> None:
+                 control_url: DatabaseUrl | Callable[[], DatabaseUrl] | None = None) -> None:
         self._url, self._control_url = url, control_url
         self.limits, self.application_name = limits, application_name
 
@@ -203,14 +203,16 @@ class Connections:
         if self._control_url is None:
             yield data
             return
-        with connect(self._control_url, self.limits, application_name=self.application_name) as conn:
+        url = self._control_url() if callable(self._control_url) else self._control_url
+        with connect(url, self.limits, application_name=self.application_name) as conn:
             yield conn
 
 
 def connection_factory(url: DatabaseUrl, limits: Limits, application_name: str = "backfill_assets",
-                       control_url: DatabaseUrl | None = None) -> Connections:
+                       control_url: DatabaseUrl | Callable[[], DatabaseUrl] | None = None) -> Connections:
     """A spec's connections (:class:`Connections`): calling it opens a new pinned connection to
-    the data with ``limits``; ``control_url``: the control store's database, if another."""
+    the data with ``limits``; ``control_url``: the control store's database, if another (or
+    what reads it when first needed, so that a command that never uses it never needs it)."""
     return Connections(url, limits, application_name, control_url)
 
 

@@ -43,12 +43,11 @@ _HELD = sql.SQL(
     "OR c.oid IN (SELECT t.relid FROM unnest(%(schemas)s::text[], %(names)s::text[]) AS w(s, r) "
     "JOIN pg_namespace AS bn ON bn.nspname = w.s JOIN pg_class AS b ON b.relnamespace = bn.oid AND b.relname = w.r "
     "CROSS JOIN LATERAL pg_partition_tree(b.oid) AS t WHERE b.relkind IN ('r', 'p'))) "
-    "ORDER BY array_position(ARRAY['AccessExclusiveLock', 'ExclusiveLock', 'ShareRowExclusiveLock', "
-    "'ShareLock', 'ShareUpdateExclusiveLock', 'RowShareLock', 'RowExclusiveLock', 'AccessShareLock'], "
-    "l.mode::text), n.nspname, c.relname, l.pid LIMIT %(most)s"
+    "ORDER BY array_position(%(modes)s::text[], l.mode::text), n.nspname, c.relname, l.pid LIMIT %(most)s"
 )
 
 
+# Lock modes, strongest first: the order locks are named in.
 _MODES = ("AccessExclusiveLock", "ExclusiveLock", "ShareRowExclusiveLock", "ShareLock", "ShareUpdateExclusiveLock",
           "RowShareLock", "RowExclusiveLock", "AccessShareLock")
 
@@ -64,7 +63,7 @@ def held_locks(conn: psycopg.Connection, spec: Spec, *, control_only: bool = Fal
     tables = [] if control_only else [spec.source_ref, *target_tables]
     rows = conn.execute(_HELD, {
         "control": spec.control_schema, "schemas": [t.schema for t in tables],
-        "names": [t.name for t in tables], "most": MOST_NAMED,
+        "names": [t.name for t in tables], "most": MOST_NAMED, "modes": list(_MODES),
         "catalog": catalog_tables,
     }).fetchall()
     return [HeldLock(f"{schema}.{name}", mode, pid) for schema, name, mode, pid in rows]

@@ -20,11 +20,10 @@ from backfill_assets.core.plan import make_plan
 from backfill_assets.core.vocabulary import DEFAULT_LIMITS, PartitionRequest
 from backfill_assets_tests.support.cli_runs import run as cli
 from backfill_assets_tests.support.cli_runs import write_spec
-from backfill_assets_tests.support.flows import approved, expected_hash, newest_wins, run, target_hashes
+from backfill_assets_tests.support.flows import approved, control_rows, expected_hash, newest_wins, run, target_hashes
 from backfill_assets_tests.support.lakes import Lake, expected_rows, lake_spec
-from backfill_assets_tests.support.specs import URL_ENV, make_spec
+from backfill_assets_tests.support.specs import CONTROL_URL_ENV, URL_ENV, make_spec
 
-CONTROL_ENV = "BFA_TEST_CONTROL_URL"
 ROLES = {  # the control schema's tables, by the role whose rows they hold
     "control": ("plans", "approvals", "ledger"),
     "data": ("snapshot_copies", "stage_builds"),
@@ -32,14 +31,14 @@ ROLES = {  # the control schema's tables, by the role whose rows they hold
 
 
 def _spec(**changes):
-    return make_spec(records_can_move=False, control_database_url_env=CONTROL_ENV, **changes)
+    return make_spec(records_can_move=False, control_database_url_env=CONTROL_URL_ENV, **changes)
 
 
 @pytest.fixture
 def control(control_db_url: DatabaseUrl, db_url: DatabaseUrl, monkeypatch):
     """The control store's connection, with both variables exported as a user would."""
     monkeypatch.setenv(URL_ENV, db_url.reveal())
-    monkeypatch.setenv(CONTROL_ENV, control_db_url.reveal())
+    monkeypatch.setenv(CONTROL_URL_ENV, control_db_url.reveal())
     with connect(control_db_url, DEFAULT_LIMITS) as conn:
         yield conn
 
@@ -47,11 +46,6 @@ def control(control_db_url: DatabaseUrl, db_url: DatabaseUrl, monkeypatch):
 @pytest.fixture
 def both(db_url: DatabaseUrl, control_db_url: DatabaseUrl):
     return connection_factory(db_url, DEFAULT_LIMITS, control_url=control_db_url)
-
-
-def _rows(conn: psycopg.Connection, table: str) -> int:
-    found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"backfill_control.{table}",)).fetchone()[0]
-    return conn.execute(f"SELECT count(*) FROM backfill_control.{table}").fetchone()[0] if found else 0
 
 
 def _tables(conn: psycopg.Connection) -> set[str]:
@@ -71,16 +65,16 @@ def test_each_role_keeps_its_rows_in_its_own_database_through_plan_approve_apply
                                          for d in demo.DEMO_DAYS}
     # The control store holds the plan (and the snapshot it refers to), the approval and the
     # ledger; none of them is in the data database, which holds the stages and snapshot copy.
-    assert [_rows(control, t) for t in ROLES["control"]] == [1, 1, len(plan.labels)]
-    assert [_rows(unmoved_db, t) for t in ROLES["control"]] == [0, 0, 0]
-    assert _rows(control, "snapshots") == 1 and [_rows(control, t) for t in ROLES["data"]] == [0, 0]
-    assert _rows(unmoved_db, "stage_builds") == 2 * len(plan.labels) and _rows(unmoved_db, "snapshot_copies") == 1
+    assert [control_rows(control, t) for t in ROLES["control"]] == [1, 1, len(plan.labels)]
+    assert [control_rows(unmoved_db, t) for t in ROLES["control"]] == [0, 0, 0]
+    assert control_rows(control, "snapshots") == 1 and [control_rows(control, t) for t in ROLES["data"]] == [0, 0]
+    assert control_rows(unmoved_db, "stage_builds") == 2 * len(plan.labels) and control_rows(unmoved_db, "snapshot_copies") == 1
     assert not any(t.startswith(("orders_daily__stage", "snap_")) for t in _tables(control))
     assert {"orders_daily__stage_a", "orders_daily__stage_b"} <= _tables(unmoved_db)
     # A rerun judges the approval against the control store's ledger: nothing left to write.
     again = run(spec, plan, both)
     assert {p["status"] for p in again.partitions} == {"skipped-already-verified"}
-    assert _rows(control, "ledger") == 2 * len(plan.labels) and _rows(unmoved_db, "ledger") == 0
+    assert control_rows(control, "ledger") == 2 * len(plan.labels) and control_rows(unmoved_db, "ledger") == 0
     # diff finds the plan in the control store and compares stage and target in the data.
     assert {d.changed + d.added + d.removed for d in diff_plan(spec, plan.plan_id, both).partitions} == {0}
 
@@ -94,36 +88,36 @@ def test_the_runs_lock_is_taken_in_the_control_store(unmoved_db, control, both):
         make_plan(spec, PartitionRequest("2024-01-02"), both)
     with spec_lock(control, spec), pytest.raises(ConcurrentRunError):
         apply_plan(spec, plan.plan_id, both, run_id="held")
-    assert _rows(control, "ledger") == 0
+    assert control_rows(control, "ledger") == 0
 
 
 def test_the_command_line_reads_both_variables_and_status_reads_the_control_store(unmoved_db, control, tmp_path,
                                                                                     capsys):
-    path = str(write_spec(tmp_path, records_can_move=False, control_database_url_env=CONTROL_ENV))
+    path = str(write_spec(tmp_path, records_can_move=False, control_database_url_env=CONTROL_URL_ENV))
     code, out, _ = cli(capsys, "plan", "--spec", path, "--partitions", "2024-01-02..2024-01-03", "--json")
     plan_id = json.loads(out)["plan_id"]
-    assert code == 0 and _rows(control, "plans") == 1 and _rows(unmoved_db, "plans") == 0
+    assert code == 0 and control_rows(control, "plans") == 1 and control_rows(unmoved_db, "plans") == 0
     assert cli(capsys, "approve", "--spec", path, "--plan", plan_id, "--by", "carol", "--yes")[0] == 0
     assert cli(capsys, "apply", "--spec", path, "--plan", plan_id)[0] == 0
     code, out, _ = cli(capsys, "status", "--spec", path, "--json")
     assert code == 0 and {p["status"] for p in json.loads(out)["partitions"]} == {"verified"}
-    assert _rows(unmoved_db, "ledger") == 0 and _rows(control, "ledger") == 2
+    assert control_rows(unmoved_db, "ledger") == 0 and control_rows(control, "ledger") == 2
 
 
 def test_read_only_commands_need_no_control_variable(unmoved_db, db_url, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(URL_ENV, db_url.reveal())
-    monkeypatch.delenv(CONTROL_ENV, raising=False)
-    path = str(write_spec(tmp_path, records_can_move=False, control_database_url_env=CONTROL_ENV))
+    monkeypatch.delenv(CONTROL_URL_ENV, raising=False)
+    path = str(write_spec(tmp_path, records_can_move=False, control_database_url_env=CONTROL_URL_ENV))
     assert cli(capsys, "inspect", "--spec", path)[0] == 0
 
 
 def test_an_unset_control_variable_is_a_clear_error_before_anything_is_written(unmoved_db, db_url, tmp_path,
                                                                                 capsys, monkeypatch):
     monkeypatch.setenv(URL_ENV, db_url.reveal())
-    monkeypatch.delenv(CONTROL_ENV, raising=False)
-    path = str(write_spec(tmp_path, records_can_move=False, control_database_url_env=CONTROL_ENV))
+    monkeypatch.delenv(CONTROL_URL_ENV, raising=False)
+    path = str(write_spec(tmp_path, records_can_move=False, control_database_url_env=CONTROL_URL_ENV))
     code, _, err = cli(capsys, "plan", "--spec", path, "--partitions", "2024-01-02")
-    assert code != 0 and f"environment variable {CONTROL_ENV} is not set" in err
+    assert code != 0 and f"environment variable {CONTROL_URL_ENV} is not set" in err
     assert "backfill_control" not in {r[0] for r in unmoved_db.execute("SELECT nspname FROM pg_namespace")}
 
 
@@ -135,20 +129,20 @@ def test_without_a_control_variable_the_control_store_is_the_data_connection_its
 
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
 def test_a_lake_target_with_a_control_store_of_its_own(unmoved_db, control, both, tmp_path, fmt):
-    spec = lake_spec(fmt, tmp_path, control_database_url_env=CONTROL_ENV)
+    spec = lake_spec(fmt, tmp_path, control_database_url_env=CONTROL_URL_ENV)
     plan = approved(unmoved_db, both, spec, PartitionRequest("2024-01-02..2024-01-03"))
     assert {p["status"] for p in run(spec, plan, both).partitions} == {"verified"}
     assert Lake(fmt, spec, unmoved_db).rows() == [r for r in expected_rows(unmoved_db)
                                                   if r[0].isoformat() in ("2024-01-02", "2024-01-03")]
-    assert [_rows(control, t) for t in ROLES["control"]] == [1, 1, 2]
-    assert [_rows(unmoved_db, t) for t in ROLES["control"]] == [0, 0, 0]
+    assert [control_rows(control, t) for t in ROLES["control"]] == [1, 1, 2]
+    assert [control_rows(unmoved_db, t) for t in ROLES["control"]] == [0, 0, 0]
 
 
 def test_a_wait_on_the_control_store_ends_in_its_lock_timeout_and_names_what_holds_it(
         unmoved_db, control, control_db_url, both, tmp_path, capsys):
     spec = _spec(lock_timeout_ms=200)
     plan = approved(unmoved_db, both, spec, PartitionRequest("2024-01-02"))
-    path = str(write_spec(tmp_path, records_can_move=False, control_database_url_env=CONTROL_ENV,
+    path = str(write_spec(tmp_path, records_can_move=False, control_database_url_env=CONTROL_URL_ENV,
                           lock_timeout_ms=200))
     with connect(control_db_url, DEFAULT_LIMITS) as holder, holder.transaction():
         holder.execute("LOCK TABLE backfill_control.plans IN ACCESS EXCLUSIVE MODE")
@@ -156,4 +150,4 @@ def test_a_wait_on_the_control_store_ends_in_its_lock_timeout_and_names_what_hol
         code, _, err = cli(capsys, "apply", "--spec", path, "--plan", plan.plan_id)
     assert code == 8, err
     assert f"backfill_control.plans (ACCESS EXCLUSIVE lock held by server process {pid})" in err
-    assert "it is safe to retry" in err and _rows(control, "ledger") == 0
+    assert "it is safe to retry" in err and control_rows(control, "ledger") == 0

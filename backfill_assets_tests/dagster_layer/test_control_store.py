@@ -12,23 +12,17 @@ from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import resource_for
-from backfill_assets_tests.support.specs import URL_ENV, make_spec
+from backfill_assets_tests.support.flows import control_rows
+from backfill_assets_tests.support.specs import CONTROL_URL_ENV, URL_ENV, make_spec
 
-CONTROL_ENV = "BFA_TEST_CONTROL_URL"
 DAYS = {RANGE_START: "2024-01-02", RANGE_END: "2024-01-03"}
-
-
-def _count(conn, table: str) -> int:
-    if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"backfill_control.{table}",)).fetchone()[0]:
-        return 0
-    return conn.execute(f"SELECT count(*) FROM backfill_control.{table}").fetchone()[0]
 
 
 def test_stages_gate_and_target_keep_plans_approvals_and_ledger_in_the_control_database(
         unmoved_db, db_url, control_db_url, monkeypatch):
     monkeypatch.setenv(URL_ENV, db_url.reveal())
-    monkeypatch.setenv(CONTROL_ENV, control_db_url.reveal())
-    spec = make_spec(records_can_move=False, control_database_url_env=CONTROL_ENV)
+    monkeypatch.setenv(CONTROL_URL_ENV, control_db_url.reveal())
+    spec = make_spec(records_can_move=False, control_database_url_env=CONTROL_URL_ENV)
     keys = {n: dg.AssetKey([spec.name, n]) for n in ("snapshot", "stage_a", "stage_b", "target")}
     resources = {f"pg_{spec.name}": resource_for(spec)}  # dagster.EnvVar, read when the run starts
     instance = dg.DagsterInstance.ephemeral()
@@ -50,7 +44,7 @@ def test_stages_gate_and_target_keep_plans_approvals_and_ledger_in_the_control_d
     applied = materialize(["target"])
     assert applied.success
     with connect(control_db_url, DEFAULT_LIMITS) as control:
-        assert [_count(control, t) for t in ("plans", "approvals", "ledger")] == [1, 1, 2]
-        assert _count(control, "stage_builds") == 0
-    assert [_count(unmoved_db, t) for t in ("plans", "approvals", "ledger")] == [0, 0, 0]
-    assert _count(unmoved_db, "stage_builds") == 4
+        assert [control_rows(control, t) for t in ("plans", "approvals", "ledger")] == [1, 1, 2]
+        assert control_rows(control, "stage_builds") == 0
+    assert [control_rows(unmoved_db, t) for t in ("plans", "approvals", "ledger")] == [0, 0, 0]
+    assert control_rows(unmoved_db, "stage_builds") == 4

@@ -8,6 +8,7 @@ import uuid
 from decimal import Decimal
 
 import psycopg
+from psycopg import sql
 
 from backfill_assets.cli import demo
 from backfill_assets.core.apply import apply_plan
@@ -92,5 +93,13 @@ def target_day_hashes(conn, days=DAYS8):
     return target_hashes(conn, days)
 
 
+def control_rows(conn: psycopg.Connection, table: str) -> int:
+    """The rows of a table of the control schema in ``conn``'s database (0 if it has none)."""
+    ref = TableRef("backfill_control", table)
+    if not conn.execute("SELECT to_regclass(%s) IS NOT NULL", (str(ref),)).fetchone()[0]:
+        return 0
+    return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(ref.schema, ref.name))).fetchone()[0]
+
+
 def ledger_rows(conn) -> int:
-    return conn.execute("SELECT count(*) FROM backfill_control.ledger").fetchone()[0]
+    return control_rows(conn, "ledger")

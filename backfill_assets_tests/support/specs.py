@@ -11,6 +11,7 @@ CANARY = "canary-Pw-7f3e91"  # a password that must never appear in any output
 
 
 URL_ENV = "BFA_TEST_DATABASE_URL"  # the variable the test specs name
+CONTROL_URL_ENV = "BFA_TEST_CONTROL_URL"  # the variable naming a control store of its own
 
 
 DEMO_SPEC = {

@@ -9,7 +9,7 @@ from backfill_assets.core.apply import ApplyResult
 from backfill_assets.core.approve import Review
 from backfill_assets.core.coverage import OpenApproval, short_list, utc_text
 from backfill_assets.core.diff import DiffResult
-from backfill_assets.core.fingerprint.partition import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.profile.propose import Profile
 from backfill_assets.core.spec import ParallelSpec
 from backfill_assets.core.store.plan_document import Plan, PlanDocument

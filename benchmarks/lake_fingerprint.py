@@ -45,7 +45,8 @@ from backfill_assets.core.fingerprint.stage_arrow import read_stage_partition
 from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets.core.pg.db import connect, repeatable_read
-from backfill_assets.core.fingerprint.partition import Fingerprint, fingerprint_partition
+from backfill_assets.core.fingerprint.partition import fingerprint_partition
+from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.vocabulary import TableRef
 
 REL = TableRef("public", "lake_bench")
@@ -167,7 +168,7 @@ def main() -> int:
 
         def server() -> Fingerprint:
             with repeatable_read(conn, read_only=True):
-                return fingerprint_partition(conn, REL, columns, "p", KEY, TOTAL, 1)
+                return fingerprint_partition(conn, REL, columns, "p", KEY, TOTAL, 1, utf8=True)
 
         def read() -> pa.Table:
             with repeatable_read(conn, read_only=True):

@@ -60,6 +60,7 @@ def _read_csv(data: bytes) -> pa.Table:
 
 def naive(conn: psycopg.Connection, fmt: str, folder: Path, days: list, catalog: Any = None) -> float:
     """The naive way into a new lake table over ``days``. Seconds."""
+    shapes.server_defaults(conn)
     start = time.perf_counter()
     if fmt == "delta":
         from deltalake import write_deltalake

@@ -300,6 +300,16 @@ def naive_statements(spec: dict[str, Any], target: sql.Identifier) -> tuple[sql.
 _SET_WORK_MEM = sql.SQL("SELECT set_config('work_mem', %(work_mem)s, true)")
 
 
+_RESET_JIT = sql.SQL("RESET jit")
+
+
+def server_defaults(conn: psycopg.Connection) -> psycopg.Connection:
+    """The session as a naive backfill's would be: the tool's connections turn JIT off
+    (core.pg.db.SESSION_SETTINGS), the server's default is on."""
+    conn.execute(_RESET_JIT)
+    return conn
+
+
 def naive_backfill(conn: psycopg.Connection, shape: Shape, n_days: int | None = None,
                    work_mem: str | None = None) -> float:
     """The naive way over the first ``n_days`` partitions: per partition, one transaction of
@@ -308,6 +318,7 @@ def naive_backfill(conn: psycopg.Connection, shape: Shape, n_days: int | None = 
     ``work_mem``: set for each transaction (default: the server's).
     """
     delete, insert = naive_statements(shape.spec, shape.table("tgt_naive"))
+    server_defaults(conn)
     start = time.perf_counter()
     for day in shape.days_list(n_days):
         with conn.transaction():

@@ -20,14 +20,15 @@ import contextlib
 import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.fingerprint.partition import Fingerprint, fingerprint_partition
+from backfill_assets.core.fingerprint.partition import fingerprint_partitions
+from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.moves import Scope
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import ColumnInfo, Inspection
@@ -279,15 +280,21 @@ class Context:
     def stage(self, variant: str) -> TableRef:
         return TableRef(self.spec.control_schema, f"{self.spec.name}__stage_{variant}")
 
+    @property
+    def utf8(self) -> bool:
+        """The data database's encoding is UTF8 (a text's octet_length is its UTF-8 length)."""
+        return self.inspection.server.encoding == "UTF8"
+
     def readings(self, conn: psycopg.Connection, rel: TableRef, partition: PartitionValue) -> Fingerprint:
-        """The fingerprint of one partition of a stage or of the target, in the caller's
-        transaction. Both rule duplicates out (a stage's unique index; the grain check every
-        plan and apply starts with), so they are not counted. A stage's index, and the
-        target's when it has one, give the business-key order without a sort."""
+        """The fingerprint of one partition of a stage or of the target (:meth:`readings_of`)."""
+        return self.readings_of(conn, rel, [partition])[0]
+
+    def readings_of(self, conn: psycopg.Connection, rel: TableRef, partitions: Sequence[PartitionValue]) -> list[Fingerprint]:
+        """The fingerprints of partitions of a stage or of the target, in that order, from one
+        aggregate, in the caller's transaction. Both rule duplicates out (a stage's unique
+        index; the grain check every plan and apply starts with), so they are not counted."""
         spec = self.spec
-        # The stages have the index; the target's own table may.
-        indexed = rel != self.engine.relation or self.inspection.target_key_indexed
-        return fingerprint_partition(
+        return fingerprint_partitions(
             conn, rel, self.target_columns, spec.partition_key, spec.business_key, spec.total,
-            partition, key_unique=True, indexed=indexed,
+            partitions, key_unique=True, utf8=self.utf8,
         )

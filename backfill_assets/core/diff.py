@@ -30,8 +30,8 @@ import psycopg
 
 from backfill_assets.core.context import Context
 from backfill_assets.core.errors import ApprovalError, SpecError
-from backfill_assets.core.fingerprint.partition import business_key_order
 from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.pg.catalog import business_key_order
 from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.resolve import resolve
 from backfill_assets.core.spec import Spec

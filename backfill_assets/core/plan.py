@@ -16,7 +16,8 @@ import psycopg
 from backfill_assets.core.context import Clock, Context, build_lock, partition_locks, spec_lock, utc_now
 from backfill_assets.core.diff import diff_partition, example_text
 from backfill_assets.core.fingerprint.identity import PLAN_FORMAT, sha256_hex
-from backfill_assets.core.fingerprint.partition import Fingerprint
+from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
+from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.db import ConnectionFactory, transient_errors
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
@@ -48,6 +49,7 @@ def spec_document(ctx: Context) -> dict[str, Any]:
         # (and whatever else names the table: an Iceberg table's catalog).
         **ctx.engine.plan_fields(ctx),
         "format": PLAN_FORMAT,
+        "fingerprint_format": FINGERPRINT_FORMAT,
         "spec": spec.name,
         "target": spec.target_name,
         "source": str(spec.source_ref),

@@ -20,7 +20,7 @@ from psycopg import sql
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
-from backfill_assets.core.fingerprint.partition import snapshot_rows_hash
+from backfill_assets.core.fingerprint.partition import partitions_digest, rows_digest
 from backfill_assets.core.moves import Scope, close_scope
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns, table_kind
@@ -50,13 +50,11 @@ class Snapshot:
 
 def source_fingerprints(conn: psycopg.Connection, ctx: Context, rel: TableRef) -> dict[str, dict[str, Any]]:
     """Row count and content hash of every declared partition of a source-shaped relation
-    (the source, or a copy of it): the hash is independent of the rows' physical order
-    (fingerprint.snapshot_rows_hash; a source has no key to order by)."""
-    cols = ctx.inspection.source_columns
-    where = sqlbuild.in_partition(ctx.spec.partition_key)
-    found = {label: snapshot_rows_hash(conn, rel, cols, where, {"partition": p})
-             for p, label in zip(ctx.partitions, ctx.labels)}
-    return {label: {"row_count": rows, "content_hash": digest} for label, (rows, digest) in found.items()}
+    (the source, or a copy of it), from one order-independent aggregate over them all (a
+    source has no key to order by, and the format-3 digest needs none)."""
+    found = partitions_digest(conn, rel, ctx.inspection.source_columns, ctx.spec.partition_key, ctx.partitions,
+                              utf8=ctx.utf8)
+    return {label: {"row_count": rows, "content_hash": digest} for label, (rows, digest) in zip(ctx.labels, found)}
 
 
 def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -> dict[str, Any]:
@@ -65,7 +63,7 @@ def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     spec = ctx.spec
     where = sqlbuild.outside_scope(rel, ctx.keys_relation, spec.partition_key, spec.business_key)
     params = {"partitions": ctx.partitions}
-    rows, digest = snapshot_rows_hash(conn, rel, ctx.inspection.source_columns, where, params)
+    rows, digest = rows_digest(conn, rel, ctx.inspection.source_columns, where, params, utf8=ctx.utf8)
     return {"row_count": rows, "content_hash": digest}
 
 

@@ -13,9 +13,10 @@ from psycopg import sql
 
 from backfill_assets.core.context import Clock, Context, set_local
 from backfill_assets.core.errors import SnapshotError, StageError
-from backfill_assets.core.fingerprint.partition import Fingerprint, business_key_order
+from backfill_assets.core.fingerprint.partition import written
+from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import table_columns, table_kind
+from backfill_assets.core.pg.catalog import business_key_order, table_columns, table_kind
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.resolve import resolve
@@ -57,8 +58,8 @@ def build_partition(
     conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
     partition: PartitionValue, clock: Clock,
 ) -> Fingerprint:
-    """Rebuild one partition of one stage, fingerprint it and record the build with its seal,
-    in one transaction.
+    """Rebuild one partition of one stage, fingerprint it as it is written and record the build
+    with its seal, in one transaction.
 
     The seal is the transaction that wrote the partition's rows (their xmin, None when it is
     empty) and the same transaction's 64-bit id: see :func:`stage_partitions_changed`.
@@ -74,15 +75,17 @@ def build_partition(
     with transient_errors(f"building stage {variant} of partition {label}"), conn.transaction():
         conn.execute(_SYNC_COMMIT_OFF)
         conn.execute(*sqlbuild.delete_partition(stage, spec.partition_key, partition))
-        conn.execute(*sqlbuild.build_stage(
+        insert = sqlbuild.build_stage(
             variant, stage, input_rel, spec.columns, spec.partition_key, spec.business_key,
             ctx.ordering_keys(), {"partitions": ctx.partitions}, partition,
             moving=spec.records_can_move,
-        ))
+        )
+        # The readings of the rows as they are written, in the same statement (the stage's
+        # unique index rules duplicates out).
+        readings = written(conn, insert, ctx.target_columns, spec.business_key, spec.total, utf8=ctx.utf8)
         writer = conn.execute(*sqlbuild.partition_writer(stage, spec.partition_key, partition)).fetchone()
         txid = conn.execute(sqlbuild.current_txid()).fetchone()
         assert txid is not None
-        readings = ctx.readings(conn, stage, partition)
         control.record_build(
             conn, spec.control_schema, spec_name=spec.name, variant=variant, partition=label,
             snapshot_id=snapshot.snapshot_id, readings=readings.as_dict(),
@@ -210,8 +213,7 @@ def read_stages(spec: Spec, labels: list[str], factory: ConnectionFactory) -> li
                 if table_kind(conn, ctx.stage(variant)) is None:
                     raise StageError(f"stage {ctx.stage(variant)} has never been built; materialize both stages first")
             built = {v: control.builds(conn, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
-            now = {v: {label: ctx.readings(conn, ctx.stage(v), value) for value, label in zip(ctx.partitions, ctx.labels)}
-                   for v in ("a", "b")}
+            now = {v: dict(zip(ctx.labels, ctx.readings_of(conn, ctx.stage(v), ctx.partitions))) for v in ("a", "b")}
         # The plans are the control store's (read after the stages: a plan made meanwhile
         # names stages it recorded, which the comparison below then tells apart).
         plans = (control.plans_with(store, spec.control_schema, spec.name, ctx.labels)

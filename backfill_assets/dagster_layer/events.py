@@ -12,7 +12,7 @@ from typing import Any
 import dagster as dg
 
 from backfill_assets.core.errors import ApprovalOutdatedError, BackfillError, VerificationError
-from backfill_assets.core.fingerprint.partition import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.plan import differing_keys_prefix
 from backfill_assets.core.spec import ParallelSpec
 from backfill_assets.core.store.plan_document import PartitionEntry, Plan

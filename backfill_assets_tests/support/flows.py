@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from decimal import Decimal
 
 import psycopg
 from psycopg import sql
@@ -13,7 +12,8 @@ from psycopg import sql
 from backfill_assets.cli import demo
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.fingerprint.partition import business_key_order, content_hash, reference_digest
+from backfill_assets.core.fingerprint import rows as fingerprint_rows
+from backfill_assets.core.fingerprint.partition import fingerprint_partitions
 from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.store.plans import find_plan
@@ -21,19 +21,6 @@ from backfill_assets.core.vocabulary import PartitionRequest, TableRef
 
 TARGET = TableRef("public", "orders_daily")
 ALL_DAYS = PartitionRequest("2024-01-01..2024-01-07")
-
-
-def pg_text(value: object) -> str | None:
-    """PostgreSQL's text form of the demo's Python values, under the pinned settings."""
-    if value is None:
-        return None
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S+00")
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value.quantize(Decimal("0.01")))
-    return str(value)
 
 
 def newest_wins(rows: list[tuple], *, per_day: bool) -> dict[dt.date, list[tuple]]:
@@ -54,15 +41,17 @@ def newest_wins(rows: list[tuple], *, per_day: bool) -> dict[dt.date, list[tuple
 
 
 def expected_hash(conn: psycopg.Connection, rows: list[tuple]) -> str:
+    """The content hash of a partition holding ``rows`` (the target's typed values), computed
+    by the plain-Python reference of the fingerprint."""
     cols = table_columns(conn, TARGET)
-    return reference_digest([(c.name, c.type_name) for c in cols], [[pg_text(v) for v in r] for r in rows])
+    return fingerprint_rows.reference_readings(cols, rows, ["order_id"], None).content_hash
 
 
 def target_hashes(conn: psycopg.Connection, days: list[dt.date] = demo.DEMO_DAYS) -> dict[str, str]:
     """The content hash of each day of the demo target."""
     cols = table_columns(conn, TARGET)
-    order = business_key_order(cols, ["order_id"])
-    return {d.isoformat(): content_hash(conn, TARGET, cols, "order_date", order, d) for d in days}
+    found = fingerprint_partitions(conn, TARGET, cols, "order_date", ["order_id"], None, days, utf8=True)
+    return {d.isoformat(): fp.content_hash for d, fp in zip(days, found)}
 
 
 DAYS8 = [*demo.DEMO_DAYS, dt.date(2024, 1, 8)]

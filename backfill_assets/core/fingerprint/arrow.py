@@ -1,72 +1,44 @@
-"""The canonical fingerprint of a partition held in Arrow: one fingerprint across engines.
+"""A partition held in Arrow: its readings (format 3, computed by DuckDB) and, for core.diff,
+its values' PostgreSQL text forms.
 
 A stage partition approved in PostgreSQL is copied into a Delta Lake or Iceberg table; the lake
 partition must then give exactly the readings ``fingerprint.fingerprint_partition`` gives in
-PostgreSQL (docs/fingerprint.md, format v1, unchanged: the preamble names the PostgreSQL
-columns and ``format_type`` types, each row record holds the values' PostgreSQL text forms).
-So this module renders PostgreSQL's text forms from Arrow data with pyarrow.compute kernels,
-one slice of rows at a time, and hashes the row records' contiguous buffer.
+PostgreSQL. The lake library hands the partition over as Arrow, each column is checked and
+normalised to the Arrow type its PostgreSQL type maps to (core.fingerprint.kinds; only safe
+casts), and DuckDB computes the count, the NULL and duplicate keys and the format-3 digest in
+one aggregate (core.fingerprint.duck); the exact total is summed by Arrow in decimal256.
 
-Only types whose values round-trip exactly through a lake table are accepted
-(:func:`lake_type`). Two traps decide the shape of the code (measured in
-backfill_assets_tests/core/fingerprint/test_arrow.py against a real server):
-
-- Arrow's decimal-to-string cast switches to scientific notation (``1E-10``), so decimals are
-  rendered from their unscaled integers;
-- PostgreSQL prints float8 with its own port of Ryu built without "strictly shortest": a
-  decimal lying exactly on the boundary half-way to a neighbouring double is not accepted,
-  so for some doubles of magnitude >= 2**53 PostgreSQL prints one digit more than Arrow (and
-  Python's repr): ``4.1293705688494416e+16`` against ``4.129370568849442e+16`` (about a
-  quarter of the doubles in [2**54, 2**56) differ). Arrow's shortest digits are re-rendered
-  in PostgreSQL's notation; the boundary cases, found with vectorised exact integer
-  arithmetic, are printed again one by one in Python integers.
-
-The types a lake holds are core.fingerprint.kinds, the text forms core.fingerprint.texts, and
-reading a stage partition (core.fingerprint.stage_arrow) is one CSV COPY parsed by pyarrow.
+``canonical_texts`` renders PostgreSQL's text forms with pyarrow.compute kernels
+(core.fingerprint.texts): core.diff compares a lake partition with a stage key by key and
+column by column in SQL, which needs the values themselves, not a digest. Its traps (Arrow's
+``1E-10`` for decimals; PostgreSQL's Ryu, built without "strictly shortest", printing
+``4.1293705688494416e+16`` where Arrow prints ``4.129370568849442e+16``) are in texts.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from backfill_assets.core.errors import LakeValueError, SpecError
-from backfill_assets.core.fingerprint.partition import Fingerprint, preamble
+from backfill_assets.core.fingerprint import duck, rows
+from backfill_assets.core.fingerprint.kinds import Kind, kind_of, require_key
+from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.texts import MAX_SLICE, render
 from backfill_assets.core.pg.catalog import ColumnInfo
-
-if TYPE_CHECKING:
-    pass
-from backfill_assets.core.fingerprint.kinds import NO_BYTES, Kind, kind_of, require_key
-from backfill_assets.core.fingerprint.texts import MAX_SLICE, data_range, length_prefixes, render, row_numbers
-
-# ---------------------------------------------------------------------------------------------
-# Readings
-
-_SLICE_BYTES = 64 << 20  # about this much rendered text per slice
 
 
 def arrow_readings(
     table: pa.Table, columns: Sequence[ColumnInfo], business_key: Sequence[str], total: str | None,
 ) -> Fingerprint:
-    """The readings of one partition held in Arrow, equal bit for bit to
-    ``fingerprint.fingerprint_partition`` (with ``key_unique=False``) over the same rows in
-    PostgreSQL.
+    """The readings of one partition held in Arrow, equal to ``fingerprint.fingerprint_partition``
+    (with ``key_unique=False``) over the same rows in PostgreSQL.
 
     ``table`` holds at least ``columns`` by name, as a lake gives them back (string_view or
     large strings, dictionaries, another time zone name for UTC, other chunking: they are
-    normalised). Rows are hashed in business-key order, strings and bytes by bytes, NULLs
-    last, like ``COLLATE "C"``. Where keys tie (duplicate or NULL keys) PostgreSQL's own order
-    is not defined, so neither is its digest: such rows are put in the order of their
-    canonical text, by bytes, which makes the digest a function of the rows, but it need not
-    equal the server's; those partitions already differ in their readings from a valid stage.
-
-    The sort and the key counts read the key columns whole; the text forms are rendered and
-    hashed a slice of rows at a time, so memory stays near the table's own size.
+    normalised). Duplicate keys compare as PostgreSQL compares them (-0 = 0 in a double key).
 
     Raises:
         SpecError: a column is missing from the table, has a type its PostgreSQL type does not
@@ -79,70 +51,13 @@ def arrow_readings(
     require_key(names, business_key)
     data = [_normalise(table, c, k) for c, k in zip(columns, kinds)]
     by_name = dict(zip(names, zip(data, kinds)))
-    n = table.num_rows
     total_text = _total(by_name, columns, total)
-    h = hashlib.sha256(preamble([(c.name, c.type_name) for c in columns]))
-    if n == 0:
-        return Fingerprint(0, 0, 0, total_text, h.hexdigest())
-
-    keys = [by_name[k] for k in business_key]
-    null_keys = _any_null([d for d, _ in keys])
-    key_table = pa.table({f"k{i}": _sort_form(d, k) for i, (d, k) in enumerate(keys)})
-    sort_keys = [(f"k{i}", "ascending", "at_end") for i in range(len(keys))]
-    order = pc.sort_indices(key_table, sort_keys=sort_keys)
-    sorted_keys = key_table.take(order)
-    duplicates, ties = _adjacent_equal([sorted_keys.column(i) for i in range(len(keys))], [k for _, k in keys])
-
-    rendered = None
-    if ties:
-        # Break ties by every column's text, by bytes: render it all once, sort again.
-        rendered = [_render_all(d, k) for d, k in zip(data, kinds)]
-        tie_table = pa.table({**{f"k{i}": key_table.column(i) for i in range(len(keys))},
-                              **{f"t{i}": r for i, r in enumerate(rendered)}})
-        order = pc.sort_indices(
-            tie_table, sort_keys=sort_keys + [(f"t{i}", "ascending", "at_end") for i in range(len(rendered))],
-        )
-    del key_table, sorted_keys
-
-    count = pa.scalar(struct.pack("!h", len(columns)), pa.large_binary())
-    step = _slice_rows(data, kinds, n)
-    for start in range(0, n, step):
-        idx = order.slice(start, step)
-        run = _run_start(idx)
-        parts: list[pa.Array | pa.Scalar] = [count]
-        for i, (d, k) in enumerate(zip(data, kinds)):
-            text = _take(rendered[i], idx, run) if rendered is not None else render(k, _take(d, idx, run))
-            parts += [length_prefixes(text), text]
-        rows = pc.binary_join_element_wise(*parts, NO_BYTES, null_handling="replace", null_replacement=b"")
-        begin, end = data_range(rows)
-        h.update(memoryview(rows.buffers()[2])[begin:end])
-    return Fingerprint(n, null_keys, duplicates, total_text, h.hexdigest())
-
-
-def _take(data: pa.ChunkedArray, idx: pa.Array, run: int | None) -> pa.Array:
-    """The rows ``idx`` of ``data``; a slice where they are a run of rows in order (``run``:
-    its first row), which is several times cheaper than a take from a chunked array."""
-    taken = data.slice(run, len(idx)) if run is not None else data.take(idx)
-    return taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
-
-
-def _run_start(idx: pa.Array) -> int | None:
-    """The first row if ``idx`` is a run of consecutive rows in order (data read back in key
-    order: a stage, or lake files written sorted), else None."""
-    first = idx[0].as_py()
-    if idx[len(idx) - 1].as_py() - first != len(idx) - 1:
-        return None
-    return first if pc.all(pc.equal(idx, pc.add(row_numbers(len(idx)), first))).as_py() else None
-
-
-def _slice_rows(data: Sequence[pa.ChunkedArray], kinds: Sequence[Kind], n: int) -> int:
-    """Rows per slice: at most 64k, fewer where long text or bytes would make a slice big."""
-    variable = sum(
-        sum(chunk.buffers()[2].size for chunk in d.chunks if chunk.buffers()[2] is not None)
-        for d, k in zip(data, kinds) if k.name in ("text", "bytes")
+    normalised = pa.table(dict(zip(names, data)))
+    count, null_keys, duplicates, sums = duck.readings(
+        normalised, [(c.name, rows.kind_of(c)) for c in columns], business_key,
+        [k for k in business_key if by_name[k][1].name == "float"],
     )
-    per_row = 2 * variable / max(n, 1) + 64 * len(kinds)
-    return max(1, min(MAX_SLICE, int(_SLICE_BYTES / per_row)))
+    return Fingerprint(count, null_keys, duplicates, total_text, rows.content_hash(columns, count, sums))
 
 
 def canonical_texts(table: pa.Table, columns: Sequence[ColumnInfo]) -> pa.Table:
@@ -159,41 +74,6 @@ def _render_all(data: pa.ChunkedArray, kind: Kind) -> pa.ChunkedArray:
     for start in range(0, len(data), MAX_SLICE):
         chunks.append(render(kind, data.slice(start, MAX_SLICE).combine_chunks()))
     return pa.chunked_array(chunks, pa.large_binary())
-
-
-def _any_null(columns: Sequence[pa.ChunkedArray]) -> int:
-    mask = pc.is_null(columns[0])
-    for c in columns[1:]:
-        mask = pc.or_(mask, pc.is_null(c))
-    return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
-
-
-def _sort_form(data: pa.ChunkedArray, kind: Kind) -> pa.ChunkedArray:
-    """The key as sorted: floats with -0 made 0 (PostgreSQL's -0 = 0), so that rows equal as
-    PostgreSQL compares them stay adjacent after a multi-column sort."""
-    return pc.add(data, 0.0) if kind.name == "float" else data
-
-
-def _adjacent_equal(sorted_keys: Sequence[pa.ChunkedArray], kinds: Sequence[Kind]) -> tuple[int, bool]:
-    """(rows equal to the row before them on a key with no NULL: the duplicate count; whether
-    any two neighbours tie in ORDER BY, where NULL ties NULL and NaN ties NaN)."""
-    n = len(sorted_keys[0])
-    if n < 2:
-        return 0, False
-    same = tie = None
-    for data, kind in zip(sorted_keys, kinds):
-        data = data.combine_chunks() if isinstance(data, pa.ChunkedArray) else data
-        a, b = data.slice(1), data.slice(0, n - 1)
-        eq = pc.equal(a, b)
-        if kind.name == "float":
-            eq = pc.or_(eq, pc.and_(pc.is_nan(a), pc.is_nan(b)))
-        eq = pc.fill_null(eq, False)
-        both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-        t = pc.or_(eq, both_null)
-        same = eq if same is None else pc.and_(same, eq)
-        tie = t if tie is None else pc.and_(tie, t)
-    duplicates = int(pc.sum(pc.cast(same, pa.int64())).as_py() or 0)
-    return duplicates, bool(pc.any(tie).as_py())
 
 
 def _total(by_name: dict[str, tuple[pa.ChunkedArray, Kind]], columns: Sequence[ColumnInfo], total: str | None) -> str | None:

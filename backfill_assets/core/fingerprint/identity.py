@@ -1,6 +1,6 @@
 """Identities: the plan id and the snapshot id, as SHA-256 over canonical JSON.
 
-Kept apart from the data fingerprint (core.fingerprint.partition, the canonical encoding of rows): these
+Kept apart from the data fingerprint (core.fingerprint.rows, the canonical encoding of rows): these
 hash documents, the plan an approver approves and the snapshot it was built from. Both ids
 are pinned by literal values in backfill_assets_tests/core/fingerprint/test_identity_pins.py; changing
 what they cover is a format change (PLAN_FORMAT, SNAPSHOT_FORMAT).
@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 PLAN_FORMAT = "backfill-assets/plan/v1"
-SNAPSHOT_FORMAT = "backfill-assets/snapshot/v2"  # v2: order-independent row hash (fingerprint.snapshot_rows_hash)
+SNAPSHOT_FORMAT = "backfill-assets/snapshot/v3"  # v3: the format-3 row digest (core.fingerprint.rows)
 
 
 def canonical_json(value: Any) -> bytes:

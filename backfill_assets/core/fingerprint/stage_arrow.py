@@ -11,9 +11,8 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from backfill_assets.core.errors import LakeValueError, SessionNotPinnedError
-from backfill_assets.core.fingerprint.partition import business_key_order
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import ColumnInfo
+from backfill_assets.core.pg.catalog import ColumnInfo, business_key_order
 from backfill_assets.core.vocabulary import TableRef
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """PostgreSQL's text forms of values held in Arrow, rendered with pyarrow.compute kernels a
-slice of rows at a time (see core.fingerprint.arrow for the two traps that shape it), and the
-buffers the row records are built in: hex <-> bytes and big-endian length prefixes, without a
-Python object per value."""
+slice of rows at a time, for core.diff to compare a lake partition with a stage value by value
+(core.fingerprint.arrow names the two traps that shape it), and hex <-> bytes without a Python
+object per value."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 from backfill_assets.core.fingerprint.kinds import NO_BYTES, NO_TEXT, TEXT, Kind
 
 # ---------------------------------------------------------------------------------------------
-# Buffers: hex text <-> bytes and big-endian length prefixes, without a Python object per value
+# Buffers: hex text <-> bytes, without a Python object per value
 
 def _value_offsets(arr: pa.Array) -> pa.Array:
     """The n+1 offsets of a (large_)binary/string array as an integer array (zero-copy)."""
@@ -56,21 +56,6 @@ def _binary_to_hex(arr: pa.Array) -> pa.Array:
 
 
 MAX_SLICE = 1 << 16  # rows per slice at most
-_BY_FOUR = pa.array(range(0, 4 * (MAX_SLICE + 1), 4), pa.int64()).buffers()[1]
-
-
-def length_prefixes(text: pa.Array) -> pa.Array:
-    """Each value's 4-byte big-endian signed length, -1 for NULL, as a large_binary array
-    over one buffer: the lengths byte-swapped as 32-bit integers, viewed 4 bytes a value."""
-    n = len(text)
-    length = pc.cast(pc.fill_null(pc.binary_length(text), -1), pa.int64())
-    u = pc.bit_wise_and(length, 0xFFFFFFFF)
-    swapped = pc.bit_wise_or(
-        pc.bit_wise_or(pc.shift_left(pc.bit_wise_and(u, 0xFF), 24), pc.shift_left(pc.bit_wise_and(u, 0xFF00), 8)),
-        pc.bit_wise_or(pc.bit_wise_and(pc.shift_right(u, 8), 0xFF00), pc.shift_right(u, 24)),
-    )
-    data = pc.cast(swapped, pa.uint32()).buffers()[1]
-    return pa.Array.from_buffers(pa.large_binary(), n, [None, _BY_FOUR, data])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ class ColumnInfo:
     """A column as the catalog describes it."""
 
     name: str
-    type_name: str  # format_type(): the exact type, with modifiers, as hashed in the preamble
+    type_name: str  # format_type(): the exact type, with modifiers
     category: str  # pg_type.typcategory
     collatable: bool
     base_type: str  # pg_type.typname of the base type (domains resolved)
@@ -102,8 +102,6 @@ class Inspection:
     grain_columns: list[str]
     grain_ddl: str | None
     problems: list[str] = field(default_factory=list)
-    # An index gives the target's partitions in business-key order (fingerprints read it).
-    target_key_indexed: bool = False
     # What the target's engine found of its table beyond the columns (a lake table: whether it
     # exists, and the schema the stage maps to; core.targets.lake.LakeState), shown by
     # ``inspect`` through its ``as_dict``. None for a PostgreSQL target.
@@ -354,14 +352,14 @@ def inspect_tables(conn: psycopg.Connection, spec: Spec) -> Inspection:
                 f"target {tgt} has no UNIQUE ({', '.join(grain)}) or equivalent constraint ({why}); "
                 f"add it with: {grain_ddl}"
             )
-    key_indexed = (
-        target_kind is not None and spec.partition_key in tnames
-        and all(c in tnames for c in spec.business_key)
-        and has_ordered_index(conn, tgt, spec.partition_key,
-                              [(c, tnames[c].collatable) for c in spec.business_key])
-    )
     return Inspection(
         server=server, source_columns=source_cols, target_columns=target_cols,
         target_unique_keys=keys, partition_kind=partition_kind, grain_columns=grain,
-        grain_ddl=grain_ddl, problems=problems, target_key_indexed=key_indexed,
+        grain_ddl=grain_ddl, problems=problems,
     )
+
+
+def business_key_order(columns: Sequence[ColumnInfo], business_key: Sequence[str]) -> list[sqlbuild.OrderKey]:
+    """Ascending business-key order; collatable columns by bytes (locale-independent)."""
+    by_name = {c.name: c for c in columns}
+    return [sqlbuild.OrderKey(k, collate_c=by_name[k].collatable) for k in business_key]

@@ -32,11 +32,16 @@ PINNED_SETTINGS: tuple[tuple[str, str], ...] = (
     ("client_encoding", "UTF8"),
 )
 
+# Not a digest's dependency but its cost: JIT compiles each statement's expressions anew, and
+# for one partition's digest (a SHA-256 per row) compiling costs more than it saves
+# (BENCHMARKS.md, figure 1).
+SESSION_SETTINGS = (*PINNED_SETTINGS, ("jit", "off"))
+
 _PIN_SESSION = sql.SQL("SELECT {}").format(sql.SQL(", ").join(
     sql.SQL("set_config({}, {}, false)").format(sql.Placeholder(f"name{i}"), sql.Placeholder(f"value{i}"))
-    for i in range(len(PINNED_SETTINGS))
+    for i in range(len(SESSION_SETTINGS))
 ))
-_PIN_VALUES = {f"{part}{i}": v for i, pair in enumerate(PINNED_SETTINGS) for part, v in zip(("name", "value"), pair)}
+_PIN_VALUES = {f"{part}{i}": v for i, pair in enumerate(SESSION_SETTINGS) for part, v in zip(("name", "value"), pair)}
 _REPEATABLE_READ = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
 _READ_COMMITTED = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 _REPEATABLE_READ_ONLY = sql.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -111,7 +116,7 @@ def url_from_env(name: str, environ: Mapping[str, str] | None = None) -> Databas
 
 
 def pin_session(conn: psycopg.Connection) -> None:
-    """Set the session settings every fingerprint depends on, in one round trip."""
+    """Set the session settings every fingerprint depends on (and JIT off), in one round trip."""
     conn.execute(_PIN_SESSION, _PIN_VALUES)
 
 

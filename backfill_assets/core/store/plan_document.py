@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from backfill_assets.core.errors import DeterminismError, StageDifference
 from backfill_assets.core.fingerprint.identity import plan_id_of
-from backfill_assets.core.fingerprint.partition import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.spec import OrderingColumn
 
 
@@ -98,11 +98,14 @@ class PlanDocument(_Frozen):
     # An Iceberg target's catalog, without its password (core.targets.iceberg.catalog_identity);
     # absent from other plans' JSON, like creates_target.
     target_catalog: str | None = None
+    # The format of every content hash in the plan (core.fingerprint.rows.FORMAT); absent
+    # from the JSON of plans made before format 3, which find_plan refuses ("plan again").
+    fingerprint_format: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The document as JSON values: what the plan id hashes."""
         out = self.model_dump(mode="json")
-        for optional in ("creates_target", "target_catalog"):
+        for optional in ("creates_target", "target_catalog", "fingerprint_format"):
             if out[optional] is None:
                 del out[optional]
         return out
@@ -127,7 +130,7 @@ class PlanDocument(_Frozen):
 SPEC_FIELDS = (
     "format", "spec", "target", "source", "partition_key", "business_key", "ordering", "columns",
     "target_table_columns", "total", "records_can_move", "transform_version", "transform_sql_sha256",
-    "target_catalog",
+    "target_catalog", "fingerprint_format",
 )
 
 

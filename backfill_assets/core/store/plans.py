@@ -8,6 +8,7 @@ import psycopg
 from pydantic import ValidationError
 
 from backfill_assets.core.errors import ApprovalError, PlanReferenceError
+from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control
 from backfill_assets.core.store.plan_document import Plan
@@ -42,6 +43,13 @@ def find_plan(conn: psycopg.Connection, spec: Spec, plan_ref: str) -> Plan:
         ) from None
     except ValueError as err:  # edited since it was stored
         raise ApprovalError(f"{err}; it was changed after it was made: plan again", plan_id=plan_id) from None
+    made_with = plan.document.fingerprint_format
+    if made_with != FINGERPRINT_FORMAT:
+        raise ApprovalError(
+            f"plan {plan_id[:16]} was made with fingerprint format {made_with or 'older than 3'}; this version "
+            f"computes format {FINGERPRINT_FORMAT}, so its readings cannot be checked against it: plan again",
+            plan_id=plan_id,
+        )
     if plan.document.spec != spec.name:
         raise ApprovalError(f"plan {plan_id[:16]} belongs to spec {plan.document.spec}, not {spec.name}",
                             plan_id=plan_id)

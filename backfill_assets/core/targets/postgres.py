@@ -14,9 +14,8 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core.context import Checkpoint, Context, Readings, Target, TargetWrite, no_checkpoint
-from backfill_assets.core.fingerprint.partition import business_key_order
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import Inspection, inspect_tables
+from backfill_assets.core.pg.catalog import Inspection, business_key_order, inspect_tables
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets.common import AdvisoryLocked, check_transform
@@ -88,9 +87,8 @@ class PostgresTarget(AdvisoryLocked):
         return [self.ctx.value_of(label) for label in labels]
 
     def read(self, conn: psycopg.Connection, labels: list[str]) -> dict[str, Readings]:
-        rel = self.ctx.spec.target_ref
-        return {label: self.ctx.readings(conn, rel, value).as_dict()
-                for value, label in zip(self._values(labels), labels)}
+        found = self.ctx.readings_of(conn, self.ctx.spec.target_ref, self._values(labels))
+        return {label: fp.as_dict() for label, fp in zip(labels, found)}
 
     def readings(self, labels: list[str]) -> dict[str, Readings]:
         return self.read(self.conn, labels)

@@ -8,7 +8,9 @@ SNAPSHOT_FORMAT and say how stored plans and approvals carry over.
 History: snapshot v2 (issue 12) hashes a snapshot's rows in an order of their values that is
 cheaper to sort and needs no text form for exact types (fingerprint.snapshot_rows_hash);
 every snapshot id, and so every plan id, changed with it (docs/fingerprint.md says how
-stored plans carry over).
+stored plans carry over). Fingerprint format 3 (issue 21) changes every content hash, and so
+every snapshot and plan id; plans say ``fingerprint_format: 3``, and a plan made before it is
+refused with "plan again" (the stored plans in pins/ are such plans).
 """
 
 from __future__ import annotations
@@ -18,22 +20,25 @@ from pathlib import Path
 
 import pytest
 
+from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.fingerprint.identity import plan_id_of
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.store import control
 from backfill_assets.core.store.plan_document import Plan
+from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.specs import make_spec
 
 WEEK = PartitionRequest("2024-01-01..2024-01-07")
 
 # The demo data and spec (docs/cli.md's worked example prints the same ids).
-DEMO_PLAN_ID = "37fbd45a3e9daa857830fba5e14e10b32964cdf83f0c7a9bf16a5b63626f2b3e"
-DEMO_SNAPSHOT_ID = "copy-a7ea30bf3a93fed2"
-DEMO_SNAPSHOT_FINGERPRINT = "12fc9c7310c05efafb3523bb863976de811299091cbced950c586caf7fe7c7cb"
+DEMO_PLAN_ID = "850fa9cd176d97aa648e5c4e989a0fd88fbe38b471b89fe5de6a09539ff159b9"
+DEMO_SNAPSHOT_ID = "copy-1561eec6c4f13358"
+DEMO_SNAPSHOT_FINGERPRINT = "8da91574b2019c9ceb29c37413ee01354d687da713a5b96f18b581da33646f0b"
 
 # No moved records, an immutable source and a transform: the other parts of the document.
-IMMUTABLE_PLAN_ID = "a0455b6394af603b8d31408eaa4dd243ecaafb300602631925a3ff3ca143d30d"
-IMMUTABLE_SNAPSHOT_ID = "immutable-797aacf7aff696b5"
+IMMUTABLE_PLAN_ID = "9c994fae38d02db8a9a8fcb757bac3b377cc39e45b411f1b8ecb987a7e0b007c"
+IMMUTABLE_SNAPSHOT_ID = "immutable-3e7dffd6965eaccf"
 TRANSFORM = (
     "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
     "upper(status) AS status, note FROM source"
@@ -60,10 +65,11 @@ def test_an_immutable_source_with_a_transform_has_pinned_ids(unmoved_db, factory
 # Stored plans, one per kind of target, pinned without a server: the documents (as plan
 # stores them) and their literal ids. A change to the plan document's model, its JSON or how
 # ids are hashed fails here in a second. The Delta plan names a fixed path; the Iceberg plan
-# its catalog, without a password.
+# its catalog, without a password. They were made before fingerprint format 3 (the postgres
+# one is the demo's plan then): they read back whole, and find_plan refuses them.
 PINS = Path(__file__).parent / "pins"
 STORED_PLAN_IDS = {
-    "postgres": DEMO_PLAN_ID,
+    "postgres": "37fbd45a3e9daa857830fba5e14e10b32964cdf83f0c7a9bf16a5b63626f2b3e",
     "delta": "203acbe63f4293e70316120c64adf2b647742e72f985bca531c2eeec7fe1e808",
     "iceberg": "6552fc2d62c3beaf06e9704098cdb3c118e110c104e29348f0bc7586e3f4f97b",
 }
@@ -79,3 +85,27 @@ def test_a_stored_plan_reads_back_whole_and_keeps_its_pinned_id(kind):
     assert plan_id_of(document) == STORED_PLAN_IDS[kind]
     assert plan.document.target == {"postgres": "public.orders_daily", "delta": "delta:/pinned/lake/orders_daily",
                                     "iceberg": "iceberg:default:sales.orders_daily"}[kind]
+
+
+def test_plans_say_their_fingerprint_format_and_an_older_plan_is_refused_plan_again(demo_db, factory):
+    spec = make_spec()
+    plan = make_plan(spec, WEEK, factory)
+    assert plan.as_json()["fingerprint_format"] == 3
+    # The same plan as a version before format 3 stored it: no fingerprint_format, and so
+    # another id. It still reads back whole, but nothing it pins can be checked any more.
+    older = {k: v for k, v in plan.as_json().items() if k not in ("plan_id", "status", "problems", "fingerprint_format")}
+    older_id = plan_id_of(older)
+    control.record_plan(demo_db, spec.control_schema, plan_id=older_id, spec_name=spec.name,
+                        target_table=spec.target_name, status="ready", snapshot_id=plan.as_json()["snapshot"]["id"],
+                        plan={"plan_id": older_id, "status": "ready", "problems": [], **older},
+                        created_at=plan_created(demo_db, spec, plan.plan_id))
+    assert find_plan(demo_db, spec, plan.plan_id).plan_id == plan.plan_id
+    with pytest.raises(ApprovalError, match="made with fingerprint format older than 3.*plan again"):
+        find_plan(demo_db, spec, older_id)
+
+
+def plan_created(conn, spec, plan_id):
+    from psycopg import sql
+
+    return conn.execute(sql.SQL("SELECT created_at FROM {} WHERE plan_id = %(id)s").format(
+        sql.Identifier(spec.control_schema, "plans")), {"id": plan_id}).fetchone()[0]

@@ -1,235 +1,190 @@
-"""The canonical fingerprint: golden vectors, agreement of the streamed SQL path with the
-plain-Python reference, injectivity on the hard cases, and independence from session state."""
+"""Fingerprint format 3 in PostgreSQL: the golden vectors on the embedded server and on the
+machine's own PostgreSQL with default settings, readings and digest in one parallel aggregate,
+the digest of rows as they are written, and the order-independent source digest."""
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Iterator
 
 import psycopg
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
+from backfill_assets.core.fingerprint import rows
 from backfill_assets.core.fingerprint.partition import (
-    _hash_copy_stream,
-    business_key_order,
-    content_hash,
-    encode_row,
-    exact_in_binary,
+    fields,
     fingerprint_partition,
-    preamble,
-    reference_digest,
-    snapshot_rows_hash,
-    sorts_disabled,
+    fingerprint_partitions,
+    partitions_digest,
+    rows_digest,
+    written,
 )
+from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.pg.db import pin_session
-from backfill_assets.core.pg.sqlbuild import in_partition
 from backfill_assets.core.vocabulary import TableRef
+from backfill_assets_tests.core.fingerprint import golden
+from backfill_assets_tests.support.servers import default_settings_server
 
-GOLDEN = TableRef("public", "golden")
+FILE = golden.load()
+PORTABLE = TableRef("public", "golden_portable")
+PG_ONLY = TableRef("public", "golden_pg_only")
 
-GOLDEN_DDL = sql.SQL(
-    "CREATE TABLE public.golden (p int, k int, t text, n numeric, f float8, ts timestamptz, "
-    "b bytea, flag boolean, d date, iv interval)"
-)
-GOLDEN_INSERT = sql.SQL(
-    "INSERT INTO public.golden (p, k, t, n, f, ts, b, flag, d, iv) VALUES "
-    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-)
-# (k, t, n, f, ts, b, flag, d, iv) as SQL literals' text; the ts values are in other zones.
-GOLDEN_ROWS = [
-    (1, "a", "1.5", "0.1", "2024-01-01 12:00:00+02", b"\x00\xff", True, "2024-02-29", "1 day 02:00"),
-    (2, "", "1.50", "-0", "2024-01-01 10:00:00+00", b"", False, "0001-01-01", "-3 months"),
-    (3, None, None, None, None, None, None, None, None),
-    (4, "NULL", "-0.000", "Infinity", "2024-06-30 23:59:59.999999-07", b"\\", True, "infinity", "0"),
-    (5, "tab\tnl\ncr\r back\\slash 'q' \"dq\"", "123456789012345678901234567890.123", "-Infinity",
-     "1999-12-31 23:00:00-01", b"abc", False, "2024-01-01", "1 year 2 mons"),
-    (6, "café ☕ 日本語 🧾", "NaN", "NaN", "infinity", b"\n", True, "2024-01-01", "00:00:00.000001"),
-]
-# The same values as PostgreSQL's text output under the pinned settings.
-GOLDEN_TEXT = [
-    ("1", "a", "1.5", "0.1", "2024-01-01 10:00:00+00", "\\x00ff", "true", "2024-02-29", "1 day 02:00:00"),
-    ("2", "", "1.50", "-0", "2024-01-01 10:00:00+00", "\\x", "false", "0001-01-01", "-3 mons"),
-    ("3", None, None, None, None, None, None, None, None),
-    ("4", "NULL", "0.000", "Infinity", "2024-07-01 06:59:59.999999+00", "\\x5c", "true", "infinity", "00:00:00"),
-    ("5", "tab\tnl\ncr\r back\\slash 'q' \"dq\"", "123456789012345678901234567890.123", "-Infinity",
-     "2000-01-01 00:00:00+00", "\\x616263", "false", "2024-01-01", "1 year 2 mons"),
-    ("6", "café ☕ 日本語 🧾", "NaN", "NaN", "infinity", "\\x0a", "true", "2024-01-01", "00:00:00.000001"),
-]
-GOLDEN_TYPES = [
-    ("k", "integer"), ("t", "text"), ("n", "numeric"), ("f", "double precision"),
-    ("ts", "timestamp with time zone"), ("b", "bytea"), ("flag", "boolean"), ("d", "date"),
-    ("iv", "interval"),
-]
-# Pinned: any change of the canonical format must change these on purpose (docs/fingerprint.md).
-GOLDEN_DIGEST = "afd3f11671e163d37aaeb7523171e441c2d6ac3339b6e31db5f64ce60e154581"
-EMPTY_DIGEST = "f480e1b41093bccb0695f7e2df1500e9951d424cdbe8a7722b9590d0e0f0c238"
+
+def _create(conn: psycopg.Connection, ref: TableRef, section: str) -> None:
+    spec = golden.PORTABLE_COLUMNS if section == "portable" else golden.POSTGRES_ONLY_COLUMNS
+    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(
+        sqlbuild.table(ref), sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t, *_ in spec)))
+
+
+def load_golden(conn: psycopg.Connection) -> None:
+    """Both golden tables, rows inserted in reverse (physical order is not key order)."""
+    _create(conn, PORTABLE, "portable")
+    names = [n for n, *_ in golden.PORTABLE_COLUMNS]
+    insert = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        sqlbuild.table(PORTABLE), sql.SQL(", ").join(map(sql.Identifier, names)),
+        sql.SQL(", ").join(sql.Placeholder() * len(names)))
+    with conn.cursor() as cur:
+        cur.executemany(insert, [[golden.decode(v) for v in r["values"]] for r in reversed(FILE["portable"]["rows"])])
+    _create(conn, PG_ONLY, "postgres_only")
+    names = [n for n, *_ in golden.POSTGRES_ONLY_COLUMNS]
+    # Literals cast by the server to each column's type.
+    insert = sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
+        sqlbuild.table(PG_ONLY), sql.SQL(", ").join(map(sql.Identifier, names)),
+        sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Placeholder(), sql.SQL(t)) for _, t, *_ in golden.POSTGRES_ONLY_COLUMNS))
+    with conn.cursor() as cur:
+        cur.executemany(insert, list(reversed(FILE["postgres_only"]["literals"])))
+
+
+def check_golden(conn: psycopg.Connection) -> None:
+    """Row texts, row hashes and readings of both golden tables equal the file's."""
+    for ref, section, total in ((PORTABLE, "portable", "amount"), (PG_ONLY, "postgres_only", None)):
+        cols = table_columns(conn, ref)
+        assert [rows.kind_of(c) for c in cols] == [c["kind"] for c in FILE[section]["columns"]]
+        query = sql.SQL("SELECT {text}, encode(sha256(convert_to({text}, 'UTF8')), 'hex') FROM {rel} AS t").format(
+            text=sqlbuild.row_text("t", fields(cols), True), rel=sqlbuild.table(ref))
+        got = conn.execute(query).fetchall()
+        assert sorted(map(list, got)) == sorted([r["text"], r["hash"]] for r in FILE[section]["rows"])
+        fp = fingerprint_partition(conn, ref, cols, "p", ["k"], total, 1, utf8=True)
+        assert fp.as_dict() == FILE[section]["readings"]
 
 
 @pytest.fixture
-def golden(conn: psycopg.Connection) -> psycopg.Connection:
-    conn.execute(GOLDEN_DDL)
-    with conn.cursor() as cur:
-        # Inserted in reverse so that physical order differs from key order.
-        cur.executemany(GOLDEN_INSERT, [(7, *row) for row in reversed(GOLDEN_ROWS)])
+def golden_db(conn: psycopg.Connection) -> psycopg.Connection:
+    load_golden(conn)
     return conn
 
 
-def _golden_hash(conn: psycopg.Connection, partition: int = 7) -> str:
-    cols = [c for c in table_columns(conn, GOLDEN) if c.name != "p"]
-    return content_hash(conn, GOLDEN, cols, "p", business_key_order(cols, ["k"]), partition)
+def test_the_golden_vectors_in_the_embedded_postgresql(golden_db):
+    check_golden(golden_db)
 
 
-def test_reference_digest_of_golden_rows_is_pinned():
-    assert reference_digest(GOLDEN_TYPES, GOLDEN_TEXT) == GOLDEN_DIGEST
-    assert reference_digest(GOLDEN_TYPES, []) == EMPTY_DIGEST
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with default_settings_server(tmp_path_factory.mktemp("pg_default")) as url:
+        yield url
 
 
-def test_streamed_sql_digest_equals_the_plain_python_reference(golden):
-    assert _golden_hash(golden) == GOLDEN_DIGEST
+def test_the_golden_vectors_in_the_machines_postgresql_with_default_settings(default_server):
+    with psycopg.connect(default_server, autocommit=True) as conn:
+        version = conn.execute(b"SHOW server_version").fetchone()[0]
+        pin_session(conn)
+        conn.execute(b"DROP TABLE IF EXISTS public.golden_portable, public.golden_pg_only")
+        load_golden(conn)
+        check_golden(conn)
+    assert not version.startswith("16.2")  # another server than the embedded one
 
 
-def test_the_indexed_read_gives_the_same_digest_and_restores_the_planner(golden):
-    golden.execute(b"CREATE UNIQUE INDEX ON public.golden (p, k)")
-    cols = [c for c in table_columns(golden, GOLDEN) if c.name != "p"]
-    with golden.transaction():
-        golden.execute(b"SET LOCAL enable_sort = on")
-        with sorts_disabled(golden):
-            assert golden.execute(b"SHOW enable_sort").fetchone() == ("off",)
-        assert golden.execute(b"SHOW enable_sort").fetchone() == ("on",)
-        indexed = content_hash(golden, GOLDEN, cols, "p", business_key_order(cols, ["k"]), 7, indexed=True)
-        assert golden.execute(b"SHOW enable_sort").fetchone() == ("on",)
-        # A failed read inside a savepoint: rolling it back restores the setting too.
-        with pytest.raises(psycopg.errors.DivisionByZero), golden.transaction(), sorts_disabled(golden):
-            golden.execute(b"SELECT 1 / 0")
-        assert golden.execute(b"SHOW enable_sort").fetchone() == ("on",)
-    assert indexed == GOLDEN_DIGEST
-    # Outside a transaction there is nothing to restore, and nothing is set.
-    with sorts_disabled(golden):
-        assert golden.execute(b"SHOW enable_sort").fetchone() == ("on",)
-
-
-def test_empty_partition_digest_is_the_preamble_alone(golden):
-    assert _golden_hash(golden, partition=8) == EMPTY_DIGEST
-    assert EMPTY_DIGEST == hashlib.sha256(preamble(GOLDEN_TYPES)).hexdigest()
-    # fingerprint_partition skips the stream of an empty partition and gives the same digest,
-    # and streams a partition with rows.
-    cols = [c for c in table_columns(golden, GOLDEN) if c.name != "p"]
-    empty = fingerprint_partition(golden, GOLDEN, cols, "p", ["k"], None, 8)
-    assert (empty.row_count, empty.content_hash) == (0, EMPTY_DIGEST)
-    assert fingerprint_partition(golden, GOLDEN, cols, "p", ["k"], None, 7).content_hash == GOLDEN_DIGEST
-
-
-def test_digest_does_not_depend_on_the_session_settings_once_pinned(golden, db_url):
-    options = "-c TimeZone=Asia/Tokyo -c DateStyle=SQL,DMY -c IntervalStyle=iso_8601 " \
-              "-c extra_float_digits=3 -c bytea_output=escape"
+def test_the_digest_does_not_depend_on_the_session_settings_once_pinned(golden_db, db_url):
+    options = ("-c TimeZone=Asia/Tokyo -c DateStyle=SQL,DMY -c IntervalStyle=iso_8601 "
+               "-c extra_float_digits=-3 -c bytea_output=escape")
+    cols = table_columns(golden_db, PG_ONLY)
     with psycopg.connect(db_url.reveal(), autocommit=True, options=options) as other:
-        unpinned = _golden_hash(other)
+        unpinned = fingerprint_partition(other, PG_ONLY, cols, "p", ["k"], None, 1, utf8=True)
         pin_session(other)
-        assert _golden_hash(other) == GOLDEN_DIGEST
-    # The settings matter: without pinning the same rows give another digest.
-    assert unpinned != GOLDEN_DIGEST
+        check_golden(other)
+    # The settings matter (intervals and reals print by them): unpinned, another digest.
+    assert unpinned.content_hash != FILE["postgres_only"]["readings"]["content_hash"]
 
 
-def test_column_types_are_part_of_the_digest(conn):
-    conn.execute("CREATE TABLE public.a (p int, k int, v text)")
-    conn.execute("CREATE TABLE public.b (p int, k int, v varchar(10))")
-    for name in ("a", "b"):
-        conn.execute(sql.SQL("INSERT INTO {} (p, k, v) VALUES (1, 1, 'x')").format(sql.Identifier("public", name)))
-    digests = set()
-    for name in ("a", "b"):
-        ref = TableRef("public", name)
-        cols = table_columns(conn, ref)
-        digests.add(content_hash(conn, ref, cols, "p", business_key_order(cols, ["k"]), 1))
-    assert len(digests) == 2
+def test_an_empty_partition_is_the_preamble_count_and_zero_sums(golden_db):
+    cols = table_columns(golden_db, PORTABLE)
+    empty = fingerprint_partition(golden_db, PORTABLE, cols, "p", ["k"], "amount", 2, utf8=True)
+    assert empty == rows.Fingerprint(0, 0, 0, "0", rows.content_hash(cols, 0, [0] * rows.SLICES))
+    # Several partitions in one aggregate, in the order asked for, the missing ones empty.
+    assert fingerprint_partitions(golden_db, PORTABLE, cols, "p", ["k"], "amount", [2, 1], utf8=True) == [
+        empty, rows.Fingerprint(**FILE["portable"]["readings"])]
 
 
-def test_text_keys_sort_by_bytes_not_by_locale(conn):
-    # In a linguistic collation 'a' < 'B'; by bytes 'B' (0x42) < 'a' (0x61).
-    conn.execute("CREATE TABLE public.tk (p int, k text, v int)")
-    conn.execute("INSERT INTO public.tk (p, k, v) VALUES (1, 'a', 1), (1, 'B', 2), (1, 'é', 3)")
-    ref = TableRef("public", "tk")
-    cols = table_columns(conn, ref)
-    got = content_hash(conn, ref, cols, "p", business_key_order(cols, ["k"]), 1)
-    types = [(c.name, c.type_name) for c in cols]
-    assert got == reference_digest(types, [("1", "B", "2"), ("1", "a", "1"), ("1", "é", "3")])
+def test_the_digest_is_one_parallel_aggregate_that_hashes_each_row_once(golden_db):
+    # Enough rows for a parallel plan when parallel work is made free.
+    golden_db.execute(b"INSERT INTO public.golden_portable (p, k, note) SELECT 3, g, md5(g::text) "
+                      b"FROM generate_series(1, 20000) AS g")
+    golden_db.execute(b"ANALYZE public.golden_portable")
+    cols = table_columns(golden_db, PORTABLE)
+    query, params = sqlbuild.partition_readings(PORTABLE, fields(cols), "p", ["k"], "amount", [1, 3], utf8=True)
+    serial = fingerprint_partitions(golden_db, PORTABLE, cols, "p", ["k"], "amount", [1, 3], utf8=True)
+    with golden_db.transaction():
+        for setting in ("parallel_setup_cost", "parallel_tuple_cost", "min_parallel_table_scan_size"):
+            golden_db.execute(sql.SQL("SELECT set_config({}, '0', true)").format(sql.Literal(setting)))
+        golden_db.execute(b"SELECT set_config('max_parallel_workers_per_gather', '2', true)")
+        plan = "\n".join(r[0] for r in golden_db.execute(sql.SQL("EXPLAIN (VERBOSE) ") + query, params).fetchall())
+        parallel = fingerprint_partitions(golden_db, PORTABLE, cols, "p", ["k"], "amount", [1, 3], utf8=True)
+    assert "Gather" in plan and "Partial" in plan
+    # The scan computes the hash once per row; the slices refer to it (the inlining trap:
+    # without the volatile column the planner copies the hash into each slice's sum).
+    scan_outputs = [line for line in plan.splitlines() if "Output:" in line and "PARTIAL" not in line
+                    and "sha256" in line and "sum(" not in line]
+    assert len(scan_outputs) == 1 and scan_outputs[0].count("sha256(") == 1
+    assert parallel == serial
+    assert serial[0].as_dict() == FILE["portable"]["readings"]
 
 
 def test_readings_count_nulls_duplicates_and_total(conn):
     conn.execute("CREATE TABLE public.r (p int, k int, amount numeric(8,2))")
     conn.execute(
         "INSERT INTO public.r (p, k, amount) VALUES (1, 1, 1.10), (1, 1, 2.00), (1, 1, 0.01), "
-        "(1, NULL, 5.00), (1, 2, NULL), (2, 1, 100.00)"
+        "(1, NULL, 5.00), (1, 2, NULL), (2, 1, 100.00), (3, 1, NULL)"
     )
     ref = TableRef("public", "r")
-    fp = fingerprint_partition(conn, ref, table_columns(conn, ref), "p", ["k"], "amount", 1)
-    assert (fp.row_count, fp.null_key_count, fp.duplicate_key_count, fp.total) == (5, 1, 2, "8.11")
-
-
-@pytest.mark.parametrize(
-    "left, right",
-    [
-        (("a", "bc"), ("ab", "c")),
-        ((None,), ("",)),
-        ((None,), ("NULL",)),
-        (("",), ("NULL",)),
-        (("a\tb",), ("a", "b")),
-        (("1.5",), ("1.50",)),
-        (("-0",), ("0",)),
-        (("Infinity",), ("-Infinity",)),
-        (("x\\",), ("x\\\\",)),
-    ],
-)
-def test_distinct_rows_have_distinct_encodings(left, right):
-    assert encode_row(left) != encode_row(right)
-
-
-values = st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_categories=("Cs",))))
-
-
-@given(st.lists(st.lists(values, min_size=1, max_size=4), min_size=0, max_size=5),
-       st.lists(st.lists(values, min_size=1, max_size=4), min_size=0, max_size=5))
-def test_encoding_is_injective_on_row_sequences(a, b):
-    enc = lambda rows: b"".join(encode_row(r) for r in rows)  # noqa: E731
-    assert (enc(a) == enc(b)) == (a == b)
-
-
-def test_copy_stream_parser_handles_arbitrary_chunking():
-    body = encode_row(["x", None]) + encode_row(["", "é"])
-    stream = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00" + body + b"\xff\xff"
-    expected = hashlib.sha256(body).hexdigest()
-    for size in (1, 2, 3, 7, 19, 20, 64, len(stream)):
-        h = hashlib.sha256()
-        _hash_copy_stream([stream[i:i + size] for i in range(0, len(stream), size)], h)
-        assert h.hexdigest() == expected
-
-
-text_values = st.one_of(
-    st.none(),
-    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
-)
-
-
-@given(st.lists(st.tuples(text_values, st.integers(-2**31, 2**31 - 1) | st.none()), max_size=12))
-def test_streamed_digest_equals_reference_for_generated_text(conn, rows):
-    conn.execute("DROP TABLE IF EXISTS public.gen")
-    conn.execute("CREATE TABLE public.gen (p int, k int, t text, i int)")
-    with conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO public.gen (p, k, t, i) VALUES (0, %s, %s, %s)",
-            [(n, t, i) for n, (t, i) in enumerate(rows)],
-        )
-    ref = TableRef("public", "gen")
     cols = table_columns(conn, ref)
-    got = content_hash(conn, ref, cols, "p", business_key_order(cols, ["k"]), 0)
-    expected_rows = [("0", str(n), t, None if i is None else str(i)) for n, (t, i) in enumerate(rows)]
-    assert got == reference_digest([(c.name, c.type_name) for c in cols], expected_rows)
+    one, two, three = fingerprint_partitions(conn, ref, cols, "p", ["k"], "amount", [1, 2, 3], utf8=True)
+    assert (one.row_count, one.null_key_count, one.duplicate_key_count, one.total) == (5, 1, 2, "8.11")
+    assert (two.row_count, two.duplicate_key_count, two.total) == (1, 0, "100.00")
+    assert three.total == "0"  # only NULLs to add up, as for no rows
 
 
-# Values that compare equal yet print differently, ties on the typed columns, NULLs, unicode,
-# control characters and long text: the snapshot hash must depend on the rows only.
+def test_column_types_are_part_of_the_digest(conn):
+    for name, t in (("a", "text"), ("b", "varchar(10)"), ("c", "numeric(12,2)"), ("d", "numeric(14,2)"),
+                    ("e", "integer"), ("f", "bigint")):
+        conn.execute(sql.SQL("CREATE TABLE {} (p int, k int, v {})").format(sql.Identifier("public", name), sql.SQL(t)))
+        conn.execute(sql.SQL("INSERT INTO {} (p, k, v) VALUES (1, 1, '1')").format(sql.Identifier("public", name)))
+    digest = {}
+    for name in "abcdef":
+        ref = TableRef("public", name)
+        digest[name] = fingerprint_partition(conn, ref, table_columns(conn, ref), "p", ["k"], None, 1, utf8=True).content_hash
+    # A varchar's length limit is a constraint, not part of a value: text and varchar(n) agree.
+    assert digest["a"] == digest["b"]
+    assert len({digest["a"], digest["c"], digest["d"], digest["e"], digest["f"]}) == 5
+
+
+def test_a_build_is_fingerprinted_as_it_is_written(conn):
+    conn.execute("CREATE TABLE public.w (p int, k int, t text, x float8, amount numeric(8,2))")
+    conn.execute("CREATE UNIQUE INDEX ON public.w (p, k)")
+    ref = TableRef("public", "w")
+    cols = table_columns(conn, ref)
+    insert = (sql.SQL("INSERT INTO public.w (p, k, t, x, amount) SELECT 1, g, repeat('é', mod(g, 7)), g / 3.0, g "
+                      "FROM generate_series(1, 500) AS g"), {})
+    with conn.transaction():
+        got = written(conn, insert, cols, ["k"], "amount", utf8=True)
+        read_back = fingerprint_partition(conn, ref, cols, "p", ["k"], "amount", 1, utf8=True, key_unique=True)
+    assert got == read_back and got.row_count == 500
+
+
+# Values that compare equal yet print differently, NULLs, unicode, control characters and long
+# text: a source's digest must depend on the rows only, not their order.
 _SNAP_DDL = sql.SQL(
     "CREATE TABLE {} (p int, k bigint, f float8, n numeric, s numeric(8,2), i interval, "
     "t text, ts timestamptz, j jsonb)"
@@ -245,20 +200,22 @@ _SNAP_ROWS = [
 ]
 
 
-def _snapshot_hash(conn: psycopg.Connection, name: str, rows) -> str:
+def _source_digest(conn: psycopg.Connection, name: str, rows_) -> tuple[int, str]:
     ref = TableRef("public", name)
     conn.execute(_SNAP_DDL.format(sql.Identifier("public", name)))
     with conn.cursor() as cur:
-        cur.executemany(_SNAP_INSERT.format(sql.Identifier("public", name)), rows)
+        cur.executemany(_SNAP_INSERT.format(sql.Identifier("public", name)), rows_)
     cols = table_columns(conn, ref)
-    return snapshot_rows_hash(conn, ref, cols, in_partition("p"), {"partition": 1})[1]
+    whole = rows_digest(conn, ref, cols, sqlbuild.in_partition("p"), {"partition": 1}, utf8=True)
+    assert partitions_digest(conn, ref, cols, "p", [1], utf8=True) == [whole]
+    return whole
 
 
-def test_the_snapshot_hash_depends_on_the_rows_not_their_order(conn):
-    forward = _snapshot_hash(conn, "snap_fwd", _SNAP_ROWS)
-    assert _snapshot_hash(conn, "snap_rev", list(reversed(_SNAP_ROWS))) == forward
+def test_the_source_digest_depends_on_the_rows_not_their_order(conn):
+    forward = _source_digest(conn, "snap_fwd", _SNAP_ROWS)
+    assert _source_digest(conn, "snap_rev", list(reversed(_SNAP_ROWS))) == forward
     shuffled = [_SNAP_ROWS[i] for i in (4, 0, 3, 5, 2, 1)]
-    assert _snapshot_hash(conn, "snap_shuf", shuffled) == forward
+    assert _source_digest(conn, "snap_shuf", shuffled) == forward
     # Every equal-but-different value, and a dropped copy, is a different snapshot.
     for n, (row, changed) in enumerate([
         (0, (1, 1, -0.0, "1.5", "1.50", "1 day", "a", "2024-01-01 00:00+00", '{"a": 1}')),  # -0 vs 0
@@ -268,17 +225,27 @@ def test_the_snapshot_hash_depends_on_the_rows_not_their_order(conn):
     ]):
         other = list(_SNAP_ROWS)
         other[row] = changed
-        assert _snapshot_hash(conn, f"snap_chg{n}", other) != forward
-    assert _snapshot_hash(conn, "snap_fewer", _SNAP_ROWS[1:]) != forward
+        assert _source_digest(conn, f"snap_chg{n}", other) != forward
+    assert _source_digest(conn, "snap_fewer", _SNAP_ROWS[1:]) != forward
+    assert _source_digest(conn, "snap_more", _SNAP_ROWS + [_SNAP_ROWS[2]]) != forward
 
 
-def test_exact_columns_are_streamed_typed_and_the_others_as_text(conn):
-    conn.execute(_SNAP_DDL.format(sql.Identifier("public", "snap_types")))
-    forms = {c.name: exact_in_binary(c) for c in table_columns(conn, TableRef("public", "snap_types"))}
-    assert forms == {"p": True, "k": True, "f": False, "n": False, "s": True, "i": False, "t": True,
-                     "ts": True, "j": False}
-    # A domain over plain numeric whose name looks like a declared scale is read as text.
-    conn.execute(b'CREATE DOMAIN public."amt(2)" AS numeric')
-    conn.execute(b'CREATE TABLE public.snap_domain (p int, a public."amt(2)", c char(3), v bpchar)')
-    forms = {c.name: exact_in_binary(c) for c in table_columns(conn, TableRef("public", "snap_domain"))}
-    assert forms == {"p": True, "a": False, "c": True, "v": False}
+text_values = st.one_of(
+    st.none(),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
+)
+
+
+@settings(max_examples=30)
+@given(st.lists(st.tuples(text_values, st.integers(-2**31, 2**31 - 1) | st.none(), st.floats() | st.none()),
+                max_size=12))
+def test_the_server_agrees_with_the_reference_on_generated_rows(conn, generated):
+    conn.execute("DROP TABLE IF EXISTS public.gen")
+    conn.execute("CREATE TABLE public.gen (p int, k int, t text, i int, x float8)")
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO public.gen (p, k, t, i, x) VALUES (0, %s, %s, %s, %s)",
+                        [(n, t, i, x) for n, (t, i, x) in enumerate(generated)])
+    ref = TableRef("public", "gen")
+    cols = table_columns(conn, ref)
+    expected = rows.reference_readings(cols, [(0, n, t, i, x) for n, (t, i, x) in enumerate(generated)], ["k"], "i")
+    assert fingerprint_partition(conn, ref, cols, "p", ["k"], "i", 0, utf8=True) == expected

@@ -13,16 +13,23 @@ SRC = TableRef("public", "orders_raw")
 STAGE = TableRef("backfill_control", "orders_daily__stage_a")
 
 
-def test_canonical_stream_orders_by_the_table_alias_and_binds_the_partition(conn):
-    query, params = sqlbuild.copy_canonical_stream(
-        STAGE, ["order_id", "note"], sqlbuild.in_partition("order_date"), [OrderKey("order_id")],
-        {"partition": dt.date(2024, 1, 1)},
-    )
-    assert query.as_string(conn) == (
-        'COPY (SELECT "t"."order_id"::text, "t"."note"::text FROM "backfill_control"."orders_daily__stage_a" '
-        'AS t WHERE "t"."order_date" = %(partition)s ORDER BY "t"."order_id" ASC) TO STDOUT (FORMAT binary)'
-    )
-    assert params == {"partition": dt.date(2024, 1, 1)}
+def test_the_digest_renders_each_kind_hashes_once_per_row_and_binds_the_partitions(conn):
+    fields = [("k", "integer", "int8"), ("x", "double", "float8"), ("note", "text", "text"),
+              ("at", "timestamp", "timestamptz")]
+    query, params = sqlbuild.partition_readings(STAGE, fields, "order_date", ["k"], None, [dt.date(2024, 1, 1)], utf8=True)
+    text = query.as_string(conn)
+    assert text.startswith('SELECT "h"."order_date", count(*), count(*) FILTER (WHERE "h"."k" IS NULL), NULL::text, '
+                           'sum(("h"."__backfill_bits" << 0)::bit(60)::bigint), ')
+    assert "coalesce(\"t\".\"k\"::text, '~')" in text
+    assert "encode(float8send(\"t\".\"x\"), 'hex')" in text
+    assert "octet_length(\"t\".\"note\") || ':' || \"t\".\"note\"" in text
+    assert "timestamptz_send(\"t\".\"at\")" in text
+    assert text.count("sha256(") == 1 and "clock_timestamp() AS \"__backfill_pin\"" in text
+    assert text.endswith('WHERE "t"."order_date" = ANY(%(partitions)s)) AS h GROUP BY "h"."order_date"')
+    assert params == {"partitions": [dt.date(2024, 1, 1)]}
+    # A server in another encoding measures a text by its UTF-8 bytes, converted.
+    other = sqlbuild.partition_readings(STAGE, fields, "order_date", ["k"], None, [1], utf8=False)[0].as_string(conn)
+    assert "octet_length(convert_to(\"t\".\"note\", 'UTF8'))" in other
 
 
 def test_order_keys_render_collation_direction_and_nulls(conn):
@@ -85,5 +92,7 @@ def test_readings_and_ties_run_on_the_database(conn):
     assert conn.execute(query, params).fetchall() == [("1", "1", 2, 1)]
     query, params = sqlbuild.input_report(input_rel, "d", ["k"], {"partitions": [1]})
     assert conn.execute(query, params).fetchall() == [(1, 5, 1)]
-    query, params = sqlbuild.partition_readings(SRC, "d", ["k"], "ts", 1)
-    assert conn.execute(query, params).fetchone() == (5, 1, "13", 2)
+    query, params = sqlbuild.partition_readings(SRC, [("v", "text", "text")], "d", ["k"], "ts", [1], utf8=True)
+    assert conn.execute(query, params).fetchone()[:4] == (1, 5, 1, "13")
+    query, params = sqlbuild.duplicate_keys(SRC, "d", ["k"], [1])
+    assert conn.execute(query, params).fetchall() == [(1, 2)]

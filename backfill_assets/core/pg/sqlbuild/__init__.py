@@ -4,7 +4,7 @@ Identifiers are always ``sql.Identifier`` (two parts for tables), values always 
 parameters. Templates are module-level literals. No statement selects ``*``.
 
 The builders live in rooms by what the statement is for: ``parts`` (what every statement is
-built from), ``readings`` (fingerprint streams and partition readings), ``builds`` (the input
+built from), ``readings`` (partition readings and the format-3 digest), ``builds`` (the input
 relation and the stage builds), ``checks`` (input checks before a build), ``copies``
 (snapshot and stage tables and their seals), ``moves`` (records that can move), ``lake`` (a
 stage partition read for a lake table), ``replace`` (locks and the insert into the target) and
@@ -58,11 +58,14 @@ from backfill_assets.core.pg.sqlbuild.moves import (
 from backfill_assets.core.pg.sqlbuild.parts import GROUP_SIZE_COLUMN, RANK_COLUMN, OrderKey, Query, table
 from backfill_assets.core.pg.sqlbuild.profiling import column_profile, distinct_partitions, key_evidence, key_splits
 from backfill_assets.core.pg.sqlbuild.readings import (
-    copy_canonical_stream,
-    copy_snapshot_stream,
+    digest,
+    duplicate_keys,
     in_partition,
+    in_partitions,
     partition_counts,
     partition_readings,
+    row_text,
+    written_readings,
 )
 from backfill_assets.core.pg.sqlbuild.replace import (
     advisory_lock,
@@ -78,7 +81,7 @@ from backfill_assets.core.pg.sqlbuild.watch import partition_signals, statistics
 __all__ = [
     "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
     "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "build_stage",
-    "column_profile", "copy_canonical_stream", "copy_partition_csv", "copy_snapshot_stream", "copy_partitions", "copy_scope",
+    "column_profile", "copy_partition_csv", "copy_partitions", "digest", "duplicate_keys", "in_partitions", "row_text", "written_readings", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
     "create_stage_from_input", "describe_input", "copy_keys_in", "create_temp_table", "keys_in_several_partitions",
     "unholdable_kinds", "unholdable_values", "partition_diff", "prefer_parallel", "create_text_table",

@@ -1,5 +1,5 @@
-"""Reading a relation: the canonical COPY stream a fingerprint hashes, a partition's
-readings (rows, NULL keys, total, duplicates) and the row count per partition.
+"""Reading a relation: a partition's readings and its format-3 digest in one aggregate
+(docs/fingerprint.md), and the row count per partition.
 """
 
 from __future__ import annotations
@@ -9,54 +9,11 @@ from typing import Any
 
 from psycopg import sql
 
-from backfill_assets.core.pg.sqlbuild.parts import (
-    OrderKey,
-    Query,
-    col,
-    cols,
-    key_is_null,
-    key_not_null,
-    order_by,
-    table,
-)
+from backfill_assets.core.pg.sqlbuild.parts import Query, col, cols, key_is_null, key_not_null, table
 from backfill_assets.core.vocabulary import TableRef
 
-_COPY_STREAM = sql.SQL(
-    "COPY (SELECT {text_cols} FROM {rel} AS t WHERE {where} ORDER BY {order}) "
-    "TO STDOUT (FORMAT binary)"
-)
 _IN_PARTITION = sql.SQL("{pk} = %(partition)s")
-
-
-_SNAPSHOT_STREAM = sql.SQL(
-    "COPY (SELECT {values} FROM {rel} AS t WHERE {where} ORDER BY {order}) TO STDOUT (FORMAT binary)"
-)
-_AS_TEXT = sql.SQL("{}::text")
-_SORT_TYPED = sql.SQL("{} ASC NULLS LAST")
-_SORT_TYPED_C = sql.SQL('{} COLLATE "C" ASC NULLS LAST')
-_SORT_TEXT = sql.SQL('{}::text COLLATE "C" ASC NULLS LAST')
-
-
-def copy_snapshot_stream(
-    rel: TableRef, columns: Sequence[tuple[str, bool, bool]], where: sql.Composable, params: Mapping[str, Any],
-) -> Query:
-    """Binary COPY of the rows of ``rel`` (aliased ``t``) matching ``where``, in a total
-    order of their values: the stream a snapshot's content hash is taken over.
-
-    ``columns`` are ``(name, exact, collatable)``. An exact column is sent as its typed
-    binary value and sorted as a typed value (by bytes when collatable); any other column is
-    sent and sorted as its text form, by bytes. Rows equal on every sort item are then equal
-    byte for byte in the stream, so the digest does not depend on which of them comes first.
-    """
-    values, order = [], []
-    for name, exact, collatable in columns:
-        c = col("t", name)
-        values.append(c if exact else _AS_TEXT.format(c))
-        order.append((_SORT_TYPED_C if collatable else _SORT_TYPED).format(c) if exact else _SORT_TEXT.format(c))
-    query = _SNAPSHOT_STREAM.format(
-        values=sql.SQL(", ").join(values), rel=table(rel), where=where, order=sql.SQL(", ").join(order),
-    )
-    return query, dict(params)
+_IN_PARTITIONS = sql.SQL("{pk} = ANY(%(partitions)s)")
 
 
 def in_partition(partition_key: str, alias: str = "t") -> sql.Composed:
@@ -64,65 +21,133 @@ def in_partition(partition_key: str, alias: str = "t") -> sql.Composed:
     return _IN_PARTITION.format(pk=col(alias, partition_key))
 
 
-def copy_canonical_stream(
-    rel: TableRef, columns: Sequence[str], where: sql.Composable, order: Sequence[OrderKey],
-    params: Mapping[str, Any],
-) -> Query:
-    """Binary COPY of the rows of ``rel`` (aliased ``t``) matching ``where``, every column
-    cast to text, in ``order``. Parameters are bound by psycopg on the client (COPY takes none).
+def in_partitions(partition_key: str, alias: str = "t") -> sql.Composed:
+    """``alias.partition_key = ANY(%(partitions)s)``."""
+    return _IN_PARTITIONS.format(pk=col(alias, partition_key))
 
-    The ORDER BY names the table alias, never the text output column (a text sort would
-    give another order and another digest).
+
+# --- the format-3 row digest (core.fingerprint.rows is its specification) -------------------
+
+SLICES = 3  # 60-bit slices of each row hash (core.fingerprint.rows.SLICES)
+NULL_FIELD = sql.Literal("~")
+_DOUBLE = sql.SQL(
+    "CASE WHEN {v} = 'NaN'::float8 THEN '7ff8000000000000' ELSE encode(float8send({v}), 'hex') END"
+)
+# Epoch microseconds from the 8-byte send form (microseconds since 2000-01-01): exact on every
+# server version, cheaper than extract(epoch ...) (numeric). Infinities keep their text.
+_MICROS = sql.SQL(
+    "CASE WHEN isfinite({v}) THEN (('x' || encode({send}({v}), 'hex'))::bit(64)::bigint "
+    "+ 946684800000000)::text ELSE {v}::text END"
+)
+_LENGTH_PREFIXED = sql.SQL("octet_length({v}) || ':' || {v}")
+_LENGTH_PREFIXED_CONVERTED = sql.SQL("octet_length(convert_to({v}, 'UTF8')) || ':' || {v}")
+_FIELD = {
+    "integer": sql.SQL("{v}::text"), "decimal": sql.SQL("{v}::text"), "numeric": sql.SQL("{v}::text"),
+    "boolean": sql.SQL("{v}::text"), "date": sql.SQL("{v}::text"), "double": _DOUBLE,
+    "bytes": sql.SQL("encode({v}, 'hex')"),
+}
+# The first 180 bits of the row hash, as a bit string the slices are cut from.
+_ROW_BITS = sql.SQL("('x' || encode(substring(sha256(convert_to({text}, 'UTF8')) FROM 1 FOR 23), 'hex'))::bit(180)")
+_SLICE = sql.SQL("sum(({b} << {shift})::bit(60)::bigint)")
+
+
+def _field(alias: str, name: str, kind: str, type_base: str, utf8: bool) -> sql.Composed:
+    v = col(alias, name)
+    if kind in _FIELD:
+        rendered = _FIELD[kind].format(v=v)
+    elif kind == "timestamp":
+        send = sql.SQL("timestamptz_send" if type_base == "timestamptz" else "timestamp_send")
+        rendered = _MICROS.format(v=v, send=send)
+    else:  # text, and every other type by its text form
+        value = v if kind == "text" else sql.SQL("{}::text").format(v)
+        rendered = (_LENGTH_PREFIXED if utf8 else _LENGTH_PREFIXED_CONVERTED).format(v=value)
+    return sql.SQL("coalesce({}, {})").format(rendered, NULL_FIELD)
+
+
+def row_text(alias: str, fields: Sequence[tuple[str, str, str]], utf8: bool) -> sql.Composed:
+    """A row's canonical text: ``fields`` are (column, kind, base type) in the declared order.
+    ``utf8``: the server encoding is UTF8, so a text's octet_length is its UTF-8 length."""
+    return sql.SQL(" || '|' || ").join(_field(alias, n, k, b, utf8) for n, k, b in fields)
+
+
+_DIGEST = sql.SQL(
+    "SELECT {group_out}count(*), {null_keys}, {total}, {slices} "
+    "FROM (SELECT {carried}{bits} AS {b}, clock_timestamp() AS {pin} FROM {rel} AS t WHERE {where}) AS h{group_by}"
+)
+_TOTAL = sql.SQL("coalesce(sum({}), 0)::text")
+_NO_TOTAL = sql.SQL("NULL::text")
+_NO_KEY = sql.SQL("0")
+_BITS, _PIN = "__backfill_bits", "__backfill_pin"
+
+
+def digest(
+    rel: sql.Composable, fields: Sequence[tuple[str, str, str]], where: sql.Composable, params: Mapping[str, Any],
+    *, utf8: bool, group_by: str | None = None, business_key: Sequence[str] = (), total: str | None = None,
+) -> Query:
+    """Row count, NULL-key count, exact total and the digest's slice sums of the rows of
+    ``rel`` (aliased ``t``) matching ``where``, per ``group_by`` value when given (first
+    column): one parallel aggregate that sends nothing per row.
+
+    The row hash is computed in a subquery that also selects a volatile, parallel-safe value
+    (``clock_timestamp()``): otherwise the planner inlines the subquery into each slice's
+    ``sum`` and computes the hash once per slice (``OFFSET 0`` prevents that too, but makes
+    the plan serial).
     """
-    text_cols = sql.SQL(", ").join(sql.SQL("{}::text").format(col("t", c)) for c in columns)
-    query = _COPY_STREAM.format(
-        text_cols=text_cols, rel=table(rel), where=where, order=order_by("t", order),
+    carried = [c for c in ([group_by] if group_by else []) + list(business_key) + ([total] if total else [])]
+    carried = list(dict.fromkeys(carried))
+    b = col("h", _BITS)
+    query = _DIGEST.format(
+        group_out=sql.SQL("{}, ").format(col("h", group_by)) if group_by else sql.SQL(""),
+        null_keys=sql.SQL("count(*) FILTER (WHERE {})").format(key_is_null("h", business_key)) if business_key else _NO_KEY,
+        total=_TOTAL.format(col("h", total)) if total else _NO_TOTAL,
+        slices=sql.SQL(", ").join(_SLICE.format(b=b, shift=sql.Literal(60 * i)) for i in range(SLICES)),
+        carried=sql.SQL("").join(sql.SQL("{}, ").format(col("t", c)) for c in carried),
+        bits=_ROW_BITS.format(text=row_text("t", fields, utf8)), b=sql.Identifier(_BITS), pin=sql.Identifier(_PIN),
+        rel=rel, where=where,
+        group_by=sql.SQL(" GROUP BY {}").format(col("h", group_by)) if group_by else sql.SQL(""),
     )
     return query, dict(params)
 
 
-_READINGS_UNIQUE = sql.SQL(
-    "SELECT count(*), count(*) FILTER (WHERE {key_null}), {total}, 0 "
-    "FROM {rel} AS t WHERE {pk} = %(partition)s"
-)
-
-
-def _total_expr(total: str | None) -> sql.Composable:
-    if total is None:
-        return sql.SQL("NULL::text")
-    return sql.SQL("coalesce(sum({}), 0)::text").format(col("t", total))
-
-
-_READINGS = sql.SQL(
-    "SELECT count(*), count(*) FILTER (WHERE {key_null}), {total}, "
-    "(SELECT coalesce(sum(g.n - 1), 0) FROM "
-    "(SELECT count(*) AS n FROM {rel} AS d WHERE {d_pk} = %(partition)s AND {d_key_not_null} "
-    "GROUP BY {d_key} HAVING count(*) > 1) AS g) "
-    "FROM {rel} AS t WHERE {pk} = %(partition)s"
-)
-
-
 def partition_readings(
-    rel: TableRef, partition_key: str, business_key: Sequence[str], total: str | None,
-    partition: object, *, key_unique: bool = False,
+    rel: TableRef, fields: Sequence[tuple[str, str, str]], partition_key: str, business_key: Sequence[str],
+    total: str | None, partitions: Sequence[object], *, utf8: bool,
 ) -> Query:
-    """Row count, NULL-key count, exact total (text) and duplicate-key count of a partition.
+    """Per partition among ``partitions`` that has rows: (partition, row count, NULL-key count,
+    total text, slice sums...)."""
+    return digest(table(rel), fields, in_partitions(partition_key), {"partitions": list(partitions)}, utf8=utf8,
+                  group_by=partition_key, business_key=business_key, total=total)
 
-    With ``key_unique`` (a unique index or constraint on the relation covers the grain, so
-    the server itself rules duplicates out) the duplicate count is 0 without a GROUP BY.
-    """
-    if key_unique:
-        return _READINGS_UNIQUE.format(
-            key_null=key_is_null("t", business_key), total=_total_expr(total), rel=table(rel),
-            pk=col("t", partition_key),
-        ), {"partition": partition}
-    query = _READINGS.format(
-        key_null=key_is_null("t", business_key), total=_total_expr(total), rel=table(rel),
-        d_pk=col("d", partition_key), d_key_not_null=key_not_null("d", business_key),
-        d_key=cols("d", business_key), pk=col("t", partition_key),
-    )
-    return query, {"partition": partition}
 
+_WRITTEN = sql.SQL("WITH {w} AS ({insert} RETURNING {returned}) {readings}")
+_WRITTEN_REL = sql.Identifier("__backfill_written")
+
+
+def written_readings(
+    insert: Query, columns: Sequence[str], fields: Sequence[tuple[str, str, str]], business_key: Sequence[str],
+    total: str | None, *, utf8: bool,
+) -> Query:
+    """``insert`` (an INSERT of ``columns``) with the readings and digest of the rows it wrote,
+    in the same statement: (row count, NULL-key count, total text, slice sums...)."""
+    query, params = insert
+    readings, _ = digest(_WRITTEN_REL, fields, sql.SQL("true"), {}, utf8=utf8, business_key=business_key, total=total)
+    return _WRITTEN.format(w=_WRITTEN_REL, insert=query, returned=sql.SQL(", ").join(map(sql.Identifier, columns)),
+                           readings=readings), params
+
+
+_DUPLICATES = sql.SQL(
+    "SELECT g.pk, sum(g.n - 1) FROM (SELECT {d_pk} AS pk, count(*) AS n FROM {rel} AS d "
+    "WHERE {d_pk} = ANY(%(partitions)s) AND {d_key_not_null} GROUP BY {d_pk}, {d_key} HAVING count(*) > 1) AS g "
+    "GROUP BY g.pk"
+)
+
+
+def duplicate_keys(rel: TableRef, partition_key: str, business_key: Sequence[str], partitions: Sequence[object]) -> Query:
+    """(partition, rows beyond the first per non-NULL business key) of the partitions that have any."""
+    return _DUPLICATES.format(
+        d_pk=col("d", partition_key), rel=table(rel), d_key_not_null=key_not_null("d", business_key),
+        d_key=cols("d", business_key),
+    ), {"partitions": list(partitions)}
 
 
 _PARTITION_COUNTS = sql.SQL(

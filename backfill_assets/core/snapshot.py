@@ -21,6 +21,7 @@ from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
 from backfill_assets.core.fingerprint.partition import partitions_digest, rows_digest
+from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.moves import Scope, close_scope
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns, table_kind
@@ -221,12 +222,17 @@ def load_snapshot(conn: psycopg.Connection, spec: Spec, snapshot_id: str) -> tup
     """A recorded snapshot and the context it was taken in (its partitions and scope).
 
     Raises:
-        SnapshotError: no such snapshot.
+        SnapshotError: no such snapshot, or one taken with an older fingerprint format.
         SpecError: the spec no longer matches the catalog.
     """
     found = control.find_snapshot(conn, spec.control_schema, snapshot_id) if control.control_ready(conn, spec.control_schema) else None
     if found is None:
         raise SnapshotError(f"snapshot {snapshot_id} does not exist; take a snapshot first")
+    if found["fingerprint_format"] != FINGERPRINT_FORMAT:
+        raise SnapshotError(
+            f"snapshot {snapshot_id} was taken with fingerprint format {found['fingerprint_format'] or 'older than 3'}; "
+            f"this version computes format {FINGERPRINT_FORMAT}: take a snapshot again (plan again)"
+        )
     labels = [p["partition"] for p in found["partitions"]]
     ctx = resolve(conn, spec, labels)
     scope = found["scope"] or {}

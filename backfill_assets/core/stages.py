@@ -31,7 +31,7 @@ def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableR
     in business-key order); recreate it if the target's columns changed since it was made.
 
     The unique index makes a build that breaks the grain fail loudly, lets the fingerprint
-    skip counting duplicates, and serves the ordered read of the fingerprint."""
+    skip counting duplicates, and gives a partition in key order (a lake target's copy, diff)."""
     stage = ctx.stage(variant)
     expected = [(c.name, c.type_name) for c in ctx.target_columns]
     with conn.transaction():

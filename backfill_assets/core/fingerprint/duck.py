@@ -18,9 +18,14 @@ from backfill_assets.core.fingerprint import rows
 # zero '0x0p+0'): the sign bit, the biased exponent (0 for zero and subnormals) and the
 # 52-bit fraction, printed as 16 hex digits.
 _HEX_FLOAT = "regexp_extract(printf('%a', {v}), '^(-?)0x([01])\\.?([0-9a-f]*)p([+-][0-9]+)$', ['s', 'lead', 'frac', 'exp'])"
+# DuckDB prints it with its own formatting library (the same on every platform); a form the
+# pattern does not match stops the statement rather than give wrong bits.
+_HEX_FLOAT_FORM = "^-?0x[01](\\.[0-9a-f]+)?p[+-][0-9]+$"
 _DOUBLE = (
     "CASE WHEN isnan({v}) THEN '" + rows.NAN_BITS + "' "
     "WHEN isinf({v}) THEN CASE WHEN {v} > 0 THEN '7ff0000000000000' ELSE 'fff0000000000000' END "
+    "WHEN NOT regexp_full_match(printf('%a', {v}), '" + _HEX_FLOAT_FORM + "') "
+    "THEN error('a double printed in an unexpected hexadecimal form: ' || printf('%a', {v})) "
     "ELSE printf('%03x', (CASE WHEN {h}.s = '-' THEN 2048 ELSE 0 END) "
     "+ (CASE WHEN {h}.lead = '1' THEN CAST({h}.exp AS INTEGER) + 1023 ELSE 0 END)) || rpad({h}.frac, 13, '0') END"
 )

@@ -34,25 +34,32 @@ _SET_LOCAL = sql.SQL("SELECT {}").format(sql.SQL(", ").join(
 
 
 @contextlib.contextmanager
+def one_transaction(conn: psycopg.Connection) -> Iterator[None]:
+    """The caller's transaction, or one opened here when there is none: every statement of
+    one fingerprint reads the same rows."""
+    if conn.info.transaction_status == TransactionStatus.INTRANS:
+        yield
+    else:
+        with conn.transaction():
+            yield
+
+
+@contextlib.contextmanager
 def parallel_plan(conn: psycopg.Connection, rows: int) -> Iterator[None]:
-    """Make the statements run inside plan a parallel aggregate when ``rows`` (the rows they
-    will hash) reach :data:`PARALLEL_FROM_ROWS`: parallel work costed as free, for this
-    transaction only, and the settings put back after (a transaction is opened if there is
-    none)."""
+    """In the caller's transaction, make the statements run inside plan a parallel aggregate
+    when ``rows`` (the rows they will hash) reach :data:`PARALLEL_FROM_ROWS`: parallel work
+    costed as free, for this transaction only, and the settings put back after."""
     if rows < PARALLEL_FROM_ROWS:
         yield
         return
-    with contextlib.ExitStack() as stack:
-        if conn.info.transaction_status != TransactionStatus.INTRANS:
-            stack.enter_context(conn.transaction())
-        before = conn.execute(_SETTINGS_NOW).fetchone()
-        assert before is not None
-        conn.execute(_SET_LOCAL, dict.fromkeys(_PARALLEL, "0"))
-        try:
-            yield
-        finally:
-            if conn.info.transaction_status == TransactionStatus.INTRANS:
-                conn.execute(_SET_LOCAL, dict(zip(_PARALLEL, before)))
+    before = conn.execute(_SETTINGS_NOW).fetchone()
+    assert before is not None
+    conn.execute(_SET_LOCAL, dict.fromkeys(_PARALLEL, "0"))
+    try:
+        yield
+    finally:
+        if conn.info.transaction_status == TransactionStatus.INTRANS:
+            conn.execute(_SET_LOCAL, dict(zip(_PARALLEL, before)))
 
 
 def fields(columns: Sequence[ColumnInfo]) -> list[tuple[str, str, str]]:
@@ -79,9 +86,9 @@ def fingerprint_partitions(
     business_key: Sequence[str], total: str | None, partitions: Sequence[object], *, utf8: bool,
     key_unique: bool = False,
 ) -> list[Fingerprint]:
-    """The readings of each of ``partitions`` of ``rel``, in that order, in the caller's
-    transaction (one REPEATABLE READ transaction, or the writing one, so that they describe
-    the same rows), from one aggregate over all of them.
+    """The readings of each of ``partitions`` of ``rel``, in that order, from one aggregate
+    over all of them, in the caller's transaction (one REPEATABLE READ transaction, or the
+    writing one; :func:`one_transaction` opens one if there is none).
 
     ``key_unique``: a unique index or constraint covers (partition key, business key), so
     duplicates cannot exist and are not counted (stages have one; a target passes the grain
@@ -91,12 +98,13 @@ def fingerprint_partitions(
         return []
     query, params = sqlbuild.partition_readings(rel, fields(columns), partition_key, business_key, total,
                                                 partitions, utf8=utf8)
-    with parallel_plan(conn, _rows(conn, rel, partition_key, partitions)):
-        found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
     duplicates: dict[object, int] = {}
-    if not key_unique:
-        query, params = sqlbuild.duplicate_keys(rel, partition_key, business_key, partitions)
-        duplicates = {p: int(n) for p, n in conn.execute(query, params).fetchall()}
+    with one_transaction(conn):
+        with parallel_plan(conn, _rows(conn, rel, partition_key, partitions)):
+            found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
+        if not key_unique:
+            query, params = sqlbuild.duplicate_keys(rel, partition_key, business_key, partitions)
+            duplicates = {p: int(n) for p, n in conn.execute(query, params).fetchall()}
     return [
         _fingerprint(columns, found[p], duplicates.get(p, 0), total) if p in found else empty(columns, total)
         for p in partitions
@@ -147,7 +155,7 @@ def partitions_digest(
     order, from one aggregate over all of them."""
     query, params = sqlbuild.digest(sqlbuild.table(rel), fields(columns), sqlbuild.in_partitions(partition_key),
                                     {"partitions": list(partitions)}, utf8=utf8, group_by=partition_key)
-    with parallel_plan(conn, _rows(conn, rel, partition_key, partitions)):
+    with one_transaction(conn), parallel_plan(conn, _rows(conn, rel, partition_key, partitions)):
         found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
     out = []
     for p in partitions:
@@ -157,7 +165,8 @@ def partitions_digest(
 
 
 def _rows(conn: psycopg.Connection, rel: TableRef, partition_key: str, partitions: Sequence[object]) -> int:
-    """How many rows the partitions hold: a count costs a small part of the digest, and
-    decides whether it is planned in parallel (:func:`parallel_plan`)."""
+    """How many rows the partitions hold: a count costs a small part of the digest (a pass
+    without hashing, through the partition key's index where there is one), and decides
+    whether it is planned in parallel (:func:`parallel_plan`)."""
     query, params = sqlbuild.partition_counts(rel, partition_key, list(partitions))
     return sum(int(n) for _, n in conn.execute(query, params).fetchall())

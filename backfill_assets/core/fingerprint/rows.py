@@ -132,7 +132,7 @@ def total_text(value: object) -> str:
     if value is None:
         return "0"
     if isinstance(value, decimal.Decimal):
-        return format(value, "f")
+        return format(value.copy_abs() if value == 0 else value, "f")  # no negative zero, as in every engine
     return str(value)
 
 
@@ -213,5 +213,13 @@ def reference_readings(
                 _EXACT.add(added, value) if isinstance(value, decimal.Decimal) else added + value)  # type: ignore[operator]
         for i, s in enumerate(slices(row_hash(row_text(columns, row)))):
             sums[i] += s
+    if added is not None and total_at is not None and kind_of(columns[total_at]) == "decimal":
+        # A sum of numeric(p,s) values has scale s, whatever scale the Python values carry.
+        added = _at_scale(added, _declared_scale(columns[total_at]))
     return Fingerprint(count, nulls, duplicates, None if total is None else total_text(added),
                        content_hash(columns, count, sums))
+
+
+def _at_scale(value: object, scale: int | None) -> decimal.Decimal:
+    assert scale is not None
+    return decimal.Decimal(value).quantize(decimal.Decimal(1).scaleb(-scale), context=_EXACT)  # type: ignore[arg-type]

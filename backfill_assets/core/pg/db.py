@@ -34,7 +34,7 @@ PINNED_SETTINGS: tuple[tuple[str, str], ...] = (
 
 # Not a digest's dependency but its cost: JIT compiles each statement's expressions anew, and
 # for one partition's digest (a SHA-256 per row) compiling costs more than it saves
-# (BENCHMARKS.md, figure 1).
+# (BENCHMARKS.md, "Format 3").
 SESSION_SETTINGS = (*PINNED_SETTINGS, ("jit", "off"))
 
 _PIN_SESSION = sql.SQL("SELECT {}").format(sql.SQL(", ").join(

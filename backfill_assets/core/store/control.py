@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from backfill_assets.core.errors import SnapshotError
+from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.pg import sqlbuild
 
 # The index of the ledger by approval (see _DDL), in the control schema.
@@ -33,6 +34,9 @@ _DDL = (
     # When the snapshot was last taken: an identical snapshot taken again (a source that went
     # A -> B -> A) keeps its id and created_at, but is the newest again.
     sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS taken_at timestamptz"),  # added later
+    # The fingerprint format of the snapshot's content hashes (core.fingerprint.rows.FORMAT;
+    # NULL: taken before format 3). Only snapshots of the current format are found or used.
+    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS fingerprint_format integer"),  # added later
     # The seal of each snapshot copy: every row was written by one transaction (writer_xid,
     # the rows' xmin), so a later change to any row, or a new or missing row, shows.
     # writer_txid: the same transaction's 64-bit id, to tell when its 32-bit xmin could have
@@ -87,14 +91,14 @@ _DDL = (
 )
 
 _SNAPSHOT_ROW = sql.SQL(
-    "SELECT snapshot_id, snapshot_table, fingerprint, mode, partitions, scope "
+    "SELECT snapshot_id, snapshot_table, fingerprint, mode, partitions, scope, fingerprint_format "
     "FROM {schema}.snapshots WHERE snapshot_id = %(snapshot_id)s"
 )
 _INSERT_SNAPSHOT = sql.SQL(
     "INSERT INTO {schema}.snapshots (snapshot_id, source_table, mode, snapshot_table, "
-    "partition_key, partitions, fingerprint, scope, created_at, taken_at) VALUES (%(snapshot_id)s, "
+    "partition_key, partitions, fingerprint, scope, created_at, taken_at, fingerprint_format) VALUES (%(snapshot_id)s, "
     "%(source_table)s, %(mode)s, %(snapshot_table)s, %(partition_key)s, %(partitions)s, "
-    "%(fingerprint)s, %(scope)s, %(created_at)s, %(created_at)s) ON CONFLICT (snapshot_id) "
+    "%(fingerprint)s, %(scope)s, %(created_at)s, %(created_at)s, %(format)s) ON CONFLICT (snapshot_id) "
     "DO UPDATE SET taken_at = greatest({schema}.snapshots.taken_at, EXCLUDED.taken_at)"
 )
 _UPSERT_BUILD = sql.SQL(
@@ -129,32 +133,33 @@ def ensure_control_schema(conn: psycopg.Connection, schema: str) -> None:
 
 def find_snapshot(conn: psycopg.Connection, schema: str, snapshot_id: str) -> dict[str, Any] | None:
     """A recorded snapshot (snapshot_id, snapshot_table, fingerprint, mode, partitions,
-    scope), or None."""
+    scope, fingerprint_format), or None."""
     row = conn.execute(
         _SNAPSHOT_ROW.format(schema=sql.Identifier(schema)), {"snapshot_id": snapshot_id}
     ).fetchone()
     if row is None:
         return None
-    keys = ("snapshot_id", "snapshot_table", "fingerprint", "mode", "partitions", "scope")
+    keys = ("snapshot_id", "snapshot_table", "fingerprint", "mode", "partitions", "scope", "fingerprint_format")
     return dict(zip(keys, row))
 
 
 def record_snapshot(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
     """Record a snapshot (idempotent: the id is derived from its content and scope; taking
     the same snapshot again only moves its ``taken_at``, so it is the newest again)."""
-    fields = {**fields, "partitions": Jsonb(fields["partitions"]), "scope": Jsonb(fields["scope"])}
+    fields = {**fields, "partitions": Jsonb(fields["partitions"]), "scope": Jsonb(fields["scope"]),
+              "format": FINGERPRINT_FORMAT}
     conn.execute(_INSERT_SNAPSHOT.format(schema=sql.Identifier(schema)), fields)
 
 
 _SNAPSHOT_RECORD = sql.SQL(
     "SELECT snapshot_id, source_table, mode, snapshot_table, partition_key, partitions, fingerprint, "
-    "scope, created_at, taken_at FROM {schema}.snapshots WHERE snapshot_id = %(snapshot_id)s"
+    "scope, created_at, taken_at, fingerprint_format FROM {schema}.snapshots WHERE snapshot_id = %(snapshot_id)s"
 )
 _COPY_SNAPSHOT_RECORD = sql.SQL(
     "INSERT INTO {schema}.snapshots (snapshot_id, source_table, mode, snapshot_table, partition_key, "
-    "partitions, fingerprint, scope, created_at, taken_at) VALUES (%(snapshot_id)s, %(source_table)s, "
-    "%(mode)s, %(snapshot_table)s, %(partition_key)s, %(partitions)s, %(fingerprint)s, %(scope)s, "
-    "%(created_at)s, %(taken_at)s) ON CONFLICT (snapshot_id) "
+    "partitions, fingerprint, scope, created_at, taken_at, fingerprint_format) VALUES (%(snapshot_id)s, "
+    "%(source_table)s, %(mode)s, %(snapshot_table)s, %(partition_key)s, %(partitions)s, %(fingerprint)s, "
+    "%(scope)s, %(created_at)s, %(taken_at)s, %(fingerprint_format)s) ON CONFLICT (snapshot_id) "
     "DO UPDATE SET taken_at = greatest({schema}.snapshots.taken_at, EXCLUDED.taken_at)"
 )
 
@@ -241,6 +246,8 @@ _SCHEMA_STATE = sql.SQL(
     "AND attname = 'scope' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
     "AND attname = 'taken_at' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
+    "AND attname = 'fingerprint_format' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
     "AND attname = 'writer_xid' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(copies)s) "
@@ -305,7 +312,8 @@ _PLANS_WITH = sql.SQL(
 _LATEST_SNAPSHOTTED = sql.SQL(
     "SELECT DISTINCT ON (e ->> 'partition') e ->> 'partition', e ->> 'content_hash' "
     "FROM {schema}.snapshots AS s, jsonb_array_elements(s.partitions) AS e "
-    "WHERE s.source_table = %(source_table)s ORDER BY e ->> 'partition', coalesce(s.taken_at, s.created_at) DESC"
+    "WHERE s.source_table = %(source_table)s AND s.fingerprint_format = %(format)s "
+    "ORDER BY e ->> 'partition', coalesce(s.taken_at, s.created_at) DESC"
 )
 
 
@@ -326,7 +334,7 @@ def plans_with(
 def latest_snapshotted(conn: psycopg.Connection, schema: str, source_table: str) -> dict[str, str]:
     """partition -> source content hash in the newest snapshot of each partition of a source."""
     rows = conn.execute(
-        _LATEST_SNAPSHOTTED.format(schema=sql.Identifier(schema)), {"source_table": source_table}
+        _LATEST_SNAPSHOTTED.format(schema=sql.Identifier(schema)), {"source_table": source_table, "format": FINGERPRINT_FORMAT}
     ).fetchall()
     return {r[0]: r[1] for r in rows}
 
@@ -335,13 +343,14 @@ _NEWEST_SNAPSHOTS = sql.SQL(
     "SELECT DISTINCT ON (e ->> 'partition') e ->> 'partition', s.snapshot_id, e ->> 'content_hash' "
     "FROM {schema}.snapshots AS s, jsonb_array_elements(s.partitions) AS e "
     "WHERE s.source_table = %(source_table)s AND s.partition_key = %(partition_key)s "
-    "AND e ->> 'partition' = ANY(%(partitions)s) "
+    "AND s.fingerprint_format = %(format)s AND e ->> 'partition' = ANY(%(partitions)s) "
     "ORDER BY e ->> 'partition', coalesce(s.taken_at, s.created_at) DESC, s.snapshot_id"
 )
 # The newest snapshot holding every given partition with the given source content hash.
 _SNAPSHOT_WITH = sql.SQL(
     "SELECT s.snapshot_id FROM {schema}.snapshots AS s "
     "WHERE s.source_table = %(source_table)s AND s.partition_key = %(partition_key)s "
+    "AND s.fingerprint_format = %(format)s "
     "AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(%(hashes)s) AS w(partition, content_hash) "
     "WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(s.partitions) AS e "
     "WHERE e ->> 'partition' = w.partition AND e ->> 'content_hash' = w.content_hash)) "
@@ -356,7 +365,8 @@ def newest_snapshots(
     ``partitions`` (partitions never snapshotted are absent)."""
     rows = conn.execute(
         _NEWEST_SNAPSHOTS.format(schema=sql.Identifier(schema)),
-        {"source_table": source_table, "partition_key": partition_key, "partitions": partitions},
+        {"source_table": source_table, "partition_key": partition_key, "partitions": partitions,
+         "format": FINGERPRINT_FORMAT},
     ).fetchall()
     return {r[0]: (r[1], r[2]) for r in rows}
 
@@ -368,6 +378,7 @@ def snapshot_with(
     content hash) with that content, or None."""
     row = conn.execute(
         _SNAPSHOT_WITH.format(schema=sql.Identifier(schema)),
-        {"source_table": source_table, "partition_key": partition_key, "hashes": Jsonb(hashes)},
+        {"source_table": source_table, "partition_key": partition_key, "hashes": Jsonb(hashes),
+         "format": FINGERPRINT_FORMAT},
     ).fetchone()
     return None if row is None else row[0]

@@ -104,6 +104,25 @@ def test_plans_say_their_fingerprint_format_and_an_older_plan_is_refused_plan_ag
         find_plan(demo_db, spec, older_id)
 
 
+def test_a_snapshot_taken_before_format_3_is_neither_found_nor_used(demo_db, factory):
+    from psycopg import sql
+
+    from backfill_assets.core.errors import SnapshotError
+    from backfill_assets.core.snapshot import load_snapshot, snapshot_covering
+
+    spec = make_spec()
+    plan = make_plan(spec, WEEK, factory)
+    snapshot_id = plan.as_json()["snapshot"]["id"]
+    assert snapshot_covering(demo_db, spec, ["2024-01-01"]) == snapshot_id
+    # As a version before format 3 recorded it: no format.
+    demo_db.execute(sql.SQL("UPDATE {} SET fingerprint_format = NULL").format(
+        sql.Identifier(spec.control_schema, "snapshots")))
+    with pytest.raises(SnapshotError, match="taken with fingerprint format older than 3.*take a snapshot again"):
+        load_snapshot(demo_db, spec, snapshot_id)
+    with pytest.raises(SnapshotError, match="has no snapshot yet"):
+        snapshot_covering(demo_db, spec, ["2024-01-01"])
+
+
 def plan_created(conn, spec, plan_id):
     from psycopg import sql
 

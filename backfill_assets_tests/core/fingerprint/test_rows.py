@@ -162,3 +162,15 @@ def test_slices_are_the_leading_60_bit_groups_of_the_row_hash():
     h = rows.row_hash("x")
     assert rows.slices(h) == [int(h[0:15], 16), int(h[15:30], 16), int(h[30:45], 16)]
     assert struct.calcsize(">d") == 8 and Decimal("1.50") == Decimal("1.5")  # what the golden values rely on
+
+
+def test_a_decimal_total_has_the_column_scale_and_no_negative_zero():
+    # Found by test_generated_sources: Python values of scale 0 in a numeric(12,2) column.
+    def total(amounts):
+        table = [_full((k, None, a, None, None, None, None, None)) for k, a in enumerate(amounts)]
+        return rows.reference_readings(_cols, table, ["k"], "amount").total
+
+    assert total([Decimal("0")]) == "0.00"
+    assert total([Decimal("-0.00")]) == "0.00"
+    assert total([Decimal("1.5"), Decimal("2")]) == "3.50"
+    assert total([None]) == "0" and total([]) == "0"  # nothing to add up, as PostgreSQL's coalesce(sum, 0)

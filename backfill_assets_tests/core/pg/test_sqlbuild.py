@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from backfill_assets.core.fingerprint import rows
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.sqlbuild import OrderKey
 from backfill_assets.core.pg.sqlbuild.parts import order_by
@@ -27,6 +28,7 @@ def test_the_digest_renders_each_kind_hashes_once_per_row_and_binds_the_partitio
     assert text.count("sha256(") == 1 and "clock_timestamp() AS \"__backfill_pin\"" in text
     assert text.endswith('WHERE "t"."order_date" = ANY(%(partitions)s)) AS h GROUP BY "h"."order_date"')
     assert params == {"partitions": [dt.date(2024, 1, 1)]}
+    assert sqlbuild.readings.SLICES == rows.SLICES  # the SQL's slices are the specification's
     # A server in another encoding measures a text by its UTF-8 bytes, converted.
     other = sqlbuild.partition_readings(STAGE, fields, "order_date", ["k"], None, [1], utf8=False)[0].as_string(conn)
     assert "octet_length(convert_to(\"t\".\"note\", 'UTF8'))" in other

@@ -14,7 +14,7 @@ from backfill_assets.core.vocabulary import TableRef
 # ROW(text, ...)::text quotes every value as needed and writes NULL as nothing and '' as "",
 # so equal digests mean equal text forms ('-0' and '0', '1.5' and '1.50', NULL and '' differ),
 # short of a digest collision (about 1 in 2^64 per changed row). The diff only explains; what
-# decides a plan or a verification is the SHA-256 fingerprint over the full text forms.
+# decides a plan or a verification is the format-3 fingerprint (docs/fingerprint.md).
 _SIDE = sql.SQL(
     "SELECT {keys}, true AS __present, hashtextextended(ROW({texts})::text, 0) AS __h "
     "FROM {rel} AS t WHERE {pk} = %({param})s"

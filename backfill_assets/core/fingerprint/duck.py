@@ -8,7 +8,9 @@ put into the text of a statement.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -80,14 +82,28 @@ def digest_sql(relation: str, fields: Sequence[tuple[str, str]], business_key: S
     )
 
 
+_database: Any = None
+_database_lock = threading.Lock()
+
+
+def _connection() -> Any:
+    """A connection of its own (a DuckDB cursor: safe to use in one thread) to this process's
+    in-memory database, opened once: a new database costs ~30 ms, a cursor ~1 ms."""
+    global _database
+    with _database_lock:
+        if _database is None:
+            import duckdb  # imported here: only lake readings need it
+
+            _database = duckdb.connect()
+        return _database.cursor()
+
+
 def readings(table: pa.Table, fields: Sequence[tuple[str, str]], business_key: Sequence[str],
              float_keys: Sequence[str] = ()) -> tuple[int, int, int, list[int]]:
     """(row count, NULL-key count, duplicate-key count, slice sums) of an Arrow table, computed
     by DuckDB in one aggregate."""
-    import duckdb  # imported here: only lake readings need it
-
-    with duckdb.connect() as con:
-        con.register("partition_rows", table)
+    with _connection() as con:
+        con.register("partition_rows", table)  # a view of this connection only
         row = con.execute(digest_sql("partition_rows", fields, business_key, float_keys)).fetchone()
     assert row is not None
     count, null_keys, duplicates, *sums = row

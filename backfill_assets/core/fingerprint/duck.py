@@ -2,7 +2,8 @@
 
 DuckDB computes it over Arrow data (a lake partition as deltalake or pyiceberg hand it over)
 as a parallel aggregate; the next engine to run the whole process on DuckDB uses the same
-expressions over its own tables. Identifiers are quoted by :func:`ident`; no value is ever
+expressions over its own tables. Statements are composed with psycopg.sql, whose identifier
+quoting is DuckDB's too, and rendered to text without a PostgreSQL connection; no value is ever
 put into the text of a statement.
 """
 
@@ -13,18 +14,21 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+from psycopg import sql
 
 from backfill_assets.core.fingerprint import rows
 
 # A double's IEEE 754 bits from its hexadecimal form ('-0x1.8p+1', subnormals '0x0.0...1p-1022',
 # zero '0x0p+0'): the sign bit, the biased exponent (0 for zero and subnormals) and the
 # 52-bit fraction, printed as 16 hex digits.
-_HEX_FLOAT = "regexp_extract(printf('%a', {v}), '^(-?)0x([01])\\.?([0-9a-f]*)p([+-][0-9]+)$', ['s', 'lead', 'frac', 'exp'])"
+_HEX_FLOAT = sql.SQL(
+    "regexp_extract(printf('%a', {v}), '^(-?)0x([01])\\.?([0-9a-f]*)p([+-][0-9]+)$', ['s', 'lead', 'frac', 'exp'])"
+)
 # DuckDB prints it with its own formatting library (the same on every platform); a form the
 # pattern does not match stops the statement rather than give wrong bits.
 _HEX_FLOAT_FORM = "^-?0x[01](\\.[0-9a-f]+)?p[+-][0-9]+$"
-_DOUBLE = (
-    "CASE WHEN isnan({v}) THEN '" + rows.NAN_BITS + "' "
+_DOUBLE = sql.SQL(
+    "CASE WHEN isnan({v}) THEN {nan} "
     "WHEN isinf({v}) THEN CASE WHEN {v} > 0 THEN '7ff0000000000000' ELSE 'fff0000000000000' END "
     "WHEN NOT regexp_full_match(printf('%a', {v}), '" + _HEX_FLOAT_FORM + "') "
     "THEN error('a double printed in an unexpected hexadecimal form: ' || printf('%a', {v})) "
@@ -32,54 +36,67 @@ _DOUBLE = (
     "+ (CASE WHEN {h}.lead = '1' THEN CAST({h}.exp AS INTEGER) + 1023 ELSE 0 END)) || rpad({h}.frac, 13, '0') END"
 )
 _FIELD = {
-    "integer": "CAST({v} AS VARCHAR)",
-    "decimal": "CAST({v} AS VARCHAR)",
-    "boolean": "CAST({v} AS VARCHAR)",
-    "date": "strftime({v}, '%Y-%m-%d')",
-    "timestamp": "CAST(epoch_us({v}) AS VARCHAR)",
-    "text": "CAST(strlen({v}) AS VARCHAR) || ':' || {v}",
-    "bytes": "lower(hex({v}))",
+    "integer": sql.SQL("CAST({v} AS VARCHAR)"),
+    "decimal": sql.SQL("CAST({v} AS VARCHAR)"),
+    "boolean": sql.SQL("CAST({v} AS VARCHAR)"),
+    "date": sql.SQL("strftime({v}, '%Y-%m-%d')"),
+    "timestamp": sql.SQL("CAST(epoch_us({v}) AS VARCHAR)"),
+    "text": sql.SQL("CAST(strlen({v}) AS VARCHAR) || ':' || {v}"),
+    "bytes": sql.SQL("lower(hex({v}))"),
 }
+_COALESCE = sql.SQL("coalesce({}, {})")
+_SEPARATOR = sql.SQL(" || '|' || ")
+_AS_FLOAT_KEY = sql.SQL("({} + 0.0)")  # -0 and 0 are one key, as PostgreSQL compares them
+_IS_NULL = sql.SQL("{} IS NULL")
+_SLICE = sql.SQL("sum(CAST(('0x' || substr(h, {start}, {length})) AS UBIGINT)::HUGEINT)")
+_DIGEST = sql.SQL(
+    "SELECT count(*), coalesce(sum(nk), 0), coalesce(sum(CASE WHEN nk = 0 THEN 1 ELSE 0 END), 0) - "
+    "count(DISTINCT CASE WHEN nk = 0 THEN k END), {slices} FROM "
+    "(SELECT CASE WHEN {null_key} THEN 1 ELSE 0 END AS nk, row({keys}) AS k, "
+    "sha256({text}) AS h FROM {relation} AS t) AS q"
+)
 
 
-def ident(name: str) -> str:
-    """A DuckDB identifier, quoted."""
-    return '"' + name.replace('"', '""') + '"'
+def _text(composed: sql.Composable) -> str:
+    return composed.as_string(None)
 
 
-def field(name: str, kind: str) -> str:
-    v = "t." + ident(name)
+def _field(name: str, kind: str) -> sql.Composed:
+    v = sql.Identifier("t", name)
     if kind == "double":
-        rendered = _DOUBLE.format(v=v, h=_HEX_FLOAT.format(v=v))
+        rendered = _DOUBLE.format(v=v, h=_HEX_FLOAT.format(v=v), nan=sql.Literal(rows.NAN_BITS))
     elif kind in _FIELD:
         rendered = _FIELD[kind].format(v=v)
     else:
         raise ValueError(f"DuckDB renders no {kind} values")
-    return f"coalesce({rendered}, '{rows.NULL}')"
+    return _COALESCE.format(rendered, sql.Literal(rows.NULL))
+
+
+def _row_text(fields: Sequence[tuple[str, str]]) -> sql.Composed:
+    return _SEPARATOR.join(_field(n, k) for n, k in fields)
 
 
 def row_text(fields: Sequence[tuple[str, str]]) -> str:
-    """A row's canonical text from (column, kind) pairs, in the declared order."""
-    return " || '|' || ".join(field(n, k) for n, k in fields)
+    """A row's canonical text from (column, kind) pairs, in the declared order, over the
+    relation aliased ``t``."""
+    return _text(_row_text(fields))
 
 
 def digest_sql(relation: str, fields: Sequence[tuple[str, str]], business_key: Sequence[str],
                float_keys: Sequence[str] = ()) -> str:
     """One row: count, NULL-key count, duplicate-key count, slice sums, over ``relation``
-    (aliased ``t``). ``float_keys``: key columns of kind double (-0 and 0 are one key, as
-    PostgreSQL compares them)."""
-    keys = [("(t." + ident(k) + " + 0.0)") if k in float_keys else "t." + ident(k) for k in business_key]
-    null_key = " OR ".join(f"t.{ident(k)} IS NULL" for k in business_key) or "false"
-    slices = ", ".join(
-        f"sum(CAST(('0x' || substr(h, {1 + i * rows.SLICE_HEX}, {rows.SLICE_HEX})) AS UBIGINT)::HUGEINT)"
+    (aliased ``t``). ``float_keys``: key columns of kind double."""
+    keys = [_AS_FLOAT_KEY.format(sql.Identifier("t", k)) if k in float_keys else sql.Identifier("t", k)
+            for k in business_key]
+    null_key = sql.SQL(" OR ").join(_IS_NULL.format(sql.Identifier("t", k)) for k in business_key)
+    slices = sql.SQL(", ").join(
+        _SLICE.format(start=sql.Literal(1 + i * rows.SLICE_HEX), length=sql.Literal(rows.SLICE_HEX))
         for i in range(rows.SLICES)
     )
-    return (
-        f"SELECT count(*), coalesce(sum(nk), 0), coalesce(sum(CASE WHEN nk = 0 THEN 1 ELSE 0 END), 0) - "
-        f"count(DISTINCT CASE WHEN nk = 0 THEN k END), {slices} FROM "
-        f"(SELECT CASE WHEN {null_key} THEN 1 ELSE 0 END AS nk, row({', '.join(keys)}) AS k, "
-        f"sha256({row_text(fields)}) AS h FROM {relation} AS t) AS q"
-    )
+    return _text(_DIGEST.format(
+        slices=slices, null_key=null_key if business_key else sql.SQL("false"), keys=sql.SQL(", ").join(keys),
+        text=_row_text(fields), relation=sql.Identifier(relation),
+    ))
 
 
 _database: Any = None

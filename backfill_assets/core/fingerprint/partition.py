@@ -67,12 +67,19 @@ def fields(columns: Sequence[ColumnInfo]) -> list[tuple[str, str, str]]:
     return [(c.name, rows.kind_of(c), c.base_type) for c in columns]
 
 
+def _digest(columns: Sequence[ColumnInfo], count: object, sums: Sequence[object]) -> tuple[int, str]:
+    """(row count, content hash) from an aggregate's count and slice sums (NULL sums: no rows)."""
+    n = int(count)  # type: ignore[call-overload]
+    return n, rows.content_hash(columns, n, [int(s or 0) for s in sums])  # type: ignore[call-overload]
+
+
 def _fingerprint(columns: Sequence[ColumnInfo], row: Sequence[object], duplicates: int, total: str | None) -> Fingerprint:
     count, null_keys, total_text, *sums = row
+    n, content_hash = _digest(columns, count, sums)
     return Fingerprint(
-        row_count=int(count), null_key_count=int(null_keys),  # type: ignore[call-overload]
-        duplicate_key_count=duplicates, total=None if total is None else rows.total_text(total_text if count else None),
-        content_hash=rows.content_hash(columns, int(count), [int(s or 0) for s in sums]),  # type: ignore[call-overload]
+        row_count=n, null_key_count=int(null_keys),  # type: ignore[call-overload]
+        duplicate_key_count=duplicates, total=None if total is None else rows.total_text(total_text if n else None),
+        content_hash=content_hash,
     )
 
 
@@ -144,7 +151,7 @@ def rows_digest(
     row = conn.execute(query, params).fetchone()
     assert row is not None
     count, _, _, *sums = row
-    return int(count), rows.content_hash(columns, int(count), [int(s or 0) for s in sums])
+    return _digest(columns, count, sums)
 
 
 def partitions_digest(
@@ -157,11 +164,8 @@ def partitions_digest(
                                     {"partitions": list(partitions)}, utf8=utf8, group_by=partition_key)
     with one_transaction(conn), parallel_plan(conn, _rows(conn, rel, partition_key, partitions)):
         found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
-    out = []
-    for p in partitions:
-        count, _, _, *sums = found.get(p, (0, 0, None, *([0] * rows.SLICES)))
-        out.append((int(count), rows.content_hash(columns, int(count), [int(s or 0) for s in sums])))
-    return out
+    empty = (0, 0, None, *([0] * rows.SLICES))
+    return [_digest(columns, row[0], row[3:]) for row in (found.get(p, empty) for p in partitions)]
 
 
 def _rows(conn: psycopg.Connection, rel: TableRef, partition_key: str, partitions: Sequence[object]) -> int:

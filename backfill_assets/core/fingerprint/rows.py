@@ -152,8 +152,7 @@ def render(kind: str, value: object, scale: int | None = None) -> str:
         if d.is_infinite():
             return "Infinity" if d > 0 else "-Infinity"
         if kind == "decimal":
-            assert scale is not None
-            d = d.quantize(decimal.Decimal(1).scaleb(-scale), context=_EXACT)
+            d = _at_scale(d, scale)
         text = format(d, "f")
         return text[1:] if text.startswith("-") and d == 0 else text  # no negative zero
     if kind == "boolean":

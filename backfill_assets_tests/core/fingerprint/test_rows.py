@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from psycopg import sql
 
 from backfill_assets.core.fingerprint import duck, rows
 from backfill_assets.core.fingerprint.arrow import arrow_readings
@@ -64,8 +65,9 @@ def test_duckdb_gives_the_golden_texts_and_readings_from_arrow():
     fields = [(c.name, rows.kind_of(c)) for c in cols]
     with duckdb.connect() as con:
         con.register("t", table)
-        texts = [r[0] for r in con.execute(f"SELECT {duck.row_text(fields)} FROM t AS t").fetchall()]
-        hashes = [r[0] for r in con.execute(f"SELECT sha256({duck.row_text(fields)}) FROM t AS t").fetchall()]
+        text = sql.SQL(duck.row_text(fields))
+        query = sql.SQL("SELECT {}, sha256({}) FROM t AS t").format(text, text).as_string(None)
+        texts, hashes = map(list, zip(*con.execute(query).fetchall()))
     assert texts == [r["text"] for r in FILE["portable"]["rows"]]
     assert hashes == [r["hash"] for r in FILE["portable"]["rows"]]
     assert arrow_readings(table, cols, ["k"], "amount").as_dict() == FILE["portable"]["readings"]

@@ -128,7 +128,7 @@ def cmd_inspect(args: argparse.Namespace, out: Output) -> int:
     else:
         s = inspection.server
         out.result(f"{s.engine} {s.version} ({s.encoding})")
-        for label, cols in (("source " + str(spec.source_ref), inspection.source_columns),
+        for label, cols in (("source " + spec.source_name, inspection.source_columns),
                             ("target " + spec.target_name, inspection.target_columns)):
             out.result(f"{label}: " + ", ".join(f"{c.name} {c.type_name}" for c in cols))
         out.result("target unique keys: " + ("; ".join(f"{n} ({', '.join(c)})" for n, c in inspection.target_unique_keys) or "none"))
@@ -258,7 +258,8 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_demo(args: argparse.Namespace, out: Output) -> int:
     lake = None if args.lake_spec == "none" else load_spec(args.lake_spec)
-    run_demo(load_spec(args.spec), args.partitions, out, lake)
+    duck = None if args.duckdb_spec == "none" else load_spec(args.duckdb_spec)
+    run_demo(load_spec(args.spec), args.partitions, out, lake, duck)
     return 0
 
 
@@ -325,7 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "the same backfill into a Delta Lake table.",
                        cmd_demo, partitions="2024-01-01..2024-01-07", spec_default="backfills/orders_daily.yaml")
     demo_cmd.add_argument("--lake-spec", default="deploy/examples/orders_delta.yaml", metavar="FILE",
-                          help="the Delta-target spec of the demo's last step ('none' to skip it)")
+                          help="the Delta-target spec of the demo's step 9 ('none' to skip it)")
+    demo_cmd.add_argument("--duckdb-spec", default="deploy/examples/orders_duckdb.yaml", metavar="FILE",
+                          help="the DuckDB spec of the demo's step 10, lake to lake ('none' to skip it)")
     return parser
 
 

@@ -43,6 +43,19 @@ _DDL = (
 )
 _COLUMNS = ("order_date", "order_id", "customer_id", "updated_at", "ingest_seq", "amount", "status", "note")
 _INSERT = sql.SQL("INSERT INTO {rel} ({cols}) VALUES ({values})")
+COLUMNS = _COLUMNS
+# The loaded source, as the DuckDB step of the demo writes it to a Delta table.
+SOURCE_ROWS_QUERY = sql.SQL("SELECT {} FROM public.orders_raw").format(sql.SQL(", ").join(map(sql.Identifier, _COLUMNS)))
+
+
+def arrow_schema() -> object:
+    """The source's columns as Arrow types (imported here: only the lake steps need pyarrow)."""
+    import pyarrow as pa
+    return pa.schema([
+        ("order_date", pa.date32()), ("order_id", pa.int64()), ("customer_id", pa.int64()),
+        ("updated_at", pa.timestamp("us", tz="UTC")), ("ingest_seq", pa.int64()), ("amount", pa.decimal128(12, 2)),
+        ("status", pa.string()), ("note", pa.string()),
+    ])
 
 
 def source_rows(orders_per_day: int = 24, seed: int = 20240101, *, moved: bool = True) -> list[tuple]:

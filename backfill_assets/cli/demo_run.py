@@ -22,7 +22,7 @@ from backfill_assets.core.plan import Plan, make_plan
 from backfill_assets.core.profile.propose import profile_source
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.resolve import inspect
-from backfill_assets.core.spec import DeltaTargetSpec, Spec
+from backfill_assets.core.spec import DeltaSourceSpec, DeltaTargetSpec, Spec
 from backfill_assets.core.store.ledger import ledger_status
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets.render import render_apply, render_plan, render_profile, render_replacement, render_status
@@ -36,9 +36,11 @@ class Printer(Protocol):
     def progress(self, event: ProgressEvent) -> None: ...
 
 
-def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None = None) -> None:
+def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None = None,
+             duck_spec: Spec | None = None) -> None:
     """Run the demo of ``spec`` over ``partitions`` on the embedded PostgreSQL; then, with
-    ``lake_spec`` (a Delta target), the same backfill into a Delta Lake table.
+    ``lake_spec`` (a Delta target), the same backfill into a Delta Lake table; then, with
+    ``duck_spec`` (engine duckdb), the whole process on DuckDB from a Delta source.
 
     Raises:
         DeterminismError: the plan was refused.
@@ -69,20 +71,66 @@ def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None =
         confirm(control, review(conn, factory, spec, again.plan_id), "demo")
     second = apply_plan(spec, again.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
     _report_rerun(plan, again, first, second, out)
+    delta = None
     if lake_spec is not None:
-        _lake_demo(lake_spec, request, factory, out, second)
+        delta = _lake_demo(lake_spec, request, factory, out, second)
+    if duck_spec is not None:
+        _duck_demo(duck_spec, request, factory, out, delta)
 
 
-def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, out: Printer,
-               postgres: ApplyResult) -> None:
-    """The same backfill into a Delta Lake table, which the first apply creates, then again."""
-    assert isinstance(spec.target, DeltaTargetSpec)
-    location = spec.target.location
+def _demo_lake_table(location: str) -> Path:
+    """The demo's own lake table at ``location``, removed so that the demo starts from none
+    (a location outside the demo's lake folders is left as it is)."""
     table = Path(location.removeprefix("file://")).expanduser().resolve()
     lakes = {Path(".backfill_assets/lake").resolve(), embedded.home() / "lake"}
     if any(table != lake and table.is_relative_to(lake) for lake in lakes):
-        shutil.rmtree(table, ignore_errors=True)  # the demo's own table: start from none
-    # (any other location is left as it is: the plan then says whether apply creates it)
+        shutil.rmtree(table, ignore_errors=True)
+    return table
+
+
+def _duck_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, out: Printer,
+               delta: ApplyResult | None) -> None:
+    """The whole process on DuckDB: a Delta source written from the sample rows, pinned at its
+    version, both builds in DuckDB, a Delta target; then the same content hashes as step 9."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    assert isinstance(spec.source, DeltaSourceSpec) and isinstance(spec.target, DeltaTargetSpec)
+    source = _demo_lake_table(spec.source.location)
+    _demo_lake_table(spec.target.location)
+    with factory() as conn:
+        rows = conn.execute(demo.SOURCE_ROWS_QUERY).fetchall()
+    data = pa.Table.from_pylist([dict(zip(demo.COLUMNS, r)) for r in rows], schema=demo.arrow_schema())
+    write_deltalake(str(source), data, mode="overwrite", partition_by=["order_date"])
+    out.result(f"\n-- 10. the whole process on DuckDB, lake to lake: {spec.source_name} (written from the sample "
+               f"rows) -> {spec.target_name}")
+    plan = make_plan(spec, request, factory, progress=out.progress)
+    if plan.status != "ready":
+        raise plan.refusal()
+    out.result(f"plan {plan.plan_id}: {len(plan.labels)} partition(s), the source pinned at Delta version "
+               f"{plan.document.snapshot.version}; both builds ran in DuckDB")
+    with factory() as conn, factory.control(conn) as control:
+        confirm(control, review(conn, factory, spec, plan.plan_id), "demo")
+    first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    out.result(render_apply(first))
+    if delta is not None:
+        # One fingerprint for every engine: built in DuckDB from Delta, the same hashes as built
+        # in PostgreSQL from the PostgreSQL source (step 9, the same newest-wins rule).
+        in_postgres = {p["partition"]: p["content_hash"] for p in delta.partitions}
+        same = [p["partition"] for p in first.partitions if in_postgres.get(p["partition"]) == p["content_hash"]]
+        out.result(f"the same content hash as step 9 (built in PostgreSQL) in {len(same)} of {len(first.partitions)} "
+                   "partition(s)")
+        if len(same) != len(first.partitions):
+            raise VerificationError("all", "the DuckDB build against PostgreSQL's", "the same hashes",
+                                    f"{len(same)} of {len(first.partitions)} the same")
+
+
+def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, out: Printer,
+               postgres: ApplyResult) -> ApplyResult:
+    """The same backfill into a Delta Lake table, which the first apply creates, then again."""
+    assert isinstance(spec.target, DeltaTargetSpec)
+    location = spec.target.location
+    _demo_lake_table(location)  # (any other location is left as it is: the plan says whether apply creates it)
     out.result(f"\n-- 9. the same source into a Delta Lake table ({spec.target_name}): plan, approve, apply")
     plan = make_plan(spec, request, factory, progress=out.progress)
     if plan.status != "ready":
@@ -107,6 +155,7 @@ def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
                "fingerprint; nothing written")
     if skipped != len(again.partitions):
         raise VerificationError("all", "the second apply into Delta", "every partition skipped", f"{skipped} skipped")
+    return first
 
 
 def _inspect_and_profile(spec: Spec, factory: ConnectionFactory, out: Printer) -> None:

@@ -43,10 +43,9 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.approve import check_data_unchanged, check_spec_unchanged
+from backfill_assets.core.approve import Builds, builds_for
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint, spec_lock, utc_now
 from backfill_assets.core.coverage import Approval, latest_approval, refuse_if_expired, require_coverage, short_readings
-from backfill_assets.core.diff import diff_against, example_text
 from backfill_assets.core.errors import (
     ApprovalError,
     ApprovalHaltedError,
@@ -54,13 +53,11 @@ from backfill_assets.core.errors import (
     FailedPartition,
     VerificationError,
 )
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.db import ConnectionFactory
-from backfill_assets.core.plan import DIFFERING_KEYS
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
-from backfill_assets.core.snapshot import immutable_source_changes
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.stages import stage_partitions_changed
+from backfill_assets.core.stages import compare_readings as _compare
+from backfill_assets.core.stages import recheck_stage
 from backfill_assets.core.store import control, ledger
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.store.plans import find_plan
@@ -92,7 +89,7 @@ def _replaced(label: str, status: str, approved: dict[str, Any], done: int, tota
 
 def replace_group(
     conn: psycopg.Connection, control: psycopg.Connection, target: Target, ctx: Context, stored: Plan,
-    approval: Approval, labels: list[str], checkpoint: Checkpoint = no_checkpoint,
+    approval: Approval, labels: list[str], checkpoint: Checkpoint = no_checkpoint, builds: Builds | None = None,
 ) -> str:
     """Replace the partitions ``labels`` in one atomic write of ``target``; return the ledger
     status. The protocol is the same for every engine (core.context.Target).
@@ -111,7 +108,10 @@ def replace_group(
         covered = require_coverage(conn, control, ctx, stored, approval, labels, write.readings(labels))
         if all(covered[label].now == approved[label] for label in labels):
             return "skipped-already-verified"
-        recheck_stage(conn, ctx, stored, labels)
+        if builds is None:
+            recheck_stage(conn, ctx, stored, labels)
+        else:
+            builds.recheck_stage(ctx, stored, labels)
         write.replace(labels, {
             "plan_id": stored.plan_id, "approval_id": str(approval.approval_id), "partitions": ",".join(labels),
             "content_hash": ",".join(approved[label]["content_hash"] for label in labels),
@@ -120,35 +120,6 @@ def replace_group(
         checkpoint("before-commit", labels)
     checkpoint("committed", labels)
     return "verified"
-
-
-def recheck_stage(conn: psycopg.Connection, ctx: Context, stored: Plan, labels: list[str]) -> None:
-    """Stage A's partitions, and an immutable source's, must still carry what was approved.
-
-    Raises:
-        VerificationError: naming the partition and both readings.
-    """
-    stage = ctx.stage("a")
-    approved = {label: stored.approved(label) for label in labels}
-    # No writer can touch the stage until the commit; its seal (or, where the seal does not
-    # hold, a full fingerprint) says whether it still holds what was approved. The rows it
-    # gives the target are fingerprinted again before the commit, whatever this says.
-    conn.execute(sqlbuild.lock_against_writers(stage))
-    for label in stage_partitions_changed(conn, ctx, "a", approved):
-        _compare({label: approved[label]}, {label: ctx.readings(conn, stage, ctx.value_of(label)).as_dict()},
-                 "recheck of the approved stage")
-    if ctx.spec.source.snapshot == "immutable":  # only these partitions
-        for label, (planned, now) in immutable_source_changes(conn, ctx, stored.pinned_source(labels)).items():
-            raise VerificationError(
-                label, "recheck of the immutable source",
-                f"hash {planned['content_hash'][:16]}", f"hash {now['content_hash'][:16]}",
-            )
-
-
-def _compare(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any]], step: str) -> None:
-    for label, want in expected.items():
-        if actual[label] != want:
-            raise VerificationError(label, step, _short(want), _short(actual[label]))
 
 
 def verify_committed(target: Target, stored: Plan, labels: list[str]) -> None:
@@ -193,8 +164,9 @@ def apply_plan(
             the following ones not attempted.
         TransientDatabaseError, ConcurrentRunError: safe to retry with the same plan.
     """
-    with factory() as conn, factory.control(conn) as store, spec_lock(store, spec):
-        stored, approval, ctx, groups = _checked_before_writing(conn, store, factory, spec, plan_ref, only, clock())
+    with factory() as conn, factory.control(conn) as store, spec_lock(store, spec), \
+            builds_for(conn, factory, spec) as builds:
+        stored, approval, ctx, groups = _checked_before_writing(conn, store, builds, spec, plan_ref, only, clock())
         control.ensure_ledger_index(store, spec.control_schema)
         in_order = [label for g in groups for label in g]
         progress(ProgressEvent("apply", f"replacing {len(in_order)} partition(s)", done=0, total=len(in_order),
@@ -207,11 +179,11 @@ def apply_plan(
             partitions=[{"partition": label, **stored.approved(label)} for label in in_order],
         )
         result = ApplyResult(run_id, stored.plan_id, approval.approval_id)
-        target = (make_target or ctx.engine.open)(conn, store, factory, ctx, checkpoint)
+        target = (make_target or builds.open_target)(conn, store, factory, ctx, checkpoint)
         try:
             for n, labels in enumerate(groups):
-                status, version = _replace_and_record(conn, store, target, ctx, stored, approval, run_id, groups, n,
-                                                      clock, checkpoint)
+                status, version = _replace_and_record(conn, store, builds, target, ctx, stored, approval, run_id,
+                                                      groups, n, clock, checkpoint)
                 for label in labels:
                     entry = {"partition": label, "status": status, **stored.approved(label)}
                     if version is not None:
@@ -226,7 +198,7 @@ def apply_plan(
 
 
 def _checked_before_writing(
-    conn: psycopg.Connection, store: psycopg.Connection, factory: ConnectionFactory, spec: Spec, plan_ref: str,
+    conn: psycopg.Connection, store: psycopg.Connection, builds: Builds, spec: Spec, plan_ref: str,
     only: list[str] | None, now: dt.datetime,
 ) -> tuple[Plan, Approval, Context, list[list[str]]]:
     """The approved plan, its approval, the context and the groups to replace (in plan order),
@@ -243,7 +215,7 @@ def _checked_before_writing(
     # partly applied approval too: expiry bounds how long a person's review is acted on, and
     # partitions this approval's runs already replaced cannot make the rest any fresher.
     refuse_if_expired(store, spec, approval, now)
-    ctx = check_spec_unchanged(conn, factory, spec, stored)
+    ctx = builds.unchanged_spec(stored)
     groups = [list(g) for g in stored.document.replace_groups]
     if only is not None:
         missing = sorted(set(only) - set(stored.labels))
@@ -257,13 +229,14 @@ def _checked_before_writing(
     in_order = [label for label in stored.labels if label in chosen]
     refuse_after_failure(store, spec, stored.plan_id, in_order)
     # Each replace checks its own partitions again under the lock.
-    require_coverage(conn, store, ctx, stored, approval, in_order, check_data_unchanged(conn, ctx, stored, in_order))
+    require_coverage(conn, store, ctx, stored, approval, in_order, builds.unchanged_data(ctx, stored, in_order))
     return stored, approval, ctx, groups
 
 
 def _replace_and_record(
-    conn: psycopg.Connection, store: psycopg.Connection, target: Target, ctx: Context, stored: Plan,
-    approval: Approval, run_id: str, groups: list[list[str]], n: int, clock: Clock, checkpoint: Checkpoint,
+    conn: psycopg.Connection, store: psycopg.Connection, builds: Builds, target: Target, ctx: Context,
+    stored: Plan, approval: Approval, run_id: str, groups: list[list[str]], n: int, clock: Clock,
+    checkpoint: Checkpoint,
 ) -> tuple[str, str | None]:
     """Replace and verify group ``n`` under its partition locks, recording each step in the
     ledger (``store``, the control store's connection); return its status and the lake version
@@ -273,12 +246,12 @@ def _replace_and_record(
     ledger.ledger_mark(store, spec.control_schema, run_id, labels, "started", clock())
     try:
         with target.locked(labels):
-            status = replace_group(conn, store, target, ctx, stored, approval, labels, checkpoint)
+            status = replace_group(conn, store, target, ctx, stored, approval, labels, checkpoint, builds)
             if status == "verified":
                 try:
                     verify_committed(target, stored, labels)
                 except VerificationError as err:
-                    raise _naming_keys(conn, ctx, err, target.committed_version(labels)) from None
+                    raise builds.explain(ctx, err, target.committed_version(labels)) from None
                 checkpoint("verified", labels)
             # Recorded before the partition is released: the next run to lock it
             # judges its approval against a ledger that names this run.
@@ -305,23 +278,6 @@ def _replace_and_record(
             # the partition as started by this run, never as verified.
             pass
         raise
-
-
-def _naming_keys(conn: psycopg.Connection, ctx: Context, err: VerificationError,
-                 version: str | None) -> VerificationError:
-    """The same failure, naming the first keys and columns where the committed partition (a
-    lake table's at the ``version`` committed) differs from the approved stage (core.diff).
-    The failure is what matters: if the keys cannot be read, it is raised as it was."""
-    try:
-        with conn.transaction():  # a lake partition is loaded into a temporary table for it
-            found = diff_against(conn, ctx, err.partition, "target", DIFFERING_KEYS, version=version)
-    except Exception:  # noqa: BLE001 - only an explanation failed; the verification error stands
-        return err
-    if not found.examples:
-        return err
-    detail = "first differing key(s), approved stage against the target: " + "; ".join(
-        example_text(e) for e in found.examples)
-    return VerificationError(err.partition, err.step, err.expected, err.actual, detail)
 
 
 def refuse_after_failure(control: psycopg.Connection, spec: Spec, plan_id: str, labels: list[str]) -> None:

@@ -13,20 +13,22 @@ The recorded target readings keep such an old approval from rolling back a newer
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
-from backfill_assets.core.context import Clock, Context, utc_now
-from backfill_assets.core.diff import diff_against
-from backfill_assets.core.errors import ApprovalError, BackfillError
+from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint, utc_now
+from backfill_assets.core.diff import diff_against, example_text
+from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
 from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
-from backfill_assets.core.plan import spec_document
+from backfill_assets.core.plan import DIFFERING_KEYS, spec_document
 from backfill_assets.core.resolve import resolve
 from backfill_assets.core.snapshot import copy_problem, immutable_source_changes
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.stages import stage_partitions_changed
+from backfill_assets.core.stages import recheck_stage, stage_partitions_changed
 from backfill_assets.core.store import control, ledger
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.store.plans import find_plan
@@ -43,12 +45,27 @@ def check_spec_unchanged(
         ApprovalError: the plan was refused, or the spec or target changed since.
         SpecError: the spec no longer matches the catalog.
     """
+    require_ready(stored)
+    ctx = resolve(conn, spec, stored.labels)
+    spec_document_drift(ctx, stored)
+    return ctx
+
+
+def require_ready(stored: Plan) -> None:
+    """Refuse a refused plan (ApprovalError naming its problems)."""
     if stored.status != "ready":
         problems = "; ".join(stored.problems) or "its stages did not match"
         raise ApprovalError(
             f"plan {stored.plan_id[:16]} was refused ({problems}); it cannot be approved or applied"
         )
-    ctx = resolve(conn, spec, stored.labels)
+
+
+def spec_document_drift(ctx: Context, stored: Plan) -> None:
+    """Refuse a plan whose spec-derived fields differ from the spec and catalog now.
+
+    Raises:
+        ApprovalError: naming the fields that differ.
+    """
     now = spec_document(ctx)
     planned = stored.document.spec_fields()
     changed = [k for k, v in now.items() if planned.get(k) != v]
@@ -57,7 +74,6 @@ def check_spec_unchanged(
             f"the spec or the target changed since plan {stored.plan_id[:16]} was made "
             f"({', '.join(changed)} differ); plan again"
         )
-    return ctx
 
 
 def check_data_unchanged(
@@ -121,6 +137,94 @@ def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -
         target.close()  # a lake target's catalog connections
 
 
+class Builds(Protocol):
+    """Where a spec's source snapshot and stages live, by ``engine.type``: what approval and
+    apply ask of them. The PostgreSQL engine's are below; the DuckDB engine's are core.duck's.
+    Open one with :func:`builds_for`."""
+
+    def unchanged_spec(self, stored: Plan) -> Context:
+        """The context resolved now, refusing a plan whose spec-derived fields changed
+        (:func:`check_spec_unchanged`)."""
+        ...
+
+    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Refuse a plan whose snapshot or stage A changed; return the target's readings
+        (:func:`check_data_unchanged`)."""
+        ...
+
+    def changes(self, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
+        """Per partition, the keys replacing the target adds, removes, changes and keeps."""
+        ...
+
+    def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
+        """Under apply's write, before the replace: stage A (and an immutable source) still
+        carry what was approved (VerificationError)."""
+        ...
+
+    def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+                    ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        """The target apply writes through."""
+        ...
+
+    def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:
+        """The failure, naming the first keys where the committed partition differs."""
+        ...
+
+
+class PostgresBuilds:
+    """The snapshot and stages in the spec's PostgreSQL database (``conn``)."""
+
+    def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> None:
+        self.conn, self.factory, self.spec = conn, factory, spec
+
+    def unchanged_spec(self, stored: Plan) -> Context:
+        return check_spec_unchanged(self.conn, self.factory, self.spec, stored)
+
+    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        return check_data_unchanged(self.conn, ctx, stored, partitions)
+
+    def changes(self, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
+        return changes_of(self.conn, ctx, stored)
+
+    def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
+        recheck_stage(self.conn, ctx, stored, labels)
+
+    def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+                    ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        return ctx.engine.open(conn, control, factory, ctx, checkpoint)
+
+    def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:
+        return naming_keys(self.conn, ctx, err, version)
+
+
+@contextlib.contextmanager
+def builds_for(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> Iterator[Builds]:
+    """The spec's :class:`Builds`, open for the block (``conn``: the spec's database)."""
+    if spec.on_duckdb:
+        from backfill_assets.core.duck.flow import DuckBuilds  # DuckDB and the lake libraries: only when used
+        with DuckBuilds.opened(conn, factory, spec) as builds:
+            yield builds
+    else:
+        yield PostgresBuilds(conn, factory, spec)
+
+
+def naming_keys(conn: psycopg.Connection, ctx: Context, err: VerificationError,
+                 version: str | None) -> VerificationError:
+    """The same failure, naming the first keys and columns where the committed partition (a
+    lake table's at the ``version`` committed) differs from the approved stage (core.diff).
+    The failure is what matters: if the keys cannot be read, it is raised as it was."""
+    try:
+        with conn.transaction():  # a lake partition is loaded into a temporary table for it
+            found = diff_against(conn, ctx, err.partition, "target", DIFFERING_KEYS, version=version)
+    except Exception:  # noqa: BLE001 - only an explanation failed; the verification error stands
+        return err
+    if not found.examples:
+        return err
+    detail = "first differing key(s), approved stage against the target: " + "; ".join(
+        example_text(e) for e in found.examples)
+    return VerificationError(err.partition, err.step, err.expected, err.actual, detail)
+
+
 @dataclass(frozen=True)
 class Review:
     """Everything a person must see before approving a plan, after every check passed: the
@@ -160,12 +264,13 @@ def review(
         with factory.control(conn) as control:
             plan = find_plan(control, spec, plan)
     stored = plan
-    ctx = check_spec_unchanged(conn, factory, spec, stored)
-    target = check_data_unchanged(conn, ctx, stored)
-    try:
-        changes = changes_of(conn, ctx, stored)
-    except (psycopg.Error, BackfillError):  # only an explanation failed: approval does not depend on it
-        changes = None
+    with builds_for(conn, factory, spec) as builds:
+        ctx = builds.unchanged_spec(stored)
+        target = builds.unchanged_data(ctx, stored)
+        try:
+            changes = builds.changes(ctx, stored)
+        except (psycopg.Error, BackfillError):  # only an explanation failed: approval does not depend on it
+            changes = None
     return Review(spec, stored, target, changes)
 
 

@@ -20,11 +20,12 @@ from typing import Any, Literal
 
 import psycopg
 
-from backfill_assets.core.approve import check_data_unchanged, check_spec_unchanged, target_readings
+from backfill_assets.core.approve import Builds, builds_for, target_readings
 from backfill_assets.core.context import Clock, Context, utc_now
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.stages import short_readings
 from backfill_assets.core.store import control, ledger
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.store.plans import find_plan
@@ -169,11 +170,6 @@ class Coverage:
                 "reason": self.reason}
 
 
-def short_readings(fp: dict[str, Any]) -> str:
-    """A fingerprint in one short phrase: rows, total and the start of the hash."""
-    return f"{fp['row_count']} rows, total {fp['total']}, hash {fp['content_hash'][:16]}"
-
-
 def _at(when: dt.datetime | None) -> str:
     return "an unrecorded time" if when is None else when.isoformat(timespec="seconds")
 
@@ -286,10 +282,13 @@ def open_approvals(
     ``conn``, the approvals, plans and ledger in the control store.
     """
     with factory.control(conn) as store:
-        return _open_approvals(conn, store, factory, spec, clock())
+        if not control.control_ready(store, spec.control_schema):
+            return []
+        with builds_for(conn, factory, spec) as builds:
+            return _open_approvals(conn, store, builds, spec, clock())
 
 
-def _open_approvals(conn: psycopg.Connection, store: psycopg.Connection, factory: ConnectionFactory,
+def _open_approvals(conn: psycopg.Connection, store: psycopg.Connection, builds: Builds,
                     spec: Spec, now: dt.datetime) -> list[OpenApproval]:
     if not control.control_ready(store, spec.control_schema):
         return []
@@ -302,8 +301,8 @@ def _open_approvals(conn: psycopg.Connection, store: psycopg.Connection, factory
             continue
         try:
             stored = find_plan(store, spec, approval.plan_id)
-            ctx = check_spec_unchanged(conn, factory, spec, stored)
-            found = coverage(conn, store, ctx, stored, approval, labels, check_data_unchanged(conn, ctx, stored))
+            ctx = builds.unchanged_spec(stored)
+            found = coverage(conn, store, ctx, stored, approval, labels, builds.unchanged_data(ctx, stored))
             problem = None
         except (ApprovalError, SpecError) as err:
             # One approval that cannot be judged (its plan unreadable or drifted) is shown as

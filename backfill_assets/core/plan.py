@@ -52,7 +52,7 @@ def spec_document(ctx: Context) -> dict[str, Any]:
         "fingerprint_format": FINGERPRINT_FORMAT,
         "spec": spec.name,
         "target": spec.target_name,
-        "source": str(spec.source_ref),
+        "source": spec.source_name,
         "partition_key": spec.partition_key,
         "business_key": list(spec.business_key),
         "ordering": [o.model_dump() for o in spec.ordering],
@@ -124,6 +124,9 @@ def make_plan(
         SpecError, ConnectionConfigError, SourceDataError, SnapshotError,
         TransientDatabaseError, ConcurrentRunError.
     """
+    if spec.on_duckdb:  # the source, the snapshot and the stages in DuckDB
+        from backfill_assets.core.duck import flow
+        return flow.make_plan(spec, request, factory, clock=clock, progress=progress)
     with factory() as conn, factory.control(conn) as control, spec_lock(control, spec):
         progress(ProgressEvent("inspect", f"{spec.source_ref} -> {spec.target_name}"))
         ctx = resolve(conn, spec, request)
@@ -140,6 +143,9 @@ def snapshot_step(
 
     A spec with ``parallel`` snapshots at once with its other builds of other partitions
     (core.context.build_lock)."""
+    if spec.on_duckdb:  # the source, the snapshot and the stages in DuckDB
+        from backfill_assets.core.duck import flow
+        return flow.snapshot_step(spec, request, factory, clock=clock, progress=progress)  # type: ignore[return-value]
     with factory() as conn, factory.control(conn) as control, build_lock(control, spec):
         ctx = resolve(conn, spec, request)
         with partition_locks(control, spec, ctx.labels):
@@ -160,6 +166,9 @@ def stages_step(
 
     Returns the snapshot's context, the plan, and the readings of stages A and B.
     """
+    if spec.on_duckdb:  # the source, the snapshot and the stages in DuckDB
+        from backfill_assets.core.duck import flow
+        return flow.stages_step(spec, snapshot_id, factory, clock=clock, progress=progress)
     with factory() as conn, factory.control(conn) as control, build_lock(control, spec):
         snapshot, ctx = load_snapshot(conn, spec, snapshot_id)
         with partition_locks(control, spec, ctx.labels):

@@ -48,4 +48,7 @@ def inspect(conn: psycopg.Connection, spec: Spec) -> Inspection:
     Raises:
         TransformError: the spec's transform is refused.
     """
+    if spec.on_duckdb:
+        from backfill_assets.core.duck.flow import inspect_duck
+        return inspect_duck(conn, spec)
     return engine_for(spec).inspect(conn, None)

@@ -52,6 +52,9 @@ class _Strict(BaseModel):
 
 
 class SourceSpec(_Strict):
+    """A PostgreSQL table in the spec's database (``format`` may be left out)."""
+
+    format: Literal["postgres"] = "postgres"
     table: TableName
     snapshot: Literal["copy", "immutable"]
     # A column every write sets to a value above any the table holds (an ingest sequence, an
@@ -63,6 +66,11 @@ class SourceSpec(_Strict):
     @property
     def ref(self) -> TableRef:
         return parse_table_name(self.table)
+
+    @property
+    def display_name(self) -> str:
+        """``schema.table``."""
+        return str(self.ref)
 
 
 class IcebergCatalogSpec(_Strict):
@@ -166,6 +174,116 @@ class IcebergTargetSpec(_Strict):
     def display_name(self) -> str:
         """``iceberg:<catalog name>:<namespace.table>``."""
         return f"iceberg:{self.catalog.name}:{self.table}"
+
+
+def _check_location(fmt: str, value: str) -> str:
+    if "://" in value and not value.startswith("file://"):
+        raise ValueError(f"a {fmt} location is a local path or a file:// URI (other stores are not supported yet)")
+    if not _LOCATION.fullmatch(value):
+        raise ValueError(f"a {fmt} location may not contain control characters")
+    return value
+
+
+def _absolute(location: str) -> str:
+    return str(Path(location.removeprefix("file://")).expanduser().resolve())
+
+
+class DeltaSourceSpec(_Strict):
+    """A Delta Lake table read at one pinned version (``engine: {type: duckdb}``)."""
+
+    format: Literal["delta"]
+    location: str
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fields(cls, given: object) -> object:
+        return _only(given, "delta source", {"location"}, "`location: <path or file:// URI>` and nothing else")
+
+    @pydantic.field_validator("location")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        return _check_location("delta", value)
+
+    @property
+    def display_name(self) -> str:
+        """``delta:<absolute path>`` (see DeltaTargetSpec.display_name)."""
+        return "delta:" + _absolute(self.location)
+
+
+class ParquetSourceSpec(_Strict):
+    """A folder of Parquet files, Hive-partitioned by the partition key (``<key>=<value>/``),
+    pinned by its file list, each file's size and SHA-256 (``engine: {type: duckdb}``)."""
+
+    format: Literal["parquet"]
+    location: str
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fields(cls, given: object) -> object:
+        return _only(given, "parquet source", {"location"}, "`location: <folder path or file:// URI>` and nothing else")
+
+    @pydantic.field_validator("location")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        return _check_location("parquet", value)
+
+    @property
+    def display_name(self) -> str:
+        """``parquet:<absolute path>``."""
+        return "parquet:" + _absolute(self.location)
+
+
+class IcebergSourceSpec(IcebergTargetSpec):
+    """An Iceberg table read at one pinned snapshot id (``engine: {type: duckdb}``); named
+    as an Iceberg target is."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fields(cls, given: object) -> object:
+        return _only(given, "iceberg source", {"table", "catalog"},
+                     "`table: namespace.table` and a `catalog`, and no location")
+
+
+def _source_format(given: object) -> str:
+    if isinstance(given, dict):
+        fmt = given.get("format", "postgres")
+        return fmt if isinstance(fmt, str) else ""
+    return getattr(given, "format", "")
+
+
+# What the builds read, told apart by ``format``: a PostgreSQL table (the postgres engine), or
+# a lake table or Parquet folder read where it lies (the duckdb engine, core.duck).
+AnySourceSpec = Annotated[
+    Annotated[SourceSpec, pydantic.Tag("postgres")]
+    | Annotated[DeltaSourceSpec, pydantic.Tag("delta")]
+    | Annotated[IcebergSourceSpec, pydantic.Tag("iceberg")]
+    | Annotated[ParquetSourceSpec, pydantic.Tag("parquet")],
+    pydantic.Discriminator(_source_format, custom_error_type="source_format",
+                           custom_error_message="source.format is postgres (the default), delta, iceberg or parquet"),
+]
+LakeSourceSpec = DeltaSourceSpec | IcebergSourceSpec | ParquetSourceSpec
+_SOURCE_TAGS = ("postgres", "delta", "iceberg", "parquet")
+
+
+class EngineSpec(_Strict):
+    """Where the source is read and both builds run: ``postgres`` (the default: the spec's
+    database) or ``duckdb`` (an embedded DuckDB over a lake source; core.duck). Plans,
+    approvals, the ledger and the locks stay in the control store either way."""
+
+    type: Literal["postgres", "duckdb"] = "postgres"
+    # duckdb: the database file the stages live in (default: <home>/duckdb/<spec name>.duckdb).
+    database: Annotated[str, Field(min_length=1)] | None = None
+    # duckdb: its memory_limit setting (for example 4GB); beyond it, DuckDB spills to disk.
+    memory_limit: Annotated[str, Field(pattern=r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$")] | None = None
+    threads: Annotated[int, Field(strict=True, ge=1, le=256)] | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _duckdb_only(self) -> EngineSpec:
+        if self.type == "postgres" and (self.database or self.memory_limit or self.threads):
+            raise ValueError("database, memory_limit and threads are settings of `type: duckdb`")
+        if self.database is not None:
+            _check_location("duckdb database", self.database)
+        return self
 
 
 def _target_format(given: object) -> str:
@@ -277,7 +395,8 @@ class Spec(_Strict):
     # The control store (plans, approvals, ledger, the runs' locks) in another PostgreSQL
     # database, named by this variable; without it they live in control_schema of the data's.
     control_database_url_env: Annotated[str, AfterValidator(_check_env_name)] | None = None
-    source: SourceSpec
+    engine: EngineSpec = EngineSpec()
+    source: AnySourceSpec
     target: TargetSpec
     partition_key: Identifier
     business_key: Annotated[list[Identifier], Field(min_length=1)]
@@ -325,12 +444,13 @@ class Spec(_Strict):
             problems.append(f"total {self.total!r} must be one of columns")
         if self.transform_sql is not None and not self.transform_sql.strip():
             problems.append("transform_sql is empty; remove it or write a SELECT")
-        if self.source.change_column is not None and self.source.change_column == self.partition_key:
+        problems += self._engine_problems()
+        if isinstance(self.source, SourceSpec) and self.source.change_column == self.partition_key:
             problems.append(
                 "source.change_column must not be the partition_key: it must move on every write "
                 "within a partition (an ingest sequence or an updated_at column)"
             )
-        if self.records_can_move and self.source.snapshot != "copy":
+        if self.records_can_move and isinstance(self.source, SourceSpec) and self.source.snapshot != "copy":
             problems.append(
                 "records_can_move needs `snapshot: copy`: the versions of every moved key "
                 "are copied so that old and new partitions are rebuilt from one snapshot"
@@ -349,6 +469,28 @@ class Spec(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _engine_problems(self) -> list[str]:
+        lake_source = not isinstance(self.source, SourceSpec)
+        if self.engine.type == "postgres":
+            if lake_source:
+                return [f"a {self.source.format} source is read by `engine: {{type: duckdb}}`; add it to the spec "
+                        "(the postgres engine reads a PostgreSQL table)"]
+            return []
+        problems = []
+        if not lake_source:
+            problems.append("engine duckdb reads a lake source: source.format is delta, iceberg or parquet "
+                            "(a PostgreSQL source is read by the postgres engine: remove `engine`)")
+        if self.target.format == "postgres":
+            problems.append("engine duckdb writes a lake target: target.format is delta or iceberg")
+        if self.records_can_move:
+            problems.append("records_can_move is not supported on engine duckdb yet; use the postgres engine")
+        if self.parallel is not None:
+            problems.append("parallel is not supported on engine duckdb yet; remove it (one run builds every partition)")
+        if self.trusted_functions:
+            problems.append("trusted_functions name PostgreSQL functions; engine duckdb trusts DuckDB's built-in "
+                            "functions only: remove them")
+        return problems
 
     @pydantic.field_validator("approval_expires_after")
     @classmethod
@@ -371,7 +513,20 @@ class Spec(_Strict):
 
     @property
     def source_ref(self) -> TableRef:
+        """A PostgreSQL source's table (TypeError for a lake source)."""
+        if not isinstance(self.source, SourceSpec):
+            raise TypeError(f"a {self.source.format} source is not a PostgreSQL table")
         return self.source.ref
+
+    @property
+    def source_name(self) -> str:
+        """The source as plans and messages name it (``schema.table``, ``delta:<path>``, ...)."""
+        return self.source.display_name
+
+    @property
+    def on_duckdb(self) -> bool:
+        """Whether the source is read and the builds run in DuckDB (core.duck)."""
+        return self.engine.type == "duckdb"
 
     @property
     def target_ref(self) -> TableRef:
@@ -391,7 +546,10 @@ def _format_validation_error(err: pydantic.ValidationError) -> str:
     # Only the location and the message: pydantic's default text echoes the input value.
     lines = []
     for item in err.errors(include_input=False, include_url=False):
-        loc = ".".join(str(p) for p in item["loc"]) or "spec"
+        # A union's tag (source.postgres.snapshot) is not a key the user wrote: left out.
+        parts = [str(p) for n, p in enumerate(item["loc"])
+                 if not (n == 1 and item["loc"][0] == "source" and p in _SOURCE_TAGS)]
+        loc = ".".join(parts) or "spec"
         msg = item["msg"].removeprefix("Value error, ")
         lines.append(f"{loc}: {msg}")
     return "; ".join(lines)

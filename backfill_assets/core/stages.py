@@ -12,7 +12,7 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core.context import Clock, Context, set_local
-from backfill_assets.core.errors import SnapshotError, StageError
+from backfill_assets.core.errors import SnapshotError, StageError, VerificationError
 from backfill_assets.core.fingerprint.partition import written
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg import sqlbuild
@@ -20,9 +20,10 @@ from backfill_assets.core.pg.catalog import business_key_order, table_columns, t
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.resolve import resolve
-from backfill_assets.core.snapshot import SEAL_HORIZON, Snapshot, copy_problem
+from backfill_assets.core.snapshot import SEAL_HORIZON, Snapshot, copy_problem, immutable_source_changes
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control
+from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionValue, TableRef, partition_label
 
 
@@ -205,15 +206,22 @@ def read_stages(spec: Spec, labels: list[str], factory: ConnectionFactory) -> li
         SpecError: the spec no longer matches the catalog, or a label is malformed.
     """
     with factory() as conn, factory.control(conn) as store:
-        if not control.control_ready(conn, spec.control_schema):
-            raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
-        ctx = resolve(conn, spec, labels)
-        with transient_errors("reading the stages"), repeatable_read(conn, read_only=True):
-            for variant in ("a", "b"):
-                if table_kind(conn, ctx.stage(variant)) is None:
-                    raise StageError(f"stage {ctx.stage(variant)} has never been built; materialize both stages first")
-            built = {v: control.builds(conn, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
-            now = {v: dict(zip(ctx.labels, ctx.readings_of(conn, ctx.stage(v), ctx.partitions))) for v in ("a", "b")}
+        if spec.on_duckdb:  # the stages are DuckDB tables; their builds are recorded in the control store
+            from backfill_assets.core.duck.flow import stages_now
+            if not control.control_ready(store, spec.control_schema):
+                raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
+            ctx, now = stages_now(store, spec, labels)
+            built = {v: control.builds(store, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
+        else:
+            if not control.control_ready(conn, spec.control_schema):
+                raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
+            ctx = resolve(conn, spec, labels)
+            with transient_errors("reading the stages"), repeatable_read(conn, read_only=True):
+                for variant in ("a", "b"):
+                    if table_kind(conn, ctx.stage(variant)) is None:
+                        raise StageError(f"stage {ctx.stage(variant)} has never been built; materialize both stages first")
+                built = {v: control.builds(conn, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
+                now = {v: dict(zip(ctx.labels, ctx.readings_of(conn, ctx.stage(v), ctx.partitions))) for v in ("a", "b")}
         # The plans are the control store's (read after the stages: a plan made meanwhile
         # names stages it recorded, which the comparison below then tells apart).
         plans = (control.plans_with(store, spec.control_schema, spec.name, ctx.labels)
@@ -240,3 +248,37 @@ def read_stages(spec: Spec, labels: list[str], factory: ConnectionFactory) -> li
             problems.append("no plan recorded these stages; plan again")
         out.append(StageState(label, a, b, plan_id, tuple(problems)))
     return out
+
+
+def short_readings(fp: dict[str, Any]) -> str:
+    """A fingerprint in one short phrase: rows, total and the start of the hash."""
+    return f"{fp['row_count']} rows, total {fp['total']}, hash {fp['content_hash'][:16]}"
+
+
+def recheck_stage(conn: psycopg.Connection, ctx: Context, stored: Plan, labels: list[str]) -> None:
+    """Stage A's partitions, and an immutable source's, must still carry what was approved.
+
+    Raises:
+        VerificationError: naming the partition and both readings.
+    """
+    stage = ctx.stage("a")
+    approved = {label: stored.approved(label) for label in labels}
+    # No writer can touch the stage until the commit; its seal (or, where the seal does not
+    # hold, a full fingerprint) says whether it still holds what was approved. The rows it
+    # gives the target are fingerprinted again before the commit, whatever this says.
+    conn.execute(sqlbuild.lock_against_writers(stage))
+    for label in stage_partitions_changed(conn, ctx, "a", approved):
+        compare_readings({label: approved[label]}, {label: ctx.readings(conn, stage, ctx.value_of(label)).as_dict()},
+                 "recheck of the approved stage")
+    if ctx.spec.source.snapshot == "immutable":  # only these partitions
+        for label, (planned, now) in immutable_source_changes(conn, ctx, stored.pinned_source(labels)).items():
+            raise VerificationError(
+                label, "recheck of the immutable source",
+                f"hash {planned['content_hash'][:16]}", f"hash {now['content_hash'][:16]}",
+            )
+
+
+def compare_readings(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any]], step: str) -> None:
+    for label, want in expected.items():
+        if actual[label] != want:
+            raise VerificationError(label, step, short_readings(want), short_readings(actual[label]))

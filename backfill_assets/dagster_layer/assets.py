@@ -145,9 +145,9 @@ def spec_assets(spec: Spec) -> list[Any]:
     """The asset definitions of one spec."""
     shape = _Shape(spec, Keys.of(spec), partitions_def(spec))
     source = dg.AssetSpec(
-        shape.keys.source, group_name=spec.name, kinds={"postgres"},
-        description=f"The source table {spec.source_ref}; read only, never written.",
-        metadata={"table": str(spec.source_ref)},
+        shape.keys.source, group_name=spec.name, kinds={_kind(spec)},
+        description=f"The source {spec.source_name}; read only, never written.",
+        metadata={"table": spec.source_name},
     )
     return [source, _snapshot_asset(shape), _stages_asset(shape), _target_asset(shape)]
 
@@ -158,12 +158,17 @@ def _require_build_pool(context: dg.AssetExecutionContext, spec: Spec) -> None:
                            "parallel.max_concurrent_builds")
 
 
+def _kind(spec: Spec) -> str:
+    """Where the source, snapshot and stages live (their icon in the UI)."""
+    return "duckdb" if spec.on_duckdb else "postgres"
+
+
 def _snapshot_asset(shape: _Shape) -> dg.AssetsDefinition:
     spec, keys, parts = shape.spec, shape.keys, shape.parts
 
     @shape.multi_asset(
         "snapshot", build_pool(spec),
-        specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=spec.name, kinds={"postgres"},
+        specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=spec.name, kinds={_kind(spec)},
                             description="A fixed copy (or pinned fingerprint) of the source partitions.")],
     )
     def snapshot(context: dg.AssetExecutionContext):
@@ -182,9 +187,9 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
     @shape.multi_asset(
         "stages", build_pool(spec),
         specs=[
-            dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=spec.name, kinds={"postgres"},
+            dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=spec.name, kinds={_kind(spec)},
                          description="Newest row per business key, built with DISTINCT ON."),
-            dg.AssetSpec(keys.stage_b, deps=[keys.snapshot], group_name=spec.name, kinds={"postgres"},
+            dg.AssetSpec(keys.stage_b, deps=[keys.snapshot], group_name=spec.name, kinds={_kind(spec)},
                          description="Newest row per business key, built independently with a window "
                                      "function; compared with stage A into a plan."),
         ],

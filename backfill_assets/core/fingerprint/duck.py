@@ -99,6 +99,37 @@ def digest_sql(relation: str, fields: Sequence[tuple[str, str]], business_key: S
     ))
 
 
+_PARTITION_DIGEST = sql.SQL(
+    "SELECT p, count(*), coalesce(sum(nk), 0), coalesce(sum(CASE WHEN nk = 0 THEN 1 ELSE 0 END), 0) - "
+    "count(DISTINCT CASE WHEN nk = 0 THEN k END), {slices}, {total} FROM "
+    "(SELECT t.{partition} AS p, CASE WHEN {null_key} THEN 1 ELSE 0 END AS nk, row({keys}) AS k, "
+    "sha256({text}) AS h{total_column} FROM {relation} AS t "
+    "WHERE t.{partition} IN (SELECT unnest($partitions))) AS q GROUP BY p"
+)
+
+
+def partition_digest_sql(relation: str, fields: Sequence[tuple[str, str]], business_key: Sequence[str],
+                         partition_key: str, total: str | None, float_keys: Sequence[str] = ()) -> str:
+    """Per partition among ``$partitions`` (a list parameter) that has rows: the partition
+    value, count, NULL-key count, duplicate-key count, slice sums and the exact sum of
+    ``total`` (NULL without one), over ``relation`` in one grouped aggregate: what the DuckDB
+    engine reads of its stages (core.duck)."""
+    keys = [_AS_FLOAT_KEY.format(sql.Identifier("t", k)) if k in float_keys else sql.Identifier("t", k)
+            for k in business_key]
+    null_key = sql.SQL(" OR ").join(_IS_NULL.format(sql.Identifier("t", k)) for k in business_key)
+    slices = sql.SQL(", ").join(
+        _SLICE.format(start=sql.Literal(1 + i * rows.SLICE_HEX), length=sql.Literal(rows.SLICE_HEX))
+        for i in range(rows.SLICES)
+    )
+    return _text(_PARTITION_DIGEST.format(
+        slices=slices, null_key=null_key if business_key else sql.SQL("false"),
+        keys=sql.SQL(", ").join(keys) if business_key else sql.SQL("NULL"), text=_row_text(fields),
+        relation=sql.Identifier(relation), partition=sql.Identifier(partition_key),
+        total=sql.SQL("sum(tv)") if total else sql.SQL("NULL"),
+        total_column=sql.SQL(", t.{} AS tv").format(sql.Identifier(total)) if total else sql.SQL(""),
+    ))
+
+
 _database: Any = None
 _database_lock = threading.Lock()
 

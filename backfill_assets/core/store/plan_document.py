@@ -58,8 +58,10 @@ class PartitionEntry(_Frozen):
 
 class SnapshotRef(_Frozen):
     id: str
-    mode: Literal["copy", "immutable"]
+    # lake: a lake source's own version, read by the DuckDB engine (core.duck)
+    mode: Literal["copy", "immutable", "lake"]
     fingerprint: str
+    version: str | None = None  # lake: the Delta version, Iceberg snapshot id or Parquet file-list digest
 
 
 class AddedPartition(_Frozen):
@@ -108,6 +110,8 @@ class PlanDocument(_Frozen):
         for optional in ("creates_target", "target_catalog", "fingerprint_format"):
             if out[optional] is None:
                 del out[optional]
+        if out["snapshot"]["version"] is None:  # absent for PostgreSQL sources: their plan ids unchanged
+            del out["snapshot"]["version"]
         return out
 
     def spec_fields(self) -> dict[str, Any]:

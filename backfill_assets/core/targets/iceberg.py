@@ -24,7 +24,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from backfill_assets.core.errors import ConnectionConfigError, SpecError, TransientDatabaseError, VerificationError
 from backfill_assets.core.pg.db import url_from_env
-from backfill_assets.core.spec import IcebergTargetSpec, Spec
+from backfill_assets.core.spec import IcebergCatalogSpec, IcebergTargetSpec, Spec
 from backfill_assets.core.targets.lake import LakeEngine
 from backfill_assets.core.targets.lake_tables import (
     META_PREFIX,
@@ -66,12 +66,14 @@ class IcebergEngine(LakeEngine):
         return [], (list(CATALOG_TABLES) if in_database else [])
 
 
-def catalog_url(conn: psycopg.Connection, spec: Spec) -> Any:
-    """The SQLAlchemy URL of an Iceberg spec's SQL catalog: the variable ``catalog.uri_env``
-    names, or else the database apply is connected to (the embedded one in the demo). A URL
-    object, whose password no repr shows; it is never printed or stored."""
+def catalog_url(conn: psycopg.Connection, spec: Spec, catalog: IcebergCatalogSpec | None = None) -> Any:
+    """The SQLAlchemy URL of an Iceberg spec's SQL catalog (the target's, or ``catalog``: an
+    Iceberg source's): the variable ``catalog.uri_env`` names, or else the database apply is
+    connected to (the embedded one in the demo). A URL object, whose password no repr shows;
+    it is never printed or stored."""
     from sqlalchemy.engine import URL, make_url
-    catalog = spec.target.catalog if isinstance(spec.target, IcebergTargetSpec) else None
+    if catalog is None and isinstance(spec.target, IcebergTargetSpec):
+        catalog = spec.target.catalog
     if catalog is not None and catalog.uri_env is not None:
         url = url_from_env(catalog.uri_env)
         value = url.reveal()

@@ -58,7 +58,14 @@ from backfill_assets.core.fingerprint.kinds import lake_schema, lake_type
 from backfill_assets.core.fingerprint.stage_arrow import read_stage_partition
 from backfill_assets.core.guard.transform import validate_transform_text
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import Inspection, check_total, describe_query, inspect_source, partition_kind_of
+from backfill_assets.core.pg.catalog import (
+    ColumnInfo,
+    Inspection,
+    check_total,
+    describe_query,
+    inspect_source,
+    partition_kind_of,
+)
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed, transient_errors
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets.common import AdvisoryLocked, check_transform
@@ -145,6 +152,14 @@ class LakeEngine:
             transform, filtered=False, escape_percent=False,
         )
         described = {c.name: c for c in describe_query(conn, sqlbuild.describe_input(input_rel, spec.columns))}
+        self.inspect_table(conn, inspection, described)
+
+    def inspect_table(self, conn: psycopg.Connection, inspection: Inspection, described: dict[str, ColumnInfo]) -> None:
+        """The stage's columns as the input describes them (``described``: by name, at least
+        the spec's columns), the partition kind, and the lake table: its problems and its
+        :class:`LakeState`. The DuckDB engine (core.duck) describes its input in DuckDB and
+        shares the rest."""
+        spec = self.spec
         columns = [described[c] for c in spec.columns]
         inspection.target_columns = columns
         problems = inspection.problems
@@ -318,11 +333,22 @@ class LakeTarget(AdvisoryLocked):
         with lake_errors(self.table, "reading"):
             return self._read(self.table.open(), labels)
 
+    def stage_rows(self, label: str) -> pa.Table:
+        """Stage A's rows of one partition, in the lake schema and business-key order."""
+        ctx, spec = self.ctx, self.ctx.spec
+        return read_stage_partition(self.conn, ctx.stage("a"), ctx.target_columns, spec.partition_key,
+                                    ctx.value_of(label), spec.business_key).cast(self.schema)
+
+    def data_transaction(self) -> contextlib.AbstractContextManager[None]:
+        """What the write holds in the stage's database: a READ COMMITTED transaction on apply's
+        connection, in which the stage is rechecked and held until the lake commit is done."""
+        return read_committed(self.conn)
+
     @contextlib.contextmanager
     def writing(self, labels: list[str]) -> Iterator[_LakeWrite]:
         spec = self.ctx.spec
         with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
-                lake_errors(self.table, f"replacing partition(s) {', '.join(labels)} of"), read_committed(self.conn):
+                lake_errors(self.table, f"replacing partition(s) {', '.join(labels)} of"), self.data_transaction():
             write = _LakeWrite(self, self.table.open())
             yield write
             # Our commit's version; for partitions found already carrying the approved rows
@@ -358,12 +384,7 @@ class _LakeWrite:
 
     def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
         t = self.target
-        ctx, spec = t.ctx, t.ctx.spec
-        self.pending = {
-            label: read_stage_partition(t.conn, ctx.stage("a"), ctx.target_columns, spec.partition_key,
-                                        ctx.value_of(label), spec.business_key).cast(t.schema)
-            for label in labels
-        }
+        self.pending = {label: t.stage_rows(label) for label in labels}
         self.note = dict(note or {})
         self.metadata = {META_PREFIX + k: v for k, v in self.note.items()}
         t.checkpoint("inserted", labels)

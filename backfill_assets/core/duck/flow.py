@@ -1,0 +1,531 @@
+"""The whole process on DuckDB, for a spec with ``engine: {type: duckdb}``: the lake source
+pinned to its own version (core.duck.source), both builds in DuckDB, and the lake target
+written through the same writers and the same apply protocol as for a PostgreSQL source.
+
+- Snapshot: the newest version of the source is pinned (:class:`LakeSnapshot`); the declared
+  partitions are fingerprinted (format 3, the same digest PostgreSQL computes) and checked
+  (NULL ordering values, ties, keyless partitions, rows a transform moves out) at that version.
+  The record goes to the control store with the pin, like a PostgreSQL snapshot.
+- Stages: stage A by ``DISTINCT ON``, stage B by ``row_number()``, each on its own connection
+  of the spec's DuckDB database, each reading the pinned version on its own; every partition
+  is replaced in one DuckDB transaction that also fingerprints it, and the readings are
+  recorded as the build (control store).
+- Approval and apply (:class:`DuckBuilds`, core.approve.Builds): the pin must still be
+  readable (a vacuumed Delta version, an expired Iceberg snapshot, a changed Parquet file:
+  "plan again"), and stage A must carry the approved readings, recomputed in DuckDB (no
+  seal: a DuckDB table has no row versions to check). Apply rechecks it again under its
+  partition lock, reads the rows into Arrow in business-key order, and the lake target
+  fingerprints them before and after its commit.
+
+Plans, approvals, the ledger and the locks stay in the control store (PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+import pyarrow as pa
+
+from backfill_assets.core.approve import require_ready, spec_document_drift
+from backfill_assets.core.context import (
+    Checkpoint,
+    Clock,
+    Context,
+    Target,
+    build_lock,
+    no_checkpoint,
+    spec_lock,
+    utc_now,
+)
+from backfill_assets.core.duck import statements
+from backfill_assets.core.duck.database import cursor, database
+from backfill_assets.core.duck.inspect import described, resolve
+from backfill_assets.core.duck.source import SOURCE_ROWS, LakeSource, Pin, lake_source
+from backfill_assets.core.errors import ApprovalError, SnapshotError, SourceDataError, StageError, VerificationError
+from backfill_assets.core.fingerprint import duck, rows
+from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
+from backfill_assets.core.fingerprint.kinds import lake_schema
+from backfill_assets.core.fingerprint.partition import empty
+from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
+from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.pg.catalog import ColumnInfo
+from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.plan import assemble
+from backfill_assets.core.progress import Progress, ProgressEvent, quiet
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.stages import compare_readings
+from backfill_assets.core.store import control as store
+from backfill_assets.core.store.plan_document import Plan
+from backfill_assets.core.targets.lake import LakeEngine, LakeTarget
+from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, partition_label
+
+
+@dataclass(frozen=True)
+class LakeSnapshot:
+    """A lake source pinned at one version, with its declared partitions' fingerprints."""
+
+    snapshot_id: str
+    fingerprint: str
+    pin: Pin
+    partitions: dict[str, dict[str, Any]]  # label -> {"row_count", "content_hash"}
+    requested: list[str]
+    mode: Literal["lake"] = "lake"
+    # What the checks read of the input per partition (rows, rows with a NULL key), when the
+    # snapshot was taken in this process (None when loaded from its record).
+    reports: dict[str, tuple[int, int]] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint, "version": self.pin.version}
+
+
+def stage_name(spec: Spec, variant: str) -> str:
+    """A stage's table in the spec's DuckDB database."""
+    return f"{spec.name}__stage_{variant}"
+
+
+def _fields(columns: Sequence[ColumnInfo]) -> list[tuple[str, str]]:
+    return [(c.name, rows.kind_of(c)) for c in columns]
+
+
+def _float_keys(columns: Sequence[ColumnInfo], business_key: Sequence[str]) -> list[str]:
+    return [c.name for c in columns if c.name in business_key and rows.kind_of(c) == "double"]
+
+
+def readings_of(con: Any, relation: str, columns: Sequence[ColumnInfo], partition_key: str,
+                business_key: Sequence[str], total: str | None, values: Sequence[PartitionValue]) -> list[Fingerprint]:
+    """The readings of each of ``values`` of a relation on ``con``, in that order, from one
+    grouped aggregate (format 3, equal to PostgreSQL's for the same rows)."""
+    query = duck.partition_digest_sql(relation, _fields(columns), business_key, partition_key, total,
+                                      _float_keys(columns, business_key))
+    found = {partition_label(r[0]): r for r in con.execute(query, {"partitions": list(values)}).fetchall()}
+    out = []
+    for value in values:
+        row = found.get(partition_label(value))
+        if row is None:
+            out.append(empty(columns, total))
+            continue
+        _, count, null_keys, duplicates, *sums, total_value = row
+        n = int(count)
+        out.append(Fingerprint(n, int(null_keys), int(duplicates), None if total is None else rows.total_text(total_value),
+                               rows.content_hash(columns, n, [int(s or 0) for s in sums])))
+    return out
+
+
+def _input(ctx: Context, source_names: Sequence[str]) -> Any:
+    return statements.input_relation(source_names, ctx.spec.input_columns, ctx.transform)
+
+
+def _source_names(con: Any) -> list[str]:
+    return [r[0] for r in con.execute(f"DESCRIBE {SOURCE_ROWS}").fetchall()]  # a constant name
+
+
+def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
+    """Refuse source data newest-wins cannot rebuild exactly, as the PostgreSQL engine does
+    (core.snapshot.check_source); return each partition's (rows read, rows with a NULL key).
+
+    Raises:
+        SourceDataError: NULLs in an ordering column without declared NULL placement, ties on
+            every ordering column between rows that differ, a partition whose every row has a
+            NULL key, rows a transform moves outside the declared partitions.
+    """
+    spec = ctx.spec
+    relation = _input(ctx, _source_names(con))
+    params = {"partitions": list(ctx.partitions)}
+    outside = con.execute(statements.outside_partitions(relation, spec.partition_key), params).fetchall()
+    if outside:
+        raise SourceDataError(
+            "the input has rows outside the declared partitions (the transform moves them, or they have a "
+            "NULL partition key)", "Keep the partition key as the source has it in transform_sql",
+            [f"partition {value}: {n} row(s)" for value, n in outside],
+        )
+    ordering = [o.column for o in spec.ordering]
+    counts = con.execute(statements.ordering_nulls(relation, spec.business_key, ordering)).fetchall()[0]
+    undeclared = [f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, counts) if n and o.nulls is None]
+    if undeclared:
+        raise SourceDataError(
+            "ordering columns have NULL values and no declared NULL placement",
+            "Declare where NULLs sort with `nulls: first` or `nulls: last` on that ordering column, or fix the source",
+            undeclared,
+        )
+    reports = {partition_label(p): (int(n), int(nulls))
+               for p, n, nulls in con.execute(statements.input_report(relation, spec.partition_key, spec.business_key)).fetchall()}
+    keyless = [f"partition {label}: {n} row(s)" for label, (n, nulls) in reports.items() if n and nulls == n]
+    if keyless:
+        raise SourceDataError(
+            "every source row of some partitions has a NULL business key "
+            f"({', '.join(spec.business_key)}), so the rebuild would empty them",
+            "Check business_key against the source (run `backfill-assets profile`)", keyless[:3],
+        )
+    fields = _fields(ctx.target_columns)  # the output rows decide whether tied rows differ
+    tied = con.execute(statements.tied_groups(relation, spec.partition_key, spec.business_key, ordering, fields)).fetchall()
+    if tied:
+        raise SourceDataError(
+            f"rows tie on every ordering column ({', '.join(ordering)}) within a key but differ, so newest-wins would "
+            "pick one of them by chance", "Add a final tiebreak column to ordering (an ingest sequence, a unique id)",
+            [", ".join(f"{k}={v}" for k, v in zip([spec.partition_key, *spec.business_key], row[:-1]))
+             + f" ({row[-1]} different rows)" for row in tied],
+        )
+    return reports
+
+
+def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource, db: Any, clock: Clock,
+                  progress: Progress) -> LakeSnapshot:
+    """Pin the source's newest version, fingerprint and check the declared partitions at it,
+    and record the snapshot in the control store."""
+    spec = ctx.spec
+    pin = source.latest(spec.partition_key, ctx.partitions)
+    progress(ProgressEvent("snapshot", f"pinned {spec.source_name} at version {pin.version[:16]}"))
+    with contextlib.closing(cursor(db)) as con:
+        source.attach(con, pin, spec.partition_key, ctx.partitions)
+        names = set(_source_names(con))
+        columns = [c for c in ctx.inspection.source_columns if c.name in names]
+        found = readings_of(con, SOURCE_ROWS, columns, spec.partition_key, [], None, ctx.partitions)
+        reports = check_source(con, ctx)
+    parts = {label: {"row_count": fp.row_count, "content_hash": fp.content_hash} for label, fp in zip(ctx.labels, found)}
+    requested = list(ctx.labels)
+    scope = {"requested": requested, "added": {}, "moves": [], "pin": pin.as_dict()}
+    document = {
+        "format": SNAPSHOT_FORMAT, "source": spec.source_name, "version": pin.version,
+        "partition_key": spec.partition_key, "columns": [[c.name, c.type_name] for c in columns],
+        "partitions": [{"partition": k, **parts[k]} for k in ctx.labels],
+    }
+    snapshot_id, fingerprint = snapshot_identity(document, scope, "lake")
+    with control.transaction():
+        if not store.control_ready(control, spec.control_schema):
+            store.ensure_control_schema(control, spec.control_schema)
+        store.record_snapshot(
+            control, spec.control_schema, snapshot_id=snapshot_id, source_table=spec.source_name, mode="lake",
+            snapshot_table=None, partition_key=spec.partition_key,
+            partitions=[{"partition": k, **parts[k]} for k in ctx.labels], fingerprint=fingerprint, scope=scope,
+            created_at=clock(),
+        )
+    return LakeSnapshot(snapshot_id, fingerprint, pin, parts, requested, reports=reports)
+
+
+def load_snapshot(control: psycopg.Connection, ctx_of: Any, spec: Spec, snapshot_id: str) -> tuple[LakeSnapshot, Context]:
+    """A recorded lake snapshot and its context (``ctx_of(labels)`` resolves one)."""
+    found = store.find_snapshot(control, spec.control_schema, snapshot_id) if store.control_ready(control, spec.control_schema) else None
+    if found is None or found["mode"] != "lake":
+        raise SnapshotError(f"snapshot {snapshot_id} does not exist for a lake source; take a snapshot first")
+    if found["fingerprint_format"] != FINGERPRINT_FORMAT:
+        raise SnapshotError(f"snapshot {snapshot_id} was taken with another fingerprint format; take a snapshot again")
+    labels = [p["partition"] for p in found["partitions"]]
+    scope = found["scope"] or {}
+    parts = {p["partition"]: {"row_count": p["row_count"], "content_hash": p["content_hash"]} for p in found["partitions"]}
+    return LakeSnapshot(snapshot_id, found["fingerprint"], Pin.of(scope["pin"]), parts,
+                        list(scope.get("requested", labels))), ctx_of(labels)
+
+
+def _ensure_stage(con: Any, ctx: Context, variant: str, types: list[tuple[str, str]]) -> str:
+    """The stage table with the input's DuckDB types, (re)created when its columns differ."""
+    stage = stage_name(ctx.spec, variant)
+    wanted = [(n, t) for n, t in types if n in ctx.spec.columns]
+    wanted.sort(key=lambda c: ctx.spec.columns.index(c[0]))
+    if [tuple(r) for r in con.execute(statements.stage_columns(stage)).fetchall()] != wanted:
+        con.execute(statements.create_stage(stage, wanted))
+    return stage
+
+
+def build_stage(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSource, variant: Literal["a", "b"],
+                progress: Progress) -> dict[str, Fingerprint]:
+    """Build every partition of one stage on a connection of its own, reading the pinned
+    source on its own; each partition is replaced and fingerprinted in one transaction."""
+    spec = ctx.spec
+    out: dict[str, Fingerprint] = {}
+    step, total = f"stage {variant}", len(ctx.partitions)
+    with contextlib.closing(cursor(db)) as con:
+        source.attach(con, snapshot.pin, spec.partition_key, ctx.partitions)
+        names = _source_names(con)
+        relation = statements.input_relation(names, spec.input_columns, ctx.transform)
+        stage = _ensure_stage(con, ctx, variant, described(con, relation, spec.input_columns))
+        insert = statements.build_stage(variant, stage, relation, spec.columns, spec.partition_key, spec.business_key,
+                                        spec.ordering)
+        progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
+        for n, (value, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
+            con.begin()
+            try:
+                con.execute(statements.delete_partition(stage, spec.partition_key), {"partition": value})
+                con.execute(insert, {"partition": value})
+                out[label] = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key,
+                                         spec.total, [value])[0]
+                con.commit()
+            except BaseException:
+                con.rollback()
+                raise
+            rows_built = out[label].row_count
+            progress(ProgressEvent(step, f"{rows_built} row(s)", partition=label, done=n, total=total, rows=rows_built,
+                                   status="built"))
+    return out
+
+
+def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: LakeSource, db: Any,
+               clock: Clock, progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """Build stages A and B at once, each on its own DuckDB connection, and record each build
+    in the control store."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
+        fa = pool.submit(build_stage, db, ctx, snapshot, source, "a", progress)
+        fb = pool.submit(build_stage, db, ctx, snapshot, source, "b", progress)
+        a, b = fa.result(), fb.result()
+    spec = ctx.spec
+    with control.transaction():
+        for variant, built in (("a", a), ("b", b)):
+            for label, fp in built.items():
+                store.record_build(control, spec.control_schema, spec_name=spec.name, variant=variant, partition=label,
+                                   snapshot_id=snapshot.snapshot_id, readings=fp.as_dict(), writer_xid=None,
+                                   writer_txid=None, built_at=clock())
+    return a, b
+
+
+def _unholdable(con: Any, ctx: Context) -> list[str]:
+    """Stage A's dates and time stamps a lake column cannot hold (infinite, or outside the
+    years 1 to 9999), per partition and column."""
+    spec = ctx.spec
+    checked = [c.name for c in ctx.target_columns if c.base_type in ("date", "timestamptz")]
+    if not checked:
+        return []
+    query = statements.unholdable(stage_name(spec, "a"), spec.partition_key, checked)
+    found = con.execute(query, {"partitions": list(ctx.partitions)}).fetchall()
+    return [
+        f"partition {partition_label(row[0])}: column {name} has {n} value(s) a {spec.target.format} column cannot hold "
+        "(an infinite date or time stamp, or a year outside 1 to 9999); fix them in the source or transform"
+        for row in found for name, n in zip(checked, row[1:]) if n
+    ]
+
+
+def _differing_keys(con: Any, ctx: Context, a: dict[str, Fingerprint], b: dict[str, Fingerprint]) -> list[str]:
+    spec = ctx.spec
+    out = []
+    for value, label in zip(ctx.partitions, ctx.labels):
+        if a[label] == b[label]:
+            continue
+        query = statements.differing_keys(stage_name(spec, "a"), stage_name(spec, "b"), spec.partition_key,
+                                          spec.business_key, _fields(ctx.target_columns))
+        keys = con.execute(query, {"partition": value}).fetchall()
+        out.append(f"partition {label}: first differing key(s), stage A against stage B: "
+                   + "; ".join(", ".join(f"{k}={v}" for k, v in zip(spec.business_key, key)) for key in keys))
+    return out
+
+
+def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, db: Any, reports: dict[str, tuple[int, int]],
+                a: dict[str, Fingerprint], b: dict[str, Fingerprint], clock: Clock, progress: Progress) -> Plan:
+    """Compare the stages, store the plan; a refused plan's differing stage partitions are
+    deleted so that nothing can apply them."""
+    spec = ctx.spec
+    with contextlib.closing(cursor(db)) as con:
+        problems = _unholdable(con, ctx) + _differing_keys(con, ctx, a, b)
+        plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)  # type: ignore[arg-type]
+        if plan.status == "refused":
+            for entry in plan.document.partitions:
+                if not entry.match:
+                    for v in ("a", "b"):
+                        con.execute(statements.delete_partition(stage_name(spec, v), spec.partition_key),
+                                    {"partition": ctx.value_of(entry.partition)})
+    with control.transaction():
+        store.record_plan(
+            control, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name, target_table=spec.target_name,
+            status=plan.status, snapshot_id=snapshot.snapshot_id, plan=plan.as_json(), created_at=clock(),
+        )
+    progress(ProgressEvent("plan", f"{plan.plan_id[:16]}: {plan.status}", status=plan.status))
+    return plan
+
+
+@contextlib.contextmanager
+def opened(spec: Spec, control: psycopg.Connection) -> Iterator[tuple[LakeSource, Any]]:
+    """The spec's lake source and DuckDB database, for the block."""
+    source = lake_source(spec, control)
+    try:
+        with database(spec) as db:
+            yield source, db
+    finally:
+        source.close()
+
+
+def _reports(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSource) -> dict[str, tuple[int, int]]:
+    with contextlib.closing(cursor(db)) as con:
+        source.attach(con, snapshot.pin, ctx.spec.partition_key, ctx.partitions)
+        relation = _input(ctx, _source_names(con))
+        found = con.execute(statements.input_report(relation, ctx.spec.partition_key, ctx.spec.business_key)).fetchall()
+    return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in found}
+
+
+def make_plan(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, *, clock: Clock = utc_now,
+              progress: Progress = quiet) -> Plan:
+    """core.plan.make_plan for a DuckDB spec: pin, check, build both stages, compare, store."""
+    with factory() as conn, factory.control(conn) as control, spec_lock(control, spec), \
+            opened(spec, control) as (source, db):
+        progress(ProgressEvent("inspect", f"{spec.source_name} -> {spec.target_name}"))
+        with contextlib.closing(cursor(db)) as con:
+            ctx = resolve(control, spec, request, source, con)
+        snapshot = take_snapshot(control, ctx, source, db, clock, progress)
+        a, b = build_both(control, ctx, snapshot, source, db, clock, progress)
+        assert snapshot.reports is not None
+        return finish_plan(control, ctx, snapshot, db, snapshot.reports, a, b, clock, progress)
+
+
+def snapshot_step(spec: Spec, request: PartitionRequest | list[str], factory: ConnectionFactory, *,
+                  clock: Clock = utc_now, progress: Progress = quiet) -> LakeSnapshot:
+    """core.plan.snapshot_step for a DuckDB spec."""
+    with factory() as conn, factory.control(conn) as control, build_lock(control, spec), \
+            opened(spec, control) as (source, db):
+        with contextlib.closing(cursor(db)) as con:
+            ctx = resolve(control, spec, request, source, con)
+        return take_snapshot(control, ctx, source, db, clock, progress)
+
+
+def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clock: Clock = utc_now,
+                progress: Progress = quiet) -> tuple[Context, Plan, dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """core.plan.stages_step for a DuckDB spec."""
+    with factory() as conn, factory.control(conn) as control, build_lock(control, spec), \
+            opened(spec, control) as (source, db):
+        def ctx_of(labels: list[str]) -> Context:
+            with contextlib.closing(cursor(db)) as con:
+                return resolve(control, spec, labels, source, con)
+        snapshot, ctx = load_snapshot(control, ctx_of, spec, snapshot_id)
+        why = source.unreadable(snapshot.pin, spec.partition_key, ctx.partitions)
+        if why is not None:
+            raise SnapshotError(f"the pinned version {snapshot.pin.version} of {spec.source_name} can no longer be read "
+                                f"({why}); take a snapshot again (plan again)")
+        a, b = build_both(control, ctx, snapshot, source, db, clock, progress)
+        plan = finish_plan(control, ctx, snapshot, db, _reports(db, ctx, snapshot, source), a, b, clock, progress)
+        return ctx, plan, a, b
+
+
+class DuckLakeTarget(LakeTarget):
+    """A lake target whose approved rows come from stage A in DuckDB."""
+
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, db: Any,
+                 checkpoint: Checkpoint = no_checkpoint) -> None:
+        engine = ctx.engine
+        assert isinstance(engine, LakeEngine)
+        super().__init__(conn, control, ctx, engine.table(control), checkpoint)
+        self.db = db
+
+    def stage_rows(self, label: str) -> pa.Table:
+        spec = self.ctx.spec
+        query = statements.stage_rows(stage_name(spec, "a"), spec.columns, spec.partition_key, spec.business_key)
+        with contextlib.closing(cursor(self.db)) as con:
+            data = con.sql(query, params={"partition": self.ctx.value_of(label)}).to_arrow_table()
+        return data.cast(lake_schema(self.ctx.target_columns))
+
+    @contextlib.contextmanager
+    def data_transaction(self) -> Iterator[None]:
+        yield  # stage A is rechecked in DuckDB under the partition lock; nothing to hold in PostgreSQL
+
+
+class DuckBuilds:
+    """The snapshot and stages of a DuckDB spec (core.approve.Builds)."""
+
+    def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, source: LakeSource, db: Any) -> None:
+        self.conn, self.factory, self.spec, self.source, self.db = conn, factory, spec, source, db
+
+    @classmethod
+    @contextlib.contextmanager
+    def opened(cls, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> Iterator[DuckBuilds]:
+        with factory.control(conn) as control, opened(spec, control) as (source, db):
+            yield cls(control, factory, spec, source, db)
+
+    def unchanged_spec(self, stored: Plan) -> Context:
+        require_ready(stored)
+        with contextlib.closing(cursor(self.db)) as con:
+            ctx = resolve(self.conn, self.spec, stored.labels, self.source, con)
+        spec_document_drift(ctx, stored)
+        return ctx
+
+    def _stage_now(self, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
+        spec = self.spec
+        stage = stage_name(spec, "a")
+        with contextlib.closing(cursor(self.db)) as con:
+            if not con.execute(statements.stage_columns(stage)).fetchall():
+                raise StageError(f"stage {stage} of spec {spec.name} does not exist in {spec.engine.database or 'its DuckDB database'}; plan again")
+            found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+                                [ctx.value_of(label) for label in labels])
+        return {label: fp.as_dict() for label, fp in zip(labels, found)}
+
+    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        spec, snap = self.spec, stored.document.snapshot
+        wanted = stored.labels if partitions is None else partitions
+        if snap.mode != "lake" or snap.version is None:
+            raise ApprovalError(f"plan {stored.plan_id[:16]} was not made from a lake source; plan again")
+        found = store.find_snapshot(self.conn, spec.control_schema, snap.id)
+        if found is None or found["fingerprint"] != snap.fingerprint:
+            raise ApprovalError(f"snapshot {snap.id} of plan {stored.plan_id[:16]} is gone; plan again")
+        pin = Pin.of(found["scope"]["pin"])
+        why = self.source.unreadable(pin, spec.partition_key, ctx.partitions)
+        if why is not None:
+            raise ApprovalError(f"the pinned version {pin.version[:16]} of {spec.source_name} can no longer be read "
+                                f"({why}); plan again")
+        now = self._stage_now(ctx, stored.labels)
+        changed = [label for label in stored.labels if now[label] != stored.approved(label)]
+        if changed:
+            raise ApprovalError(f"stage {stage_name(spec, 'a')} no longer has the planned fingerprint in partition(s) "
+                                f"{', '.join(changed)}; plan again")
+        return target_readings_duck(self.conn, ctx, self.db, wanted)
+
+    def changes(self, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
+        spec = self.spec
+        target = DuckLakeTarget(self.conn, self.conn, ctx, self.db)
+        out = {}
+        try:
+            handle = target.table.open()
+            with contextlib.closing(cursor(self.db)) as con:
+                for label in stored.labels:
+                    value = ctx.value_of(label)
+                    rows_now = (target.schema.empty_table() if handle is None
+                                else target.table.read(handle, spec.partition_key, [value]))
+                    con.register("target_rows", rows_now.select(list(spec.columns)))
+                    query = statements.change_counts(stage_name(spec, "a"), "target_rows", spec.partition_key,
+                                                     spec.business_key, _fields(ctx.target_columns))
+                    added, removed, changed, unchanged = con.execute(query, {"partition": value}).fetchall()[0]
+                    out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
+                                  "unchanged": int(unchanged)}
+        finally:
+            target.close()
+        return out
+
+    def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
+        compare_readings({label: stored.approved(label) for label in labels}, self._stage_now(ctx, labels),
+                         "recheck of the approved stage")
+
+    def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+                    ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        return DuckLakeTarget(conn, control, ctx, self.db, checkpoint)
+
+    def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:
+        return err
+
+
+def target_readings_duck(conn: psycopg.Connection, ctx: Context, db: Any, labels: list[str]) -> dict[str, dict[str, Any]]:
+    """The lake target's readings of ``labels`` as they are now."""
+    target = DuckLakeTarget(conn, conn, ctx, db)
+    try:
+        return target.readings(labels)
+    finally:
+        target.close()
+
+
+def stages_now(control: psycopg.Connection, spec: Spec, labels: list[str]) -> tuple[Context, dict[str, dict[str, Fingerprint]]]:
+    """Both stages' partitions ``labels`` as they are now, read in DuckDB without building
+    anything (core.stages.read_stages)."""
+    with opened(spec, control) as (source, db), contextlib.closing(cursor(db)) as con:
+        ctx = resolve(control, spec, labels, source, con)
+        now = {}
+        for v in ("a", "b"):
+            stage = stage_name(spec, v)
+            if not con.execute(statements.stage_columns(stage)).fetchall():
+                raise StageError(f"stage {stage} has never been built; materialize both stages first")
+            found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+                                ctx.partitions)
+            now[v] = dict(zip(ctx.labels, found))
+    return ctx, now
+
+
+def inspect_duck(conn: psycopg.Connection, spec: Spec) -> Any:
+    """core.resolve.inspect for a DuckDB spec: the lake source and target, read-only."""
+    from backfill_assets.core.duck.inspect import inspect
+    with opened(spec, conn) as (source, db), contextlib.closing(cursor(db)) as con:
+        return inspect(conn, spec, source, con)[0]

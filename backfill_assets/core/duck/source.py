@@ -1,0 +1,367 @@
+"""The lake source of a DuckDB spec, pinned to one version that cannot change.
+
+A plan pins what it read, and both builds, approval and apply read exactly that:
+
+- Delta: the table version (a version's files are never rewritten in place). It stays
+  readable until a vacuum deletes its files or the log is cleaned up past it.
+- Iceberg: the snapshot id. It stays readable until the snapshot is expired or its files
+  are deleted.
+- Parquet: a Hive-partitioned folder (``<partition_key>=<value>/...parquet``) has no version
+  of its own: the pin is the list of the planned partitions' files with each file's size and
+  SHA-256, and the version is the SHA-256 of that list. Any file added, removed or rewritten
+  in those partitions breaks it.
+
+:meth:`LakeSource.unreadable` says why a pin can no longer be read ("plan again"); the
+rows are handed to DuckDB as Arrow (Delta, Iceberg) or read by DuckDB itself (Parquet),
+on the caller's DuckDB connection, as the relation ``source_rows``. :meth:`LakeSource.signature`
+is the cheap per-partition signal of the source sensor: metadata only, no data file read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from backfill_assets.core.errors import SnapshotError, SpecError
+from backfill_assets.core.spec import DeltaSourceSpec, IcebergSourceSpec, LakeSourceSpec, ParquetSourceSpec, Spec
+from backfill_assets.core.targets.lake_tables import local_path
+from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+# The relation the pinned rows are visible as, on the connection that reads them.
+SOURCE_ROWS = "source_rows"
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One version of a lake source: ``version`` names it (a Delta version, an Iceberg
+    snapshot id, the digest of a Parquet file list); ``files``: a Parquet folder's files of the
+    pinned partitions, as (path under the folder, size, SHA-256)."""
+
+    version: str
+    files: tuple[tuple[str, int, str], ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"version": self.version}
+        if self.files:
+            out["files"] = [list(f) for f in self.files]
+        return out
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Pin:
+        return cls(str(data["version"]), tuple((str(p), int(n), str(h)) for p, n, h in data.get("files", [])))
+
+
+def _plan_again(name: str, pin: Pin, why: str) -> SnapshotError:
+    return SnapshotError(f"the pinned version {pin.version} of {name} can no longer be read ({why}); plan again")
+
+
+class LakeSource:
+    """A lake source (Delta, Iceberg or Parquet; see the module docstring)."""
+
+    name: str
+
+    def latest(self, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+        """The newest version, for the partitions ``values``."""
+        raise NotImplementedError
+
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+        """Why the partitions ``values`` of ``pin`` can no longer be read exactly (a vacuumed
+        or expired version, a file missing or changed), or None. Reads metadata and file
+        listings (a Parquet folder's files are hashed again)."""
+        raise NotImplementedError
+
+    def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+        """Make the partitions ``values`` of ``pin`` readable as :data:`SOURCE_ROWS` on the
+        DuckDB connection ``con`` (its own: each build reads the source on its own).
+
+        Raises:
+            SnapshotError: the pin can no longer be read; plan again.
+        """
+        raise NotImplementedError
+
+    def attach_schema(self, con: Any) -> None:
+        """Make the source's newest columns readable as :data:`SOURCE_ROWS` on ``con``, without
+        rows (what inspection describes)."""
+        raise NotImplementedError
+
+    def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
+        """The newest version, and per partition a digest of the files that hold it there
+        (metadata only): the source sensor's signal of which partitions changed."""
+        raise NotImplementedError
+
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
+        """Per partition, the digest :meth:`signature` gives, at ``pin`` (metadata only)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the source opened (an Iceberg catalog's connections)."""
+
+
+def _files_digest(files: Sequence[tuple[str, ...]]) -> str:
+    return hashlib.sha256(json.dumps(sorted(files), separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+class DeltaSource(LakeSource):
+    def __init__(self, spec: DeltaSourceSpec) -> None:
+        self.path = local_path(spec.location)
+        self.name = spec.display_name
+
+    def _table(self, version: int | None = None) -> Any:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+        try:
+            return DeltaTable(self.path, version=version)
+        except TableNotFoundError:
+            if version is None:
+                raise SpecError(f"source {self.name} is not a Delta table (no _delta_log there); check "
+                                "source.location") from None
+            raise
+        except Exception as err:  # noqa: BLE001 - delta-rs raises several kinds for a version it cannot load
+            if version is None:
+                raise SpecError(f"source {self.name} cannot be read: {err.__class__.__name__}: "
+                                f"{' '.join(str(err).split())[:300]}") from None
+            raise
+
+    def latest(self, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+        return Pin(str(self._table().version()))
+
+    def _at(self, pin: Pin) -> tuple[Any, str | None]:
+        try:
+            return self._table(int(pin.version)), None
+        except Exception as err:  # noqa: BLE001 - any failure to load the version is the answer
+            return None, f"{err.__class__.__name__}: {' '.join(str(err).split())[:200]}"
+
+    def _files(self, table: Any, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, list[str]]:
+        """Per partition label, the data files that may hold its rows at the table's version
+        (all files, where the table is not partitioned by the partition key)."""
+        actions = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+        paths = actions.get("path", [])
+        column = f"partition.{partition_key}"
+        labels = [partition_label(v) for v in values]
+        if column not in actions:
+            return {label: list(paths) for label in labels}
+        by_value = {label: [] for label in labels}
+        for path, value in zip(paths, actions[column]):
+            label = None if value is None else partition_label(value)
+            if label in by_value:
+                by_value[label].append(path)
+        return by_value
+
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+        table, why = self._at(pin)
+        if table is None:
+            return f"its log cannot be loaded at that version: {why}"
+        for files in self._files(table, partition_key, values).values():
+            for path in files:
+                full = Path(self.path) / urllib.parse.unquote(path) if "://" not in path else Path(local_path(path))
+                if not full.exists():
+                    return f"data file {path} is gone (vacuumed?)"
+        return None
+
+    def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+        table, why = self._at(pin)
+        if table is None:
+            raise _plan_again(self.name, pin, why or "")
+        dataset = table.to_pyarrow_dataset()
+        con.register(SOURCE_ROWS, dataset.filter(pads.field(partition_key).isin(list(values))))
+
+    def attach_schema(self, con: Any) -> None:
+        con.register(SOURCE_ROWS, self._table().to_pyarrow_dataset().schema.empty_table())
+
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
+        table, why = self._at(pin)
+        if table is None:
+            return {partition_label(v): "unreadable" for v in values}
+        return {label: _files_digest([(f,) for f in found])
+                for label, found in self._files(table, partition_key, values).items()}
+
+    def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
+        table = self._table()
+        files = self._files(table, partition_key, values)
+        return str(table.version()), {label: _files_digest([(f,) for f in found]) for label, found in files.items()}
+
+
+def _iceberg_literal(value: PartitionValue) -> object:
+    return value
+
+
+class IcebergSource(LakeSource):
+    def __init__(self, spec: IcebergSourceSpec, catalog_url: Any) -> None:
+        from backfill_assets.core.targets.iceberg import IcebergLakeTable
+        self.table = IcebergLakeTable(spec.table, spec.catalog.name, spec.catalog.warehouse, catalog_url,
+                                      "source.catalog" if spec.catalog.uri_env is None else spec.catalog.uri_env)
+        self.name = f"iceberg:{spec.catalog.name}:{spec.table}"
+
+    def _handle(self) -> Any:
+        handle = self.table.open()
+        if handle is None:
+            raise SpecError(f"source {self.name} does not exist in its catalog; check source.table and source.catalog")
+        return handle
+
+    def _filter(self, partition_key: str, values: Sequence[PartitionValue]) -> Any:
+        from pyiceberg.expressions import In
+        return In(partition_key, [_iceberg_literal(v) for v in values])
+
+    def latest(self, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+        snapshot = self._handle().current_snapshot()
+        return Pin("none" if snapshot is None else str(snapshot.snapshot_id))
+
+    def _tasks(self, handle: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> list[Any]:
+        if pin.version == "none":
+            return []
+        return list(handle.scan(snapshot_id=int(pin.version), row_filter=self._filter(partition_key, values)).plan_files())
+
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+        handle = self._handle()
+        if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
+            return "the snapshot was expired"
+        try:
+            tasks = self._tasks(handle, pin, partition_key, values)
+        except Exception as err:  # noqa: BLE001 - a manifest that cannot be read is the answer
+            return f"its manifests cannot be read: {err.__class__.__name__}"
+        for task in tasks:
+            if not Path(local_path(task.file.file_path)).exists():
+                return f"data file {task.file.file_path} is gone"
+        return None
+
+    def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+        why = self.unreadable(pin, partition_key, values)
+        if why is not None:
+            raise _plan_again(self.name, pin, why)
+        handle = self._handle()
+        if pin.version == "none":
+            data = handle.schema().as_arrow().empty_table()
+        else:
+            data = handle.scan(snapshot_id=int(pin.version), row_filter=self._filter(partition_key, values)).to_arrow()
+        con.register(SOURCE_ROWS, data)
+
+    def attach_schema(self, con: Any) -> None:
+        con.register(SOURCE_ROWS, self._handle().schema().as_arrow().empty_table())
+
+    def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
+        pin = self.latest(partition_key, values)
+        return pin.version, self.signature_at(pin, partition_key, values)
+
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
+        handle = self._handle()
+        if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
+            return {partition_label(v): "unreadable" for v in values}
+        # One planning per partition: its files are pruned by its value.
+        return {partition_label(v): _files_digest([(t.file.file_path,) for t in self._tasks(handle, pin, partition_key, [v])])
+                for v in values}
+
+    def close(self) -> None:
+        self.table.close()
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class ParquetSource(LakeSource):
+    def __init__(self, spec: ParquetSourceSpec) -> None:
+        self.root = Path(local_path(spec.location))
+        self.name = spec.display_name
+
+    def _listing(self, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, list[Path]]:
+        """Per partition label, its files (``<key>=<value>/``, any depth below)."""
+        if not self.root.is_dir():
+            raise SpecError(f"source {self.name} is not a folder; check source.location")
+        wanted = {partition_label(v) for v in values}
+        found: dict[str, list[Path]] = {label: [] for label in wanted}
+        for entry in sorted(self.root.iterdir()):
+            key, sep, raw = entry.name.partition("=")
+            if not sep or key != partition_key or not entry.is_dir():
+                continue
+            label = urllib.parse.unquote(raw)
+            if label in found:
+                found[label] = sorted(p for p in entry.rglob("*.parquet") if p.is_file())
+        return found
+
+    def _pin(self, listing: dict[str, list[Path]], hashed: bool) -> Pin:
+        files = []
+        for paths in listing.values():
+            for p in paths:
+                files.append((p.relative_to(self.root).as_posix(), p.stat().st_size,
+                              _sha256_file(p) if hashed else ""))
+        files.sort()
+        return Pin(_files_digest(files), tuple(files))
+
+    def latest(self, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+        return self._pin(self._listing(partition_key, values), hashed=True)
+
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+        now = self.latest(partition_key, values)
+        if now.files == pin.files:
+            return None
+        before, after = {f[0]: f for f in pin.files}, {f[0]: f for f in now.files}
+        for path in sorted(before.keys() | after.keys()):
+            if path not in after:
+                return f"file {path} was removed"
+            if path not in before:
+                return f"file {path} was added"
+            if before[path] != after[path]:
+                return f"file {path} was rewritten"
+        return "its files changed"
+
+    def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+        why = self.unreadable(pin, partition_key, values)
+        if why is not None:
+            raise _plan_again(self.name, pin, why)
+        files = [str(self.root / f[0]) for f in pin.files]
+        if not files:
+            raise SnapshotError(f"source {self.name} has no Parquet file in partition(s) "
+                                f"{', '.join(partition_label(v) for v in values)}; check the partitions and the folder")
+        # hive_partitioning: the partition key comes from the folder names, typed by DuckDB.
+        con.register(SOURCE_ROWS, con.read_parquet(files, hive_partitioning=True))  # this connection's only
+
+    def attach_schema(self, con: Any) -> None:
+        if not self.root.is_dir():
+            raise SpecError(f"source {self.name} is not a folder; check source.location")
+        first = next((p for p in sorted(self.root.rglob("*.parquet")) if p.is_file()), None)
+        if first is None:
+            raise SpecError(f"source {self.name} holds no Parquet file; check source.location")
+        con.register(SOURCE_ROWS, con.read_parquet(str(first), hive_partitioning=True).limit(0))
+
+    def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
+        """Per partition, a digest of its files' paths and sizes (no file is read: a file
+        rewritten at the same size is found by approval and apply, which hash every file)."""
+        listing = self._listing(partition_key, values)
+        per = {label: _files_digest([(p.relative_to(self.root).as_posix(), str(p.stat().st_size)) for p in paths])
+               for label, paths in listing.items()}
+        return _files_digest(sorted(per.items())), per
+
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
+        per: dict[str, list[tuple[str, str]]] = {partition_label(v): [] for v in values}
+        for path, size, _ in pin.files:
+            label = urllib.parse.unquote(path.split("/", 1)[0].partition("=")[2])
+            if label in per:
+                per[label].append((path, str(size)))
+        return {label: _files_digest(files) for label, files in per.items()}
+
+
+def lake_source(spec: Spec, conn: psycopg.Connection | None) -> LakeSource:
+    """The spec's lake source (``conn``: the control store's connection, where an Iceberg
+    catalog without ``uri_env`` lives)."""
+    source: LakeSourceSpec = spec.source  # type: ignore[assignment]
+    if isinstance(source, DeltaSourceSpec):
+        return DeltaSource(source)
+    if isinstance(source, ParquetSourceSpec):
+        return ParquetSource(source)
+    from backfill_assets.core.targets.iceberg import catalog_url
+    assert conn is not None, "an Iceberg source's catalog is reached through the control store's connection"
+    return IcebergSource(source, catalog_url(conn, spec, source.catalog))
+

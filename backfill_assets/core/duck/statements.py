@@ -1,0 +1,199 @@
+"""The DuckDB statements of the DuckDB engine, composed with psycopg.sql (whose identifier
+quoting is DuckDB's too) and rendered to text without a PostgreSQL connection. Values are
+never put in the text: they are DuckDB's named parameters (``$partition``, ``$partitions``).
+
+The input is the pinned source rows (core.duck.source.SOURCE_ROWS) as the relation ``source``,
+through the validated ``transform_sql`` if there is one, reduced to the columns newest-wins
+reads. Stage A keeps each key's newest row by ``DISTINCT ON``, stage B by ``row_number()``
+over a window: two formulations that agree only if the order is total, which the checks
+before the builds make sure of.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from psycopg import sql
+
+from backfill_assets.core.duck.source import SOURCE_ROWS
+from backfill_assets.core.fingerprint import duck
+from backfill_assets.core.spec import OrderingColumn
+
+_PARTITIONS = sql.SQL("(SELECT unnest($partitions))")
+_TYPE = re.compile(r"[A-Z][A-Z0-9_ ]*(\(\d+(,\s*\d+)?\))?")
+
+
+def _text(composed: sql.Composable) -> str:
+    return composed.as_string(None)
+
+
+def _ids(names: Sequence[str], alias: str | None = None) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(alias, n) if alias else sql.Identifier(n) for n in names)
+
+
+def input_relation(source_columns: Sequence[str], input_columns: Sequence[str], transform: str | None) -> sql.Composed:
+    """The input of the builds, as a parenthesised query: ``source`` is the pinned rows' own
+    columns; the transform (or ``source`` itself) gives the input columns."""
+    body = sql.SQL(transform) if transform is not None else sql.SQL("SELECT {} FROM source").format(_ids(input_columns))
+    return sql.SQL("(WITH source AS (SELECT {cols} FROM {rows}) SELECT {inputs} FROM ({body}) AS input)").format(
+        cols=_ids(source_columns), rows=sql.Identifier(SOURCE_ROWS), inputs=_ids(input_columns), body=body,
+    )
+
+
+def describe(relation: sql.Composed, columns: Sequence[str]) -> str:
+    """The output columns' names and types (DuckDB's DESCRIBE of the query)."""
+    return _text(sql.SQL("DESCRIBE SELECT {} FROM {} AS i").format(_ids(columns), relation))
+
+
+def column_type(type_text: str) -> sql.SQL:
+    """A DuckDB type as DuckDB described it, checked for shape before it goes into a statement."""
+    if not _TYPE.fullmatch(type_text):
+        raise ValueError(f"unexpected DuckDB type text {type_text!r}")
+    return sql.SQL(type_text)
+
+
+def create_stage(stage: str, columns: Sequence[tuple[str, str]]) -> str:
+    return _text(sql.SQL("CREATE OR REPLACE TABLE {} ({})").format(
+        sql.Identifier(stage), sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), column_type(t))
+                                                  for n, t in columns)))
+
+
+def stage_columns(stage: str) -> str:
+    return _text(sql.SQL(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = 'main' "
+        "AND table_name = {} ORDER BY ordinal_position").format(sql.Literal(stage)))
+
+
+def delete_partition(stage: str, partition_key: str) -> str:
+    return _text(sql.SQL("DELETE FROM {} WHERE {} = $partition").format(sql.Identifier(stage), sql.Identifier(partition_key)))
+
+
+def _order(ordering: Sequence[OrderingColumn]) -> sql.Composed:
+    return sql.SQL(", ").join(
+        sql.SQL("{} {} NULLS {}").format(sql.Identifier("i", o.column), sql.SQL(o.direction.upper()),
+                                         sql.SQL((o.nulls or "last").upper()))
+        for o in ordering
+    )
+
+
+def _keyed(partition_key: str, business_key: Sequence[str]) -> sql.Composed:
+    """The partition's rows with a whole business key (rows with a NULL key are dropped and
+    reported)."""
+    return sql.SQL(" AND ").join([
+        sql.SQL("{} = $partition").format(sql.Identifier("i", partition_key)),
+        *(sql.SQL("{} IS NOT NULL").format(sql.Identifier("i", k)) for k in business_key),
+    ])
+
+
+def build_stage(variant: str, stage: str, relation: sql.Composed, columns: Sequence[str], partition_key: str,
+                business_key: Sequence[str], ordering: Sequence[OrderingColumn]) -> str:
+    """Insert one partition's newest row per key: stage A by DISTINCT ON, stage B by a window."""
+    grain = [partition_key, *business_key]
+    if variant == "a":
+        select = sql.SQL(
+            "SELECT DISTINCT ON ({grain}) {cols} FROM {input} AS i WHERE {keyed} ORDER BY {grain}, {order}"
+        ).format(grain=_ids(grain, "i"), cols=_ids(columns, "i"), input=relation,
+                 keyed=_keyed(partition_key, business_key), order=_order(ordering))
+    else:
+        select = sql.SQL(
+            "SELECT {cols} FROM (SELECT {icols}, row_number() OVER (PARTITION BY {grain} ORDER BY {order}) "
+            "AS __backfill_rank FROM {input} AS i WHERE {keyed}) AS r WHERE __backfill_rank = 1"
+        ).format(cols=_ids(columns), icols=_ids(columns, "i"), grain=_ids(grain, "i"), order=_order(ordering),
+                 input=relation, keyed=_keyed(partition_key, business_key))
+    return _text(sql.SQL("INSERT INTO {} ({}) ").format(sql.Identifier(stage), _ids(columns)) + select)
+
+
+def input_report(relation: sql.Composed, partition_key: str, business_key: Sequence[str]) -> str:
+    """Per partition: the input rows, and those with a NULL in the business key."""
+    null_key = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(sql.Identifier("i", k)) for k in business_key)
+    return _text(sql.SQL(
+        "SELECT {pk}, count(*), count(*) FILTER (WHERE {null_key}) FROM {input} AS i GROUP BY {pk}"
+    ).format(pk=sql.Identifier("i", partition_key), null_key=null_key, input=relation))
+
+
+def outside_partitions(relation: sql.Composed, partition_key: str) -> str:
+    """Up to 3 partition values of input rows outside ``$partitions`` (a transform moved
+    them), with their counts."""
+    pk = sql.Identifier("i", partition_key)
+    return _text(sql.SQL(
+        "SELECT CAST({pk} AS VARCHAR), count(*) FROM {input} AS i WHERE {pk} IS NULL OR {pk} NOT IN {parts} "
+        "GROUP BY {pk} ORDER BY 2 DESC LIMIT 3"
+    ).format(pk=pk, input=relation, parts=_PARTITIONS))
+
+
+def ordering_nulls(relation: sql.Composed, business_key: Sequence[str], ordering: Sequence[str]) -> str:
+    """Per ordering column, how many keyed input rows have it NULL."""
+    keyed = sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("i", k)) for k in business_key)
+    counts = sql.SQL(", ").join(sql.SQL("count(*) FILTER (WHERE {} IS NULL)").format(sql.Identifier("i", o))
+                                for o in ordering)
+    return _text(sql.SQL("SELECT {} FROM {} AS i WHERE {}").format(counts, relation, keyed))
+
+
+def tied_groups(relation: sql.Composed, partition_key: str, business_key: Sequence[str], ordering: Sequence[str],
+                fields: Sequence[tuple[str, str]]) -> str:
+    """Up to 3 groups of keyed rows equal on the partition, the key and every ordering column
+    whose output rows differ (their canonical texts, core.fingerprint.duck): newest-wins
+    would pick one of them by chance."""
+    group = [partition_key, *business_key, *ordering]
+    keyed = sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("t", k)) for k in business_key)
+    shown = sql.SQL(", ").join(sql.SQL("CAST({} AS VARCHAR)").format(sql.Identifier("t", c))
+                               for c in [partition_key, *business_key])
+    return _text(sql.SQL(
+        "SELECT {shown}, count(DISTINCT {row}) FROM {input} AS t WHERE {keyed} GROUP BY {group} "
+        "HAVING count(DISTINCT {row}) > 1 LIMIT 3"
+    ).format(shown=shown, row=sql.SQL(duck.row_text(fields)), input=relation, keyed=keyed,
+             group=_ids(group, "t")))
+
+
+def stage_rows(stage: str, columns: Sequence[str], partition_key: str, business_key: Sequence[str]) -> str:
+    """One partition of a stage, in business-key order (what apply writes to the target)."""
+    return _text(sql.SQL("SELECT {} FROM {} WHERE {} = $partition ORDER BY {}").format(
+        _ids(columns), sql.Identifier(stage), sql.Identifier(partition_key), _ids(business_key)))
+
+
+def unholdable(stage: str, partition_key: str, columns: Sequence[str]) -> str:
+    """Per partition among ``$partitions``, for each date or time stamp column: the values a
+    lake column cannot hold (infinite, or a year outside 1 to 9999)."""
+    counts = sql.SQL(", ").join(
+        sql.SQL("count(*) FILTER (WHERE isinf({c}) OR year({c}) < 1 OR year({c}) > 9999)").format(c=sql.Identifier(c))
+        for c in columns
+    )
+    return _text(sql.SQL("SELECT {pk}, {counts} FROM {stage} WHERE {pk} IN {parts} GROUP BY {pk}").format(
+        pk=sql.Identifier(partition_key), counts=counts, stage=sql.Identifier(stage), parts=_PARTITIONS))
+
+
+def _compared(left: str, right: str, partition_key: str, business_key: Sequence[str],
+              fields: Sequence[tuple[str, str]]) -> sql.Composed:
+    """One partition (``$partition``) of two relations joined on the business key, each side's
+    row as its canonical text (NULL where the side has no row)."""
+    def side(rel: str) -> sql.Composed:
+        return sql.SQL("(SELECT {keys}, {text} AS row_text FROM {rel} AS t WHERE t.{pk} = $partition)").format(
+            keys=_ids(business_key, "t"), text=sql.SQL(duck.row_text(fields)), rel=sql.Identifier(rel),
+            pk=sql.Identifier(partition_key))
+    on = sql.SQL(" AND ").join(sql.SQL("l.{k} IS NOT DISTINCT FROM r.{k}").format(k=sql.Identifier(k))
+                               for k in business_key)
+    return sql.SQL("{l} AS l FULL JOIN {r} AS r ON {on}").format(l=side(left), r=side(right), on=on)
+
+
+def differing_keys(left: str, right: str, partition_key: str, business_key: Sequence[str],
+                   fields: Sequence[tuple[str, str]], most: int = 3) -> str:
+    """The first ``most`` business keys (in key order) whose rows differ between two relations
+    in partition ``$partition``."""
+    keys = sql.SQL(", ").join(sql.SQL("CAST(coalesce(l.{k}, r.{k}) AS VARCHAR)").format(k=sql.Identifier(k))
+                              for k in business_key)
+    order = sql.SQL(", ").join(sql.SQL("coalesce(l.{k}, r.{k})").format(k=sql.Identifier(k)) for k in business_key)
+    return _text(sql.SQL("SELECT {keys} FROM {joined} WHERE l.row_text IS DISTINCT FROM r.row_text "
+                         "ORDER BY {order} LIMIT {most}").format(
+        keys=keys, joined=_compared(left, right, partition_key, business_key, fields), order=order,
+        most=sql.Literal(most)))
+
+
+def change_counts(stage: str, target: str, partition_key: str, business_key: Sequence[str],
+                  fields: Sequence[tuple[str, str]]) -> str:
+    """For partition ``$partition``: the keys replacing ``target`` with ``stage`` adds,
+    removes, changes and keeps."""
+    return _text(sql.SQL(
+        "SELECT count(*) FILTER (WHERE r.row_text IS NULL), count(*) FILTER (WHERE l.row_text IS NULL), "
+        "count(*) FILTER (WHERE l.row_text <> r.row_text), count(*) FILTER (WHERE l.row_text = r.row_text) "
+        "FROM {joined}").format(joined=_compared(stage, target, partition_key, business_key, fields)))

@@ -6,19 +6,13 @@ from __future__ import annotations
 import datetime as dt
 
 import dagster as dg
+import pyarrow as pa
 
 from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import PostgresResource
-from backfill_assets_tests.core.duck.test_duck_flow import (
-    COLUMNS,
-    _newest,
-    _target_rows,
-    duck_spec,
-    source_table,
-    write_delta,
-)
+from backfill_assets_tests.support.duck_lakes import COLUMNS, delta_rows, duck_spec, newest, source_table, write_delta
 
 DAYS = {RANGE_START: "2024-01-01", RANGE_END: "2024-01-03"}
 
@@ -60,4 +54,51 @@ def test_a_duckdb_spec_is_staged_checked_gated_and_applied(db_url, tmp_path):
     assert len(target_checks) == 3 and all(e.passed for e in target_checks)
     rows = [tuple(r[c] for c in COLUMNS) for r in source_table().to_pylist()]
     for day in (dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.date(2024, 1, 3)):
-        assert _target_rows(tmp_path / "orders_daily", day) == _newest(rows, day)
+        assert delta_rows(tmp_path / "orders_daily", day) == newest(rows, day)
+
+
+def _source_tick(defs, resources):
+    sensor = defs.resolve_sensor_def("source_snapshot_sensor")
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), resources=resources,
+                                 definitions=defs) as context:
+        return sensor.evaluate_tick(context)
+
+
+def test_the_source_sensor_restages_the_partitions_whose_lake_files_changed(db_url, tmp_path):
+    from deltalake import DeltaTable, write_deltalake
+
+    from backfill_assets.core.targets.delta import delta_predicate
+    write_delta(tmp_path / "orders_raw", source_table())
+    spec = duck_spec(tmp_path, {"format": "delta", "location": str(tmp_path / "orders_raw")})
+    defs = build_definitions([spec])
+    resources = {f"pg_{spec.name}": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
+    keys = [dg.AssetKey([spec.name, n]) for n in ("snapshot", "stage_a", "stage_b")]
+    staged = dg.materialize(spec_assets(spec), selection=keys, instance=dg.DagsterInstance.ephemeral(),
+                            resources=resources, tags=DAYS, raise_on_error=False)
+    assert staged.success
+    assert _source_tick(defs, resources).run_requests == []
+    # Another writer replaces 2024-01-02 of the source: its stages are requested, and only its.
+    day = source_table().filter(pa.compute.equal(source_table()["order_date"], pa.scalar(dt.date(2024, 1, 2))))
+    write_deltalake(DeltaTable(str(tmp_path / "orders_raw")), day, mode="overwrite",
+                    predicate=delta_predicate("order_date", [dt.date(2024, 1, 2)]))
+    (request,) = _source_tick(defs, resources).run_requests
+    assert request.job_name == f"{spec.name}__build_stages" and request.partition_key == "2024-01-02"
+    again = _source_tick(defs, resources).run_requests  # no state between ticks: the run key dedupes it
+    assert [r.run_key for r in again] == [request.run_key]
+
+
+def test_a_tie_in_the_lake_source_fails_the_stages_and_plans_nothing(db_url, tmp_path):
+    t = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    rows = [(dt.date(2024, 1, 1), 1, 1, t, 5, None, "a", None), (dt.date(2024, 1, 1), 1, 1, t, 5, None, "b", None)]
+    write_delta(tmp_path / "orders_raw", source_table(rows))
+    spec = duck_spec(tmp_path, {"format": "delta", "location": str(tmp_path / "orders_raw")})
+    resources = {f"pg_{spec.name}": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
+    keys = [dg.AssetKey([spec.name, n]) for n in ("snapshot", "stage_a", "stage_b")]
+    run = dg.materialize(spec_assets(spec), selection=keys, instance=dg.DagsterInstance.ephemeral(),
+                         resources=resources, tags={RANGE_START: "2024-01-01", RANGE_END: "2024-01-01"},
+                         raise_on_error=False)
+    assert not run.success
+    failure = next(e for e in run.all_events if e.event_type_value == "STEP_FAILURE")
+    error = failure.event_specific_data.error
+    assert error.cause.cls_name == "SourceDataError" and "tie on every ordering column" in error.cause.message
+    assert not [e for e in run.get_asset_check_evaluations() if e.check_name == "stages_match"]

@@ -2,20 +2,22 @@
 pinned to its own version (core.duck.source), both builds in DuckDB, and the lake target
 written through the same writers and the same apply protocol as for a PostgreSQL source.
 
-- Snapshot: the newest version of the source is pinned (:class:`LakeSnapshot`); the declared
-  partitions are fingerprinted (format 3, the same digest PostgreSQL computes) and checked
-  (NULL ordering values, ties, keyless partitions, rows a transform moves out) at that version.
-  The record goes to the control store with the pin, like a PostgreSQL snapshot.
-- Stages: stage A by ``DISTINCT ON``, stage B by ``row_number()``, each on its own connection
-  of the spec's DuckDB database, each reading the pinned version on its own; every partition
-  is replaced in one DuckDB transaction that also fingerprints it, and the readings are
-  recorded as the build (control store).
+- Snapshot (:func:`take_snapshot`): the newest version of the source is pinned; the declared
+  partitions are counted and checked at it (NULL ordering values, ties, keyless partitions,
+  rows a transform moves out) and named by the digest of their files at the pin (the version
+  cannot change; the rows are fingerprinted in the stages). The record goes to the control
+  store with the pin, like a PostgreSQL snapshot.
+- Stages (:func:`build_both`): stage A by ``DISTINCT ON``, stage B by ``row_number()``, each on
+  its own connection of the spec's DuckDB database, each reading the pinned version itself.
+  A stage's partitions are replaced and fingerprinted (format 3) in one DuckDB transaction,
+  which also records each partition's readings and seal (:func:`seals_hold`) in the same
+  database; the readings are recorded as the build in the control store too.
 - Approval and apply (:class:`DuckBuilds`, core.approve.Builds): the pin must still be
   readable (a vacuumed Delta version, an expired Iceberg snapshot, a changed Parquet file:
-  "plan again"), and stage A must carry the approved readings, recomputed in DuckDB (no
-  seal: a DuckDB table has no row versions to check). Apply rechecks it again under its
-  partition lock, reads the rows into Arrow in business-key order, and the lake target
-  fingerprints them before and after its commit.
+  "plan again"), and stage A must carry the approved readings, by its seals or fingerprinted
+  again. Under each partition's lock apply reads stage A's rows into Arrow and fingerprints
+  them (the recheck), writes exactly those rows, and the lake target fingerprints the
+  committed version again (:class:`DuckLakeTarget`).
 
 Plans, approvals, the ledger and the locks stay in the control store (PostgreSQL).
 """
@@ -23,6 +25,7 @@ Plans, approvals, the ledger and the locks stay in the control store (PostgreSQL
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -86,6 +89,11 @@ class LakeSnapshot:
 def stage_name(spec: Spec, variant: str) -> str:
     """A stage's table in the spec's DuckDB database."""
     return f"{spec.name}__stage_{variant}"
+
+
+def builds_table(spec: Spec) -> str:
+    """The builds' records (readings and seals) in the spec's DuckDB database."""
+    return f"{spec.name}__builds"
 
 
 def _fields(columns: Sequence[ColumnInfo]) -> list[tuple[str, str]]:
@@ -184,9 +192,13 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
         source.attach(con, pin, spec.partition_key, ctx.partitions)
         names = set(_source_names(con))
         columns = [c for c in ctx.inspection.source_columns if c.name in names]
-        found = readings_of(con, SOURCE_ROWS, columns, spec.partition_key, [], None, ctx.partitions)
+        counts = {partition_label(p): int(n) for p, n in con.execute(
+            statements.partition_counts(SOURCE_ROWS, spec.partition_key), {"partitions": list(ctx.partitions)}).fetchall()}
         reports = check_source(con, ctx)
-    parts = {label: {"row_count": fp.row_count, "content_hash": fp.content_hash} for label, fp in zip(ctx.labels, found)}
+    # The pinned version cannot change, so its files name each partition's rows: their digest
+    # is the partition's hash here (the rows themselves are fingerprinted in the stages).
+    files = source.signature_at(pin, spec.partition_key, ctx.partitions)
+    parts = {label: {"row_count": counts.get(label, 0), "content_hash": files[label]} for label in ctx.labels}
     requested = list(ctx.labels)
     scope = {"requested": requested, "added": {}, "moves": [], "pin": pin.as_dict()}
     document = {
@@ -234,7 +246,7 @@ def _ensure_stage(con: Any, ctx: Context, variant: str, types: list[tuple[str, s
 def build_stage(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSource, variant: Literal["a", "b"],
                 progress: Progress) -> dict[str, Fingerprint]:
     """Build every partition of one stage on a connection of its own, reading the pinned
-    source on its own; each partition is replaced and fingerprinted in one transaction."""
+    source on its own; the partitions are replaced and fingerprinted in one transaction."""
     spec = ctx.spec
     out: dict[str, Fingerprint] = {}
     step, total = f"stage {variant}", len(ctx.partitions)
@@ -246,27 +258,78 @@ def build_stage(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSourc
         insert = statements.build_stage(variant, stage, relation, spec.columns, spec.partition_key, spec.business_key,
                                         spec.ordering)
         progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
-        for n, (value, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
-            con.begin()
-            try:
-                con.execute(statements.delete_partition(stage, spec.partition_key), {"partition": value})
-                con.execute(insert, {"partition": value})
-                out[label] = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key,
-                                         spec.total, [value])[0]
-                con.commit()
-            except BaseException:
-                con.rollback()
-                raise
-            rows_built = out[label].row_count
-            progress(ProgressEvent(step, f"{rows_built} row(s)", partition=label, done=n, total=total, rows=rows_built,
-                                   status="built"))
+        # Every partition in one transaction and three statements: DuckDB parallelises each one
+        # over all the partitions, where a statement per partition would pay its start each time.
+        params = {"partitions": list(ctx.partitions)}
+        con.begin()
+        try:
+            con.execute(statements.delete_partitions(stage, spec.partition_key), params)
+            con.execute(insert, params)
+            found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+                                ctx.partitions)
+            record_seals(con, ctx, variant, snapshot.snapshot_id, dict(zip(ctx.labels, found)))
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        for n, (label, fp) in enumerate(zip(ctx.labels, found), 1):
+            out[label] = fp
+            progress(ProgressEvent(step, f"{fp.row_count} row(s)", partition=label, done=n, total=total,
+                                   rows=fp.row_count, status="built"))
     return out
+
+
+def _seals_now(con: Any, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> dict[str, tuple[int, str]]:
+    spec = ctx.spec
+    query = statements.seals(stage_name(spec, variant), spec.partition_key, _fields(ctx.target_columns))
+    found = con.execute(query, {"partitions": list(values)}).fetchall()
+    return {partition_label(value): (int(n), str(seal)) for value, n, seal in found}
+
+
+def record_seals(con: Any, ctx: Context, variant: str, snapshot_id: str, built: dict[str, Fingerprint]) -> None:
+    """Record, in the build's transaction, each partition's readings and seal (:func:`seals_hold`)."""
+    table = builds_table(ctx.spec)
+    seals = _seals_now(con, ctx, variant, [ctx.value_of(label) for label in built])
+    con.execute(statements.delete_builds(table), {"variant": variant, "labels": list(built)})
+    for label, fp in built.items():
+        rows, seal = seals.get(label, (0, "0"))
+        con.execute(statements.insert_build(table), {
+            "variant": variant, "partition": label, "snapshot_id": snapshot_id,
+            "readings": json.dumps(fp.as_dict(), sort_keys=True), "row_count": rows, "seal": seal,
+        })
+
+
+def seals_hold(con: Any, ctx: Context, variant: str, expected: dict[str, dict[str, Any]]) -> list[str]:
+    """The partitions of ``expected`` (label -> readings) whose stage no longer carries them
+    without being fingerprinted again: those whose build recorded exactly those readings
+    and whose rows still give the build's seal (row count and the exact sum of DuckDB's 64-bit
+    hash of every row) are unchanged; every other one is fingerprinted in full and compared.
+
+    DuckDB keeps no row versions, so this seal is a hash, not PostgreSQL's writing
+    transaction: a 64-bit sum that an accidental change leaves equal with probability about
+    2^-64, not one that withstands a forged change. What apply copies into the target is
+    fingerprinted in full (SHA-256) before the commit whatever the seal says."""
+    spec = ctx.spec
+    labels = list(expected)
+    recorded = {row[0]: (json.loads(row[1]), int(row[2]), str(row[3])) for row in con.execute(
+        statements.builds_of(builds_table(spec)), {"variant": variant, "labels": labels}).fetchall()}
+    now = _seals_now(con, ctx, variant, [ctx.value_of(label) for label in labels])
+    doubtful = [label for label in labels
+                if label not in recorded or recorded[label][0] != expected[label]
+                or now.get(label, (0, "0")) != recorded[label][1:]]
+    if not doubtful:
+        return []
+    found = readings_of(con, stage_name(spec, variant), ctx.target_columns, spec.partition_key, spec.business_key,
+                        spec.total, [ctx.value_of(label) for label in doubtful])
+    return [label for label, fp in zip(doubtful, found) if fp.as_dict() != expected[label]]
 
 
 def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: LakeSource, db: Any,
                clock: Clock, progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
     """Build stages A and B at once, each on its own DuckDB connection, and record each build
     in the control store."""
+    with contextlib.closing(cursor(db)) as con:  # once, before the two builds record in it
+        con.execute(statements.create_builds(builds_table(ctx.spec)))
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
         fa = pool.submit(build_stage, db, ctx, snapshot, source, "a", progress)
         fb = pool.submit(build_stage, db, ctx, snapshot, source, "b", progress)
@@ -396,7 +459,12 @@ def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clo
 
 
 class DuckLakeTarget(LakeTarget):
-    """A lake target whose approved rows come from stage A in DuckDB."""
+    """A lake target whose approved rows come from stage A in DuckDB.
+
+    The recheck under the partition lock (:meth:`recheck`) reads stage A's rows into Arrow and
+    fingerprints them; the replace then writes exactly those rows, and the verification before
+    the commit finds their readings already computed: one read and one fingerprint of the stage
+    serve both, and what is checked is what is written."""
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, db: Any,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
@@ -404,13 +472,45 @@ class DuckLakeTarget(LakeTarget):
         assert isinstance(engine, LakeEngine)
         super().__init__(conn, control, ctx, engine.table(control), checkpoint)
         self.db = db
+        self._rechecked: dict[str, pa.Table] = {}  # label -> stage A's rows read by the recheck
+        self._known: dict[int, tuple[pa.Table, dict[str, Any]]] = {}  # id(rows) -> (rows, their readings)
 
-    def stage_rows(self, label: str) -> pa.Table:
+    def _read_stage(self, label: str) -> pa.Table:
         spec = self.ctx.spec
         query = statements.stage_rows(stage_name(spec, "a"), spec.columns, spec.partition_key, spec.business_key)
         with contextlib.closing(cursor(self.db)) as con:
             data = con.sql(query, params={"partition": self.ctx.value_of(label)}).to_arrow_table()
         return data.cast(lake_schema(self.ctx.target_columns))
+
+    def recheck(self, labels: list[str]) -> dict[str, dict[str, Any]]:
+        """Stage A's readings of ``labels`` now, from its rows read into Arrow, which the
+        replace that follows in this write then writes."""
+        out = {}
+        for label in labels:
+            rows = self._rechecked[label] = self._read_stage(label)
+            out[label] = self.readings_of(rows)
+        return out
+
+    def stage_rows(self, label: str) -> pa.Table:
+        rows = self._rechecked.pop(label, None)
+        return self._read_stage(label) if rows is None else rows
+
+    def readings_of(self, data: pa.Table) -> dict[str, Any]:
+        known = self._known.get(id(data))
+        if known is not None and known[0] is data:
+            return known[1]
+        readings = super().readings_of(data)
+        self._known[id(data)] = (data, readings)
+        return readings
+
+    @contextlib.contextmanager
+    def writing(self, labels: list[str]) -> Iterator[Any]:
+        try:
+            with super().writing(labels) as write:
+                yield write
+        finally:
+            self._rechecked.clear()
+            self._known.clear()
 
     @contextlib.contextmanager
     def data_transaction(self) -> Iterator[None]:
@@ -422,6 +522,7 @@ class DuckBuilds:
 
     def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, source: LakeSource, db: Any) -> None:
         self.conn, self.factory, self.spec, self.source, self.db = conn, factory, spec, source, db
+        self._target: DuckLakeTarget | None = None  # the target apply opened (its recheck reads the stage)
 
     @classmethod
     @contextlib.contextmanager
@@ -435,6 +536,17 @@ class DuckBuilds:
             ctx = resolve(self.conn, self.spec, stored.labels, self.source, con)
         spec_document_drift(ctx, stored)
         return ctx
+
+    def _stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
+        """The partitions of stage A that no longer carry ``expected`` (by their seals, or
+        fingerprinted in full where a seal does not hold: :func:`seals_hold`)."""
+        spec = self.spec
+        with contextlib.closing(cursor(self.db)) as con:
+            if not con.execute(statements.stage_columns(stage_name(spec, "a"))).fetchall():
+                raise StageError(f"stage {stage_name(spec, 'a')} of spec {spec.name} does not exist in "
+                                 f"{spec.engine.database or 'its DuckDB database'}; plan again")
+            con.execute(statements.create_builds(builds_table(spec)))
+            return seals_hold(con, ctx, "a", expected)
 
     def _stage_now(self, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
         spec = self.spec
@@ -459,8 +571,7 @@ class DuckBuilds:
         if why is not None:
             raise ApprovalError(f"the pinned version {pin.version[:16]} of {spec.source_name} can no longer be read "
                                 f"({why}); plan again")
-        now = self._stage_now(ctx, stored.labels)
-        changed = [label for label in stored.labels if now[label] != stored.approved(label)]
+        changed = self._stage_changed(ctx, {label: stored.approved(label) for label in stored.labels})
         if changed:
             raise ApprovalError(f"stage {stage_name(spec, 'a')} no longer has the planned fingerprint in partition(s) "
                                 f"{', '.join(changed)}; plan again")
@@ -473,10 +584,14 @@ class DuckBuilds:
         try:
             handle = target.table.open()
             with contextlib.closing(cursor(self.db)) as con:
+                built = {label: stored.approved(label)["row_count"] for label in stored.labels}
                 for label in stored.labels:
                     value = ctx.value_of(label)
                     rows_now = (target.schema.empty_table() if handle is None
                                 else target.table.read(handle, spec.partition_key, [value]))
+                    if rows_now.num_rows == 0:  # an empty (or new) partition: every approved key is added
+                        out[label] = {"added": built[label], "removed": 0, "changed": 0, "unchanged": 0}
+                        continue
                     con.register("target_rows", rows_now.select(list(spec.columns)))
                     query = statements.change_counts(stage_name(spec, "a"), "target_rows", spec.partition_key,
                                                      spec.business_key, _fields(ctx.target_columns))
@@ -488,12 +603,13 @@ class DuckBuilds:
         return out
 
     def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
-        compare_readings({label: stored.approved(label) for label in labels}, self._stage_now(ctx, labels),
-                         "recheck of the approved stage")
+        now = self._target.recheck(labels) if self._target is not None else self._stage_now(ctx, labels)
+        compare_readings({label: stored.approved(label) for label in labels}, now, "recheck of the approved stage")
 
     def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
                     ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
-        return DuckLakeTarget(conn, control, ctx, self.db, checkpoint)
+        self._target = DuckLakeTarget(conn, control, ctx, self.db, checkpoint)
+        return self._target
 
     def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:
         return err

@@ -77,18 +77,24 @@ def _order(ordering: Sequence[OrderingColumn]) -> sql.Composed:
     )
 
 
+def delete_partitions(stage: str, partition_key: str) -> str:
+    return _text(sql.SQL("DELETE FROM {} WHERE {} IN {}").format(
+        sql.Identifier(stage), sql.Identifier(partition_key), _PARTITIONS))
+
+
 def _keyed(partition_key: str, business_key: Sequence[str]) -> sql.Composed:
-    """The partition's rows with a whole business key (rows with a NULL key are dropped and
-    reported)."""
+    """The rows of the partitions ``$partitions`` with a whole business key (rows with a NULL
+    key are dropped and reported)."""
     return sql.SQL(" AND ").join([
-        sql.SQL("{} = $partition").format(sql.Identifier("i", partition_key)),
+        sql.SQL("{} IN {}").format(sql.Identifier("i", partition_key), _PARTITIONS),
         *(sql.SQL("{} IS NOT NULL").format(sql.Identifier("i", k)) for k in business_key),
     ])
 
 
 def build_stage(variant: str, stage: str, relation: sql.Composed, columns: Sequence[str], partition_key: str,
                 business_key: Sequence[str], ordering: Sequence[OrderingColumn]) -> str:
-    """Insert one partition's newest row per key: stage A by DISTINCT ON, stage B by a window."""
+    """Insert the newest row per key of the partitions ``$partitions``: stage A by DISTINCT ON,
+    stage B by a window."""
     grain = [partition_key, *business_key]
     if variant == "a":
         select = sql.SQL(
@@ -139,11 +145,16 @@ def tied_groups(relation: sql.Composed, partition_key: str, business_key: Sequen
     keyed = sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("t", k)) for k in business_key)
     shown = sql.SQL(", ").join(sql.SQL("CAST({} AS VARCHAR)").format(sql.Identifier("t", c))
                                for c in [partition_key, *business_key])
+    # Groups of one row (nearly all) are found by a plain GROUP BY; only the rows of the
+    # others are rendered and compared.
+    same = sql.SQL(" AND ").join(sql.SQL("t.{c} IS NOT DISTINCT FROM g.{c}").format(c=sql.Identifier(c))
+                                 for c in group)
     return _text(sql.SQL(
-        "SELECT {shown}, count(DISTINCT {row}) FROM {input} AS t WHERE {keyed} GROUP BY {group} "
+        "WITH g AS (SELECT {group} FROM {input} AS t WHERE {keyed} GROUP BY {group} HAVING count(*) > 1) "
+        "SELECT {shown}, count(DISTINCT {row}) FROM {input} AS t JOIN g ON {same} GROUP BY {tgroup} "
         "HAVING count(DISTINCT {row}) > 1 LIMIT 3"
     ).format(shown=shown, row=sql.SQL(duck.row_text(fields)), input=relation, keyed=keyed,
-             group=_ids(group, "t")))
+             group=_ids(group, "t"), tgroup=_ids(group, "t"), same=same))
 
 
 def stage_rows(stage: str, columns: Sequence[str], partition_key: str, business_key: Sequence[str]) -> str:
@@ -197,3 +208,49 @@ def change_counts(stage: str, target: str, partition_key: str, business_key: Seq
         "SELECT count(*) FILTER (WHERE r.row_text IS NULL), count(*) FILTER (WHERE l.row_text IS NULL), "
         "count(*) FILTER (WHERE l.row_text <> r.row_text), count(*) FILTER (WHERE l.row_text = r.row_text) "
         "FROM {joined}").format(joined=_compared(stage, target, partition_key, business_key, fields)))
+
+
+def create_builds(table: str) -> str:
+    """The builds' records in the DuckDB database: per stage and partition, the snapshot it was
+    built from, its readings (JSON) and its seal, written in the build's own transaction."""
+    return _text(sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {} (variant VARCHAR NOT NULL, partition VARCHAR NOT NULL, "
+        "snapshot_id VARCHAR NOT NULL, readings VARCHAR NOT NULL, row_count BIGINT NOT NULL, seal VARCHAR NOT NULL)"
+    ).format(sql.Identifier(table)))
+
+
+def delete_builds(table: str) -> str:
+    return _text(sql.SQL("DELETE FROM {} WHERE variant = $variant AND partition IN (SELECT unnest($labels))").format(
+        sql.Identifier(table)))
+
+
+def insert_build(table: str) -> str:
+    return _text(sql.SQL(
+        "INSERT INTO {} (variant, partition, snapshot_id, readings, row_count, seal) "
+        "VALUES ($variant, $partition, $snapshot_id, $readings, $row_count, $seal)").format(sql.Identifier(table)))
+
+
+def builds_of(table: str) -> str:
+    return _text(sql.SQL(
+        "SELECT partition, readings, row_count, seal FROM {} WHERE variant = $variant "
+        "AND partition IN (SELECT unnest($labels))").format(sql.Identifier(table)))
+
+
+def seals(stage: str, partition_key: str, fields: Sequence[tuple[str, str]]) -> str:
+    """Per partition among ``$partitions`` that has rows: its value, row count and seal, the
+    exact sum of DuckDB's 64-bit hash of every row (a double by its hexadecimal form, which
+    tells -0 from 0; DuckDB's hash does not). One fast pass, no SHA-256: see core.duck.flow."""
+    values = sql.SQL(", ").join(
+        sql.SQL("printf('%a', {})").format(sql.Identifier(n)) if kind == "double" else sql.Identifier(n)
+        for n, kind in fields
+    )
+    return _text(sql.SQL(
+        "SELECT {pk}, count(*), CAST(sum(CAST(hash({values}) AS HUGEINT)) AS VARCHAR) FROM {stage} "
+        "WHERE {pk} IN {parts} GROUP BY {pk}"
+    ).format(pk=sql.Identifier(partition_key), values=values, stage=sql.Identifier(stage), parts=_PARTITIONS))
+
+
+def partition_counts(relation: str, partition_key: str) -> str:
+    """Per partition among ``$partitions`` that has rows: its value and row count."""
+    return _text(sql.SQL("SELECT {pk}, count(*) FROM {rel} WHERE {pk} IN {parts} GROUP BY {pk}").format(
+        pk=sql.Identifier(partition_key), rel=sql.Identifier(relation), parts=_PARTITIONS))

@@ -130,6 +130,7 @@ def partition_digest_sql(relation: str, fields: Sequence[tuple[str, str]], busin
     ))
 
 
+_BATCH_ROWS = 8192
 _database: Any = None
 _database_lock = threading.Lock()
 
@@ -150,6 +151,9 @@ def readings(table: pa.Table, fields: Sequence[tuple[str, str]], business_key: S
              float_keys: Sequence[str] = ()) -> tuple[int, int, int, list[int]]:
     """(row count, NULL-key count, duplicate-key count, slice sums) of an Arrow table, computed
     by DuckDB in one aggregate."""
+    # DuckDB scans an Arrow table in parallel by its record batches: a partition handed over as
+    # one batch would be hashed on one core (measured: twice as long on two cores).
+    table = pa.Table.from_batches(table.to_batches(max_chunksize=_BATCH_ROWS), schema=table.schema)
     with _connection() as con:
         con.register("partition_rows", table)  # a view of this connection only
         row = con.execute(digest_sql("partition_rows", fields, business_key, float_keys)).fetchone()

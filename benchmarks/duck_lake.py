@@ -1,0 +1,179 @@
+"""Figure 13 of benchmarks/bench.py: the whole safe backfill on DuckDB, Delta to Delta, side by
+side with the naive way and the raw read; and, run as its own process, one partition larger
+than DuckDB's memory_limit (its peak RSS).
+
+- ours: plan (pin the Delta source's version, check it, two builds in DuckDB, compare),
+  approve and apply into a new Delta table, in process, as bench.safe_backfill runs it.
+- naive: per partition, DuckDB's newest-wins read of the Delta source (DISTINCT ON over the
+  table as a PyArrow dataset) written with the lake's own partition overwrite
+  (``write_deltalake(mode="overwrite", predicate=...)``); no pin, no second build, no
+  fingerprint, no verification.
+- raw read: every row of those partitions read from the Delta source by DuckDB, the limit of
+  any build that reads the source.
+
+    .venv/bin/python benchmarks/duck_lake.py prepare --folder F --rows 1500000
+    BENCH_DUCK_URL=<a PostgreSQL URL> .venv/bin/python benchmarks/duck_lake.py memory --folder F --memory-limit 256MB
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import resource
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pcsv
+from psycopg import sql
+
+SCHEMA = pa.schema([
+    ("d", pa.date32()), ("k", pa.int64()), ("updated_at", pa.timestamp("us", tz="UTC")), ("seq", pa.int64()),
+    ("amount", pa.decimal128(12, 2)), ("status", pa.string()), ("note", pa.string()),
+])
+_EXPORT = sql.SQL("COPY (SELECT s.d, s.k, s.updated_at, s.seq, s.amount, s.status, s.note FROM bench.src AS s) "
+                  "TO STDOUT (FORMAT csv)")
+_NEWEST = ("SELECT DISTINCT ON (k) d, k, updated_at, seq, amount, status, note FROM src "
+           "WHERE d = $day AND k IS NOT NULL ORDER BY k, updated_at DESC, seq DESC")
+_RAW = "SELECT count(*), sum(length(note)) FROM src WHERE d = $day"
+URL_ENV = "BENCH_DUCK_URL"  # the control store's URL, for the memory figure's process
+
+
+def spec(folder: Path, url_env: str, memory_limit: str | None = None) -> dict[str, Any]:
+    """The bench's spec on DuckDB: the Delta source in ``folder``, a new Delta target there."""
+    engine: dict[str, Any] = {"type": "duckdb", "database": str(folder / "stages.duckdb")}
+    if memory_limit is not None:
+        engine["memory_limit"] = memory_limit
+    return {
+        "name": "bench_duck", "database_url_env": url_env, "engine": engine,
+        "source": {"format": "delta", "location": str(folder / "src")},
+        "target": {"format": "delta", "location": str(folder / "tgt")},
+        "partition_key": "d", "business_key": ["k"],
+        "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
+        "columns": ["d", "k", "updated_at", "seq", "amount", "status", "note"], "total": "amount",
+        "transform_version": "bench-v1",
+    }
+
+
+def export_source(conn: psycopg.Connection, folder: Path) -> int:
+    """bench.src (as loaded by bench.load) written to a Delta table partitioned by day. Rows."""
+    from deltalake import write_deltalake
+    with conn.cursor() as cur, cur.copy(_EXPORT) as copy:
+        data = pcsv.read_csv(
+            io.BytesIO(b"".join(bytes(chunk) for chunk in copy)),
+            read_options=pcsv.ReadOptions(column_names=SCHEMA.names),
+            parse_options=pcsv.ParseOptions(newlines_in_values=True),
+            convert_options=pcsv.ConvertOptions(column_types=SCHEMA, null_values=[""], strings_can_be_null=True,
+                                                quoted_strings_can_be_null=False),
+        )
+    write_deltalake(str(folder / "src"), data, mode="overwrite", partition_by=["d"])
+    return data.num_rows
+
+
+def naive(folder: Path, days: list) -> float:
+    """The naive way into a new Delta table over ``days``. Seconds."""
+    import duckdb
+    from deltalake import DeltaTable, write_deltalake
+    start = time.perf_counter()
+    con = duckdb.connect()
+    con.register("src", DeltaTable(str(folder / "src")).to_pyarrow_dataset())
+    for day in days:
+        data = con.sql(_NEWEST, params={"day": day}).to_arrow_table()
+        write_deltalake(str(folder / "naive"), data, mode="overwrite", predicate=f"d = '{day.isoformat()}'",
+                        partition_by=["d"])
+    con.close()
+    return time.perf_counter() - start
+
+
+def raw_read(folder: Path, days: list) -> tuple[float, int]:
+    """Every row of ``days`` read from the Delta source by DuckDB. (seconds, rows)"""
+    import duckdb
+    from deltalake import DeltaTable
+    start, rows = time.perf_counter(), 0
+    con = duckdb.connect()
+    con.register("src", DeltaTable(str(folder / "src")).to_pyarrow_dataset())
+    for day in days:
+        rows += con.execute(_RAW, {"day": day}).fetchall()[0][0]
+    con.close()
+    return time.perf_counter() - start, rows
+
+
+def _big_partition(rows: int, note_bytes: int) -> pa.Table:
+    """One day of ``rows`` rows, 1.25 versions per key, each with a ``note_bytes``-long note
+    (generated by DuckDB)."""
+    import duckdb
+    query = (
+        "SELECT DATE '2024-01-01' AS d, CAST(CASE WHEN i < $distinct THEN i ELSE hash(i) % $distinct END AS BIGINT) AS k, "
+        "TIMESTAMPTZ '2024-01-01 00:00:00+00' + to_microseconds(CAST(hash(i, 1) % 86400000000 AS BIGINT)) AS updated_at, "
+        "CAST(i AS BIGINT) AS seq, CAST(NULL AS DECIMAL(12,2)) AS amount, 'ok' AS status, "
+        "repeat('n', $pad) || lpad(CAST(i AS VARCHAR), 8, '0') AS note FROM range($rows) AS t(i)"
+    )
+    with duckdb.connect() as con:
+        data = con.sql(query, params={"distinct": int(rows * 0.8), "pad": note_bytes - 8, "rows": rows}).to_arrow_table()
+    return data.cast(SCHEMA)
+
+
+def prepare(folder: Path, rows: int, note_bytes: int) -> int:
+    """Write the memory figure's one-partition Delta source into ``folder``. Its size in Arrow (bytes)."""
+    from deltalake import write_deltalake
+    data = _big_partition(rows, note_bytes)
+    write_deltalake(str(folder / "src"), data, partition_by=["d"])
+    return data.nbytes
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak RSS (VmHWM: its own image's high-water mark; ru_maxrss would start at
+    the peak of the process it was forked from, the benchmark)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory(url: str, folder: Path, memory_limit: str) -> dict[str, Any]:
+    """Plan, approve and apply the one partition in ``folder`` on DuckDB with ``memory_limit``,
+    in this process (which did nothing else before); its peak RSS."""
+    from backfill_assets.core.apply import apply_plan
+    from backfill_assets.core.approve import approve_plan
+    from backfill_assets.core.pg.db import DatabaseUrl, connection_factory
+    from backfill_assets.core.plan import make_plan
+    from backfill_assets.core.spec import spec_from_mapping
+    from backfill_assets.core.vocabulary import PartitionRequest
+    before = _peak_rss_mib()
+    duck = spec_from_mapping(spec(folder, URL_ENV, memory_limit))
+    factory = connection_factory(DatabaseUrl(url, "the bench database"), duck.limits)
+    start = time.perf_counter()
+    plan = make_plan(duck, PartitionRequest("2024-01-01"), factory)
+    with factory() as conn:
+        approve_plan(conn, factory, duck, plan, "bench")
+    result = apply_plan(duck, plan.plan_id, factory, run_id=uuid.uuid4().hex)
+    return {"memory_limit": memory_limit, "status": plan.status, "rows": plan.document.partitions[0].stage_a.row_count,
+            "applied": [p["status"] for p in result.partitions], "seconds": time.perf_counter() - start,
+            "peak_rss_mib": _peak_rss_mib(), "rss_before_mib": before}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Figure 13b: one partition above DuckDB's memory_limit.")
+    parser.add_argument("what", choices=["prepare", "memory"])
+    parser.add_argument("--folder", type=Path, required=True)
+    parser.add_argument("--rows", type=int, default=1_500_000)
+    parser.add_argument("--note-bytes", type=int, default=200)
+    parser.add_argument("--memory-limit", default="256MB")
+    args = parser.parse_args()
+    if args.what == "prepare":
+        print(json.dumps({"source_rows": args.rows, "partition_mib": prepare(args.folder, args.rows, args.note_bytes) / 2**20}))
+        return 0
+    url = os.environ.get(URL_ENV)
+    if not url:
+        parser.error(f"set {URL_ENV} to the PostgreSQL URL of the control store")
+    print(json.dumps(memory(url, args.folder, args.memory_limit)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,6 +8,7 @@ inside the snapshot's REPEATABLE READ transaction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
@@ -74,14 +75,27 @@ def close_scope(
             partition, so its old or new partition cannot be identified.
         SpecError: the scope grows past the partition limit.
     """
-    src, tgt = spec.source_ref, target
+    def homes(partitions: list[PartitionValue]) -> list[tuple]:
+        query, params = sqlbuild.key_homes(
+            spec.source_ref, target, spec.partition_key, spec.business_key, ordering, partitions
+        )
+        return conn.execute(query, params).fetchall()
+
+    return close_scope_with(spec, kind, requested, homes)
+
+
+KeyHomes = Callable[[list[PartitionValue]], list[tuple]]
+
+
+def close_scope_with(spec: Spec, kind: PartitionKind, requested: list[PartitionValue], homes: KeyHomes) -> Scope:
+    """:func:`close_scope` over ``homes``, which answers, for the keys of some partitions, the
+    rows (home text, current text, in source, in target, key values...) of each key whose
+    newest source version lies in another partition than the target holds it in, outside
+    those partitions, or on one side only (sqlbuild.key_homes; the DuckDB engine asks DuckDB)."""
     labels = {partition_label(p): p for p in requested}
     added: dict[str, list[str]] = {}
     for _ in range(MAX_ROUNDS):
-        query, params = sqlbuild.key_homes(
-            src, tgt, spec.partition_key, spec.business_key, ordering, sorted(labels.values())
-        )
-        rows = conn.execute(query, params).fetchall()
+        rows = homes(sorted(labels.values()))  # type: ignore[type-var]
         unknown = [
             _key_text(spec, tuple(r[4:])) for r in rows
             if (r[2] and r[0] is None) or (r[3] and r[1] is None)

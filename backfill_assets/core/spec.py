@@ -483,8 +483,10 @@ class Spec(_Strict):
                             "(a PostgreSQL source is read by the postgres engine: remove `engine`)")
         if self.target.format == "postgres":
             problems.append("engine duckdb writes a lake target: target.format is delta or iceberg")
-        if self.records_can_move:
-            problems.append("records_can_move is not supported on engine duckdb yet; use the postgres engine")
+        if self.records_can_move and isinstance(self.source, ParquetSourceSpec):
+            problems.append("records_can_move needs a Delta or Iceberg source on engine duckdb: a key's versions "
+                            "are looked for in every partition of the pinned version, and a Parquet pin holds only "
+                            "the planned partitions' files")
         if self.parallel is not None:
             problems.append("parallel is not supported on engine duckdb yet; remove it (one run builds every partition)")
         if self.trusted_functions:

@@ -102,3 +102,25 @@ def test_a_tie_in_the_lake_source_fails_the_stages_and_plans_nothing(db_url, tmp
     error = failure.event_specific_data.error
     assert error.cause.cls_name == "SourceDataError" and "tie on every ordering column" in error.cause.message
     assert not [e for e in run.get_asset_check_evaluations() if e.check_name == "stages_match"]
+
+
+def test_moved_records_widen_the_stages_in_dagster_too(db_url, tmp_path):
+    """records_can_move: the snapshot step closes the scope; the stages step, in its own run,
+    builds it from the snapshot's record."""
+    import decimal
+    t0, t1 = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc), dt.datetime(2024, 1, 5, tzinfo=dt.timezone.utc)
+    rows = [(dt.date(2024, 1, 1), 5, 1, t0, 1, decimal.Decimal("1.00"), "placed", None),
+            (dt.date(2024, 1, 3), 5, 1, t1, 2, decimal.Decimal("1.00"), "re-dated", None)]
+    write_delta(tmp_path / "orders_raw", source_table(rows))
+    spec = duck_spec(tmp_path, {"format": "delta", "location": str(tmp_path / "orders_raw")}, records_can_move=True)
+    resources = {f"pg_{spec.name}": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
+    instance, assets = dg.DagsterInstance.ephemeral(), spec_assets(spec)
+    one_day = {RANGE_START: "2024-01-01", RANGE_END: "2024-01-01"}
+    snap = dg.materialize(assets, selection=[dg.AssetKey([spec.name, "snapshot"])], instance=instance,
+                          resources=resources, tags=one_day, raise_on_error=False)
+    assert snap.success
+    staged = dg.materialize(assets, selection=[dg.AssetKey([spec.name, n]) for n in ("stage_a", "stage_b")],
+                            instance=instance, resources=resources, tags=one_day, raise_on_error=False)
+    assert staged.success
+    checks = {e.partition for e in staged.get_asset_check_evaluations() if e.check_name == "stages_match"}
+    assert checks == {"2024-01-01", "2024-01-03"}  # the partition the moved key enters is built too

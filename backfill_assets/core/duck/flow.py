@@ -25,6 +25,7 @@ Plans, approvals, the ledger and the locks stay in the control store (PostgreSQL
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +57,7 @@ from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.moves import Scope, close_scope_with
 from backfill_assets.core.pg.catalog import ColumnInfo
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.plan import assemble
@@ -84,6 +86,9 @@ class LakeSnapshot:
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint, "version": self.pin.version}
+
+
+TARGET_KEYS = "target_keys"  # the lake target's keys, registered for the moved keys' homes
 
 
 def stage_name(spec: Spec, variant: str) -> str:
@@ -170,24 +175,79 @@ def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
             "Check business_key against the source (run `backfill-assets profile`)", keyless[:3],
         )
     fields = _fields(ctx.target_columns)  # the output rows decide whether tied rows differ
-    tied = con.execute(statements.tied_groups(relation, spec.partition_key, spec.business_key, ordering, fields)).fetchall()
+    # A key that can move has one newest version across partitions, so ties are per key.
+    scope_key = None if spec.records_can_move else spec.partition_key
+    tied = con.execute(statements.tied_groups(relation, scope_key, spec.business_key, ordering, fields)).fetchall()
     if tied:
         raise SourceDataError(
             f"rows tie on every ordering column ({', '.join(ordering)}) within a key but differ, so newest-wins would "
             "pick one of them by chance", "Add a final tiebreak column to ordering (an ingest sequence, a unique id)",
-            [", ".join(f"{k}={v}" for k, v in zip([spec.partition_key, *spec.business_key], row[:-1]))
+            [", ".join(f"{k}={v}" for k, v in zip([*([scope_key] if scope_key else []), *spec.business_key], row[:-1]))
              + f" ({row[-1]} different rows)" for row in tied],
         )
     return reports
 
 
-def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource, db: Any, clock: Clock,
-                  progress: Progress) -> LakeSnapshot:
-    """Pin the source's newest version, fingerprint and check the declared partitions at it,
-    and record the snapshot in the control store."""
+def _target_keys(con: Any, control: psycopg.Connection, ctx: Context) -> str:
+    """The lake target's distinct (partition key, business key) pairs at its current version,
+    registered on ``con`` (records_can_move: where a key lives now).
+
+    Raises:
+        SourceDataError: a business key lies in more than one partition of the target.
+    """
+    spec, engine = ctx.spec, ctx.engine
+    assert isinstance(engine, LakeEngine)
+    names = [spec.partition_key, *spec.business_key]
+    table = engine.table(control)
+    try:
+        handle = table.open()
+        data = lake_schema(ctx.target_columns).empty_table().select(names) if handle is None \
+            else table.read_columns(handle, names)
+    finally:
+        table.close()
+    con.register(TARGET_KEYS, data.group_by(names).aggregate([]).select(names))
+    found = con.execute(statements.keys_in_several_partitions(TARGET_KEYS, spec.business_key)).fetchall()
+    if found:
+        raise SourceDataError(
+            f"{len(found)}+ business key(s) lie in more than one partition of {spec.target_name}, so the "
+            "partition a moved key leaves cannot be told",
+            "Replace those partitions with records_can_move off first, so that each key has one home",
+            [", ".join(f"{k}={v}" for k, v in zip(spec.business_key, row[:-1])) for row in found],
+        )
+    return TARGET_KEYS
+
+
+def _moved_scope(control: psycopg.Connection, ctx: Context, source: LakeSource, db: Any, pin: Pin,
+                 progress: Progress) -> Context:
+    """records_can_move: the context with every partition a moved key leaves or enters added,
+    to a fixed point, read at ``pin`` (every partition of it) and the target as it is now."""
     spec = ctx.spec
+    with contextlib.closing(cursor(db)) as con:
+        source.attach_all(con, pin)
+        keys = _target_keys(con, control, ctx)
+        query = statements.key_homes(keys, spec.partition_key, spec.business_key, spec.ordering)
+
+        def homes(partitions: list[PartitionValue]) -> list[tuple]:
+            return [tuple(r) for r in con.execute(query, {"partitions": partitions}).fetchall()]
+
+        scope = close_scope_with(spec, ctx.kind, ctx.partitions, homes)
+    ctx.engine.check_partitions(scope.partitions)
+    if scope.added:
+        progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))
+    return dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
+
+
+def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource, db: Any, clock: Clock,
+                  progress: Progress) -> tuple[LakeSnapshot, Context]:
+    """Pin the source's newest version, count and check the declared partitions at it (with
+    records_can_move, the partitions moved keys add too), and record the snapshot in the
+    control store. Returns the snapshot and the context, widened by moved keys."""
+    spec = ctx.spec
+    requested = list(ctx.labels)
     pin = source.latest(spec.partition_key, ctx.partitions)
     progress(ProgressEvent("snapshot", f"pinned {spec.source_name} at version {pin.version[:16]}"))
+    if spec.records_can_move:
+        ctx = _moved_scope(control, ctx, source, db, pin, progress)
     with contextlib.closing(cursor(db)) as con:
         source.attach(con, pin, spec.partition_key, ctx.partitions)
         names = set(_source_names(con))
@@ -199,8 +259,9 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
     # is the partition's hash here (the rows themselves are fingerprinted in the stages).
     files = source.signature_at(pin, spec.partition_key, ctx.partitions)
     parts = {label: {"row_count": counts.get(label, 0), "content_hash": files[label]} for label in ctx.labels}
-    requested = list(ctx.labels)
-    scope = {"requested": requested, "added": {}, "moves": [], "pin": pin.as_dict()}
+    moved = ctx.scope
+    scope = {"requested": requested, "added": moved.added if moved else {},
+             "moves": [list(m) for m in moved.moves] if moved else [], "pin": pin.as_dict()}
     document = {
         "format": SNAPSHOT_FORMAT, "source": spec.source_name, "version": pin.version,
         "partition_key": spec.partition_key, "columns": [[c.name, c.type_name] for c in columns],
@@ -216,7 +277,7 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
             partitions=[{"partition": k, **parts[k]} for k in ctx.labels], fingerprint=fingerprint, scope=scope,
             created_at=clock(),
         )
-    return LakeSnapshot(snapshot_id, fingerprint, pin, parts, requested, reports=reports)
+    return LakeSnapshot(snapshot_id, fingerprint, pin, parts, requested, reports=reports), ctx
 
 
 def load_snapshot(control: psycopg.Connection, ctx_of: Any, spec: Spec, snapshot_id: str) -> tuple[LakeSnapshot, Context]:
@@ -229,8 +290,12 @@ def load_snapshot(control: psycopg.Connection, ctx_of: Any, spec: Spec, snapshot
     labels = [p["partition"] for p in found["partitions"]]
     scope = found["scope"] or {}
     parts = {p["partition"]: {"row_count": p["row_count"], "content_hash": p["content_hash"]} for p in found["partitions"]}
+    ctx = ctx_of(labels)
+    if spec.records_can_move:
+        ctx = dataclasses.replace(ctx, scope=Scope(
+            ctx.partitions, dict(scope.get("added", {})), [tuple(m) for m in scope.get("moves", [])]))
     return LakeSnapshot(snapshot_id, found["fingerprint"], Pin.of(scope["pin"]), parts,
-                        list(scope.get("requested", labels))), ctx_of(labels)
+                        list(scope.get("requested", labels))), ctx
 
 
 def _ensure_stage(con: Any, ctx: Context, variant: str, types: list[tuple[str, str]]) -> str:
@@ -256,7 +321,7 @@ def build_stage(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSourc
         relation = statements.input_relation(names, spec.input_columns, ctx.transform)
         stage = _ensure_stage(con, ctx, variant, described(con, relation, spec.input_columns))
         insert = statements.build_stage(variant, stage, relation, spec.columns, spec.partition_key, spec.business_key,
-                                        spec.ordering)
+                                        spec.ordering, moving=spec.records_can_move)
         progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
         # Every partition in one transaction and three statements: DuckDB parallelises each one
         # over all the partitions, where a statement per partition would pay its start each time.
@@ -424,7 +489,7 @@ def make_plan(spec: Spec, request: PartitionRequest, factory: ConnectionFactory,
         progress(ProgressEvent("inspect", f"{spec.source_name} -> {spec.target_name}"))
         with contextlib.closing(cursor(db)) as con:
             ctx = resolve(control, spec, request, source, con)
-        snapshot = take_snapshot(control, ctx, source, db, clock, progress)
+        snapshot, ctx = take_snapshot(control, ctx, source, db, clock, progress)
         a, b = build_both(control, ctx, snapshot, source, db, clock, progress)
         assert snapshot.reports is not None
         return finish_plan(control, ctx, snapshot, db, snapshot.reports, a, b, clock, progress)
@@ -437,7 +502,7 @@ def snapshot_step(spec: Spec, request: PartitionRequest | list[str], factory: Co
             opened(spec, control) as (source, db):
         with contextlib.closing(cursor(db)) as con:
             ctx = resolve(control, spec, request, source, con)
-        return take_snapshot(control, ctx, source, db, clock, progress)
+        return take_snapshot(control, ctx, source, db, clock, progress)[0]
 
 
 def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clock: Clock = utc_now,

@@ -88,6 +88,11 @@ class LakeSource:
         """
         raise NotImplementedError
 
+    def attach_all(self, con: Any, pin: Pin) -> None:
+        """Every partition of ``pin`` as :data:`SOURCE_ROWS` on ``con`` (where moved keys'
+        newest versions are looked for; a Parquet pin holds only its partitions' files)."""
+        raise SpecError(f"records_can_move needs every partition of the source: {self.name} cannot give them")
+
     def attach_schema(self, con: Any) -> None:
         """Make the source's newest columns readable as :data:`SOURCE_ROWS` on ``con``, without
         rows (what inspection describes)."""
@@ -177,6 +182,12 @@ class DeltaSource(LakeSource):
     def attach_schema(self, con: Any) -> None:
         con.register(SOURCE_ROWS, self._table().to_pyarrow_dataset().schema.empty_table())
 
+    def attach_all(self, con: Any, pin: Pin) -> None:
+        table, why = self._at(pin)
+        if table is None:
+            raise _plan_again(self.name, pin, why or "")
+        con.register(SOURCE_ROWS, table.to_pyarrow_dataset())
+
     def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
         table, why = self._at(pin)
         if table is None:
@@ -246,6 +257,14 @@ class IcebergSource(LakeSource):
 
     def attach_schema(self, con: Any) -> None:
         con.register(SOURCE_ROWS, self._handle().schema().as_arrow().empty_table())
+
+    def attach_all(self, con: Any, pin: Pin) -> None:
+        handle = self._handle()
+        if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
+            raise _plan_again(self.name, pin, "the snapshot was expired")
+        data = (handle.schema().as_arrow().empty_table() if pin.version == "none"
+                else handle.scan(snapshot_id=int(pin.version)).to_arrow())
+        con.register(SOURCE_ROWS, data)
 
     def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
         pin = self.latest(partition_key, values)

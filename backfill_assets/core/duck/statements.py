@@ -92,10 +92,12 @@ def _keyed(partition_key: str, business_key: Sequence[str]) -> sql.Composed:
 
 
 def build_stage(variant: str, stage: str, relation: sql.Composed, columns: Sequence[str], partition_key: str,
-                business_key: Sequence[str], ordering: Sequence[OrderingColumn]) -> str:
+                business_key: Sequence[str], ordering: Sequence[OrderingColumn], *, moving: bool = False) -> str:
     """Insert the newest row per key of the partitions ``$partitions``: stage A by DISTINCT ON,
-    stage B by a window."""
-    grain = [partition_key, *business_key]
+    stage B by a window. With ``moving`` (records_can_move) a key's newest version is chosen
+    across every partition of the input, so a key that moved lands in its newest partition
+    only: the input must then hold every version of the scope's keys (a closed scope does)."""
+    grain = business_key if moving else [partition_key, *business_key]
     if variant == "a":
         select = sql.SQL(
             "SELECT DISTINCT ON ({grain}) {cols} FROM {input} AS i WHERE {keyed} ORDER BY {grain}, {order}"
@@ -136,15 +138,16 @@ def ordering_nulls(relation: sql.Composed, business_key: Sequence[str], ordering
     return _text(sql.SQL("SELECT {} FROM {} AS i WHERE {}").format(counts, relation, keyed))
 
 
-def tied_groups(relation: sql.Composed, partition_key: str, business_key: Sequence[str], ordering: Sequence[str],
-                fields: Sequence[tuple[str, str]]) -> str:
+def tied_groups(relation: sql.Composed, partition_key: str | None, business_key: Sequence[str],
+                ordering: Sequence[str], fields: Sequence[tuple[str, str]]) -> str:
     """Up to 3 groups of keyed rows equal on the partition, the key and every ordering column
     whose output rows differ (their canonical texts, core.fingerprint.duck): newest-wins
     would pick one of them by chance."""
-    group = [partition_key, *business_key, *ordering]
+    scope = [partition_key] if partition_key is not None else []  # None: per key across partitions
+    group = [*scope, *business_key, *ordering]
     keyed = sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(sql.Identifier("t", k)) for k in business_key)
     shown = sql.SQL(", ").join(sql.SQL("CAST({} AS VARCHAR)").format(sql.Identifier("t", c))
-                               for c in [partition_key, *business_key])
+                               for c in [*scope, *business_key])
     # Groups of one row (nearly all) are found by a plain GROUP BY; only the rows of the
     # others are rendered and compared.
     same = sql.SQL(" AND ").join(sql.SQL("t.{c} IS NOT DISTINCT FROM g.{c}").format(c=sql.Identifier(c))
@@ -254,3 +257,49 @@ def partition_counts(relation: str, partition_key: str) -> str:
     """Per partition among ``$partitions`` that has rows: its value and row count."""
     return _text(sql.SQL("SELECT {pk}, count(*) FROM {rel} WHERE {pk} IN {parts} GROUP BY {pk}").format(
         pk=sql.Identifier(partition_key), rel=sql.Identifier(relation), parts=_PARTITIONS))
+
+
+def key_homes(target_keys: str, partition_key: str, business_key: Sequence[str],
+              ordering: Sequence[OrderingColumn]) -> str:
+    """For the keys with a source row or a target row in ``$partitions`` (records_can_move):
+    each key whose newest source version (its home) lies in another partition than the target
+    holds it in, or outside ``$partitions``, or that only one side has. Rows: (home text,
+    current text, in source, in target, key values...), as core.moves.close_scope_with reads
+    them. The source is every partition of the pin (SOURCE_ROWS), the target's keys
+    ``target_keys`` (its distinct (partition key, business key) pairs)."""
+    pk = sql.Identifier(partition_key)
+    same = lambda a, b: sql.SQL(" AND ").join(  # noqa: E731 - a local shorthand
+        sql.SQL("{}.{} = {}.{}").format(sql.Identifier(a), sql.Identifier(k), sql.Identifier(b), sql.Identifier(k))
+        for k in business_key)
+    not_null = sql.SQL(" AND ").join(sql.SQL("s.{} IS NOT NULL").format(sql.Identifier(k)) for k in business_key)
+    order = sql.SQL(", ").join(
+        sql.SQL("s.{} {} NULLS {}").format(sql.Identifier(o.column), sql.SQL(o.direction.upper()),
+                                           sql.SQL((o.nulls or "last").upper()))
+        for o in ordering)
+    first = sql.Identifier(business_key[0])
+    return _text(sql.SQL(
+        "WITH k AS (SELECT {s_bk} FROM {rows} AS s WHERE s.{pk} IN {parts} AND {not_null} "
+        "UNION SELECT {t_bk} FROM {tgt} AS t WHERE t.{pk} IN {parts}), "
+        "h AS (SELECT DISTINCT ON ({s_bk}) {s_bk}, s.{pk} AS __home FROM {rows} AS s "
+        "WHERE EXISTS (SELECT 1 FROM k WHERE {k_s}) ORDER BY {s_bk}, {order}), "
+        "c AS (SELECT {t_bk}, t.{pk} AS __home FROM {tgt} AS t WHERE EXISTS (SELECT 1 FROM k WHERE {k_t})) "
+        "SELECT CAST(h.__home AS VARCHAR), CAST(c.__home AS VARCHAR), h.{first} IS NOT NULL, c.{first} IS NOT NULL, "
+        "{key_text} FROM h FULL JOIN c ON {h_c} "
+        "WHERE h.{first} IS NULL OR c.{first} IS NULL OR h.__home IS DISTINCT FROM c.__home "
+        "OR h.__home NOT IN {parts}"
+    ).format(
+        s_bk=_ids(business_key, "s"), t_bk=_ids(business_key, "t"), rows=sql.Identifier(SOURCE_ROWS),
+        tgt=sql.Identifier(target_keys), pk=pk, parts=_PARTITIONS, not_null=not_null, order=order,
+        k_s=same("k", "s"), k_t=same("k", "t"), h_c=same("h", "c"), first=first,
+        key_text=sql.SQL(", ").join(sql.SQL("coalesce(h.{k}, c.{k})").format(k=sql.Identifier(k))
+                                    for k in business_key),
+    ))
+
+
+def keys_in_several_partitions(target_keys: str, business_key: Sequence[str]) -> str:
+    """Up to 5 business keys found in more than one partition of the target's distinct
+    (partition key, business key) pairs: (key texts..., count)."""
+    return _text(sql.SQL(
+        "SELECT {shown}, count(*) FROM {tgt} GROUP BY {bk} HAVING count(*) > 1 ORDER BY {bk} LIMIT 5"
+    ).format(shown=sql.SQL(", ").join(sql.SQL("CAST({} AS VARCHAR)").format(sql.Identifier(k)) for k in business_key),
+             tgt=sql.Identifier(target_keys), bk=_ids(business_key)))

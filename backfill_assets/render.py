@@ -38,7 +38,9 @@ def render_plan(plan: Plan, parallel: ParallelSpec | None = None) -> str:
         f"  status:            {plan.status}",
         f"  target:            {doc.target} (plan does not write to it){_creates(doc)}",
         f"  source:            {doc.source}",
-        f"  snapshot:          {snap.id} ({snap.mode}, fingerprint {snap.fingerprint[:16]}...)",
+        f"  snapshot:          {snap.id} ({snap.mode}, "
+        + ("" if snap.version is None else f"version {snap.version[:16]}, ")
+        + f"fingerprint {snap.fingerprint[:16]}...)",
         f"  transform version: {doc.transform_version}",
         "",
         f"  {'partition':<12} {'A=B':<4} {'rows':>7} {'total':>14}  {'content hash':<18} "

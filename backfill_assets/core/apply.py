@@ -147,7 +147,7 @@ def apply_plan(
         checkpoint: called at each step of each replace (see ``STEPS``); for tests.
         on_result: called with each partition's result as soon as it is final.
         make_target: ``(conn, control, factory, ctx, checkpoint) -> Target``, what is written to
-            (default: the spec's engine's, ``ctx.engine.open``); for tests.
+            (default: the spec's builds', ``Builds.open_target``); for tests.
 
     Raises:
         ApprovalError: unknown, refused, unapproved or outdated plan; nothing written.
@@ -165,7 +165,7 @@ def apply_plan(
         TransientDatabaseError, ConcurrentRunError: safe to retry with the same plan.
     """
     with factory() as conn, factory.control(conn) as store, spec_lock(store, spec), \
-            builds_for(conn, factory, spec) as builds:
+            builds_for(conn, factory, spec, store) as builds:
         stored, approval, ctx, groups = _checked_before_writing(conn, store, builds, spec, plan_ref, only, clock())
         control.ensure_ledger_index(store, spec.control_schema)
         in_order = [label for g in groups for label in g]

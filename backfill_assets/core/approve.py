@@ -198,11 +198,13 @@ class PostgresBuilds:
 
 
 @contextlib.contextmanager
-def builds_for(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> Iterator[Builds]:
-    """The spec's :class:`Builds`, open for the block (``conn``: the spec's database)."""
+def builds_for(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
+               control: psycopg.Connection | None = None) -> Iterator[Builds]:
+    """The spec's :class:`Builds`, open for the block (``conn``: the spec's database;
+    ``control``: the caller's connection to the control store, if it holds one)."""
     if spec.on_duckdb:
         from backfill_assets.core.duck.flow import DuckBuilds  # DuckDB and the lake libraries: only when used
-        with DuckBuilds.opened(conn, factory, spec) as builds:
+        with DuckBuilds.opened(conn, factory, spec, control) as builds:
             yield builds
     else:
         yield PostgresBuilds(conn, factory, spec)

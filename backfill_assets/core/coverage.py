@@ -13,8 +13,9 @@ already replaced are skipped by the new one's.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -281,17 +282,21 @@ def open_approvals(
     Reads the target of those partitions (and checks each plan's stage as apply does) on
     ``conn``, the approvals, plans and ledger in the control store.
     """
-    with factory.control(conn) as store:
+    with factory.control(conn) as store, contextlib.ExitStack() as stack:
         if not control.control_ready(store, spec.control_schema):
             return []
-        with builds_for(conn, factory, spec) as builds:
-            return _open_approvals(conn, store, builds, spec, clock())
+        opened: list[Builds] = []
+
+        def builds() -> Builds:  # opened for the first approval that needs them (a DuckDB file)
+            if not opened:
+                opened.append(stack.enter_context(builds_for(conn, factory, spec, store)))
+            return opened[0]
+
+        return _open_approvals(conn, store, builds, spec, clock())
 
 
-def _open_approvals(conn: psycopg.Connection, store: psycopg.Connection, builds: Builds,
+def _open_approvals(conn: psycopg.Connection, store: psycopg.Connection, builds: Callable[[], Builds],
                     spec: Spec, now: dt.datetime) -> list[OpenApproval]:
-    if not control.control_ready(store, spec.control_schema):
-        return []
     out = []
     for row in ledger.open_approvals(store, spec.control_schema, spec.name):
         approval = Approval.from_row(row)
@@ -301,8 +306,8 @@ def _open_approvals(conn: psycopg.Connection, store: psycopg.Connection, builds:
             continue
         try:
             stored = find_plan(store, spec, approval.plan_id)
-            ctx = builds.unchanged_spec(stored)
-            found = coverage(conn, store, ctx, stored, approval, labels, builds.unchanged_data(ctx, stored))
+            ctx = builds().unchanged_spec(stored)
+            found = coverage(conn, store, ctx, stored, approval, labels, builds().unchanged_data(ctx, stored))
             problem = None
         except (ApprovalError, SpecError) as err:
             # One approval that cannot be judged (its plan unreadable or drifted) is shown as

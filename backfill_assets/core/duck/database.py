@@ -78,9 +78,19 @@ def database(spec: Spec) -> Iterator[Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with _opened_lock:
         entry = _opened.get(path)
-        if entry is None:
-            entry = _opened[path] = [_open(spec, path), 0]
-        entry[1] += 1
+        if entry is not None:
+            entry[1] += 1
+    if entry is None:
+        # Opened outside the lock: waiting for another process's file lock must not hold up
+        # the threads of this one that open other databases.
+        fresh = _open(spec, path)
+        with _opened_lock:
+            entry = _opened.get(path)
+            if entry is None:
+                entry = _opened[path] = [fresh, 0]
+            else:
+                fresh.close()  # another thread of this process opened it meanwhile
+            entry[1] += 1
     try:
         yield entry[0]
     finally:

@@ -298,12 +298,28 @@ def load_snapshot(control: psycopg.Connection, ctx_of: Any, spec: Spec, snapshot
                         list(scope.get("requested", labels))), ctx
 
 
+def pin_problem(source: LakeSource, pin: Pin, partition_key: str, values: Sequence[PartitionValue],
+                recorded: dict[str, str]) -> str | None:
+    """Why the partitions ``values`` of ``pin`` are not exactly what the snapshot recorded
+    (``recorded``: label -> the digest of its files at the pin), or None: the version can no
+    longer be read, or reads other files (a table deleted and written again at the same
+    location has a version of the same number)."""
+    why = source.unreadable(pin, partition_key, values)
+    if why is not None:
+        return why
+    now = source.signature_at(pin, partition_key, values)
+    moved = [label for label in recorded if now.get(label) != recorded[label]]
+    if moved:
+        return f"partition(s) {', '.join(moved)} are held by other files than when the snapshot was taken"
+    return None
+
+
 def _ensure_stage(con: Any, ctx: Context, variant: str, types: list[tuple[str, str]]) -> str:
     """The stage table with the input's DuckDB types, (re)created when its columns differ."""
     stage = stage_name(ctx.spec, variant)
     wanted = [(n, t) for n, t in types if n in ctx.spec.columns]
     wanted.sort(key=lambda c: ctx.spec.columns.index(c[0]))
-    if [tuple(r) for r in con.execute(statements.stage_columns(stage)).fetchall()] != wanted:
+    if [tuple(r) for r in con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall()] != wanted:
         con.execute(statements.create_stage(stage, wanted))
     return stage
 
@@ -376,8 +392,9 @@ def seals_hold(con: Any, ctx: Context, variant: str, expected: dict[str, dict[st
     fingerprinted in full (SHA-256) before the commit whatever the seal says."""
     spec = ctx.spec
     labels = list(expected)
+    sealed = bool(con.execute(statements.TABLE_COLUMNS, {"table": builds_table(spec)}).fetchall())
     recorded = {row[0]: (json.loads(row[1]), int(row[2]), str(row[3])) for row in con.execute(
-        statements.builds_of(builds_table(spec)), {"variant": variant, "labels": labels}).fetchall()}
+        statements.builds_of(builds_table(spec)), {"variant": variant, "labels": labels}).fetchall()} if sealed else {}
     now = _seals_now(con, ctx, variant, [ctx.value_of(label) for label in labels])
     doubtful = [label for label in labels
                 if label not in recorded or recorded[label][0] != expected[label]
@@ -428,11 +445,11 @@ def _unholdable(con: Any, ctx: Context) -> list[str]:
 def _differing_keys(con: Any, ctx: Context, a: dict[str, Fingerprint], b: dict[str, Fingerprint]) -> list[str]:
     spec = ctx.spec
     out = []
+    query = statements.differing_keys(stage_name(spec, "a"), stage_name(spec, "b"), spec.partition_key,
+                                      spec.business_key, _fields(ctx.target_columns))
     for value, label in zip(ctx.partitions, ctx.labels):
         if a[label] == b[label]:
             continue
-        query = statements.differing_keys(stage_name(spec, "a"), stage_name(spec, "b"), spec.partition_key,
-                                          spec.business_key, _fields(ctx.target_columns))
         keys = con.execute(query, {"partition": value}).fetchall()
         out.append(f"partition {label}: first differing key(s), stage A against stage B: "
                    + "; ".join(", ".join(f"{k}={v}" for k, v in zip(spec.business_key, key)) for key in keys))
@@ -514,7 +531,8 @@ def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clo
             with contextlib.closing(cursor(db)) as con:
                 return resolve(control, spec, labels, source, con)
         snapshot, ctx = load_snapshot(control, ctx_of, spec, snapshot_id)
-        why = source.unreadable(snapshot.pin, spec.partition_key, ctx.partitions)
+        why = pin_problem(source, snapshot.pin, spec.partition_key, ctx.partitions,
+                          {label: p["content_hash"] for label, p in snapshot.partitions.items()})
         if why is not None:
             raise SnapshotError(f"the pinned version {snapshot.pin.version} of {spec.source_name} can no longer be read "
                                 f"({why}); take a snapshot again (plan again)")
@@ -591,9 +609,14 @@ class DuckBuilds:
 
     @classmethod
     @contextlib.contextmanager
-    def opened(cls, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec) -> Iterator[DuckBuilds]:
-        with factory.control(conn) as control, opened(spec, control) as (source, db):
-            yield cls(control, factory, spec, source, db)
+    def opened(cls, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
+               control: psycopg.Connection | None = None) -> Iterator[DuckBuilds]:
+        """Open the spec's source and DuckDB database for the block; ``control``: the caller's
+        connection to the control store (else one is opened)."""
+        with contextlib.ExitStack() as stack:
+            store = control if control is not None else stack.enter_context(factory.control(conn))
+            source, db = stack.enter_context(opened(spec, store))
+            yield cls(store, factory, spec, source, db)
 
     def unchanged_spec(self, stored: Plan) -> Context:
         require_ready(stored)
@@ -607,17 +630,16 @@ class DuckBuilds:
         fingerprinted in full where a seal does not hold: :func:`seals_hold`)."""
         spec = self.spec
         with contextlib.closing(cursor(self.db)) as con:
-            if not con.execute(statements.stage_columns(stage_name(spec, "a"))).fetchall():
-                raise StageError(f"stage {stage_name(spec, 'a')} of spec {spec.name} does not exist in "
-                                 f"{spec.engine.database or 'its DuckDB database'}; plan again")
-            con.execute(statements.create_builds(builds_table(spec)))
+            if not con.execute(statements.TABLE_COLUMNS, {'table': stage_name(spec, "a")}).fetchall():
+                raise ApprovalError(f"stage {stage_name(spec, 'a')} of spec {spec.name} does not exist in "
+                                    f"{spec.engine.database or 'its DuckDB database'}; plan again")
             return seals_hold(con, ctx, "a", expected)
 
     def _stage_now(self, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
         spec = self.spec
         stage = stage_name(spec, "a")
         with contextlib.closing(cursor(self.db)) as con:
-            if not con.execute(statements.stage_columns(stage)).fetchall():
+            if not con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
                 raise StageError(f"stage {stage} of spec {spec.name} does not exist in {spec.engine.database or 'its DuckDB database'}; plan again")
             found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
                                 [ctx.value_of(label) for label in labels])
@@ -632,7 +654,8 @@ class DuckBuilds:
         if found is None or found["fingerprint"] != snap.fingerprint:
             raise ApprovalError(f"snapshot {snap.id} of plan {stored.plan_id[:16]} is gone; plan again")
         pin = Pin.of(found["scope"]["pin"])
-        why = self.source.unreadable(pin, spec.partition_key, ctx.partitions)
+        why = pin_problem(self.source, pin, spec.partition_key, ctx.partitions,
+                          {p["partition"]: p["content_hash"] for p in found["partitions"]})
         if why is not None:
             raise ApprovalError(f"the pinned version {pin.version[:16]} of {spec.source_name} can no longer be read "
                                 f"({why}); plan again")
@@ -677,7 +700,26 @@ class DuckBuilds:
         return self._target
 
     def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:
-        return err
+        """The failure, naming the first keys where the committed version differs from stage A
+        (compared in DuckDB by their canonical text); as it was if they cannot be read."""
+        spec = self.spec
+        if self._target is None or version is None:
+            return err
+        try:
+            value = ctx.value_of(err.partition)
+            data = self._target.table.read_version(version, spec.partition_key, [value])
+            with contextlib.closing(cursor(self.db)) as con:
+                con.register("committed_rows", data.select(list(spec.columns)))
+                keys = con.execute(statements.differing_keys(
+                    stage_name(spec, "a"), "committed_rows", spec.partition_key, spec.business_key,
+                    _fields(ctx.target_columns)), {"partition": value}).fetchall()
+        except Exception:  # noqa: BLE001 - only an explanation failed; the verification error stands
+            return err
+        if not keys:
+            return err
+        detail = "first differing key(s), approved stage against the target: " + "; ".join(
+            ", ".join(f"{k}={v}" for k, v in zip(spec.business_key, key)) for key in keys)
+        return VerificationError(err.partition, err.step, err.expected, err.actual, detail)
 
 
 def target_readings_duck(conn: psycopg.Connection, ctx: Context, db: Any, labels: list[str]) -> dict[str, dict[str, Any]]:
@@ -697,7 +739,7 @@ def stages_now(control: psycopg.Connection, spec: Spec, labels: list[str]) -> tu
         now = {}
         for v in ("a", "b"):
             stage = stage_name(spec, v)
-            if not con.execute(statements.stage_columns(stage)).fetchall():
+            if not con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
                 raise StageError(f"stage {stage} has never been built; materialize both stages first")
             found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
                                 ctx.partitions)

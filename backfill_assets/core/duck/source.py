@@ -60,6 +60,18 @@ class Pin:
         return cls(str(data["version"]), tuple((str(p), int(n), str(h)) for p, n, h in data.get("files", [])))
 
 
+def _dataset(table: Any, name: str) -> Any:
+    """A Delta version as a PyArrow dataset, or SpecError naming what delta-rs cannot read
+    that way (deletion vectors, column mapping: reader features of tables that other engines
+    wrote)."""
+    from deltalake.exceptions import DeltaProtocolError
+    try:
+        return table.to_pyarrow_dataset()
+    except DeltaProtocolError as err:
+        raise SpecError(f"source {name} cannot be read as the engine reads Delta tables: "
+                        f"{' '.join(str(err).split())[:300]}; rewrite it without that table feature") from None
+
+
 def _plan_again(name: str, pin: Pin, why: str) -> SnapshotError:
     return SnapshotError(f"the pinned version {pin.version} of {name} can no longer be read ({why}); plan again")
 
@@ -176,17 +188,17 @@ class DeltaSource(LakeSource):
         table, why = self._at(pin)
         if table is None:
             raise _plan_again(self.name, pin, why or "")
-        dataset = table.to_pyarrow_dataset()
+        dataset = _dataset(table, self.name)
         con.register(SOURCE_ROWS, dataset.filter(pads.field(partition_key).isin(list(values))))
 
     def attach_schema(self, con: Any) -> None:
-        con.register(SOURCE_ROWS, self._table().to_pyarrow_dataset().schema.empty_table())
+        con.register(SOURCE_ROWS, _dataset(self._table(), self.name).schema.empty_table())
 
     def attach_all(self, con: Any, pin: Pin) -> None:
         table, why = self._at(pin)
         if table is None:
             raise _plan_again(self.name, pin, why or "")
-        con.register(SOURCE_ROWS, table.to_pyarrow_dataset())
+        con.register(SOURCE_ROWS, _dataset(table, self.name))
 
     def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
         table, why = self._at(pin)
@@ -201,15 +213,17 @@ class DeltaSource(LakeSource):
         return str(table.version()), {label: _files_digest([(f,) for f in found]) for label, found in files.items()}
 
 
-def _iceberg_literal(value: PartitionValue) -> object:
-    return value
+def _task_files(task: Any) -> list[str]:
+    """The files an Iceberg scan task reads: its data file and its delete files (a
+    merge-on-read delete changes a partition's rows without changing its data files)."""
+    return [task.file.file_path, *sorted(d.file_path for d in task.delete_files)]
 
 
 class IcebergSource(LakeSource):
     def __init__(self, spec: IcebergSourceSpec, catalog_url: Any) -> None:
         from backfill_assets.core.targets.iceberg import IcebergLakeTable
         self.table = IcebergLakeTable(spec.table, spec.catalog.name, spec.catalog.warehouse, catalog_url,
-                                      "source.catalog" if spec.catalog.uri_env is None else spec.catalog.uri_env)
+                                      "the spec's database" if spec.catalog.uri_env is None else spec.catalog.uri_env)
         self.name = f"iceberg:{spec.catalog.name}:{spec.table}"
 
     def _handle(self) -> Any:
@@ -220,7 +234,7 @@ class IcebergSource(LakeSource):
 
     def _filter(self, partition_key: str, values: Sequence[PartitionValue]) -> Any:
         from pyiceberg.expressions import In
-        return In(partition_key, [_iceberg_literal(v) for v in values])
+        return In(partition_key, list(values))
 
     def latest(self, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         snapshot = self._handle().current_snapshot()
@@ -239,9 +253,9 @@ class IcebergSource(LakeSource):
             tasks = self._tasks(handle, pin, partition_key, values)
         except Exception as err:  # noqa: BLE001 - a manifest that cannot be read is the answer
             return f"its manifests cannot be read: {err.__class__.__name__}"
-        for task in tasks:
-            if not Path(local_path(task.file.file_path)).exists():
-                return f"data file {task.file.file_path} is gone"
+        for path in (p for task in tasks for p in _task_files(task)):
+            if not Path(local_path(path)).exists():
+                return f"file {path} is gone"
         return None
 
     def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
@@ -275,7 +289,8 @@ class IcebergSource(LakeSource):
         if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
             return {partition_label(v): "unreadable" for v in values}
         # One planning per partition: its files are pruned by its value.
-        return {partition_label(v): _files_digest([(t.file.file_path,) for t in self._tasks(handle, pin, partition_key, [v])])
+        return {partition_label(v): _files_digest([(p,) for t in self._tasks(handle, pin, partition_key, [v])
+                                                    for p in _task_files(t)])
                 for v in values}
 
     def close(self) -> None:
@@ -337,9 +352,10 @@ class ParquetSource(LakeSource):
         return "its files changed"
 
     def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
-        why = self.unreadable(pin, partition_key, values)
-        if why is not None:
-            raise _plan_again(self.name, pin, why)
+        # The files were hashed against the pin by the step (unreadable) before any attach;
+        # approval hashes them again before anything is written.
+        if any(not (self.root / f[0]).is_file() for f in pin.files):
+            raise _plan_again(self.name, pin, "a file is gone")
         files = [str(self.root / f[0]) for f in pin.files]
         if not files:
             raise SnapshotError(f"source {self.name} has no Parquet file in partition(s) "

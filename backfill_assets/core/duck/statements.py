@@ -59,10 +59,8 @@ def create_stage(stage: str, columns: Sequence[tuple[str, str]]) -> str:
                                                   for n, t in columns)))
 
 
-def stage_columns(stage: str) -> str:
-    return _text(sql.SQL(
-        "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = 'main' "
-        "AND table_name = {} ORDER BY ordinal_position").format(sql.Literal(stage)))
+TABLE_COLUMNS = ("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = 'main' "
+                 "AND table_name = $table ORDER BY ordinal_position")  # a table's columns (``$table``)
 
 
 def delete_partition(stage: str, partition_key: str) -> str:

@@ -142,3 +142,47 @@ def test_the_command_line_plans_approves_applies_and_refuses(tmp_path, url_env, 
     source.write(source_table(rows + [tied, (*tied[:5], decimal.Decimal("3.00"), "y", None)]))
     code, out, err = run(capsys, "plan", "--spec", str(spec_file), "--partitions", "2024-01-03")
     assert code == 4 and "tie" in err
+
+
+def test_a_source_written_again_at_its_location_is_not_the_pinned_version(tmp_path, factory, url_env, monkeypatch):
+    """A Delta table deleted and written again where it was has a version of the same number
+    with other rows: the files that hold each partition tell it apart."""
+    import shutil
+    source = LakeSource("delta", tmp_path, monkeypatch)
+    source.write(source_table())
+    spec = duck_spec(tmp_path, source.spec)
+    plan = plan_module.make_plan(spec, DAYS, factory)
+    with factory() as conn:
+        approve_plan(conn, factory, spec, plan, "tester")
+    shutil.rmtree(tmp_path / "orders_raw")
+    source.write(source_table([tuple(r[c] for c in COLUMNS) for r in source_table().to_pylist()][1:]))
+    with pytest.raises(ApprovalError, match="other files than when the snapshot was taken.*plan again"):
+        apply_plan(spec, plan.plan_id, factory, run_id="run-r")
+    assert not (tmp_path / "orders_daily").exists()
+
+
+def test_a_database_file_another_process_holds_is_a_bounded_wait_exit_8(tmp_path, url_env, capsys, monkeypatch):
+    """DuckDB lets one process at a time write a database file: a command that finds it held
+    waits lock_timeout_ms, then exits 8 naming the file, safe to retry."""
+    import subprocess
+    import sys
+    import time
+    source = LakeSource("delta", tmp_path, monkeypatch)
+    source.write(source_table())
+    spec_file = tmp_path / "duck.yaml"
+    data = duck_spec(tmp_path, source.spec, lock_timeout_ms=300).model_dump(mode="json", exclude_defaults=True)
+    spec_file.write_text(yaml.safe_dump(data), encoding="utf-8")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('held', flush=True); time.sleep(60)"),
+        str(tmp_path / "stages.duckdb")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        code, out, err = run(capsys, "plan", "--spec", str(spec_file), "--partitions", "2024-01-01")
+        waited = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 8, err
+    assert "held by another process" in err and "lock_timeout_ms (300 ms)" in err
+    assert waited < 30

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -104,15 +105,8 @@ def _duck_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
     write_deltalake(str(source), data, mode="overwrite", partition_by=["order_date"])
     out.result(f"\n-- 10. the whole process on DuckDB, lake to lake: {spec.source_name} (written from the sample "
                f"rows) -> {spec.target_name}")
-    plan = make_plan(spec, request, factory, progress=out.progress)
-    if plan.status != "ready":
-        raise plan.refusal()
-    out.result(f"plan {plan.plan_id}: {len(plan.labels)} partition(s), the source pinned at Delta version "
-               f"{plan.document.snapshot.version}; both builds ran in DuckDB")
-    with factory() as conn, factory.control(conn) as control:
-        confirm(control, review(conn, factory, spec, plan.plan_id), "demo")
-    first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
-    out.result(render_apply(first))
+    first = _plan_approve_apply(spec, request, factory, out, lambda plan: (
+        f"the source pinned at Delta version {plan.document.snapshot.version}; both builds ran in DuckDB"))
     if delta is not None:
         # One fingerprint for every engine: built in DuckDB from Delta, the same hashes as built
         # in PostgreSQL from the PostgreSQL source (step 9, the same newest-wins rule).
@@ -125,6 +119,20 @@ def _duck_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
                                     f"{len(same)} of {len(first.partitions)} the same")
 
 
+def _plan_approve_apply(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, out: Printer,
+                        about: Callable[[Plan], str]) -> ApplyResult:
+    """Plan, approve as 'demo' and apply a lake step of the demo; ``about``: what the plan line says."""
+    plan = make_plan(spec, request, factory, progress=out.progress)
+    if plan.status != "ready":
+        raise plan.refusal()
+    out.result(f"plan {plan.plan_id}: {len(plan.labels)} partition(s); {about(plan)}")
+    with factory() as conn, factory.control(conn) as control:
+        confirm(control, review(conn, factory, spec, plan.plan_id), "demo")
+    first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    out.result(render_apply(first))
+    return first
+
+
 def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, out: Printer,
                postgres: ApplyResult) -> ApplyResult:
     """The same backfill into a Delta Lake table, which the first apply creates, then again."""
@@ -132,15 +140,8 @@ def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
     location = spec.target.location
     _demo_lake_table(location)  # (any other location is left as it is: the plan says whether apply creates it)
     out.result(f"\n-- 9. the same source into a Delta Lake table ({spec.target_name}): plan, approve, apply")
-    plan = make_plan(spec, request, factory, progress=out.progress)
-    if plan.status != "ready":
-        raise plan.refusal()
-    out.result(f"plan {plan.plan_id}: {len(plan.labels)} partition(s); apply creates the table: "
-               f"{plan.document.creates_target}")
-    with factory() as conn, factory.control(conn) as control:
-        confirm(control, review(conn, factory, spec, plan.plan_id), "demo")
-    first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
-    out.result(render_apply(first))
+    first = _plan_approve_apply(spec, request, factory, out,
+                                lambda plan: f"apply creates the table: {plan.document.creates_target}")
     out.result("Delta versions committed and read back: "
                + ", ".join(f"{p['partition']} v{p['target_version']}" for p in first.partitions))
     # One fingerprint across engines: the rows the PostgreSQL target holds hash the same in Delta.
@@ -149,7 +150,7 @@ def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
     out.result(f"the same content hash as the PostgreSQL target in {len(same)} of {len(first.partitions)} "
                "partition(s); the others keep the old version of an order a correction re-dated (this spec "
                "does not set records_can_move, so each day keeps its own newest version)")
-    again = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    again = apply_plan(spec, first.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
     skipped = sum(p["status"] == "skipped-already-verified" for p in again.partitions)
     out.result(f"applied again: {skipped} of {len(again.partitions)} partition(s) already carry the approved "
                "fingerprint; nothing written")

@@ -92,10 +92,11 @@ _NAMESPACE_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LOCATION = re.compile(r"(file://)?[^\x00-\x1f\x7f]+")
 
 
-def _only(given: object, fmt: str, allowed: set[str], shape: str) -> object:
-    """Refuse, naming the shape, a target mapping with a field its format does not take."""
+def _only(given: object, fmt: str, allowed: set[str], shape: str, what: str = "target") -> object:
+    """Refuse, naming the shape, a target (or source) mapping with a field its format does not take."""
     if isinstance(given, dict) and set(given) - allowed - {"format"}:
-        raise ValueError(f"a {fmt} target takes {shape}")
+        article = "an" if fmt[:1] in "aeiou" else "a"
+        raise ValueError(f"{article} {fmt} {what} takes {shape}")
     return given
 
 
@@ -188,49 +189,40 @@ def _absolute(location: str) -> str:
     return str(Path(location.removeprefix("file://")).expanduser().resolve())
 
 
-class DeltaSourceSpec(_Strict):
-    """A Delta Lake table read at one pinned version (``engine: {type: duckdb}``)."""
+class _LocatedSource(_Strict):
+    """A lake source named by its local path or ``file://`` URI (``engine: {type: duckdb}``)."""
+
+    format: str
+    location: str
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fields(cls, given: object) -> object:
+        fmt = given.get("format", "") if isinstance(given, dict) else ""
+        return _only(given, fmt, {"location"}, "`location: <path or file:// URI>` and nothing else", "source")
+
+    @pydantic.field_validator("location")
+    @classmethod
+    def _location(cls, value: str, info: pydantic.ValidationInfo) -> str:
+        return _check_location(str(info.data.get("format", "lake")), value)
+
+    @property
+    def display_name(self) -> str:
+        """``<format>:<absolute path>`` (see DeltaTargetSpec.display_name)."""
+        return f"{self.format}:{_absolute(self.location)}"
+
+
+class DeltaSourceSpec(_LocatedSource):
+    """A Delta Lake table read at one pinned version."""
 
     format: Literal["delta"]
-    location: str
-
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _fields(cls, given: object) -> object:
-        return _only(given, "delta source", {"location"}, "`location: <path or file:// URI>` and nothing else")
-
-    @pydantic.field_validator("location")
-    @classmethod
-    def _location(cls, value: str) -> str:
-        return _check_location("delta", value)
-
-    @property
-    def display_name(self) -> str:
-        """``delta:<absolute path>`` (see DeltaTargetSpec.display_name)."""
-        return "delta:" + _absolute(self.location)
 
 
-class ParquetSourceSpec(_Strict):
+class ParquetSourceSpec(_LocatedSource):
     """A folder of Parquet files, Hive-partitioned by the partition key (``<key>=<value>/``),
-    pinned by its file list, each file's size and SHA-256 (``engine: {type: duckdb}``)."""
+    pinned by its file list, each file's size and SHA-256."""
 
     format: Literal["parquet"]
-    location: str
-
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _fields(cls, given: object) -> object:
-        return _only(given, "parquet source", {"location"}, "`location: <folder path or file:// URI>` and nothing else")
-
-    @pydantic.field_validator("location")
-    @classmethod
-    def _location(cls, value: str) -> str:
-        return _check_location("parquet", value)
-
-    @property
-    def display_name(self) -> str:
-        """``parquet:<absolute path>``."""
-        return "parquet:" + _absolute(self.location)
 
 
 class IcebergSourceSpec(IcebergTargetSpec):
@@ -240,15 +232,8 @@ class IcebergSourceSpec(IcebergTargetSpec):
     @pydantic.model_validator(mode="before")
     @classmethod
     def _fields(cls, given: object) -> object:
-        return _only(given, "iceberg source", {"table", "catalog"},
-                     "`table: namespace.table` and a `catalog`, and no location")
-
-
-def _source_format(given: object) -> str:
-    if isinstance(given, dict):
-        fmt = given.get("format", "postgres")
-        return fmt if isinstance(fmt, str) else ""
-    return getattr(given, "format", "")
+        return _only(given, "iceberg", {"table", "catalog"},
+                     "`table: namespace.table` and a `catalog`, and no location", "source")
 
 
 # What the builds read, told apart by ``format``: a PostgreSQL table (the postgres engine), or
@@ -258,7 +243,7 @@ AnySourceSpec = Annotated[
     | Annotated[DeltaSourceSpec, pydantic.Tag("delta")]
     | Annotated[IcebergSourceSpec, pydantic.Tag("iceberg")]
     | Annotated[ParquetSourceSpec, pydantic.Tag("parquet")],
-    pydantic.Discriminator(_source_format, custom_error_type="source_format",
+    pydantic.Discriminator(lambda given: _format(given), custom_error_type="source_format",
                            custom_error_message="source.format is postgres (the default), delta, iceberg or parquet"),
 ]
 LakeSourceSpec = DeltaSourceSpec | IcebergSourceSpec | ParquetSourceSpec
@@ -286,7 +271,8 @@ class EngineSpec(_Strict):
         return self
 
 
-def _target_format(given: object) -> str:
+def _format(given: object) -> str:
+    """The ``format`` of a source or target mapping (postgres when left out)."""
     if isinstance(given, dict):
         fmt = given.get("format", "postgres")
         return fmt if isinstance(fmt, str) else ""
@@ -300,7 +286,7 @@ TargetSpec = Annotated[
     Annotated[PostgresTargetSpec, pydantic.Tag("postgres")]
     | Annotated[DeltaTargetSpec, pydantic.Tag("delta")]
     | Annotated[IcebergTargetSpec, pydantic.Tag("iceberg")],
-    pydantic.Discriminator(_target_format, custom_error_type="target_format",
+    pydantic.Discriminator(_format, custom_error_type="target_format",
                            custom_error_message="target.format is postgres (the default), delta or iceberg"),
 ]
 

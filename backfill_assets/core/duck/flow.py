@@ -66,7 +66,7 @@ from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import compare_readings
 from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
-from backfill_assets.core.targets.lake import LakeEngine, LakeTarget
+from backfill_assets.core.targets.lake import LakeEngine, LakeTarget, refuse_keys_in_several_partitions
 from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, partition_label
 
 
@@ -206,14 +206,8 @@ def _target_keys(con: Any, control: psycopg.Connection, ctx: Context) -> str:
     finally:
         table.close()
     con.register(TARGET_KEYS, data.group_by(names).aggregate([]).select(names))
-    found = con.execute(statements.keys_in_several_partitions(TARGET_KEYS, spec.business_key)).fetchall()
-    if found:
-        raise SourceDataError(
-            f"{len(found)}+ business key(s) lie in more than one partition of {spec.target_name}, so the "
-            "partition a moved key leaves cannot be told",
-            "Replace those partitions with records_can_move off first, so that each key has one home",
-            [", ".join(f"{k}={v}" for k, v in zip(spec.business_key, row[:-1])) for row in found],
-        )
+    refuse_keys_in_several_partitions(
+        spec, con.execute(statements.keys_in_several_partitions(TARGET_KEYS, spec.business_key)).fetchall())
     return TARGET_KEYS
 
 

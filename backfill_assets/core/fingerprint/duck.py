@@ -82,21 +82,27 @@ def row_text(fields: Sequence[tuple[str, str]]) -> str:
     return _text(_row_text(fields))
 
 
+def _parts(fields: Sequence[tuple[str, str]], business_key: Sequence[str], float_keys: Sequence[str]) -> dict[str, Any]:
+    """What both digests are made of: the slice sums, the NULL-key test, the key (a double
+    key as PostgreSQL compares it) and the row text, over the relation aliased ``t``."""
+    keys = [_AS_FLOAT_KEY.format(sql.Identifier("t", k)) if k in float_keys else sql.Identifier("t", k)
+            for k in business_key]
+    return {
+        "slices": sql.SQL(", ").join(
+            _SLICE.format(start=sql.Literal(1 + i * rows.SLICE_HEX), length=sql.Literal(rows.SLICE_HEX))
+            for i in range(rows.SLICES)),
+        "null_key": sql.SQL(" OR ").join(_IS_NULL.format(sql.Identifier("t", k)) for k in business_key)
+        if business_key else sql.SQL("false"),
+        "keys": sql.SQL(", ").join(keys) if business_key else sql.SQL("NULL"),
+        "text": _row_text(fields),
+    }
+
+
 def digest_sql(relation: str, fields: Sequence[tuple[str, str]], business_key: Sequence[str],
                float_keys: Sequence[str] = ()) -> str:
     """One row: count, NULL-key count, duplicate-key count, slice sums, over ``relation``
     (aliased ``t``). ``float_keys``: key columns of kind double."""
-    keys = [_AS_FLOAT_KEY.format(sql.Identifier("t", k)) if k in float_keys else sql.Identifier("t", k)
-            for k in business_key]
-    null_key = sql.SQL(" OR ").join(_IS_NULL.format(sql.Identifier("t", k)) for k in business_key)
-    slices = sql.SQL(", ").join(
-        _SLICE.format(start=sql.Literal(1 + i * rows.SLICE_HEX), length=sql.Literal(rows.SLICE_HEX))
-        for i in range(rows.SLICES)
-    )
-    return _text(_DIGEST.format(
-        slices=slices, null_key=null_key if business_key else sql.SQL("false"), keys=sql.SQL(", ").join(keys),
-        text=_row_text(fields), relation=sql.Identifier(relation),
-    ))
+    return _text(_DIGEST.format(relation=sql.Identifier(relation), **_parts(fields, business_key, float_keys)))
 
 
 _PARTITION_DIGEST = sql.SQL(
@@ -114,19 +120,11 @@ def partition_digest_sql(relation: str, fields: Sequence[tuple[str, str]], busin
     value, count, NULL-key count, duplicate-key count, slice sums and the exact sum of
     ``total`` (NULL without one), over ``relation`` in one grouped aggregate: what the DuckDB
     engine reads of its stages (core.duck)."""
-    keys = [_AS_FLOAT_KEY.format(sql.Identifier("t", k)) if k in float_keys else sql.Identifier("t", k)
-            for k in business_key]
-    null_key = sql.SQL(" OR ").join(_IS_NULL.format(sql.Identifier("t", k)) for k in business_key)
-    slices = sql.SQL(", ").join(
-        _SLICE.format(start=sql.Literal(1 + i * rows.SLICE_HEX), length=sql.Literal(rows.SLICE_HEX))
-        for i in range(rows.SLICES)
-    )
     return _text(_PARTITION_DIGEST.format(
-        slices=slices, null_key=null_key if business_key else sql.SQL("false"),
-        keys=sql.SQL(", ").join(keys) if business_key else sql.SQL("NULL"), text=_row_text(fields),
         relation=sql.Identifier(relation), partition=sql.Identifier(partition_key),
         total=sql.SQL("sum(tv)") if total else sql.SQL("NULL"),
         total_column=sql.SQL(", t.{} AS tv").format(sql.Identifier(total)) if total else sql.SQL(""),
+        **_parts(fields, business_key, float_keys),
     ))
 
 

@@ -110,6 +110,21 @@ class LakeState:
                                "partitioned_by": self.partitioned_by, "catalog": self.catalog}}
 
 
+def refuse_keys_in_several_partitions(spec: Spec, found: list[tuple]) -> None:
+    """records_can_move over a lake target: each business key must have one home there.
+
+    Raises:
+        SourceDataError: naming up to 5 keys (``found``: rows of key values, then a count).
+    """
+    if found:
+        raise SourceDataError(
+            f"{len(found)}+ business key(s) lie in more than one partition of {spec.target_name}, so the "
+            "partition a moved key leaves cannot be told",
+            "Replace those partitions with records_can_move off first, so that each key has one home",
+            [", ".join(f"{k}={v}" for k, v in zip(spec.business_key, row[:-1])) for row in found],
+        )
+
+
 class LakeEngine:
     """A lake target (core.context.TargetEngine). A format supplies :meth:`table`; the
     rest is the same for Delta and Iceberg."""
@@ -230,14 +245,8 @@ class LakeEngine:
             table.close()
         if data is not None and data.num_rows:
             _copy_csv(conn, keys, data.group_by(names).aggregate([]).select(names))  # distinct pairs
-        found = conn.execute(sqlbuild.keys_in_several_partitions(keys, spec.business_key)).fetchall()
-        if found:
-            raise SourceDataError(
-                f"{len(found)}+ business key(s) lie in more than one partition of {spec.target_name}, so the "
-                "partition a moved key leaves cannot be told",
-                "Replace those partitions with records_can_move off first, so that each key has one home",
-                [", ".join(f"{k}={v}" for k, v in zip(spec.business_key, row[:-1])) for row in found],
-            )
+        refuse_keys_in_several_partitions(spec, conn.execute(
+            sqlbuild.keys_in_several_partitions(keys, spec.business_key)).fetchall())
         return ctx.with_keys(keys)
 
     def _state(self, ctx: Context) -> LakeState:

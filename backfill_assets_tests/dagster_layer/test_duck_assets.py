@@ -124,3 +124,29 @@ def test_moved_records_widen_the_stages_in_dagster_too(db_url, tmp_path):
     assert staged.success
     checks = {e.partition for e in staged.get_asset_check_evaluations() if e.check_name == "stages_match"}
     assert checks == {"2024-01-01", "2024-01-03"}  # the partition the moved key enters is built too
+
+
+def test_the_gate_refuses_a_plan_whose_pinned_version_was_vacuumed(db_url, tmp_path):
+    from deltalake import DeltaTable
+    write_delta(tmp_path / "orders_raw", source_table())
+    spec = duck_spec(tmp_path, {"format": "delta", "location": str(tmp_path / "orders_raw")})
+    defs = build_definitions([spec])
+    resources = {f"pg_{spec.name}": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
+    instance = dg.DagsterInstance.ephemeral()
+    staged = dg.materialize(spec_assets(spec), selection=[dg.AssetKey([spec.name, n]) for n in ("snapshot", "stage_a", "stage_b")],
+                            instance=instance, resources=resources, tags=DAYS, raise_on_error=False)
+    plan_id = next(e for e in staged.get_asset_check_evaluations() if e.check_name == "stages_match").metadata["plan_id"].value
+    write_delta(tmp_path / "orders_raw", source_table())  # a new version ...
+    DeltaTable(str(tmp_path / "orders_raw")).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    approved = defs.resolve_job_def("approve_backfill").execute_in_process(
+        run_config={"ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "alice"}}}},
+        resources=resources, instance=instance, raise_on_error=False,
+    )
+    assert not approved.success
+    failure = next(e for e in approved.all_events if e.event_type_value == "STEP_FAILURE")
+    error = failure.event_specific_data.error
+    message = error.cause.message if error.cause is not None else error.message
+    assert "can no longer be read" in message and "plan again" in message
+    refused = dg.materialize(spec_assets(spec), selection=[dg.AssetKey([spec.name, "target"])], instance=instance,
+                             resources=resources, tags=DAYS, raise_on_error=False)
+    assert not refused.success and not (tmp_path / "orders_daily").exists()

@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 
-.PHONY: demo test ui bench browser server clean
+.PHONY: demo test ui bench browser server java clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,11 @@ browser:
 server:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
-test: $(VENV)/.installed browser server
+# The Spark tests start a local session on a Java runtime (17); install one if missing.
+java:
+	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+
+test: $(VENV)/.installed browser server java
 	$(VENV)/bin/pytest
 
 bench: $(VENV)/.installed

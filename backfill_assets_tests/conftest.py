@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from typing import Any
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,3 +143,15 @@ def password_role(admin_url: str) -> str:
     return make_conninfo(**info)
 
 
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A local Spark session (two cores, UTC, no UI), started once per test session: it takes
+    5-10 s with the machine's Java 17."""
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("backfill_assets_tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.shuffle.partitions", "4").config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .getOrCreate())
+    yield session
+    session.stop()

@@ -1,0 +1,96 @@
+"""The format-3 digest in Apache Spark (core.fingerprint.rows is its specification).
+
+Built with the DataFrame API, not SQL text: Spark quotes identifiers with backticks and, unless
+a session says otherwise, reads a double-quoted name as a string literal, so no statement text
+is composed here at all. Each kind renders as the specification says:
+
+- integers, booleans, fixed-scale decimals: Spark's cast to string (plain digits, ``true`` /
+  ``false``, the declared scale);
+- doubles: ``java.lang.Double.doubleToLongBits`` through Spark's ``reflect`` (every NaN as
+  ``7ff8000000000000``, -0 apart from 0), as 16 lower-case hex digits;
+- text: ``<UTF-8 byte length>:<text>`` (``octet_length``); bytes: lower-case hex;
+- dates: ``yyyy-MM-dd``; time stamps: epoch microseconds (``unix_micros``), whatever the
+  session's time zone.
+
+The digest is an aggregate Spark runs in parallel: per partition the row count, the NULL and
+duplicate business keys, the exact sums of three 60-bit slices of the rows' SHA-256 (as
+decimals: ANSI mode makes a ``bigint`` sum overflow an error), and the total.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from backfill_assets.core.fingerprint import rows
+
+def _field(F: Any, name: str, kind: str) -> Any:  # noqa: N803 - pyspark.sql.functions, passed in
+    c = F.col(name)
+    if kind in ("integer", "decimal", "boolean"):
+        rendered = c.cast("string")
+    elif kind == "double":
+        # reflect cannot pass a NULL as a primitive double: it is given a value only where there is one.
+        bits = F.call_function("reflect", F.lit("java.lang.Double"), F.lit("doubleToLongBits"), F.coalesce(c, F.lit(0.0)))
+        rendered = F.when(c.isNotNull(), F.lower(F.lpad(F.hex(bits.cast("bigint")), 16, "0")))
+    elif kind == "text":
+        rendered = F.concat(F.octet_length(c).cast("string"), F.lit(":"), c)
+    elif kind == "bytes":
+        rendered = F.lower(F.hex(c))
+    elif kind == "date":
+        rendered = F.date_format(c, "yyyy-MM-dd")
+    elif kind == "timestamp":
+        rendered = F.unix_micros(c).cast("string")
+    else:
+        raise ValueError(f"Spark renders no {kind} values")
+    return F.coalesce(rendered, F.lit(rows.NULL))
+
+
+def row_text(fields: Sequence[tuple[str, str]]) -> Any:
+    """A row's canonical text, as a Spark column, from (column, kind) pairs in the declared order."""
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+    return F.concat_ws(rows.SEPARATOR, *(_field(F, n, k) for n, k in fields))
+
+
+def partition_readings(frame: Any, fields: Sequence[tuple[str, str]], business_key: Sequence[str],
+                       partition_key: str, total: str | None, float_keys: Sequence[str] = ()) -> list[tuple]:
+    """Per partition of ``frame`` (a Spark DataFrame) that has rows: (partition value, count,
+    NULL-key count, duplicate-key count, slice sums..., total or None), from one aggregate."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    keys = [(F.col(k) + F.lit(0.0)).alias(k) if k in float_keys else F.col(k) for k in business_key]
+    null_key = F.lit(False)
+    for k in business_key:
+        null_key = null_key | F.col(k).isNull()
+    rows_of = frame.select(
+        F.col(partition_key).alias("__p"),
+        F.when(null_key, 1).otherwise(0).alias("__nk"),
+        F.struct(*keys).alias("__k"),
+        F.sha2(row_text(fields), 256).alias("__h"),
+        *([F.col(total).alias("__t")] if total else []),
+    )
+    slices = [
+        F.sum(F.conv(F.substring("__h", 1 + i * rows.SLICE_HEX, rows.SLICE_HEX), 16, 10).cast("decimal(38,0)"))
+        for i in range(rows.SLICES)
+    ]
+    found = rows_of.groupBy("__p").agg(
+        F.count(F.lit(1)), F.sum("__nk"),
+        F.sum(1 - F.col("__nk")) - F.count_distinct(F.when(F.col("__nk") == 0, F.col("__k"))),
+        *slices, F.sum("__t") if total else F.lit(None),
+    ).collect()
+    return [tuple(r) for r in found]
+
+
+def readings(frame: Any, columns: Sequence[Any], business_key: Sequence[str], partition_key: str,
+             total: str | None) -> dict[Any, rows.Fingerprint]:
+    """Each partition's readings, by partition value: equal to PostgreSQL's and DuckDB's for the
+    same rows (``columns``: the ColumnInfo of every column, in order)."""
+    fields = [(c.name, rows.kind_of(c)) for c in columns]
+    float_keys = [c.name for c in columns if c.name in business_key and rows.kind_of(c) == "double"]
+    out = {}
+    for value, count, null_keys, duplicates, *sums, total_value in partition_readings(
+            frame, fields, business_key, partition_key, total, float_keys):
+        n = int(count)
+        out[value] = rows.Fingerprint(n, int(null_keys or 0), int(duplicates or 0),
+                                      None if total is None else rows.total_text(total_value),
+                                      rows.content_hash(columns, n, [int(s or 0) for s in sums]))
+    return out

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest

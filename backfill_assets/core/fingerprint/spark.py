@@ -24,6 +24,7 @@ from typing import Any
 
 from backfill_assets.core.fingerprint import rows
 
+
 def _field(F: Any, name: str, kind: str) -> Any:  # noqa: N803 - pyspark.sql.functions, passed in
     c = F.col(name)
     if kind in ("integer", "decimal", "boolean"):

@@ -236,6 +236,14 @@ class IcebergSourceSpec(IcebergTargetSpec):
                      "`table: namespace.table` and a `catalog`, and no location", "source")
 
 
+def _format(given: object) -> str:
+    """The ``format`` of a source or target mapping (postgres when left out)."""
+    if isinstance(given, dict):
+        fmt = given.get("format", "postgres")
+        return fmt if isinstance(fmt, str) else ""
+    return getattr(given, "format", "")
+
+
 # What the builds read, told apart by ``format``: a PostgreSQL table (the postgres engine), or
 # a lake table or Parquet folder read where it lies (the duckdb engine, core.duck).
 AnySourceSpec = Annotated[
@@ -243,7 +251,7 @@ AnySourceSpec = Annotated[
     | Annotated[DeltaSourceSpec, pydantic.Tag("delta")]
     | Annotated[IcebergSourceSpec, pydantic.Tag("iceberg")]
     | Annotated[ParquetSourceSpec, pydantic.Tag("parquet")],
-    pydantic.Discriminator(lambda given: _format(given), custom_error_type="source_format",
+    pydantic.Discriminator(_format, custom_error_type="source_format",
                            custom_error_message="source.format is postgres (the default), delta, iceberg or parquet"),
 ]
 LakeSourceSpec = DeltaSourceSpec | IcebergSourceSpec | ParquetSourceSpec
@@ -269,14 +277,6 @@ class EngineSpec(_Strict):
         if self.database is not None:
             _check_location("duckdb database", self.database)
         return self
-
-
-def _format(given: object) -> str:
-    """The ``format`` of a source or target mapping (postgres when left out)."""
-    if isinstance(given, dict):
-        fmt = given.get("format", "postgres")
-        return fmt if isinstance(fmt, str) else ""
-    return getattr(given, "format", "")
 
 
 # Where apply writes, told apart by ``format``. Each format's engine (what inspection, the

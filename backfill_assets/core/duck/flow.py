@@ -48,7 +48,7 @@ from backfill_assets.core.context import (
 )
 from backfill_assets.core.duck import statements
 from backfill_assets.core.duck.database import cursor, database
-from backfill_assets.core.duck.inspect import described, resolve
+from backfill_assets.core.duck.inspect import described, resolve, source_types
 from backfill_assets.core.duck.source import SOURCE_ROWS, LakeSource, Pin, lake_source
 from backfill_assets.core.errors import ApprovalError, SnapshotError, SourceDataError, StageError, VerificationError
 from backfill_assets.core.fingerprint import duck, rows
@@ -133,10 +133,6 @@ def _input(ctx: Context, source_names: Sequence[str]) -> Any:
     return statements.input_relation(source_names, ctx.spec.input_columns, ctx.transform)
 
 
-def _source_names(con: Any) -> list[str]:
-    return [r[0] for r in con.execute(f"DESCRIBE {SOURCE_ROWS}").fetchall()]  # a constant name
-
-
 def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
     """Refuse source data newest-wins cannot rebuild exactly, as the PostgreSQL engine does
     (core.snapshot.check_source); return each partition's (rows read, rows with a NULL key).
@@ -147,7 +143,7 @@ def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
             NULL key, rows a transform moves outside the declared partitions.
     """
     spec = ctx.spec
-    relation = _input(ctx, _source_names(con))
+    relation = _input(ctx, [name for name, _ in source_types(con)])
     params = {"partitions": list(ctx.partitions)}
     outside = con.execute(statements.outside_partitions(relation, spec.partition_key), params).fetchall()
     if outside:
@@ -244,7 +240,7 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
         ctx = _moved_scope(control, ctx, source, db, pin, progress)
     with contextlib.closing(cursor(db)) as con:
         source.attach(con, pin, spec.partition_key, ctx.partitions)
-        names = set(_source_names(con))
+        names = set([name for name, _ in source_types(con)])
         columns = [c for c in ctx.inspection.source_columns if c.name in names]
         counts = {partition_label(p): int(n) for p, n in con.execute(
             statements.partition_counts(SOURCE_ROWS, spec.partition_key), {"partitions": list(ctx.partitions)}).fetchall()}
@@ -327,7 +323,7 @@ def build_stage(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSourc
     step, total = f"stage {variant}", len(ctx.partitions)
     with contextlib.closing(cursor(db)) as con:
         source.attach(con, snapshot.pin, spec.partition_key, ctx.partitions)
-        names = _source_names(con)
+        names = [name for name, _ in source_types(con)]
         relation = statements.input_relation(names, spec.input_columns, ctx.transform)
         stage = _ensure_stage(con, ctx, variant, described(con, relation, spec.input_columns))
         insert = statements.build_stage(variant, stage, relation, spec.columns, spec.partition_key, spec.business_key,
@@ -487,7 +483,7 @@ def opened(spec: Spec, control: psycopg.Connection) -> Iterator[tuple[LakeSource
 def _reports(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSource) -> dict[str, tuple[int, int]]:
     with contextlib.closing(cursor(db)) as con:
         source.attach(con, snapshot.pin, ctx.spec.partition_key, ctx.partitions)
-        relation = _input(ctx, _source_names(con))
+        relation = _input(ctx, [name for name, _ in source_types(con)])
         found = con.execute(statements.input_report(relation, ctx.spec.partition_key, ctx.spec.business_key)).fetchall()
     return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in found}
 

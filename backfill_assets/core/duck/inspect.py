@@ -19,7 +19,7 @@ import psycopg
 
 from backfill_assets.core.context import Context
 from backfill_assets.core.duck import statements
-from backfill_assets.core.duck.source import SOURCE_ROWS, LakeSource
+from backfill_assets.core.duck.source import LakeSource
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg.catalog import ColumnInfo, Inspection, ServerInfo
 from backfill_assets.core.spec import Spec
@@ -74,7 +74,7 @@ def described(con: Any, relation: Any, columns: list[str]) -> list[tuple[str, st
 
 def source_types(con: Any) -> list[tuple[str, str]]:
     """(name, DuckDB type) of every column of the attached source rows."""
-    rows = con.execute(f"DESCRIBE {SOURCE_ROWS}").fetchall()  # a constant name; no value in it
+    rows = con.execute(statements.DESCRIBE_SOURCE).fetchall()
     return [(row[0], row[1]) for row in rows]
 
 

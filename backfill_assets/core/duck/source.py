@@ -259,10 +259,10 @@ class IcebergSource(LakeSource):
         return None
 
     def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
-        why = self.unreadable(pin, partition_key, values)
-        if why is not None:
-            raise _plan_again(self.name, pin, why)
+        # The step checked the pin's files (unreadable); only an expiry since then is looked for here.
         handle = self._handle()
+        if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
+            raise _plan_again(self.name, pin, "the snapshot was expired")
         if pin.version == "none":
             data = handle.schema().as_arrow().empty_table()
         else:

@@ -11,17 +11,18 @@ before the builds make sure of.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from psycopg import sql
 
 from backfill_assets.core.duck.source import SOURCE_ROWS
 from backfill_assets.core.fingerprint import duck
+from backfill_assets.core.guard.duck import type_sql
 from backfill_assets.core.spec import OrderingColumn
 
 _PARTITIONS = sql.SQL("(SELECT unnest($partitions))")
-_TYPE = re.compile(r"[A-Z][A-Z0-9_ ]*(\(\d+(,\s*\d+)?\))?")
+# The columns of the pinned source rows, as DuckDB binds them.
+DESCRIBE_SOURCE = sql.SQL("DESCRIBE {}").format(sql.Identifier(SOURCE_ROWS)).as_string(None)
 
 
 def _text(composed: sql.Composable) -> str:
@@ -46,16 +47,9 @@ def describe(relation: sql.Composed, columns: Sequence[str]) -> str:
     return _text(sql.SQL("DESCRIBE SELECT {} FROM {} AS i").format(_ids(columns), relation))
 
 
-def column_type(type_text: str) -> sql.SQL:
-    """A DuckDB type as DuckDB described it, checked for shape before it goes into a statement."""
-    if not _TYPE.fullmatch(type_text):
-        raise ValueError(f"unexpected DuckDB type text {type_text!r}")
-    return sql.SQL(type_text)
-
-
 def create_stage(stage: str, columns: Sequence[tuple[str, str]]) -> str:
     return _text(sql.SQL("CREATE OR REPLACE TABLE {} ({})").format(
-        sql.Identifier(stage), sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), column_type(t))
+        sql.Identifier(stage), sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), type_sql(t))
                                                   for n, t in columns)))
 
 

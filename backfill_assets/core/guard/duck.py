@@ -75,6 +75,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+from psycopg import sql
 
 from backfill_assets.core.errors import SpecError, TransformError, TransformProblem
 
@@ -350,18 +351,25 @@ def _create_source(conn: duckdb.DuckDBPyConnection, columns: Sequence[tuple[str,
     """``source`` as an empty temporary table of the given columns."""
     if not columns:
         raise SpecError(f"{_SOURCE} has no columns to check transform_sql against")
+    listed = []
     for name, type_text in columns:
-        if not _TYPE_TEXT.fullmatch(type_text):
-            raise SpecError(f"{_SOURCE} column {name!r} has an unexpected DuckDB type text {type_text!r}")
-    listed = ", ".join(f"{_identifier(n)} {t}" for n, t in columns)
+        try:
+            listed.append(sql.SQL("{} {}").format(sql.Identifier(name), type_sql(type_text)))
+        except ValueError:
+            raise SpecError(f"{_SOURCE} column {name!r} has an unexpected DuckDB type text {type_text!r}") from None
+    statement = sql.SQL("CREATE TEMPORARY TABLE {} ({})").format(sql.Identifier(_SOURCE), sql.SQL(", ").join(listed))
     try:
-        conn.execute(f"CREATE TEMPORARY TABLE {_SOURCE} ({listed})")
+        conn.execute(statement.as_string(None))
     except duckdb.Error as err:
         raise SpecError(f"the columns of {_SOURCE} are not a DuckDB table: {err}") from None
 
 
-def _identifier(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+def type_sql(type_text: str) -> sql.SQL:
+    """A DuckDB type as DuckDB describes it (``DECIMAL(12,2)``, ``TIMESTAMP WITH TIME ZONE``),
+    checked for shape before it goes into a statement (ValueError otherwise)."""
+    if not _TYPE_TEXT.fullmatch(type_text):
+        raise ValueError(f"unexpected DuckDB type text {type_text!r}")
+    return sql.SQL(type_text)
 
 
 def _plan(conn: duckdb.DuckDBPyConnection, text: str) -> _Node | str:
@@ -402,7 +410,8 @@ def _columns(conn: duckdb.DuckDBPyConnection, text: str) -> tuple[list[str], lis
 
 
 def _source_columns(conn: duckdb.DuckDBPyConnection) -> str:
-    return ", ".join(str(r[0]) for r in conn.execute(f"DESCRIBE {_SOURCE}").fetchall())
+    describe = sql.SQL("DESCRIBE {}").format(sql.Identifier(_SOURCE)).as_string(None)
+    return ", ".join(str(r[0]) for r in conn.execute(describe).fetchall())
 
 
 def _bare(value: Any) -> Any:

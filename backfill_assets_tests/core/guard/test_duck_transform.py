@@ -13,6 +13,7 @@ from decimal import Decimal
 
 import duckdb
 import pytest
+from psycopg import sql
 
 from backfill_assets.core.errors import SpecError, TransformError, TransformProblem
 from backfill_assets.core.guard.duck import _Catalog, _Locator, _Rules, check_duck_transform
@@ -41,8 +42,8 @@ ROWS = [
 def source_db() -> Iterator[duckdb.DuckDBPyConnection]:
     """A DuckDB database whose table ``source`` holds ROWS."""
     conn = duckdb.connect()
-    columns = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
-    conn.execute(f"CREATE TABLE source ({columns})")
+    columns = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind)) for name, kind in COLUMNS)
+    conn.execute(sql.SQL("CREATE TABLE source ({})").format(columns).as_string(None))
     conn.executemany(f"INSERT INTO source VALUES ({', '.join('?' for _ in COLUMNS)})", ROWS)
     yield conn
     conn.close()

@@ -24,6 +24,7 @@ server:
 # The Spark tests start a local session on a Java runtime (17); install one if missing.
 java:
 	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+	@test -f /usr/share/java/postgresql.jar || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; }
 
 test: $(VENV)/.installed browser server java
 	$(VENV)/bin/pytest

@@ -152,6 +152,7 @@ def spark() -> Iterator[Any]:
     session = (SparkSession.builder.master("local[2]").appName("backfill_assets_tests")
                .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.shuffle.partitions", "4").config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.jars", "/usr/share/java/postgresql.jar")
                .getOrCreate())
     yield session
     session.stop()

@@ -202,7 +202,11 @@ def builds_for(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
                control: psycopg.Connection | None = None) -> Iterator[Builds]:
     """The spec's :class:`Builds`, open for the block (``conn``: the spec's database;
     ``control``: the caller's connection to the control store, if it holds one)."""
-    if spec.on_duckdb:
+    if spec.on_spark:
+        from backfill_assets.core.spark.flow import SparkBuilds  # pyspark: only when used
+        with SparkBuilds.opened(conn, factory, spec, control) as spark_builds:
+            yield spark_builds
+    elif spec.on_duckdb:
         from backfill_assets.core.duck.flow import DuckBuilds  # DuckDB and the lake libraries: only when used
         with DuckBuilds.opened(conn, factory, spec, control) as builds:
             yield builds

@@ -136,9 +136,9 @@ def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against:
         SpecError: a partition not in the plan; a negative limit.
         ApprovalError: no such plan, or stage A no longer holds the plan's rows (plan again).
     """
-    if spec.on_duckdb:
-        raise SpecError("`diff` reads a PostgreSQL source and stages; it does not support engine duckdb yet "
-                        "(plan, approve, apply, status and inspect do)")
+    if spec.on_duckdb or spec.on_spark:
+        raise SpecError(f"`diff` reads a PostgreSQL source and stages; it does not support engine {spec.engine.type} "
+                        "yet (plan, approve, apply, status and inspect do; approve shows each partition's changes)")
     if limit < 0:
         raise SpecError("--limit must be 0 or more")
     with factory() as conn:

@@ -124,8 +124,8 @@ def make_plan(
         SpecError, ConnectionConfigError, SourceDataError, SnapshotError,
         TransientDatabaseError, ConcurrentRunError.
     """
-    if spec.on_duckdb:  # the source, the snapshot and the stages in DuckDB
-        from backfill_assets.core.duck import flow
+    if spec.on_duckdb or spec.on_spark:  # the source, the snapshot and the stages in DuckDB or Spark
+        flow = _engine_flow(spec)
         return flow.make_plan(spec, request, factory, clock=clock, progress=progress)
     with factory() as conn, factory.control(conn) as control, spec_lock(control, spec):
         progress(ProgressEvent("inspect", f"{spec.source_ref} -> {spec.target_name}"))
@@ -133,6 +133,15 @@ def make_plan(
         snapshot, ctx = take_snapshot(conn, ctx, clock, progress)
         a, b = build_both(ctx, snapshot, factory, clock, progress)
         return finish_plan(conn, control, ctx, snapshot, a, b, clock, progress)
+
+
+def _engine_flow(spec: Spec) -> Any:
+    """The module that runs a DuckDB or Spark spec's steps (imported only when used)."""
+    if spec.on_spark:
+        from backfill_assets.core.spark import flow
+    else:
+        from backfill_assets.core.duck import flow  # type: ignore[no-redef]
+    return flow
 
 
 def snapshot_step(
@@ -143,8 +152,8 @@ def snapshot_step(
 
     A spec with ``parallel`` snapshots at once with its other builds of other partitions
     (core.context.build_lock)."""
-    if spec.on_duckdb:  # the source, the snapshot and the stages in DuckDB
-        from backfill_assets.core.duck import flow
+    if spec.on_duckdb or spec.on_spark:  # the source, the snapshot and the stages in DuckDB or Spark
+        flow = _engine_flow(spec)
         return flow.snapshot_step(spec, request, factory, clock=clock, progress=progress)  # type: ignore[return-value]
     with factory() as conn, factory.control(conn) as control, build_lock(control, spec):
         ctx = resolve(conn, spec, request)
@@ -166,8 +175,8 @@ def stages_step(
 
     Returns the snapshot's context, the plan, and the readings of stages A and B.
     """
-    if spec.on_duckdb:  # the source, the snapshot and the stages in DuckDB
-        from backfill_assets.core.duck import flow
+    if spec.on_duckdb or spec.on_spark:  # the source, the snapshot and the stages in DuckDB or Spark
+        flow = _engine_flow(spec)
         return flow.stages_step(spec, snapshot_id, factory, clock=clock, progress=progress)
     with factory() as conn, factory.control(conn) as control, build_lock(control, spec):
         snapshot, ctx = load_snapshot(conn, spec, snapshot_id)

@@ -48,6 +48,9 @@ def inspect(conn: psycopg.Connection, spec: Spec) -> Inspection:
     Raises:
         TransformError: the spec's transform is refused.
     """
+    if spec.on_spark:
+        from backfill_assets.core.spark.flow import inspect_spark
+        return inspect_spark(conn, spec)
     if spec.on_duckdb:
         from backfill_assets.core.duck.flow import inspect_duck
         return inspect_duck(conn, spec)

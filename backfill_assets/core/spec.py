@@ -225,6 +225,54 @@ class ParquetSourceSpec(_LocatedSource):
     format: Literal["parquet"]
 
 
+class JdbcSourceSpec(_Strict):
+    """A PostgreSQL table read by Spark over JDBC (``engine: {type: spark}``), copied once into
+    the engine's staging folder in one consistent read; ``url_env`` names the environment
+    variable that holds its JDBC URL (``jdbc:postgresql://host:port/db?user=...``)."""
+
+    format: Literal["jdbc"]
+    table: TableName
+    url_env: Annotated[str, AfterValidator(_check_env_name)]
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fields(cls, given: object) -> object:
+        return _only(given, "jdbc", {"table", "url_env"},
+                     "`table: schema.table` and `url_env: <NAME of a variable holding the JDBC URL>`", "source")
+
+    @property
+    def ref(self) -> TableRef:
+        return parse_table_name(self.table)
+
+    @property
+    def display_name(self) -> str:
+        """``jdbc:<url variable>:<schema.table>`` (never the URL: it may carry a password)."""
+        return f"jdbc:{self.url_env}:{self.ref}"
+
+
+class ParquetTargetSpec(_Strict):
+    """A folder of Parquet files, Hive-partitioned by the partition key, each partition
+    replaced by an atomic directory swap (``engine: {type: spark}``; core.targets.parquet)."""
+
+    format: Literal["parquet"]
+    location: str
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fields(cls, given: object) -> object:
+        return _only(given, "parquet", {"location"}, "`location: <path or file:// URI>` and no table or catalog")
+
+    @pydantic.field_validator("location")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        return _check_location("parquet", value)
+
+    @property
+    def display_name(self) -> str:
+        """``parquet:<absolute path>`` (see DeltaTargetSpec.display_name)."""
+        return "parquet:" + _absolute(self.location)
+
+
 class IcebergSourceSpec(IcebergTargetSpec):
     """An Iceberg table read at one pinned snapshot id (``engine: {type: duckdb}``); named
     as an Iceberg target is."""
@@ -250,20 +298,31 @@ AnySourceSpec = Annotated[
     Annotated[SourceSpec, pydantic.Tag("postgres")]
     | Annotated[DeltaSourceSpec, pydantic.Tag("delta")]
     | Annotated[IcebergSourceSpec, pydantic.Tag("iceberg")]
-    | Annotated[ParquetSourceSpec, pydantic.Tag("parquet")],
+    | Annotated[ParquetSourceSpec, pydantic.Tag("parquet")]
+    | Annotated[JdbcSourceSpec, pydantic.Tag("jdbc")],
     pydantic.Discriminator(_format, custom_error_type="source_format",
-                           custom_error_message="source.format is postgres (the default), delta, iceberg or parquet"),
+                           custom_error_message="source.format is postgres (the default), delta, iceberg, parquet "
+                                                "or jdbc"),
 ]
 LakeSourceSpec = DeltaSourceSpec | IcebergSourceSpec | ParquetSourceSpec
-_SOURCE_TAGS = ("postgres", "delta", "iceberg", "parquet")
+_SOURCE_TAGS = ("postgres", "delta", "iceberg", "parquet", "jdbc")
 
 
 class EngineSpec(_Strict):
     """Where the source is read and both builds run: ``postgres`` (the default: the spec's
-    database) or ``duckdb`` (an embedded DuckDB over a lake source; core.duck). Plans,
-    approvals, the ledger and the locks stay in the control store either way."""
+    database), ``duckdb`` (an embedded DuckDB over a lake source; core.duck) or ``spark``
+    (Apache Spark; core.spark). Plans, approvals, the ledger and the locks stay in the
+    control store either way."""
 
-    type: Literal["postgres", "duckdb"] = "postgres"
+    type: Literal["postgres", "duckdb", "spark"] = "postgres"
+    # spark: the session's master (local[N], spark://host:port, or sc://host:port for Spark
+    # Connect) and its settings; a session already active in the process (a Dagster resource's)
+    # is used as it is.
+    master: Annotated[str, Field(min_length=1, pattern=r"^(local(\[(\d+|\*)\])?|spark://\S+|sc://\S+|yarn|k8s://\S+)$")] | None = None
+    conf: dict[Annotated[str, Field(pattern=r"^spark\.[A-Za-z0-9_.-]+$")], str] = {}
+    # spark: where the stages and a JDBC source's copies are written (default:
+    # <home>/spark/<spec name>); every executor must see it.
+    staging: Annotated[str, Field(min_length=1)] | None = None
     # duckdb: the database file the stages live in (default: <home>/duckdb/<spec name>.duckdb).
     database: Annotated[str, Field(min_length=1)] | None = None
     # duckdb: its memory_limit setting (for example 4GB); beyond it, DuckDB spills to disk.
@@ -272,10 +331,14 @@ class EngineSpec(_Strict):
 
     @pydantic.model_validator(mode="after")
     def _duckdb_only(self) -> EngineSpec:
-        if self.type == "postgres" and (self.database or self.memory_limit or self.threads):
+        if self.type != "duckdb" and (self.database or self.memory_limit or self.threads):
             raise ValueError("database, memory_limit and threads are settings of `type: duckdb`")
+        if self.type != "spark" and (self.master or self.conf or self.staging):
+            raise ValueError("master, conf and staging are settings of `type: spark`")
         if self.database is not None:
             _check_location("duckdb database", self.database)
+        if self.staging is not None:
+            _check_location("spark staging", self.staging)
         return self
 
 
@@ -285,9 +348,11 @@ class EngineSpec(_Strict):
 TargetSpec = Annotated[
     Annotated[PostgresTargetSpec, pydantic.Tag("postgres")]
     | Annotated[DeltaTargetSpec, pydantic.Tag("delta")]
-    | Annotated[IcebergTargetSpec, pydantic.Tag("iceberg")],
+    | Annotated[IcebergTargetSpec, pydantic.Tag("iceberg")]
+    | Annotated[ParquetTargetSpec, pydantic.Tag("parquet")],
     pydantic.Discriminator(_format, custom_error_type="target_format",
-                           custom_error_message="target.format is postgres (the default), delta or iceberg"),
+                           custom_error_message="target.format is postgres (the default), delta, iceberg or "
+                                                "parquet"),
 ]
 
 
@@ -459,11 +524,21 @@ class Spec(_Strict):
     def _engine_problems(self) -> list[str]:
         lake_source = not isinstance(self.source, SourceSpec)
         if self.engine.type == "postgres":
+            if isinstance(self.source, JdbcSourceSpec):
+                return ["a jdbc source is read by `engine: {type: spark}`; add it to the spec (the postgres engine "
+                        "reads a PostgreSQL table of its own database)"]
             if lake_source:
                 return [f"a {self.source.format} source is read by `engine: {{type: duckdb}}`; add it to the spec "
                         "(the postgres engine reads a PostgreSQL table)"]
+            if self.target.format == "parquet":
+                return ["a parquet target is written by `engine: {type: spark}`; add it to the spec, or choose a "
+                        "postgres, delta or iceberg target"]
             return []
+        if self.engine.type == "spark":
+            return self._spark_problems()
         problems = []
+        if isinstance(self.source, JdbcSourceSpec) or self.target.format == "parquet":
+            problems.append("jdbc sources and parquet targets are read and written by `engine: {type: spark}`")
         if not lake_source:
             problems.append("engine duckdb reads a lake source: source.format is delta, iceberg or parquet "
                             "(a PostgreSQL source is read by the postgres engine: remove `engine`)")
@@ -477,6 +552,25 @@ class Spec(_Strict):
             problems.append("parallel is not supported on engine duckdb yet; remove it (one run builds every partition)")
         if self.trusted_functions:
             problems.append("trusted_functions name PostgreSQL functions; engine duckdb trusts DuckDB's built-in "
+                            "functions only: remove them")
+        return problems
+
+    def _spark_problems(self) -> list[str]:
+        problems = []
+        if not isinstance(self.source, (ParquetSourceSpec, JdbcSourceSpec)):
+            problems.append("engine spark reads a parquet folder (format: parquet, location) or a PostgreSQL table "
+                            "over JDBC (format: jdbc, table, url_env): change source.format")
+        if self.target.format != "parquet":
+            problems.append("engine spark writes a parquet folder (target: {format: parquet, location}); Delta and "
+                            "Iceberg through Spark need the cluster's own jars (docs/engines.md)")
+        if self.records_can_move:
+            problems.append("records_can_move is not supported on engine spark yet; remove it, or run the spec on "
+                            "engine duckdb over a Delta or Iceberg source")
+        if self.parallel is not None:
+            problems.append("parallel is not supported on engine spark: one run builds every partition, and Spark "
+                            "spreads the work over its executors; remove it")
+        if self.trusted_functions:
+            problems.append("trusted_functions name PostgreSQL functions; engine spark trusts Spark's built-in "
                             "functions only: remove them")
         return problems
 
@@ -515,6 +609,11 @@ class Spec(_Strict):
     def on_duckdb(self) -> bool:
         """Whether the source is read and the builds run in DuckDB (core.duck)."""
         return self.engine.type == "duckdb"
+
+    @property
+    def on_spark(self) -> bool:
+        """Whether the source is read and the builds run in Apache Spark (core.spark)."""
+        return self.engine.type == "spark"
 
     @property
     def target_ref(self) -> TableRef:

@@ -206,8 +206,11 @@ def read_stages(spec: Spec, labels: list[str], factory: ConnectionFactory) -> li
         SpecError: the spec no longer matches the catalog, or a label is malformed.
     """
     with factory() as conn, factory.control(conn) as store:
-        if spec.on_duckdb:  # the stages are DuckDB tables; their builds are recorded in the control store
-            from backfill_assets.core.duck.flow import stages_now
+        if spec.on_duckdb or spec.on_spark:  # stages in DuckDB or Spark; their builds recorded in the control store
+            if spec.on_spark:
+                from backfill_assets.core.spark.flow import stages_now
+            else:
+                from backfill_assets.core.duck.flow import stages_now  # type: ignore[no-redef]
             if not control.control_ready(store, spec.control_schema):
                 raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
             ctx, now = stages_now(store, spec, labels)

@@ -160,7 +160,7 @@ def _require_build_pool(context: dg.AssetExecutionContext, spec: Spec) -> None:
 
 def _kind(spec: Spec) -> str:
     """Where the source, snapshot and stages live (their icon in the UI)."""
-    return "duckdb" if spec.on_duckdb else "postgres"
+    return spec.engine.type
 
 
 def _snapshot_asset(shape: _Shape) -> dg.AssetsDefinition:

@@ -200,7 +200,7 @@ def source_snapshot_sensor(
         for spec in specs:  # the budget is the tick's, shared by its specs
             factory = _factory(context, spec)
             budget = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if spec.on_duckdb:  # a lake keeps its versions: no state between ticks (core.duck.watch)
+            if spec.on_duckdb or spec.on_spark:  # files keep their versions: no state between ticks (core.duck.watch)
                 from backfill_assets.core.duck.watch import lake_changes
                 with explained_waits(factory, spec), factory() as conn, factory.control(conn) as store:
                     changed = lake_changes(store, spec)

@@ -123,7 +123,7 @@ class LakeSource:
         """Release what the source opened (an Iceberg catalog's connections)."""
 
 
-def _files_digest(files: Sequence[tuple[str, ...]]) -> str:
+def files_digest(files: Sequence[tuple[str, ...]]) -> str:
     return hashlib.sha256(json.dumps(sorted(files), separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
@@ -204,13 +204,13 @@ class DeltaSource(LakeSource):
         table, why = self._at(pin)
         if table is None:
             return {partition_label(v): "unreadable" for v in values}
-        return {label: _files_digest([(f,) for f in found])
+        return {label: files_digest([(f,) for f in found])
                 for label, found in self._files(table, partition_key, values).items()}
 
     def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
         table = self._table()
         files = self._files(table, partition_key, values)
-        return str(table.version()), {label: _files_digest([(f,) for f in found]) for label, found in files.items()}
+        return str(table.version()), {label: files_digest([(f,) for f in found]) for label, found in files.items()}
 
 
 def _task_files(task: Any) -> list[str]:
@@ -289,7 +289,7 @@ class IcebergSource(LakeSource):
         if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
             return {partition_label(v): "unreadable" for v in values}
         # One planning per partition: its files are pruned by its value.
-        return {partition_label(v): _files_digest([(p,) for t in self._tasks(handle, pin, partition_key, [v])
+        return {partition_label(v): files_digest([(p,) for t in self._tasks(handle, pin, partition_key, [v])
                                                     for p in _task_files(t)])
                 for v in values}
 
@@ -297,7 +297,7 @@ class IcebergSource(LakeSource):
         self.table.close()
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 20):
@@ -330,9 +330,9 @@ class ParquetSource(LakeSource):
         for paths in listing.values():
             for p in paths:
                 files.append((p.relative_to(self.root).as_posix(), p.stat().st_size,
-                              _sha256_file(p) if hashed else ""))
+                              sha256_file(p) if hashed else ""))
         files.sort()
-        return Pin(_files_digest(files), tuple(files))
+        return Pin(files_digest(files), tuple(files))
 
     def latest(self, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         return self._pin(self._listing(partition_key, values), hashed=True)
@@ -375,9 +375,9 @@ class ParquetSource(LakeSource):
         """Per partition, a digest of its files' paths and sizes (no file is read: a file
         rewritten at the same size is found by approval and apply, which hash every file)."""
         listing = self._listing(partition_key, values)
-        per = {label: _files_digest([(p.relative_to(self.root).as_posix(), str(p.stat().st_size)) for p in paths])
+        per = {label: files_digest([(p.relative_to(self.root).as_posix(), str(p.stat().st_size)) for p in paths])
                for label, paths in listing.items()}
-        return _files_digest(sorted(per.items())), per
+        return files_digest(sorted(per.items())), per
 
     def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
         per: dict[str, list[tuple[str, str]]] = {partition_label(v): [] for v in values}
@@ -385,7 +385,7 @@ class ParquetSource(LakeSource):
             label = urllib.parse.unquote(path.split("/", 1)[0].partition("=")[2])
             if label in per:
                 per[label].append((path, str(size)))
-        return {label: _files_digest(files) for label, files in per.items()}
+        return {label: files_digest(files) for label, files in per.items()}
 
 
 def lake_source(spec: Spec, conn: psycopg.Connection | None) -> LakeSource:

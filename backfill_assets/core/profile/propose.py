@@ -134,9 +134,9 @@ def profile_source(conn: psycopg.Connection, spec: Spec, partitions: list[Partit
     Raises:
         SpecError: the source or its partition key does not exist.
     """
-    if spec.on_duckdb:
-        raise SpecError("`profile` reads a PostgreSQL source and stages; it does not support engine duckdb yet "
-                        "(plan, approve, apply, status and inspect do)")
+    if spec.on_duckdb or spec.on_spark:
+        raise SpecError(f"`profile` reads a PostgreSQL source and stages; it does not support engine "
+                        f"{spec.engine.type} yet (plan, approve, apply, status and inspect do)")
     src = spec.source_ref
     cols = table_columns(conn, src)
     if not cols:

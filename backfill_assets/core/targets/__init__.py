@@ -20,6 +20,7 @@ ENGINES: dict[str, str] = {
     "postgres": "backfill_assets.core.targets.postgres:PostgresEngine",
     "delta": "backfill_assets.core.targets.delta:DeltaEngine",
     "iceberg": "backfill_assets.core.targets.iceberg:IcebergEngine",
+    "parquet": "backfill_assets.core.targets.parquet:ParquetEngine",
 }
 
 

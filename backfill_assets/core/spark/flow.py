@@ -1,0 +1,744 @@
+"""The whole process on Apache Spark, for a spec with ``engine: {type: spark}``: the source
+pinned (a Parquet folder's files, or a JDBC table's one copy; core.spark.source), both builds
+in Spark, and a Parquet folder target replaced one partition at a time by an atomic directory
+swap (core.targets.parquet) through the same apply protocol as every other target.
+
+- Snapshot (:func:`take_snapshot`): the declared partitions are pinned, counted and checked
+  in Spark (rows outside the partitions, NULL ordering values, ties, keyless partitions), and
+  named by the digest of their files at the pin. The record goes to the control store.
+- Stages (:func:`build_both`): stage A keeps each key's newest row by a window
+  (``row_number``); stage B by aggregates: per ordering column in turn, the newest value per
+  key (``max``/``min``, NULL placement as declared) joined back to the rows, then one row per
+  key. Each is written as Parquet under the staging folder (``stage_a/``, ``stage_b/``),
+  read back and fingerprinted in Spark (format 3, equal to PostgreSQL's and DuckDB's for the
+  same rows), and sealed: the readings and the digest of each partition's files (sizes and
+  SHA-256) go to ``seals_<stage>.json``.
+- Approval and apply (:class:`SparkBuilds`, core.approve.Builds): the pin must still hold its
+  files; stage A must carry the approved readings, by its seals or fingerprinted again in
+  Spark. Under each partition's lock apply reads stage A's partition into Arrow and
+  fingerprints it (the recheck), writes exactly those rows beside the target partition and
+  swaps them in, and reads the committed partition back to verify it
+  (:class:`SparkParquetTarget`).
+
+Plans, approvals, the ledger and the locks stay in the control store (PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import psycopg
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from backfill_assets.core.approve import require_ready, spec_document_drift
+from backfill_assets.core.context import (
+    Checkpoint,
+    Clock,
+    Context,
+    Target,
+    build_lock,
+    no_checkpoint,
+    spec_lock,
+    utc_now,
+)
+from backfill_assets.core.duck import statements
+from backfill_assets.core.duck.flow import LakeSnapshot, load_snapshot, pin_problem
+from backfill_assets.core.duck.source import Pin, files_digest, sha256_file
+from backfill_assets.core.errors import (
+    ApprovalError,
+    SnapshotError,
+    SourceDataError,
+    SpecError,
+    StageError,
+    VerificationError,
+)
+from backfill_assets.core.fingerprint import rows
+from backfill_assets.core.fingerprint import spark as spark_fp
+from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
+from backfill_assets.core.fingerprint.kinds import lake_schema
+from backfill_assets.core.fingerprint.partition import empty
+from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.pg.catalog import ColumnInfo, Inspection, ServerInfo
+from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.plan import assemble
+from backfill_assets.core.progress import Progress, ProgressEvent, quiet
+from backfill_assets.core.spark.session import column_info, schema_ddl, session_for, staging_dir, unsupported
+from backfill_assets.core.spark.source import SparkSource, spark_source
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.stages import compare_readings
+from backfill_assets.core.store import control as store
+from backfill_assets.core.store.plan_document import Plan
+from backfill_assets.core.targets import engine_for
+from backfill_assets.core.targets.lake import LakeEngine, LakeTarget
+from backfill_assets.core.targets.parquet import partition_dir
+from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, parse_labels, partition_label
+
+SOURCE_VIEW = "source"  # what transform_sql reads, in the step's own session
+
+
+def _F() -> Any:  # noqa: N802 - pyspark.sql.functions, imported where Spark is used
+    from pyspark.sql import functions
+    return functions
+
+
+def _fields(columns: Sequence[ColumnInfo]) -> list[tuple[str, str]]:
+    return [(c.name, rows.kind_of(c)) for c in columns]
+
+
+# -- inspection ---------------------------------------------------------------------------
+
+def _types(frame: Any) -> list[tuple[str, str]]:
+    return [(f.name, f.dataType.simpleString()) for f in frame.schema.fields]
+
+
+def _input(session: Any, frame: Any, spec: Spec, transform: str | None) -> Any:
+    """The input of newest-wins: the source (``frame``) through the transform, as the spec's
+    input columns."""
+    if transform is None:
+        return frame.select(*spec.input_columns)
+    frame.createOrReplaceTempView(SOURCE_VIEW)
+    return session.sql(transform).select(*spec.input_columns)
+
+
+def inspect(conn: psycopg.Connection | None, spec: Spec, source: SparkSource, session: Any) -> tuple[Inspection, str | None]:
+    """Inspect the source (its newest columns, no row read) and the Parquet target, collecting
+    every problem; return the inspection and the validated transform.
+
+    Raises:
+        SpecError, TransformError: the source cannot be read, or the transform is refused.
+    """
+    import pyspark
+    frame = source.schema_frame(session)
+    types = _types(frame)
+    inspection = Inspection(ServerInfo("spark", pyspark.__version__, 0, "UTF8"),
+                            [c for c in (column_info(n, t) for n, t in types) if c is not None], [], [], None, [], None)
+    problems = inspection.problems
+    transform = None
+    if spec.transform_sql is not None:
+        from backfill_assets.core.guard.spark import check_spark_transform
+        transform = check_spark_transform(spec.transform_sql, types)
+    else:
+        missing = [c for c in spec.input_columns if c not in dict(types)]
+        if missing:
+            problems.append(f"source {spec.source_name} has no column(s) {', '.join(missing)}; check columns and "
+                            "ordering against the source")
+            return inspection, transform
+    try:
+        found = _types(_input(session, frame, spec, transform))
+    except Exception as err:  # noqa: BLE001 - Spark's analysis errors, reported as the spec's
+        raise SpecError(f"the input of spec {spec.name} cannot be read in Spark: "
+                        f"{' '.join(str(err).split())[:300]}") from None
+    by_name: dict[str, ColumnInfo] = {}
+    for name, spark_type in found:
+        info = column_info(name, spark_type)
+        if info is None:
+            problems.append(unsupported(name, spark_type))
+        else:
+            by_name[name] = info
+    if problems:
+        return inspection, transform
+    engine = engine_for(spec)
+    assert isinstance(engine, LakeEngine)
+    engine.inspect_table(conn, inspection, by_name)  # type: ignore[arg-type]
+    return inspection, transform
+
+
+def resolve(conn: psycopg.Connection | None, spec: Spec, request: PartitionRequest | list[str], source: SparkSource,
+            session: Any) -> Context:
+    """Inspect read-only and validate everything about a Spark spec before any write."""
+    inspection, transform = inspect(conn, spec, source, session)
+    kind = inspection.require_plannable()
+    partitions = request.resolve(kind) if isinstance(request, PartitionRequest) else parse_labels(request, kind)
+    engine = engine_for(spec)
+    engine.check_partitions(partitions)
+    return Context(spec, engine, inspection, partitions, transform)
+
+
+# -- the snapshot --------------------------------------------------------------------------
+
+def _keyed(spec: Spec, partitions: Sequence[PartitionValue]) -> Any:
+    F = _F()  # noqa: N806
+    cond = F.col(spec.partition_key).isin(list(partitions))
+    for k in spec.business_key:
+        cond = cond & F.col(k).isNotNull()
+    return cond
+
+
+def check_source(inp: Any, ctx: Context) -> dict[str, tuple[int, int]]:
+    """Refuse source data newest-wins cannot rebuild exactly, as the other engines do; return
+    each partition's (rows read, rows with a NULL key).
+
+    Raises:
+        SourceDataError: rows outside the declared partitions, NULLs in an ordering column
+            without declared NULL placement, ties on every ordering column between rows that
+            differ, a partition whose every row has a NULL key.
+    """
+    F = _F()  # noqa: N806
+    spec = ctx.spec
+    pk = F.col(spec.partition_key)
+    outside = (inp.where(pk.isNull() | ~pk.isin(list(ctx.partitions))).groupBy(pk.cast("string").alias("p"))
+               .count().orderBy(F.desc("count"), "p").limit(3).collect())
+    if outside:
+        raise SourceDataError(
+            "the input has rows outside the declared partitions (the transform moves them, or they have a "
+            "NULL partition key)", "Keep the partition key as the source has it in transform_sql",
+            [f"partition {r[0]}: {r[1]} row(s)" for r in outside],
+        )
+    null_key = F.lit(False)
+    for k in spec.business_key:
+        null_key = null_key | F.col(k).isNull()
+    found = inp.groupBy(pk.alias("p")).agg(
+        F.count(F.lit(1)), F.sum(null_key.cast("long")),
+        *[F.sum((F.col(o.column).isNull() & ~null_key).cast("long")) for o in spec.ordering]).collect()
+    reports = {partition_label(r[0]): (int(r[1]), int(r[2] or 0)) for r in found}
+    nulls = [sum(int(r[3 + i] or 0) for r in found) for i in range(len(spec.ordering))]
+    undeclared = [f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, nulls) if n and o.nulls is None]
+    if undeclared:
+        raise SourceDataError(
+            "ordering columns have NULL values and no declared NULL placement",
+            "Declare where NULLs sort with `nulls: first` or `nulls: last` on that ordering column, or fix the source",
+            undeclared,
+        )
+    keyless = [f"partition {label}: {n} row(s)" for label, (n, k) in reports.items() if n and k == n]
+    if keyless:
+        raise SourceDataError(
+            "every source row of some partitions has a NULL business key "
+            f"({', '.join(spec.business_key)}), so the rebuild would empty them",
+            "Check business_key against the source (run `backfill-assets profile`)", keyless[:3],
+        )
+    ordering = [o.column for o in spec.ordering]
+    group = [spec.partition_key, *spec.business_key, *ordering]
+    keyed = inp.where(_keyed(spec, ctx.partitions))
+    # Groups of one row (nearly all) are found by a plain GROUP BY; only the rows of the others
+    # are rendered and compared, by their canonical text (the output rows decide).
+    several = keyed.groupBy(*group).count().where(F.col("count") > 1).drop("count")
+    left, right = keyed.alias("l"), several.alias("r")
+    same = None
+    for c in group:
+        cond = F.col(f"l.`{c}`").eqNullSafe(F.col(f"r.`{c}`"))
+        same = cond if same is None else same & cond
+    text = spark_fp.row_text(_fields(ctx.target_columns))
+    tied = (left.join(right, same, "left_semi").groupBy(*[F.col(c) for c in [spec.partition_key, *spec.business_key]])
+            .agg(F.count_distinct(text).alias("n")).where(F.col("n") > 1).limit(3).collect())
+    if tied:
+        raise SourceDataError(
+            f"rows tie on every ordering column ({', '.join(ordering)}) within a key but differ, so newest-wins would "
+            "pick one of them by chance", "Add a final tiebreak column to ordering (an ingest sequence, a unique id)",
+            [", ".join(f"{k}={v}" for k, v in zip([spec.partition_key, *spec.business_key], r[:-1]))
+             + f" ({r[-1]} different rows)" for r in tied],
+        )
+    return reports
+
+
+def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource, session: Any, clock: Clock,
+                  progress: Progress) -> tuple[LakeSnapshot, Context]:
+    """Pin the declared partitions, count and check them, and record the snapshot in the
+    control store."""
+    spec = ctx.spec
+    requested = list(ctx.labels)
+    pin = source.latest(session, spec.partition_key, ctx.partitions)
+    progress(ProgressEvent("snapshot", f"pinned {spec.source_name} at {pin.version[:16]}"))
+    frame = source.frame(session, pin)
+    names = {n for n, _ in _types(frame)}
+    columns = [c for c in ctx.inspection.source_columns if c.name in names]
+    reports = check_source(_input(session, frame, spec, ctx.transform), ctx)
+    counts = {partition_label(r[0]): int(r[1]) for r in frame.groupBy(spec.partition_key).count().collect()}
+    files = source.signature_at(pin, spec.partition_key, ctx.partitions)
+    parts = {label: {"row_count": counts.get(label, 0), "content_hash": files[label]} for label in ctx.labels}
+    scope = {"requested": requested, "added": {}, "moves": [], "pin": pin.as_dict()}
+    document = {
+        "format": SNAPSHOT_FORMAT, "source": spec.source_name, "version": pin.version,
+        "partition_key": spec.partition_key, "columns": [[c.name, c.type_name] for c in columns],
+        "partitions": [{"partition": k, **parts[k]} for k in ctx.labels],
+    }
+    snapshot_id, fingerprint = snapshot_identity(document, scope, "lake")
+    with control.transaction():
+        if not store.control_ready(control, spec.control_schema):
+            store.ensure_control_schema(control, spec.control_schema)
+        store.record_snapshot(
+            control, spec.control_schema, snapshot_id=snapshot_id, source_table=spec.source_name, mode="lake",
+            snapshot_table=None, partition_key=spec.partition_key,
+            partitions=[{"partition": k, **parts[k]} for k in ctx.labels], fingerprint=fingerprint, scope=scope,
+            created_at=clock(),
+        )
+    return LakeSnapshot(snapshot_id, fingerprint, pin, parts, requested, reports=reports), ctx
+
+
+# -- the stages ------------------------------------------------------------------------------
+
+def stage_dir(spec: Spec, variant: str) -> Path:
+    return staging_dir(spec) / f"stage_{variant}"
+
+
+def _seals_path(spec: Spec, variant: str) -> Path:
+    return staging_dir(spec) / f"seals_{variant}.json"
+
+
+def newest(inp: Any, spec: Spec, variant: Literal["a", "b"], partitions: Sequence[PartitionValue]) -> Any:
+    """Each key's newest row of the partitions: stage A by a window, stage B by aggregates."""
+    from pyspark.sql import Window
+    F = _F()  # noqa: N806
+    grain = [spec.partition_key, *spec.business_key]
+    keyed = inp.where(_keyed(spec, partitions))
+    if variant == "a":
+        order = [getattr(F.col(o.column), f"{o.direction}_nulls_{o.nulls or 'last'}")() for o in spec.ordering]
+        ranked = keyed.withColumn("__backfill_rank", F.row_number().over(Window.partitionBy(*grain).orderBy(*order)))
+        return ranked.where(F.col("__backfill_rank") == 1).select(*spec.columns)
+    found = keyed
+    for o in spec.ordering:
+        c = F.col(o.column)
+        best = F.max(c) if o.direction == "desc" else F.min(c)
+        if o.nulls == "first":  # a NULL sorts first: it is the newest wherever the key has one
+            best = F.when(F.max(c.isNull().cast("int")) == 1, F.lit(None)).otherwise(best)
+        winners = found.groupBy(*grain).agg(best.alias("__backfill_best"))
+        found = (found.join(winners, on=grain).where(c.eqNullSafe(F.col("__backfill_best")))
+                 .drop("__backfill_best"))
+    # What is left per key ties on every ordering column: the tie check found those rows equal.
+    rest = [c for c in spec.columns if c not in grain]
+    return found.groupBy(*grain).agg(*[F.max(c).alias(c) for c in rest]).select(*spec.columns)
+
+
+def _stage_frame(session: Any, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> Any | None:
+    """The stage's partitions ``values`` as a DataFrame (None: none of them has rows)."""
+    base = stage_dir(ctx.spec, variant)
+    dirs = [base / partition_dir(ctx.spec.partition_key, v) for v in values]
+    found = [str(d) for d in dirs if d.is_dir() and any(p.suffix == ".parquet" for p in d.iterdir())]
+    if not found:
+        return None
+    return session.read.schema(schema_ddl(ctx.target_columns)).option("basePath", str(base)).parquet(*found)
+
+
+def stage_readings(session: Any, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> list[Fingerprint]:
+    """The readings of the stage's partitions ``values``, in that order (format 3, in Spark)."""
+    spec = ctx.spec
+    frame = _stage_frame(session, ctx, variant, values)
+    found = {} if frame is None else {partition_label(v): fp for v, fp in spark_fp.readings(
+        frame, ctx.target_columns, spec.business_key, spec.partition_key, spec.total).items()}
+    return [found.get(partition_label(v)) or empty(ctx.target_columns, spec.total) for v in values]
+
+
+def _files_of(directory: Path) -> str:
+    """The seal of a stage partition: the digest of its files' names, sizes and SHA-256."""
+    if not directory.is_dir():
+        return files_digest([])
+    return files_digest([(p.name, str(p.stat().st_size), sha256_file(p))
+                         for p in sorted(directory.iterdir()) if p.is_file() and not p.name.startswith(("_", "."))])
+
+
+def _recorded(spec: Spec, variant: str) -> dict[str, Any]:
+    path = _seals_path(spec, variant)
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _record(spec: Spec, variant: str, seals: dict[str, Any]) -> None:
+    path = _seals_path(spec, variant)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(seals, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def build_stage(session: Any, ctx: Context, snapshot: LakeSnapshot, source: SparkSource,
+                variant: Literal["a", "b"], progress: Progress) -> dict[str, Fingerprint]:
+    """Build, write, fingerprint and seal every partition of one stage."""
+    spec = ctx.spec
+    step, total = f"stage {variant}", len(ctx.partitions)
+    progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
+    base = stage_dir(spec, variant)
+    seals = _recorded(spec, variant)
+    for label in ctx.labels:  # unsealed until rebuilt: a failed build leaves nothing that passes as built
+        seals.pop(label, None)
+    base.mkdir(parents=True, exist_ok=True)
+    _record(spec, variant, seals)
+    for value in ctx.partitions:
+        shutil.rmtree(base / partition_dir(spec.partition_key, value), ignore_errors=True)
+    inp = _input(session, source.frame(session, snapshot.pin), spec, ctx.transform)
+    newest(inp, spec, variant, ctx.partitions).write.mode("append").partitionBy(spec.partition_key).parquet(str(base))
+    found = stage_readings(session, ctx, variant, ctx.partitions)
+    out = dict(zip(ctx.labels, found))
+    for label, value in zip(ctx.labels, ctx.partitions):
+        seals[label] = {"snapshot_id": snapshot.snapshot_id, "readings": out[label].as_dict(),
+                        "files": _files_of(base / partition_dir(spec.partition_key, value))}
+    _record(spec, variant, seals)
+    for n, (label, fp) in enumerate(out.items(), 1):
+        progress(ProgressEvent(step, f"{fp.row_count} row(s)", partition=label, done=n, total=total,
+                               rows=fp.row_count, status="built"))
+    return out
+
+
+def seals_hold(session: Any | None, ctx: Context, variant: str, expected: dict[str, dict[str, Any]]) -> list[str]:
+    """The partitions of ``expected`` (label -> readings) whose stage no longer carries them:
+    those whose seal recorded exactly those readings and whose files still have the sealed
+    names, sizes and SHA-256 are unchanged (Parquet files are immutable: a change is a new
+    file or a rewritten one: changed, whatever it holds); one whose seal recorded other
+    readings is fingerprinted again in Spark."""
+    spec = ctx.spec
+    recorded = _recorded(spec, variant)
+    base = stage_dir(spec, variant)
+    # A stage's files are written once: other bytes than the sealed ones are another stage.
+    changed = [label for label in expected if label in recorded and recorded[label]["files"] != _files_of(
+        base / partition_dir(spec.partition_key, ctx.value_of(label)))]
+    doubtful = [label for label in expected
+                if label not in changed and recorded.get(label, {}).get("readings") != expected[label]]
+    if not doubtful:
+        return changed
+    if session is None:
+        session = session_for(spec)
+    found = stage_readings(session, ctx, variant, [ctx.value_of(label) for label in doubtful])
+    return changed + [label for label, fp in zip(doubtful, found) if fp.as_dict() != expected[label]]
+
+
+def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: SparkSource, session: Any,
+               clock: Clock, progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """Build stages A and B (one after the other: each is a Spark job over every executor),
+    and record each build in the control store."""
+    a = build_stage(session, ctx, snapshot, source, "a", progress)
+    b = build_stage(session, ctx, snapshot, source, "b", progress)
+    spec = ctx.spec
+    with control.transaction():
+        for variant, built in (("a", a), ("b", b)):
+            for label, fp in built.items():
+                store.record_build(control, spec.control_schema, spec_name=spec.name, variant=variant, partition=label,
+                                   snapshot_id=snapshot.snapshot_id, readings=fp.as_dict(), writer_xid=None,
+                                   writer_txid=None, built_at=clock())
+    return a, b
+
+
+def _unholdable(session: Any, ctx: Context) -> list[str]:
+    """Stage A's dates and time stamps outside the years 1 to 9999, per partition and column."""
+    F = _F()  # noqa: N806
+    spec = ctx.spec
+    checked = [c.name for c in ctx.target_columns if c.base_type in ("date", "timestamptz")]
+    frame = _stage_frame(session, ctx, "a", ctx.partitions) if checked else None
+    if frame is None:
+        return []
+    found = frame.groupBy(spec.partition_key).agg(
+        *[F.sum(((F.year(c) < 1) | (F.year(c) > 9999)).cast("long")) for c in checked]).collect()
+    return [
+        f"partition {partition_label(r[0])}: column {name} has {n} value(s) outside the years 1 to 9999; fix them "
+        "in the source or transform"
+        for r in found for name, n in zip(checked, r[1:]) if n
+    ]
+
+
+def _arrow_stage(ctx: Context, variant: str, label: str) -> pa.Table:
+    """One stage partition's rows in Arrow, in the target's schema and business-key order."""
+    spec = ctx.spec
+    schema = lake_schema(ctx.target_columns)
+    directory = stage_dir(spec, variant) / partition_dir(spec.partition_key, ctx.value_of(label))
+    files = [str(p) for p in sorted(directory.glob("*.parquet"))] if directory.is_dir() else []
+    if not files:
+        return schema.empty_table()
+    data = pads.dataset(files, format="parquet").to_table()
+    value = ctx.value_of(label)
+    data = data.append_column(spec.partition_key, pa.array([value] * data.num_rows, schema.field(spec.partition_key).type))
+    return data.select(list(spec.columns)).cast(schema).sort_by([(k, "ascending") for k in spec.business_key])
+
+
+@contextlib.contextmanager
+def _compared(ctx: Context, left: pa.Table, right: pa.Table) -> Iterator[Any]:
+    """An in-memory DuckDB connection with ``left`` as stage_rows and ``right`` as
+    target_rows (core.duck.statements compares them by canonical text)."""
+    import duckdb
+    con = duckdb.connect()
+    try:
+        con.register("stage_rows", left.select(list(ctx.spec.columns)))
+        con.register("target_rows", right.select(list(ctx.spec.columns)) if right.num_rows else
+                     lake_schema(ctx.target_columns).empty_table())
+        yield con
+    finally:
+        con.close()
+
+
+def _differing_keys(ctx: Context, label: str, left: pa.Table, right: pa.Table) -> list[tuple]:
+    spec = ctx.spec
+    with _compared(ctx, left, right) as con:
+        return con.execute(statements.differing_keys("stage_rows", "target_rows", spec.partition_key,
+                                                     spec.business_key, _fields(ctx.target_columns)),
+                           {"partition": ctx.value_of(label)}).fetchall()
+
+
+def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, session: Any,
+                reports: dict[str, tuple[int, int]], a: dict[str, Fingerprint], b: dict[str, Fingerprint],
+                clock: Clock, progress: Progress) -> Plan:
+    """Compare the stages, store the plan; a refused plan's differing stage partitions are
+    deleted so that nothing can apply them."""
+    spec = ctx.spec
+    problems = _unholdable(session, ctx)
+    for label in ctx.labels:
+        if a[label] != b[label]:
+            keys = _differing_keys(ctx, label, _arrow_stage(ctx, "a", label), _arrow_stage(ctx, "b", label))
+            problems.append(f"partition {label}: first differing key(s), stage A against stage B: " + "; ".join(
+                ", ".join(f"{k}={v}" for k, v in zip(spec.business_key, key)) for key in keys))
+    plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)  # type: ignore[arg-type]
+    if plan.status == "refused":
+        for entry in plan.document.partitions:
+            if not entry.match:
+                for v in ("a", "b"):
+                    shutil.rmtree(stage_dir(spec, v) / partition_dir(spec.partition_key, ctx.value_of(entry.partition)),
+                                  ignore_errors=True)
+    with control.transaction():
+        store.record_plan(
+            control, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name, target_table=spec.target_name,
+            status=plan.status, snapshot_id=snapshot.snapshot_id, plan=plan.as_json(), created_at=clock(),
+        )
+    progress(ProgressEvent("plan", f"{plan.plan_id[:16]}: {plan.status}", status=plan.status))
+    return plan
+
+
+# -- the steps -------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def opened(spec: Spec) -> Iterator[tuple[SparkSource, Any]]:
+    """The spec's source and a Spark session of its own, for the block."""
+    source = spark_source(spec)
+    try:
+        yield source, session_for(spec)
+    finally:
+        source.close()
+
+
+def _reports(session: Any, ctx: Context, snapshot: LakeSnapshot, source: SparkSource) -> dict[str, tuple[int, int]]:
+    F = _F()  # noqa: N806
+    spec = ctx.spec
+    inp = _input(session, source.frame(session, snapshot.pin), spec, ctx.transform)
+    null_key = F.lit(False)
+    for k in spec.business_key:
+        null_key = null_key | F.col(k).isNull()
+    found = inp.groupBy(spec.partition_key).agg(F.count(F.lit(1)), F.sum(null_key.cast("long"))).collect()
+    return {partition_label(r[0]): (int(r[1]), int(r[2] or 0)) for r in found}
+
+
+def make_plan(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, *, clock: Clock = utc_now,
+              progress: Progress = quiet) -> Plan:
+    """core.plan.make_plan for a Spark spec: pin, check, build both stages, compare, store."""
+    with factory() as conn, factory.control(conn) as control, spec_lock(control, spec), \
+            opened(spec) as (source, session):
+        progress(ProgressEvent("inspect", f"{spec.source_name} -> {spec.target_name}"))
+        ctx = resolve(control, spec, request, source, session)
+        snapshot, ctx = take_snapshot(control, ctx, source, session, clock, progress)
+        a, b = build_both(control, ctx, snapshot, source, session, clock, progress)
+        assert snapshot.reports is not None
+        return finish_plan(control, ctx, snapshot, session, snapshot.reports, a, b, clock, progress)
+
+
+def snapshot_step(spec: Spec, request: PartitionRequest | list[str], factory: ConnectionFactory, *,
+                  clock: Clock = utc_now, progress: Progress = quiet) -> LakeSnapshot:
+    """core.plan.snapshot_step for a Spark spec."""
+    with factory() as conn, factory.control(conn) as control, build_lock(control, spec), \
+            opened(spec) as (source, session):
+        ctx = resolve(control, spec, request, source, session)
+        return take_snapshot(control, ctx, source, session, clock, progress)[0]
+
+
+def _pin_holds(source: SparkSource, spec: Spec, snapshot: LakeSnapshot, ctx: Context, error: type[Exception]) -> None:
+    why = pin_problem(source, snapshot.pin, spec.partition_key, ctx.partitions,  # type: ignore[arg-type]
+                      {label: p["content_hash"] for label, p in snapshot.partitions.items()})
+    if why is not None:
+        raise error(f"the pinned version {snapshot.pin.version[:16]} of {spec.source_name} can no longer be read "
+                    f"({why}); plan again")
+
+
+def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clock: Clock = utc_now,
+                progress: Progress = quiet) -> tuple[Context, Plan, dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """core.plan.stages_step for a Spark spec."""
+    with factory() as conn, factory.control(conn) as control, build_lock(control, spec), \
+            opened(spec) as (source, session):
+        snapshot, ctx = load_snapshot(control, lambda labels: resolve(control, spec, labels, source, session),
+                                      spec, snapshot_id)
+        _pin_holds(source, spec, snapshot, ctx, SnapshotError)
+        a, b = build_both(control, ctx, snapshot, source, session, clock, progress)
+        plan = finish_plan(control, ctx, snapshot, session, _reports(session, ctx, snapshot, source), a, b, clock,
+                           progress)
+        return ctx, plan, a, b
+
+
+# -- approval and apply ----------------------------------------------------------------------
+
+class SparkParquetTarget(LakeTarget):
+    """The Parquet folder target, whose approved rows come from stage A's files.
+
+    The recheck under the partition lock (:meth:`recheck`) reads stage A's partition into
+    Arrow and fingerprints it; the replace then writes exactly those rows, and the
+    verification before the switch finds their readings already computed."""
+
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context,
+                 checkpoint: Checkpoint = no_checkpoint) -> None:
+        engine = ctx.engine
+        assert isinstance(engine, LakeEngine)
+        super().__init__(conn, control, ctx, engine.table(control), checkpoint)
+        self._rechecked: dict[str, pa.Table] = {}
+        self._known: dict[int, tuple[pa.Table, dict[str, Any]]] = {}
+
+    def recheck(self, labels: list[str]) -> dict[str, dict[str, Any]]:
+        out = {}
+        for label in labels:
+            data = self._rechecked[label] = _arrow_stage(self.ctx, "a", label)
+            out[label] = self.readings_of(data)
+        return out
+
+    def stage_rows(self, label: str) -> pa.Table:
+        data = self._rechecked.pop(label, None)
+        return _arrow_stage(self.ctx, "a", label) if data is None else data
+
+    def readings_of(self, data: pa.Table) -> dict[str, Any]:
+        known = self._known.get(id(data))
+        if known is not None and known[0] is data:
+            return known[1]
+        if data.num_rows == 0:
+            data = self.schema.empty_table()
+        readings = super().readings_of(data)
+        self._known[id(data)] = (data, readings)
+        return readings
+
+    @contextlib.contextmanager
+    def writing(self, labels: list[str]) -> Iterator[Any]:
+        try:
+            with super().writing(labels) as write:
+                yield write
+        finally:
+            self._rechecked.clear()
+            self._known.clear()
+
+    @contextlib.contextmanager
+    def data_transaction(self) -> Iterator[None]:
+        yield  # stage A is rechecked from its files under the partition lock
+
+
+class SparkBuilds:
+    """The snapshot and stages of a Spark spec (core.approve.Builds). Spark is started only
+    where a seal does not hold (the stage is then fingerprinted again)."""
+
+    def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, source: SparkSource) -> None:
+        self.conn, self.factory, self.spec, self.source = conn, factory, spec, source
+        self._target: SparkParquetTarget | None = None
+        self._session: Any | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def opened(cls, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
+               control: psycopg.Connection | None = None) -> Iterator[SparkBuilds]:
+        with contextlib.ExitStack() as stack:
+            store_conn = control if control is not None else stack.enter_context(factory.control(conn))
+            source = spark_source(spec)
+            stack.callback(source.close)
+            yield cls(store_conn, factory, spec, source)
+
+    @property
+    def session(self) -> Any:
+        if self._session is None:
+            self._session = session_for(self.spec)
+        return self._session
+
+    def unchanged_spec(self, stored: Plan) -> Context:
+        require_ready(stored)
+        ctx = resolve(self.conn, self.spec, stored.labels, self.source, self.session)
+        spec_document_drift(ctx, stored)
+        return ctx
+
+    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        spec, snap = self.spec, stored.document.snapshot
+        wanted = stored.labels if partitions is None else partitions
+        if snap.mode != "lake" or snap.version is None:
+            raise ApprovalError(f"plan {stored.plan_id[:16]} was not made from a pinned source; plan again")
+        found = store.find_snapshot(self.conn, spec.control_schema, snap.id)
+        if found is None or found["fingerprint"] != snap.fingerprint:
+            raise ApprovalError(f"snapshot {snap.id} of plan {stored.plan_id[:16]} is gone; plan again")
+        pin = Pin.of(found["scope"]["pin"])
+        why = pin_problem(self.source, pin, spec.partition_key, ctx.partitions,  # type: ignore[arg-type]
+                          {p["partition"]: p["content_hash"] for p in found["partitions"]})
+        if why is not None:
+            raise ApprovalError(f"the pinned version {pin.version[:16]} of {spec.source_name} can no longer be read "
+                                f"({why}); plan again")
+        if not stage_dir(spec, "a").is_dir():
+            raise ApprovalError(f"stage A of spec {spec.name} does not exist in {staging_dir(spec)}; plan again")
+        changed = seals_hold(self._session, ctx, "a", {label: stored.approved(label) for label in stored.labels})
+        if changed:
+            raise ApprovalError(f"stage A of spec {spec.name} no longer has the planned fingerprint in partition(s) "
+                                f"{', '.join(changed)}; plan again")
+        target = SparkParquetTarget(self.conn, self.conn, ctx)
+        try:
+            return target.readings(wanted)
+        finally:
+            target.close()
+
+    def changes(self, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
+        spec = self.spec
+        target = SparkParquetTarget(self.conn, self.conn, ctx)
+        out = {}
+        try:
+            handle = target.table.open()
+            for label in stored.labels:
+                value = ctx.value_of(label)
+                now = target.table.read(handle, spec.partition_key, [value])
+                with _compared(ctx, _arrow_stage(ctx, "a", label), now) as con:
+                    added, removed, changed, unchanged = con.execute(statements.change_counts(
+                        "stage_rows", "target_rows", spec.partition_key, spec.business_key, _fields(ctx.target_columns)),
+                        {"partition": value}).fetchall()[0]
+                out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
+                              "unchanged": int(unchanged)}
+        finally:
+            target.close()
+        return out
+
+    def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
+        if self._target is not None:
+            now = self._target.recheck(labels)
+        else:
+            now = {label: self._stage_now(ctx, label) for label in labels}
+        compare_readings({label: stored.approved(label) for label in labels}, now, "recheck of the approved stage")
+
+    def _stage_now(self, ctx: Context, label: str) -> dict[str, Any]:
+        target = SparkParquetTarget(self.conn, self.conn, ctx)
+        try:
+            return target.readings_of(_arrow_stage(ctx, "a", label))
+        finally:
+            target.close()
+
+    def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+                    ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        self._target = SparkParquetTarget(conn, control, ctx, checkpoint)
+        return self._target
+
+    def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:
+        """The failure, naming the first keys where the committed partition differs from stage A."""
+        spec = self.spec
+        if self._target is None:
+            return err
+        try:
+            value = ctx.value_of(err.partition)
+            now = self._target.table.read_version(version, spec.partition_key, [value])
+            keys = _differing_keys(ctx, err.partition, _arrow_stage(ctx, "a", err.partition), now)
+        except Exception:  # noqa: BLE001 - only an explanation failed; the verification error stands
+            return err
+        if not keys:
+            return err
+        detail = "first differing key(s), approved stage against the target: " + "; ".join(
+            ", ".join(f"{k}={v}" for k, v in zip(spec.business_key, key)) for key in keys)
+        return VerificationError(err.partition, err.step, err.expected, err.actual, detail)
+
+
+def stages_now(control: psycopg.Connection, spec: Spec, labels: list[str]) -> tuple[Context, dict[str, dict[str, Fingerprint]]]:
+    """Both stages' partitions ``labels`` as they are now, fingerprinted in Spark without
+    building anything (core.stages.read_stages)."""
+    with opened(spec) as (source, session):
+        ctx = resolve(control, spec, labels, source, session)
+        now = {}
+        for v in ("a", "b"):
+            if not stage_dir(spec, v).is_dir():
+                raise StageError(f"stage {v.upper()} of spec {spec.name} has never been built; materialize both "
+                                 "stages first")
+            now[v] = dict(zip(ctx.labels, stage_readings(session, ctx, v, ctx.partitions)))
+    return ctx, now
+
+
+def inspect_spark(conn: psycopg.Connection, spec: Spec) -> Any:
+    """core.resolve.inspect for a Spark spec: the source and the target, read-only."""
+    with opened(spec) as (source, session):
+        return inspect(conn, spec, source, session)[0]

@@ -1,0 +1,118 @@
+"""The Spark session a Spark spec runs in, where its stages live, and the types it reads.
+
+- The session: the one already active in the process (a Dagster resource's, a notebook's) is
+  used as it is; otherwise one is started from ``engine.master`` (default ``local[2]``) and
+  ``engine.conf``. Each step works in a session of its own over that context
+  (``newSession``), so that its temporary views (``source``) are its own.
+- The staging folder (``engine.staging``, default ``<home>/spark/<spec name>``) holds the
+  stages (``stage_a/``, ``stage_b/``: Parquet, Hive-partitioned), their seals, and a JDBC
+  source's copies (``snapshots/``). Every executor must see it: on a cluster, a shared file
+  system.
+- Types: each Spark type is named by the PostgreSQL type that holds the same values
+  (``bigint``, ``decimal(12,2)`` as ``numeric(12,2)``, ``timestamp`` as ``timestamp with time
+  zone``), so that plans and fingerprints equal those of the other engines for the same rows.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from backfill_assets.core.errors import SpecError
+from backfill_assets.core.pg import embedded
+from backfill_assets.core.pg.catalog import ColumnInfo
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.targets.lake_tables import local_path
+
+# What every session of ours sets, whatever else it carries: Parquet time stamps as
+# microseconds (INT96, Spark's old default, is not what other readers expect).
+REQUIRED_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+DEFAULT_MASTER = "local[2]"
+# Where Debian's libpostgresql-jdbc-java puts the PostgreSQL driver: a session started here for a
+# JDBC source loads it (``engine.conf`` may name another in spark.jars).
+DEBIAN_DRIVER_JAR = "/usr/share/java/postgresql.jar"
+
+
+def session_for(spec: Spec) -> Any:
+    """A new session (its own temporary views) over the process's Spark context, started
+    from the spec's engine settings when none is running."""
+    try:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise SpecError("engine spark needs pyspark and a Java 17 runtime: pip install 'backfill-assets[spark]'") from None
+    active = SparkSession.getActiveSession()
+    if active is None and SparkContext._active_spark_context is not None:  # started in another thread
+        active = SparkSession.builder.getOrCreate()
+    if active is None:
+        builder = SparkSession.builder.appName(f"backfill_assets:{spec.name}")
+        master = spec.engine.master or DEFAULT_MASTER
+        builder = builder.remote(master) if master.startswith("sc://") else builder.master(master)
+        conf = {"spark.ui.showConsoleProgress": "false", **spec.engine.conf}
+        if spec.source.format == "jdbc" and "spark.jars" not in conf and Path(DEBIAN_DRIVER_JAR).is_file():
+            conf["spark.jars"] = DEBIAN_DRIVER_JAR
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        active = builder.getOrCreate()
+    session = active.newSession()
+    for key, value in REQUIRED_CONF.items():
+        session.conf.set(key, value)
+    return session
+
+
+def staging_dir(spec: Spec) -> Path:
+    """Where the spec's stages and copies live."""
+    if spec.engine.staging is not None:
+        return Path(local_path(spec.engine.staging))
+    return embedded.home() / "spark" / spec.name
+
+
+# Spark type -> (PostgreSQL type name, category, collatable, base type).
+_TYPES = {
+    "bigint": ("bigint", "N", False, "int8"),
+    "int": ("integer", "N", False, "int4"),
+    "boolean": ("boolean", "B", False, "bool"),
+    "double": ("double precision", "N", False, "float8"),
+    "string": ("text", "S", True, "text"),
+    "binary": ("bytea", "U", False, "bytea"),
+    "date": ("date", "D", False, "date"),
+    "timestamp": ("timestamp with time zone", "D", False, "timestamptz"),
+}
+_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
+_CASTS = {"tinyint": "int", "smallint": "int", "float": "double", "timestamp_ntz": "timestamp (at a stated zone)",
+          "void": "a typed NULL"}
+# PostgreSQL base type -> Spark type (the stage's schema, from the spec's columns).
+_SPARK = {"int8": "bigint", "int4": "int", "bool": "boolean", "float8": "double", "text": "string",
+          "varchar": "string", "bytea": "binary", "date": "date", "timestamptz": "timestamp"}
+
+
+def column_info(name: str, spark_type: str) -> ColumnInfo | None:
+    """The column as the PostgreSQL type that holds the same values, or None."""
+    if spark_type in _TYPES:
+        return ColumnInfo(name, *_TYPES[spark_type])
+    m = _DECIMAL.fullmatch(spark_type)
+    if m is not None:
+        return ColumnInfo(name, f"numeric({m.group(1)},{m.group(2)})", "N", False, "numeric")
+    return None
+
+
+def unsupported(name: str, spark_type: str) -> str:
+    """The problem of a column without a counterpart, and the cast that gives it one."""
+    cast = _CASTS.get(spark_type)
+    instead = (f"cast it in transform_sql (CAST(`{name}` AS {cast}))" if cast else
+               "select it as a supported type in transform_sql (int, bigint, decimal(p,s), double, boolean, "
+               "string, binary, date, timestamp)")
+    return f"column {name} has Spark type {spark_type}, which has no exact counterpart in the fingerprint; {instead}"
+
+
+def spark_type(column: ColumnInfo) -> str:
+    """The Spark type that holds ``column``'s values (the inverse of :func:`column_info`)."""
+    if column.base_type == "numeric":
+        return column.type_name.replace("numeric", "decimal", 1)
+    return _SPARK[column.base_type]
+
+
+def schema_ddl(columns: list[ColumnInfo]) -> str:
+    """A Spark schema, as DDL, for ``columns`` (names backtick-quoted)."""
+    return ", ".join(f"`{c.name.replace('`', '``')}` {spark_type(c)}" for c in columns)

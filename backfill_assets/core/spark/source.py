@@ -1,0 +1,220 @@
+"""The source of a Spark spec, pinned so that both builds, approval and apply read exactly
+the same rows.
+
+- Parquet (``format: parquet``): a Hive-partitioned folder, pinned as the DuckDB engine pins
+  it (core.duck.source.ParquetSource): the planned partitions' files with each file's size
+  and SHA-256; Spark reads exactly those files.
+- JDBC (``format: jdbc``): a PostgreSQL table, copied once, when the snapshot is taken, into
+  ``<staging>/snapshots/<copy>/`` as Parquet, and pinned as that copy's files. The copy is one
+  SELECT on one connection (no ``partitionColumn``: Spark would open one connection, and one
+  snapshot of the source, per slice), so it is one consistent read. ``numeric`` columns
+  without a declared scale are refused (Spark's JDBC reader would make them
+  ``decimal(38,18)``, changing their text and failing on large values).
+
+Spark's errors name the JDBC URL, which may carry a password: a failure is reported with
+the URL and any ``password=`` value removed, and never chained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from backfill_assets.core.duck.source import ParquetSource as _Folder
+from backfill_assets.core.duck.source import Pin, files_digest, sha256_file
+from backfill_assets.core.errors import SnapshotError, SpecError
+from backfill_assets.core.spark.session import staging_dir
+from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, Spec
+from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+JDBC_DRIVER = "org.postgresql.Driver"
+
+
+class SparkSource:
+    """What the Spark engine asks of its source (see the module docstring)."""
+
+    name: str
+
+    def schema_frame(self, session: Any) -> Any:
+        """The newest columns of the source, as a DataFrame that reads no row."""
+        raise NotImplementedError
+
+    def latest(self, session: Any, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+        """Pin the partitions ``values`` (a JDBC source is copied here)."""
+        raise NotImplementedError
+
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+        """Why ``pin`` no longer holds exactly its files (hashed again), or None."""
+        raise NotImplementedError
+
+    def frame(self, session: Any, pin: Pin) -> Any:
+        """The pinned rows, as a DataFrame of ``session``."""
+        raise NotImplementedError
+
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
+        """Per partition, the digest of its files at the pin (the snapshot's partition hash)."""
+        per: dict[str, list[tuple[str, str]]] = {partition_label(v): [] for v in values}
+        for path, size, digest in pin.files:
+            directory = next(part for part in path.split("/") if part.startswith(f"{partition_key}="))
+            label = _label(directory)
+            if label in per:
+                per[label].append((path.split("/", 1)[1] if self._copied else path, f"{size}:{digest}"))
+        return {label: files_digest(sorted(files)) for label, files in per.items()}
+
+    _copied = False
+
+    def close(self) -> None:
+        pass
+
+
+def _label(directory: str) -> str:
+    import urllib.parse
+    return urllib.parse.unquote(directory.partition("=")[2])
+
+
+def _read_files(session: Any, base: Path, files: Sequence[str]) -> Any:
+    # basePath: the partition key comes from the directory names, typed as Spark infers it.
+    return session.read.option("basePath", str(base)).parquet(*[str(base / f) for f in files])
+
+
+class ParquetFolderSource(SparkSource):
+    def __init__(self, spec: ParquetSourceSpec) -> None:
+        self.folder = _Folder(spec)
+        self.root, self.name = self.folder.root, self.folder.name
+
+    def schema_frame(self, session: Any) -> Any:
+        if not self.root.is_dir():
+            raise SpecError(f"source {self.name} is not a folder; check source.location")
+        if next((p for p in self.root.rglob("*.parquet") if p.is_file()), None) is None:
+            raise SpecError(f"source {self.name} holds no Parquet file; check source.location")
+        return session.read.parquet(str(self.root)).limit(0)
+
+    def latest(self, session: Any, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+        return self.folder.latest(partition_key, values)
+
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+        return self.folder.unreadable(pin, partition_key, values)
+
+    def frame(self, session: Any, pin: Pin) -> Any:
+        if not pin.files:
+            raise SnapshotError(f"source {self.name} has no Parquet file in the planned partitions; check the "
+                                "partitions and the folder")
+        if any(not (self.root / f[0]).is_file() for f in pin.files):
+            raise SnapshotError(f"the pinned version {pin.version} of {self.name} can no longer be read (a file is "
+                                "gone); plan again")
+        return _read_files(session, self.root, [f[0] for f in pin.files])
+
+
+def _scrubbed(text: str, url: str) -> str:
+    text = " ".join(text.split())
+    if url:
+        text = text.replace(url, "[url]")
+    return re.sub(r"(?i)(password=)[^&;\s]*", r"\1[redacted]", text)
+
+
+class JdbcSource(SparkSource):
+    _copied = True
+
+    def __init__(self, spec: Spec) -> None:
+        source = spec.source
+        assert isinstance(source, JdbcSourceSpec)
+        self.env, self.table, self.name = source.url_env, source.ref, source.display_name
+        self.copies = staging_dir(spec) / "snapshots"
+
+    def _url(self) -> str:
+        url = os.environ.get(self.env)
+        if not url:
+            raise SpecError(f"environment variable {self.env} is not set; set it to the source's JDBC URL "
+                            "(jdbc:postgresql://host:port/database?user=...)")
+        if not url.startswith("jdbc:postgresql:"):
+            raise SpecError(f"{self.env} must hold a PostgreSQL JDBC URL (jdbc:postgresql://...); "
+                            "other databases are not supported yet")
+        return url
+
+    @contextlib.contextmanager
+    def _errors(self, what: str, url: str) -> Iterator[None]:
+        try:
+            yield
+        except SpecError:
+            raise
+        except Exception as err:  # noqa: BLE001 - Spark and py4j raise many kinds; all end here
+            text = _scrubbed(str(err).split("\n", 1)[0], url)[:300]
+        else:
+            return
+        raise SpecError(f"{what} {self.name} over JDBC failed: {text}; check {self.env} and that the table exists")
+
+    def _reader(self, session: Any, url: str, table: str) -> Any:
+        return (session.read.format("jdbc").option("url", url).option("driver", JDBC_DRIVER)
+                .option("dbtable", table).option("fetchsize", "10000"))
+
+    def _unscaled(self, session: Any, url: str) -> list[str]:
+        from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+        columns = self._reader(session, url, "information_schema.columns").load()
+        found = columns.where((F.col("table_schema") == self.table.schema) & (F.col("table_name") == self.table.name)
+                              & (F.col("data_type") == "numeric") & F.col("numeric_scale").isNull())
+        return [r[0] for r in found.select("column_name").collect()]
+
+    def schema_frame(self, session: Any) -> Any:
+        from psycopg import sql
+        url = self._url()
+        with self._errors("reading the columns of", url):
+            unscaled = self._unscaled(session, url)
+            if unscaled:
+                raise SpecError(
+                    f"source {self.name} column(s) {', '.join(unscaled)} are numeric without a declared scale, which "
+                    "Spark's JDBC reader turns into decimal(38,18); declare them numeric(p,s) in the source, or read "
+                    "a view that casts them")
+            frame = self._reader(session, url, sql.Identifier(self.table.schema, self.table.name).as_string(None))
+            return frame.load().limit(0)
+
+    def latest(self, session: Any, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+        """Copy the partitions ``values`` in one SELECT on one connection, and pin the copy."""
+        from psycopg import sql
+        from pyspark.sql import functions as F  # noqa: N812
+        url = self._url()
+        copy = f"copy-{uuid.uuid4().hex}"
+        target = self.copies / copy
+        self.copies.mkdir(parents=True, exist_ok=True)
+        try:
+            with self._errors("copying", url):
+                frame = self._reader(session, url, sql.Identifier(self.table.schema, self.table.name).as_string(None))
+                (frame.load().where(F.col(partition_key).isin(list(values))).write
+                 .partitionBy(partition_key).parquet(str(target)))
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        files = []
+        for p in sorted(target.rglob("*.parquet")):
+            rel = p.relative_to(self.copies)
+            if p.is_file() and not any(part.startswith(("_", ".")) for part in rel.parts):
+                files.append((rel.as_posix(), p.stat().st_size, sha256_file(p)))
+        return Pin(files_digest([(f"{p.split('/', 1)[1]}", str(n), h) for p, n, h in files]), tuple(files))
+
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+        for path, size, digest in pin.files:
+            p = self.copies / path
+            if not p.is_file():
+                return f"the copy's file {path} is gone"
+            if p.stat().st_size != size or sha256_file(p) != digest:
+                return f"the copy's file {path} was rewritten"
+        return None
+
+    def frame(self, session: Any, pin: Pin) -> Any:
+        if not pin.files:
+            raise SnapshotError(f"source {self.name} had no row in the planned partitions when it was copied; check "
+                                "the partitions")
+        base = self.copies / pin.files[0][0].split("/", 1)[0]
+        return _read_files(session, base, [f[0].split("/", 1)[1] for f in pin.files])
+
+
+def spark_source(spec: Spec) -> SparkSource:
+    """The spec's source."""
+    if isinstance(spec.source, ParquetSourceSpec):
+        return ParquetFolderSource(spec.source)
+    return JdbcSource(spec)

@@ -1,0 +1,310 @@
+"""A folder of Parquet files as the target, Hive-partitioned by the partition key
+(``<key>=<value>/part-....parquet``), as Spark, DuckDB and PyArrow read it: the target of
+``engine: {type: spark}`` (core.spark).
+
+A folder has no commit log, so a partition is replaced by a switch the file system makes
+atomic: the new partition is written in full under ``_backfill_staging/`` (a name every
+reader skips, as it skips every name that starts with ``_`` or ``.``), made durable, and then
+swapped with the old partition directory in one ``renameat2(RENAME_EXCHANGE)`` (a new
+partition: one ``rename``). A reader therefore lists either the old files or the new ones,
+never an empty or half-written partition; a process killed at any point leaves the old
+partition or the new one, and what it left under ``_backfill_staging`` is removed by a later
+write. The old files are kept under ``_backfill_replaced/`` for :data:`REPLACED_GRACE`, so
+that a reader that listed them just before the switch can still open them, then deleted.
+
+Local disks (ext4, XFS, tmpfs, Btrfs) and HDFS rename atomically; object stores (S3, GCS,
+ADLS) do not rename at all, so there a table format (Delta, Iceberg) is needed
+(docs/engines.md). A file system without ``RENAME_EXCHANGE`` is refused, naming it.
+
+Writers outside this tool cannot be locked out of a folder: our runs hold the control store's
+partition locks; a write that finds the partition's files changed since it read them fails
+(TransientDatabaseError, nothing switched); and the verification after the switch reads the
+committed partition afresh and fails loudly if it differs from the approved stage.
+
+The table's "version" (for plans and the ledger) is the SHA-256 of its file list with sizes
+and modification times: metadata only, no data file read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import shutil
+import time
+import urllib.parse
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from backfill_assets.core.errors import SpecError, TransientDatabaseError
+from backfill_assets.core.targets.lake import LakeEngine
+from backfill_assets.core.targets.lake_tables import LakeTable, TableShape, local_path
+from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+STAGING = "_backfill_staging"  # new partitions being written, and what a killed run left
+REPLACED = "_backfill_replaced"  # old partitions, kept for readers that listed them
+REPLACED_GRACE = 600.0  # seconds a replaced partition's files stay readable
+
+# Characters Spark escapes in a partition directory's value (ExternalCatalogUtils.escapePathName).
+_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(1, 32)}
+
+
+def partition_dir(partition_key: str, value: PartitionValue) -> str:
+    """A partition's directory name, as Spark names it (``day=2024-01-01``)."""
+    text = partition_label(value)
+    escaped = "".join(f"%{ord(ch):02X}" if ch in _ESCAPED else ch for ch in text)
+    return f"{partition_key}={escaped}"
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(("_", "."))
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two directories in one atomic step (Linux ``renameat2`` with RENAME_EXCHANGE).
+
+    Raises:
+        SpecError: the file system cannot (EINVAL, ENOSYS): it gives no atomic switch.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        raise SpecError("this system's C library has no renameat2: a parquet target needs an atomic directory "
+                        "swap (Linux 3.15+, glibc 2.28+); use a table format (Delta, Iceberg) instead")
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        code = ctypes.get_errno()
+        if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise SpecError(f"the file system of {b.parent} cannot swap directories atomically (RENAME_EXCHANGE: "
+                            f"{os.strerror(code)}); a parquet target needs a local disk or HDFS, or use a table "
+                            "format (Delta, Iceberg) on an object store")
+        raise OSError(code, f"swapping {a} and {b}: {os.strerror(code)}")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The folder as one read of its metadata saw it: each partition directory's files, as
+    (name under the directory, size, modification time in ns)."""
+
+    partitions: dict[str, tuple[tuple[str, int, int], ...]]  # directory name -> files
+
+    @property
+    def version(self) -> str:
+        text = "\n".join(f"{d}/{n}\t{s}\t{m}" for d in sorted(self.partitions) for n, s, m in self.partitions[d])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _files(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    out = []
+    for p in sorted(directory.rglob("*")):
+        rel = p.relative_to(directory)
+        if p.is_file() and not any(_hidden(part) for part in rel.parts):
+            st = p.stat()
+            out.append((rel.as_posix(), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def _value_type(names: list[str]) -> pa.DataType:
+    """The partition column's type as Spark infers it from directory names."""
+    import datetime as dt
+    values = [urllib.parse.unquote(n) for n in names]
+    try:
+        [dt.date.fromisoformat(v) for v in values]
+        if all(len(v) == 10 for v in values):
+            return pa.date32()
+    except ValueError:
+        pass
+    if all(v.lstrip("-").isdigit() for v in values):
+        return pa.int64() if any(abs(int(v)) >= 2**31 for v in values) else pa.int32()
+    return pa.string()
+
+
+class ParquetFolderTable(LakeTable):
+    """One Hive-partitioned Parquet folder (see the module docstring). A handle is a
+    :class:`Listing` (None: no folder, or one without a data file yet)."""
+
+    def __init__(self, location: str, partition_key: str) -> None:
+        self.root = Path(local_path(location))
+        self.partition_key = partition_key
+        self.name = "parquet:" + str(self.root)
+
+    def _listing(self) -> Listing | None:
+        if not self.root.is_dir():
+            return None
+        found = {}
+        for entry in sorted(self.root.iterdir()):
+            key, sep, _ = entry.name.partition("=")
+            if entry.is_dir() and sep and key == self.partition_key:
+                found[entry.name] = _files(entry)
+        return Listing(found)
+
+    def shape(self) -> TableShape | None:
+        listing = self._listing()
+        first = None if listing is None else next(
+            ((d, files[0][0]) for d, files in sorted(listing.partitions.items()) if files), None)
+        if listing is None or first is None:
+            return None  # no data file yet: apply writes the first partition
+        schema = pq.read_schema(self.root / first[0] / first[1])
+        names = [d.partition("=")[2] for d, files in listing.partitions.items() if files]
+        columns = [(f.name, f.type) for f in schema if f.name != self.partition_key]
+        columns.append((self.partition_key, _value_type(names)))
+        return TableShape(columns, [self.partition_key], [f.name for f in schema if not f.nullable], [])
+
+    def open(self) -> Listing | None:
+        return self._listing()
+
+    def version(self, handle: Any) -> str | None:
+        return None if handle is None else handle.version
+
+    def _read_dir(self, directory: str, files: Sequence[tuple[str, int, int]], value: PartitionValue) -> pa.Table | None:
+        tables = [pq.read_table(self.root / directory / name) for name, _, _ in files if name.endswith(".parquet")]
+        if not tables:
+            return None
+        data = pa.concat_tables(tables, promote_options="permissive")
+        if self.partition_key in data.column_names:
+            data = data.drop_columns([self.partition_key])
+        return data.append_column(self.partition_key, pa.array([value] * data.num_rows))
+
+    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        parts = []
+        for value in values:
+            directory = partition_dir(column, value)
+            files = () if handle is None else handle.partitions.get(directory, ())
+            data = self._read_dir(directory, files, value)
+            if data is not None:
+                parts.append(data)
+        if not parts:
+            return pa.table({})
+        return pa.concat_tables(parts, promote_options="permissive")
+
+    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        """The partitions as they are now, read afresh: a folder keeps no old versions, so a
+        change by another writer since ``version`` shows as rows that differ."""
+        return self.read(self._listing(), column, values)
+
+    def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
+        parts = []
+        for directory, files in ([] if handle is None else sorted(handle.partitions.items())):
+            raw = urllib.parse.unquote(directory.partition("=")[2])
+            data = self._read_dir(directory, files, raw)
+            if data is not None:
+                parts.append(data.select(list(columns)))
+        return pa.concat_tables(parts, promote_options="permissive") if parts else pa.table({})
+
+    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        created = self._listing()
+        assert created is not None
+        return created.version
+
+    def close(self) -> None:
+        pass
+
+    def _purge(self) -> None:
+        """Remove what killed runs left being written, and replaced partitions past their grace."""
+        now = time.time()
+        for folder, grace in ((STAGING, REPLACED_GRACE), (REPLACED, REPLACED_GRACE)):
+            base = self.root / folder
+            if not base.is_dir():
+                continue
+            for entry in base.iterdir():
+                if now - entry.stat().st_mtime > grace:
+                    shutil.rmtree(entry, ignore_errors=True)
+
+    def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
+                  metadata: Mapping[str, str], exclusive: bool = False) -> str | None:
+        """Write each partition under ``_backfill_staging`` and switch it in atomically (see
+        the module docstring); a partition whose files changed since ``handle`` was read is
+        refused before anything is switched (TransientDatabaseError, safe to retry)."""
+        now = self._listing()
+        before = {} if handle is None else handle.partitions
+        current = {} if now is None else now.partitions
+        dirs = [partition_dir(column, v) for v in values]
+        moved = [d for d in dirs if before.get(d, ()) != current.get(d, ())]
+        if exclusive and before != current:
+            moved = moved or sorted(set(before) ^ set(current))
+        if moved:
+            raise TransientDatabaseError(f"another writer changed {', '.join(moved)} of {self.name} since this run "
+                                         "read it; nothing of ours was switched in")
+        self._purge()
+        run = self.root / STAGING / uuid.uuid4().hex
+        written = []
+        for value, directory in zip(values, dirs):
+            rows = data.filter(pc.equal(data[column], pa.scalar(value, data.schema.field(column).type)))
+            new = run / directory
+            new.mkdir(parents=True)
+            if rows.num_rows:
+                path = new / f"part-00000-{uuid.uuid4()}.c000.snappy.parquet"
+                pq.write_table(rows.drop_columns([column]), path, compression="snappy")
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+            _fsync_dir(new)
+            written.append((new, directory))
+        _fsync_dir(run)
+        for new, directory in written:
+            self._switch(new, self.root / directory)
+        _fsync_dir(self.root)
+        shutil.rmtree(run, ignore_errors=True)
+        after = self._listing()
+        return None if after is None else after.version
+
+    def _switch(self, new: Path, old: Path) -> None:
+        """Put ``new`` at ``old`` in one step; keep the old files for REPLACED_GRACE."""
+        empty = not any(new.iterdir())
+        if old.exists():
+            exchange(new, old)  # ``new`` now holds the old partition
+            keep = self.root / REPLACED / uuid.uuid4().hex
+            keep.parent.mkdir(exist_ok=True)
+            os.rename(new, keep)
+            if empty:
+                os.rmdir(old)  # an emptied partition has no directory, as Spark leaves it
+        elif not empty:
+            try:
+                os.rename(new, old)  # no directory there: a rename cannot replace one that appears now
+            except OSError as err:
+                if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise TransientDatabaseError(f"another writer created {old.name} of {self.name} while this "
+                                                 "run wrote it; nothing of ours was switched in") from None
+                raise
+
+    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                       keys: pa.Table) -> pa.Table | None:
+        raise SpecError("records_can_move is not supported on a parquet target")
+
+    def follows(self, handle: Any, base: str | None, metadata: Mapping[str, str]) -> bool:
+        return True
+
+
+class ParquetEngine(LakeEngine):
+    """A Parquet folder target (core.context.TargetEngine), written by the Spark engine."""
+
+    def table(self, conn: psycopg.Connection | None) -> LakeTable:
+        target = self.spec.target
+        return ParquetFolderTable(target.location, self.spec.partition_key)  # type: ignore[union-attr]
+
+    def check_partitions(self, partitions: list[PartitionValue]) -> None:
+        """A partition value must name one directory: not empty, and not ``.`` or ``..``."""
+        bad = [partition_label(p) for p in partitions if partition_label(p) in ("", ".", "..")]
+        if bad:
+            raise SpecError(f"partition value(s) {', '.join(repr(b) for b in bad)} cannot name a directory of a "
+                            "parquet target")

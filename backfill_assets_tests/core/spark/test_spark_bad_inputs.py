@@ -1,0 +1,192 @@
+"""Bad inputs on the Spark engine: each refused with a message that names the problem and what
+to do, before anything is written; and a JDBC URL's password never shown."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import os
+import shutil
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from backfill_assets.core import plan as plan_module
+from backfill_assets.core.apply import apply_plan
+from backfill_assets.core.approve import approve_plan, review
+from backfill_assets.core.errors import ApprovalError, SourceDataError, SpecError
+from backfill_assets.core.spec import spec_from_mapping
+from backfill_assets_tests.support.duck_lakes import DAYS, source_table
+from backfill_assets_tests.support.spark_lakes import (
+    JDBC_ENV,
+    jdbc_url,
+    spark_mapping,
+    spark_spec,
+    write_parquet_source,
+)
+from backfill_assets_tests.support.specs import CANARY, REPO, URL_ENV
+
+T = dt.datetime(2024, 1, 2, 9, 0, tzinfo=dt.timezone.utc)
+
+
+def _with(*extra: tuple):
+    from backfill_assets.cli import demo
+    from backfill_assets_tests.support.duck_lakes import edge_rows
+    return source_table(demo.source_rows(orders_per_day=6, moved=False) + edge_rows() + list(extra))
+
+
+def test_rows_that_tie_on_every_ordering_column_are_refused(tmp_path, spark, factory, url_env):
+    source = write_parquet_source(tmp_path / "raw", _with(
+        (dt.date(2024, 1, 2), 500, 1, T, 7, decimal.Decimal("1.00"), "a", None),
+        (dt.date(2024, 1, 2), 500, 1, T, 7, decimal.Decimal("2.00"), "a", None)))
+    with pytest.raises(SourceDataError, match="tie on every ordering column") as err:
+        plan_module.make_plan(spark_spec(tmp_path, source), DAYS, factory)
+    assert "order_id=500" in str(err.value) and "tiebreak" in str(err.value)
+    assert not (tmp_path / "orders_daily").exists()
+
+
+def test_identical_duplicate_rows_are_not_a_tie(tmp_path, spark, factory, url_env):
+    row = (dt.date(2024, 1, 2), 501, 1, T, 7, decimal.Decimal("1.00"), "a", "x")
+    plan = plan_module.make_plan(spark_spec(tmp_path, write_parquet_source(tmp_path / "raw", _with(row, row))),
+                                 DAYS, factory)
+    assert plan.status == "ready", plan.problems
+
+
+def test_null_ordering_values_need_a_declared_placement(tmp_path, spark, factory, url_env):
+    source = write_parquet_source(tmp_path / "raw", _with(
+        (dt.date(2024, 1, 3), 502, 1, None, 1, decimal.Decimal("1.00"), "a", None),
+        (dt.date(2024, 1, 3), 502, 1, T, 2, decimal.Decimal("2.00"), "b", None)))
+    with pytest.raises(SourceDataError, match="no declared NULL placement"):
+        plan_module.make_plan(spark_spec(tmp_path, source), DAYS, factory)
+    # Declared: NULLs first means the NULL row is the newest, in both builds.
+    ordering = [{"column": "updated_at", "direction": "desc", "nulls": "first"},
+                {"column": "ingest_seq", "direction": "desc"}]
+    plan = plan_module.make_plan(spark_spec(tmp_path, source, ordering=ordering), DAYS, factory)
+    assert plan.status == "ready", plan.problems
+
+
+def test_a_source_file_rewritten_after_the_approval_is_refused_before_any_write(tmp_path, spark, factory, url_env):
+    folder = tmp_path / "raw"
+    spec = spark_spec(tmp_path, write_parquet_source(folder))
+    plan = plan_module.make_plan(spec, DAYS, factory)
+    with factory() as conn:
+        approve_plan(conn, factory, spec, plan, "tester")
+    victim = next((folder / "order_date=2024-01-02").glob("*.parquet"))
+    data = pq.read_table(victim)
+    pq.write_table(data.slice(1), victim)
+    with pytest.raises(ApprovalError, match="rewritten.*plan again"):
+        apply_plan(spec, plan.plan_id, factory, run_id="run-p")
+    assert not (tmp_path / "orders_daily").exists()
+
+
+def test_a_stage_file_changed_after_the_plan_is_refused_by_approval(tmp_path, spark, factory, url_env):
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "raw"))
+    plan = plan_module.make_plan(spec, DAYS, factory)
+    stage = tmp_path / "staging" / "stage_a" / "order_date=2024-01-02"
+    victim = next(stage.glob("*.parquet"))
+    pq.write_table(pq.read_table(victim).slice(1), victim)
+    with factory() as conn, pytest.raises(ApprovalError, match=r"no longer has the planned fingerprint in "
+                                                               r"partition\(s\) 2024-01-02; plan again"):
+        review(conn, factory, spec, plan.plan_id)
+
+
+def test_a_transform_spark_cannot_prove_deterministic_is_refused(tmp_path, spark, factory, url_env):
+    from backfill_assets.core.errors import TransformError
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "raw"), transform_sql=(
+        "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, "
+        "CAST(rand() AS STRING) AS note FROM source"))
+    with pytest.raises(TransformError, match="rand"):
+        plan_module.make_plan(spec, DAYS, factory)
+
+
+def test_an_accepted_transform_is_built_in_spark(tmp_path, spark, factory, url_env):
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "raw"), transform_sql=(
+        "SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount * 2 AS amount, "
+        "upper(status) AS status, note FROM source"))
+    plan = plan_module.make_plan(spec, DAYS, factory)
+    assert plan.status == "ready", plan.problems
+
+
+def test_spec_shapes_name_the_engine(tmp_path):
+    base = spark_mapping(tmp_path, {"format": "parquet", "location": str(tmp_path)})
+    with pytest.raises(SpecError, match="engine spark writes a parquet folder"):
+        spec_from_mapping({**base, "target": {"table": "public.orders_daily"}})
+    with pytest.raises(SpecError, match="records_can_move is not supported on engine spark"):
+        spec_from_mapping({**base, "records_can_move": True})
+    with pytest.raises(SpecError, match="a jdbc source is read by `engine: {type: spark}`"):
+        spec_from_mapping({**base, "engine": {"type": "postgres"}, "source": {
+            "format": "jdbc", "table": "public.t", "url_env": "X"}, "target": {"table": "public.orders_daily"}})
+    with pytest.raises(SpecError, match="NAME of an environment variable"):
+        spec_from_mapping({**base, "source": {"format": "jdbc", "table": "public.t",
+                                              "url_env": "jdbc:postgresql://h/db?password=x"}})
+    with pytest.raises(SpecError, match="settings of `type: spark`"):
+        spec_from_mapping({**base, "engine": {"type": "duckdb", "master": "local[2]"}})
+
+
+def test_a_jdbc_failure_never_shows_the_password(tmp_path, spark, factory, url_env, db_url, monkeypatch):
+    with jdbc_url(db_url.reveal()) as url:
+        monkeypatch.setenv(JDBC_ENV, url + f"&password={CANARY}")
+        spec = spark_spec(tmp_path, {"format": "jdbc", "table": "public.no_such_table", "url_env": JDBC_ENV})
+        with pytest.raises(SpecError) as err:
+            plan_module.make_plan(spec, DAYS, factory)
+    assert CANARY not in str(err.value) and JDBC_ENV in str(err.value)
+    monkeypatch.setenv(JDBC_ENV, f"jdbc:postgresql://127.0.0.1:1/none?user=u&password={CANARY}")
+    with pytest.raises(SpecError) as err:
+        plan_module.make_plan(spec, DAYS, factory)
+    assert CANARY not in str(err.value)
+
+
+def test_an_unscaled_numeric_over_jdbc_is_refused_naming_the_column(tmp_path, spark, factory, url_env, conn, db_url,
+                                                                   monkeypatch):
+    conn.execute("CREATE TABLE public.raw_n (order_date date, order_id bigint, customer_id bigint, "
+                 "updated_at timestamptz, ingest_seq bigint, amount numeric, status text, note text)")
+    conn.commit()
+    with jdbc_url(db_url.reveal()) as url:
+        monkeypatch.setenv(JDBC_ENV, url)
+        spec = spark_spec(tmp_path, {"format": "jdbc", "table": "public.raw_n", "url_env": JDBC_ENV})
+        with pytest.raises(SpecError, match=r"amount are numeric without a declared scale.*numeric\(p,s\)"):
+            plan_module.make_plan(spec, DAYS, factory)
+
+
+def test_the_cli_flow_over_jdbc_converges_and_a_later_source_change_does_not_move_the_plan(
+        tmp_path, spark, factory, url_env, conn, db_url, monkeypatch):
+    from backfill_assets_tests.core.spark.test_spark_flow import _load_postgres
+    _load_postgres(conn)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spark_mapping(
+        tmp_path, {"format": "jdbc", "table": "public.orders_raw", "url_env": JDBC_ENV},
+        engine={"type": "spark", "master": "local[1]", "staging": str(tmp_path / "staging"),
+                "conf": {"spark.ui.enabled": "false"}})), encoding="utf-8")
+    with jdbc_url(db_url.reveal()) as url:
+        env = {**os.environ, URL_ENV: db_url.reveal(), JDBC_ENV: url}
+
+        def cli(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "backfill_assets.cli", *args, "--spec", str(spec_file)],
+                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+        planned = cli("plan", "--partitions", "2024-01-01..2024-01-03", "--json")
+        assert planned.returncode == 0, planned.stderr[-2000:]
+        import json
+        plan_id = json.loads(planned.stdout)["plan_id"]
+        # The source moves on after the plan: the plan reads its own copy.
+        conn.execute("UPDATE public.orders_raw SET status = status || '!'")
+        conn.commit()
+        approved = cli("approve", "--plan", plan_id, "--yes", "--by", "tester")
+        assert approved.returncode == 0, approved.stderr[-2000:]
+        applied = cli("apply", "--plan", plan_id)
+        assert applied.returncode == 0, applied.stderr[-2000:]
+        again = cli("apply", "--plan", plan_id)
+        assert again.returncode == 0 and "skipped" in again.stdout + again.stderr
+        status = cli("status")
+        assert status.returncode == 0 and "verified" in status.stdout
+        diff = cli("diff", "--plan", plan_id)
+        assert diff.returncode != 0 and "does not support engine spark" in diff.stderr
+        for out in (planned, approved, applied, again, status, diff):
+            assert url not in out.stdout + out.stderr
+        monkeypatch.setenv(JDBC_ENV, url)
+        shutil.rmtree(tmp_path / "staging" / "snapshots")  # the copy is gone: approval cannot trust the plan
+        with factory() as c, pytest.raises(ApprovalError, match="copy's file .* is gone.*plan again"):
+            review(c, factory, spec_from_mapping(yaml.safe_load(spec_file.read_text())), plan_id)

@@ -1,0 +1,71 @@
+"""The whole process on Apache Spark (engine: {type: spark}) in a real local session, against
+real Parquet folders, a real PostgreSQL table read over JDBC, and the real control store."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from backfill_assets.core import plan as plan_module
+from backfill_assets.core.apply import apply_plan
+from backfill_assets.core.approve import approve_plan, review
+from backfill_assets_tests.support.duck_lakes import COLUMNS, DAYS, LABELS, newest, source_table
+from backfill_assets_tests.support.spark_lakes import spark_spec, target_rows, write_parquet_source
+
+DAY_LIST = [dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.date(2024, 1, 3)]
+
+
+def test_parquet_to_parquet_plans_approves_applies_and_converges(tmp_path: Path, spark, factory, url_env):
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "orders_raw"))
+    plan = plan_module.make_plan(spec, DAYS, factory)
+    assert plan.status == "ready", plan.problems
+    assert [p.partition for p in plan.document.partitions] == LABELS
+    assert plan_module.make_plan(spec, DAYS, factory).plan_id == plan.plan_id
+    with factory() as conn:
+        checked = review(conn, factory, spec, plan.plan_id)
+        assert checked.changes is not None and all(c["added"] > 0 for c in checked.changes.values())
+        approve_plan(conn, factory, spec, plan, "tester")
+    result = apply_plan(spec, plan.plan_id, factory, run_id="run-1")
+    assert [p["status"] for p in result.partitions] == ["verified"] * 3
+    rows = [tuple(r[c] for c in COLUMNS) for r in source_table().to_pylist()]
+    for day in DAY_LIST:
+        assert target_rows(tmp_path / "orders_daily", day) == newest(rows, day)
+    again = apply_plan(spec, plan.plan_id, factory, run_id="run-2")
+    assert [p["status"] for p in again.partitions] == ["skipped-already-verified"] * 3
+
+
+def _load_postgres(conn) -> None:
+    from backfill_assets.cli import demo
+    demo.load(conn)
+    conn.execute("TRUNCATE public.orders_raw")
+    rows = [tuple(r[c] for c in COLUMNS) for r in source_table().to_pylist()]
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, "
+                        "amount, status, note) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
+    conn.commit()
+
+
+def test_the_content_hash_on_spark_equals_postgresql_and_duckdb(tmp_path, spark, factory, url_env, conn, db_url,
+                                                                monkeypatch):
+    """For the same rows, every reading of every partition (the content hash among them) is the
+    same whether the stages are built in PostgreSQL, in DuckDB, or in Spark from a Parquet
+    folder or from the PostgreSQL table read over JDBC."""
+    from backfill_assets_tests.support.duck_lakes import delta_source, duck_spec
+    from backfill_assets_tests.support.spark_lakes import JDBC_ENV, jdbc_url
+    from backfill_assets_tests.support.specs import make_spec
+    _load_postgres(conn)
+    on_pg = plan_module.make_plan(make_spec(records_can_move=False, target={
+        "format": "delta", "location": str(tmp_path / "pg_target")}), DAYS, factory)
+    on_duck = plan_module.make_plan(duck_spec(tmp_path, delta_source(tmp_path)), DAYS, factory)
+    on_spark = plan_module.make_plan(spark_spec(tmp_path, write_parquet_source(tmp_path / "orders_raw")), DAYS, factory)
+    with jdbc_url(db_url.reveal()) as url:
+        monkeypatch.setenv(JDBC_ENV, url)
+        jdbc = spark_spec(tmp_path / "j", {"format": "jdbc", "table": "public.orders_raw", "url_env": JDBC_ENV},
+                          name="orders_jdbc")
+        over_jdbc = plan_module.make_plan(jdbc, DAYS, factory)
+    plans = [on_pg, on_duck, on_spark, over_jdbc]
+    assert [p.status for p in plans] == ["ready"] * 4, [p.problems for p in plans]
+    for entries in zip(*(p.document.partitions for p in plans)):
+        assert len({(e.stage_a, e.stage_b) for e in entries}) == 1
+        assert len({e.source.rows_read for e in entries}) == 1
+    assert on_pg.document.columns == on_spark.document.columns == over_jdbc.document.columns

@@ -39,7 +39,13 @@ from backfill_assets.core.stages import read_stages
 from backfill_assets.dagster_layer import events
 from backfill_assets.dagster_layer.names import PLAN_TAG, Keys, build_pool, replace_pool
 from backfill_assets.dagster_layer.partitions import partitions_def
-from backfill_assets.dagster_layer.resources import PostgresResource, resource_key, transient_retry
+from backfill_assets.dagster_layer.resources import (
+    SPARK_RESOURCE,
+    PostgresResource,
+    resource_key,
+    spark_keys,
+    transient_retry,
+)
 
 __all__ = ["require_pool_limit", "spec_assets"]
 
@@ -83,6 +89,8 @@ def _progress(context: dg.AssetExecutionContext, interval: float = PROGRESS_INTE
 
 
 def _factory(context: dg.AssetExecutionContext, spec: Spec):
+    if spec.on_spark:  # the run's Spark session, from its resource, before any step uses it
+        getattr(context.resources, SPARK_RESOURCE).start()
     resource: PostgresResource = getattr(context.resources, resource_key(spec))
     return resource.factory(spec, f"backfill_assets:{spec.name}:dagster")
 
@@ -134,7 +142,7 @@ class _Shape:
         return dg.multi_asset(
             name=f"{self.spec.name}__{step}", partitions_def=self.parts, backfill_policy=policy,
             pool=None if parallel is None else pool,
-            can_subset=True, required_resource_keys={resource_key(self.spec)}, **kwargs,
+            can_subset=True, required_resource_keys={resource_key(self.spec), *spark_keys(self.spec)}, **kwargs,
         )
 
     def check(self, name: str, key: dg.AssetKey, description: str, blocking: bool = False) -> dg.AssetCheckSpec:

@@ -17,7 +17,7 @@ from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import Spec, load_spec
 from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.jobs import approval_job, not_launched_job, spec_jobs
-from backfill_assets.dagster_layer.resources import resource_for, resource_key
+from backfill_assets.dagster_layer.resources import resource_for, resource_key, spark_resource
 from backfill_assets.dagster_layer.sensors import approval_sensor, source_snapshot_sensor
 
 # Partitioned asset checks are a preview feature in Dagster 1.13; this project relies on them
@@ -56,7 +56,7 @@ def build_definitions(specs: list[Spec]) -> dg.Definitions:
         assets=[a for s in specs for a in spec_assets(s)],
         jobs=[*stage_jobs, *target_jobs, approval_job(specs), not_launched],
         sensors=[approval_sensor(specs, [*target_jobs, not_launched]), source_snapshot_sensor(specs, stage_jobs)],
-        resources={resource_key(s): resource_for(s) for s in specs},
+        resources={**{resource_key(s): resource_for(s) for s in specs}, **spark_resource(specs)},
     )
 
 

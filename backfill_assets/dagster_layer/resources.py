@@ -39,6 +39,39 @@ def resource_key(spec: Spec) -> str:
     return f"pg_{spec.name}"
 
 
+SPARK_RESOURCE = "spark"
+
+
+class SparkResource(dg.ConfigurableResource):
+    """The Spark session of the code location's Spark specs (one per process, as Spark allows):
+    started from ``master`` and ``conf`` the first time a step needs it, then used by every
+    step of the run (core.spark.session takes the active session as it is). ``master`` may be
+    ``local[N]``, ``spark://host:port``, or ``sc://host:port`` for a remote cluster through
+    Spark Connect. Configure it in the launchpad or the Definitions to point at a cluster."""
+
+    master: str = "local[2]"
+    conf: dict[str, str] = {}
+
+    def start(self) -> None:
+        """Start (or find) the process's session."""
+        from backfill_assets.core.spark.session import start_session
+        start_session(self.master, dict(self.conf))
+
+
+def spark_keys(spec: Spec) -> set[str]:
+    """The resources a spec's steps need beyond its PostgreSQL one."""
+    return {SPARK_RESOURCE} if spec.on_spark else set()
+
+
+def spark_resource(specs: list[Spec]) -> dict[str, SparkResource]:
+    """The Spark resource, from the first Spark spec's engine settings (none without one)."""
+    spark = [s for s in specs if s.on_spark]
+    if not spark:
+        return {}
+    engine = spark[0].engine
+    return {SPARK_RESOURCE: SparkResource(master=engine.master or "local[2]", conf=dict(engine.conf))}
+
+
 def resource_for(spec: Spec) -> PostgresResource:
     control = spec.control_database_url_env
     return PostgresResource(

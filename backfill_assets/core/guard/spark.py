@@ -627,6 +627,9 @@ _SELECT_ARGS = frozenset({
 })
 _SET_ARGS = frozenset({"this", "expression", "distinct", "with", "with_", "order", "limit", "offset"})
 _TABLE_ARGS = frozenset({"this", "alias", "db", "catalog", "sample", "version"})
+_JOIN_ARGS = frozenset({"this", "kind", "side", "method", "on", "using"})
+_CLAUSE_WORDS = {"pivots": "PIVOT", "windows": "WINDOW", "distribute": "DISTRIBUTE BY", "sort": "SORT BY",
+                 "cluster": "CLUSTER BY", "qualify": "QUALIFY", "hint": "a hint", "into": "INTO"}
 _JOIN_KINDS = frozenset({"", "INNER", "OUTER", "CROSS", "SEMI", "ANTI"})
 
 _CONSTANT_INSTEAD = "take the value from a source column, or write it as a constant literal"
@@ -913,7 +916,7 @@ def _unnamed_columns(tree: exp.Expression, locate: _Locator) -> list[str]:
     problems = []
     for select in _named_selects(tree):
         for projection in select.expressions:
-            if isinstance(projection, (exp.Alias, exp.Aliases, exp.Column, exp.Star)):
+            if isinstance(projection, (exp.Alias, exp.Aliases, exp.Column, exp.Star, exp.QueryTransform)):
                 continue
             problems.append(f"the computed column{_at(locate, _start(projection))} has no name: "
                             "write it with AS (Spark names such a column after its expression, which the re-printed "
@@ -1218,10 +1221,14 @@ class _Rules:
     def _visit(self, node: exp.Expression) -> None:
         kind = type(node).__name__
         where = _start(node)
-        if _inside(node) is None and _is_function(node):  # a keyword: CURRENT_DATE, USER ...
-            where = self.locate.word(_spark_name(node, self.text)) or where
-        if _implicit(node):
-            return  # a conversion sqlglot adds for other dialects and does not print in Spark's
+        if _implicit(node) or _in_unknown_clause(node):
+            return  # a conversion sqlglot adds and does not print in Spark's; a clause refused already
+        if _is_function(node) and _own_start(node) is None:
+            name = _spark_name(node, self.text)
+            if _inside(node) is None:  # a keyword: CURRENT_DATE, SESSION_USER ...
+                where = self.locate.word(name) or where
+            else:  # LISTAGG(...) WITHIN GROUP, TRIM(BOTH ...): the name before the first argument
+                where = self.locate.keyword_before(where, re.escape(name))
         if isinstance(node, exp.Select):
             self._select(node, where)
         elif isinstance(node, exp.SetOperation):
@@ -1254,7 +1261,7 @@ class _Rules:
         elif isinstance(node, exp.Values):
             self._values(node, where)
         elif isinstance(node, exp.Dot) and isinstance(node.expression, exp.Func):
-            self._untrusted(node.sql(dialect=_DIALECT)[:40], where,
+            self._untrusted(f"{_spark_name(node.expression, self.text)}()", where,
                             "a function qualified by a schema or catalog is not a built-in the guard knows",
                             "use Spark's built-in functions, unqualified")
         elif isinstance(node, exp.Exists) and isinstance(node.this, (exp.Query, exp.Subquery)):
@@ -1263,7 +1270,7 @@ class _Rules:
             return
         elif _is_function(node):
             self._function(node, where)
-        else:
+        elif not any(not _known(a) for a in _ancestors(node)):  # inside an unknown construct: refused already
             self._untrusted(f"a {kind} construct", where,
                             f"the guard does not know the construct {kind} ({node.sql(dialect=_DIALECT)[:40]}), so "
                             "it cannot tell whether it gives the same rows on every run",
@@ -1272,8 +1279,11 @@ class _Rules:
     def _clauses(self, node: exp.Expression, known: frozenset[str], what: str, where: int | None) -> None:
         for key, value in node.args.items():
             if key not in known and value not in (None, False, [], ""):
-                word = key.rstrip("_").upper()
-                self._untrusted(word, where, f"the guard does not know the clause {word} of {what}",
+                word = _CLAUSE_WORDS.get(key.rstrip("_"), key.rstrip("_").upper())
+                first = value[0] if isinstance(value, list) and value else value
+                inside = _start(first) if isinstance(first, exp.Expression) else None
+                place = self.locate.keyword_before(inside, word.replace(" ", r"\s+")) if inside is not None else where
+                self._untrusted(word, place, f"the guard does not know the clause {word} of {what}",
                                 "write the query with SELECT, FROM, JOIN, WHERE, GROUP BY, HAVING and ORDER BY; "
                                 "the order of rows is not part of the result")
 
@@ -1309,7 +1319,7 @@ class _Rules:
             words = " ".join(w for w in (method, side, kind) if w)
             self._untrusted(f"{words} JOIN", where, f"the guard does not know the join {words}",
                             "use INNER, LEFT, RIGHT, FULL, SEMI, ANTI or CROSS joins")
-        self._clauses(node, frozenset({"this", "kind", "side", "method", "on", "using"}), "a JOIN", where)
+        self._clauses(node, _JOIN_ARGS, "a JOIN", where)
 
     def _lateral(self, node: exp.Lateral, where: int | None) -> None:
         spec = self._spec(node.this) if _is_function(node.this) else None
@@ -1474,6 +1484,8 @@ class _Rules:
         kind = type(node).__name__
         spec = _SPECS.get(name)
         construct = f"{name}()"
+        if isinstance(node.parent, exp.Dot) and node.arg_key == "expression":
+            return  # a qualified function: refused as such
         if name in _LOSSY:
             self._untrusted(construct, where, _LOSSY[name], "write the computation with the functions it is "
                             "re-printed as, or another allowed function")
@@ -1658,7 +1670,7 @@ class _Rules:
             return
         if sorter is not None and sorter.name in ("sort_array", "array_sort") and outer.this is _unwrapped(node, outer):
             extra = [c for c in outer.iter_expressions() if c is not outer.this]
-            plain = all(isinstance(c, exp.Boolean) for c in extra) and (sorter.name == "sort_array" or not extra)
+            plain = all(isinstance(c, exp.Boolean) for c in extra)  # no comparator
             if plain and (not self.typed or not _inexact(kinds)):
                 return
             if plain:
@@ -1702,6 +1714,27 @@ class _Rules:
         if not (in_view or in_select):
             self._untrusted(construct, where, f"{construct} is a generator: the guard checks it only in LATERAL VIEW "
                             "or as a named column of a SELECT", "use LATERAL VIEW explode(...) t AS x")
+
+
+def _known(node: exp.Expression) -> bool:
+    return type(node).__name__ in _PLAIN_CLASSES or _is_function(node)
+
+
+def _ancestors(node: exp.Expression) -> Iterator[exp.Expression]:
+    parent = node.parent
+    while parent is not None:
+        yield parent
+        parent = parent.parent
+
+
+def _in_unknown_clause(node: exp.Expression) -> bool:
+    """Whether ``node`` is (in) a clause of a SELECT, set operation, table or join that the
+    guard refuses as such (PIVOT, WINDOW, DISTRIBUTE BY ...)."""
+    parent, key = node.parent, node.arg_key
+    known = (_SELECT_ARGS if isinstance(parent, exp.Select) else _SET_ARGS if isinstance(parent, exp.SetOperation)
+             else _TABLE_ARGS if isinstance(parent, exp.Table) else _JOIN_ARGS if isinstance(parent, exp.Join)
+             else None)
+    return known is not None and key not in known
 
 
 def _is_function(node: exp.Expression) -> bool:

@@ -34,9 +34,10 @@ DEFAULT_MASTER = "local[2]"
 DEBIAN_DRIVER_JAR = "/usr/share/java/postgresql.jar"
 
 
-def session_for(spec: Spec) -> Any:
-    """A new session (its own temporary views) over the process's Spark context, started
-    from the spec's engine settings when none is running."""
+def start_session(master: str, conf: dict[str, str], app: str = "backfill_assets") -> Any:
+    """The process's session: the one running (started by a Dagster resource, a notebook, or
+    in another thread), else one started from ``master`` and ``conf``. The PostgreSQL JDBC
+    driver Debian installs is added unless ``conf`` names jars of its own."""
     try:
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
@@ -45,17 +46,26 @@ def session_for(spec: Spec) -> Any:
     active = SparkSession.getActiveSession()
     if active is None and SparkContext._active_spark_context is not None:  # started in another thread
         active = SparkSession.builder.getOrCreate()
-    if active is None:
-        builder = SparkSession.builder.appName(f"backfill_assets:{spec.name}")
-        master = spec.engine.master or DEFAULT_MASTER
-        builder = builder.remote(master) if master.startswith("sc://") else builder.master(master)
-        conf = {"spark.ui.showConsoleProgress": "false", **spec.engine.conf}
-        if spec.source.format == "jdbc" and "spark.jars" not in conf and Path(DEBIAN_DRIVER_JAR).is_file():
-            conf["spark.jars"] = DEBIAN_DRIVER_JAR
-        for key, value in conf.items():
-            builder = builder.config(key, value)
-        active = builder.getOrCreate()
-    session = active.newSession()
+    if active is not None:
+        return active
+    builder = SparkSession.builder.appName(app)
+    builder = builder.remote(master) if master.startswith("sc://") else builder.master(master)
+    conf = {"spark.ui.showConsoleProgress": "false", **conf}
+    if "spark.jars" not in conf and Path(DEBIAN_DRIVER_JAR).is_file() and not master.startswith("sc://"):
+        conf["spark.jars"] = DEBIAN_DRIVER_JAR
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def session_for(spec: Spec) -> Any:
+    """A new session (its own temporary views) over the process's Spark context, started
+    from the spec's engine settings when none is running."""
+    active = start_session(spec.engine.master or DEFAULT_MASTER, dict(spec.engine.conf), f"backfill_assets:{spec.name}")
+    try:
+        session = active.newSession()
+    except Exception:  # noqa: BLE001 - Spark Connect keeps one session per client: its views are its own already
+        session = active
     for key, value in REQUIRED_CONF.items():
         session.conf.set(key, value)
     return session

@@ -41,6 +41,14 @@ Refused, as a :class:`SpecError` (the shape, checked first):
 - a statement sqlglot cannot re-print faithfully (an argument it drops), or whose columns it
   cannot resolve against ``source``.
 
+Allowed as rows of their own: joins (INNER, LEFT/RIGHT/FULL, SEMI, ANTI, CROSS, NATURAL,
+USING), subqueries, inline ``VALUES``, and the generators ``explode``/``explode_outer``/
+``posexplode``/``posexplode_outer`` in ``LATERAL VIEW [OUTER]`` or as a named column of a
+SELECT: a generator emits the elements of each row's array or map in their stored order, row
+by row, so its rows are a function of the input rows alone, whatever order those arrive in
+(the array or map itself is judged like any other value). Other generators (``inline``,
+``stack``, ``json_tuple``) and LATERAL subqueries are refused.
+
 Refused, as a :class:`TransformError` listing each construct with its line and column (the
 kinds of :class:`TransformProblem`):
 
@@ -86,7 +94,8 @@ kinds of :class:`TransformProblem`):
   averages integers in DOUBLE); the statistics, which Spark computes in DOUBLE whatever the
   input (``stddev*``, ``variance``, ``var_*``, ``corr``, ``covar_*``, ``skewness``,
   ``kurtosis``, ``regr_*`` but ``regr_count``): the last digits depend on the order of
-  additions, which parallel aggregation does not fix. Where rows are collapsed by equality,
+  additions, which parallel aggregation does not fix (an exact sum that overflows fails the
+  build in ANSI mode: it does not change the rows). Where rows are collapsed by equality,
   values of FLOAT or DOUBLE (-0.0 and 0.0, NaN), anywhere in the value (an array of
   doubles): GROUP BY keys (GROUPING SETS, ROLLUP, CUBE, ALL too), SELECT DISTINCT, UNION,
   INTERSECT, EXCEPT (ALL too), ``min``/``max``. A value whose kind the guard cannot learn
@@ -102,8 +111,9 @@ kinds of :class:`TransformProblem`):
 
 The guard judges functions as a fresh Spark session has them: the session that runs the
 transform must not register functions of the same names, and must run both builds with the
-same settings (ANSI mode, the session time zone, ``spark.sql.legacy.*``) on the same JVM
-configuration (transcendental functions and case mappings are the JVM's).
+same settings (ANSI mode, the session time zone, ``spark.sql.caseSensitive`` off, the default
+collation, ``spark.sql.legacy.*``) on the same JVM configuration (transcendental functions,
+case mappings and time zone rules are the JVM's).
 """
 
 from __future__ import annotations
@@ -131,6 +141,7 @@ _INTEGER, _DECIMAL, _FLOAT, _STRING, _BINARY = "integer", "decimal", "float", "s
 _BOOLEAN, _DATE, _LTZ, _NTZ, _INTERVAL = "boolean", "date", "timestamp", "timestamp_ntz", "interval"
 _NULL, _UNKNOWN = "null", "unknown"
 _CONTAINERS = frozenset({"array", "map", "struct"})
+_UNKNOWN_VALUE = exp.Var(this="?")  # a column the guard cannot see (of SELECT *, say): of an unknown kind
 _NUMBERS = frozenset({_INTEGER, _DECIMAL, _FLOAT})
 
 _TYPE_KINDS = {
@@ -149,6 +160,7 @@ _DATE_FIELDS = frozenset({
     "YEAR", "Y", "YEARS", "YR", "YRS", "YEAROFWEEK", "QUARTER", "QTR", "MONTH", "MON", "MONS", "MONTHS",
     "WEEK", "W", "WEEKS", "DAY", "D", "DAYS", "DAYOFWEEK", "DOW", "DAYOFWEEK_ISO", "DOW_ISO", "DOY",
 })
+_TYPE_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\s+[A-Za-z][A-Za-z0-9_]*)*(\s*[<(][A-Za-z0-9_<>(),:\s]*[>)])?")
 _DATE_UNITS = frozenset({"YEAR", "YEARS", "MONTH", "MONTHS", "WEEK", "WEEKS", "DAY", "DAYS"})
 # Keywords Spark binds as functions when no column of that name is in scope.
 _VALUE_KEYWORDS = {
@@ -601,7 +613,6 @@ _LOSSY = {
 }
 
 _AGGREGATE_RULES = frozenset({"sum", "avg", "minmax", "agg", "collect", "listagg", "stat", "sketch"})
-_ORDER_AGGREGATES = frozenset({"first", "last", "any_value", "max_by", "min_by", "mode"})
 _WINDOW_ONLY = frozenset({"first_value", "last_value", "nth_value", "lag", "lead", "row_number", "ntile"})
 
 # Parse-tree classes that need no rule of their own (their parts are walked and judged).
@@ -659,7 +670,8 @@ def check_spark_transform(text: str, source_columns: Sequence[tuple[str, str]]) 
     to be run with ``source`` registered as a temporary view.
 
     ``source_columns``: (name, Spark type text such as 'bigint', 'string', 'decimal(12,2)',
-    'timestamp') of ``source``.
+    'timestamp', as ``DataType.simpleString()`` gives it) of ``source``. A type the guard cannot
+    read makes its column of an unknown kind (what depends on the kind is refused).
 
     Raises:
         SpecError: it does not parse, is not exactly one query, reads another relation, or
@@ -667,14 +679,14 @@ def check_spark_transform(text: str, source_columns: Sequence[tuple[str, str]]) 
         TransformError: constructs that can change its rows between runs, each a
             :class:`TransformProblem`, with its line and column in ``text``.
     """
-    schema = _schema(source_columns)
-    tree, found = _examine(text, schema)
+    source = _Source.of(source_columns)
+    tree, found = _examine(text, source)
     if found:
         raise TransformError(_problems(found, _Locator(text)))
-    return _reprint(tree, schema)
+    return _reprint(tree, source)
 
 
-def _examine(text: str, schema: dict[str, dict[str, str]]) -> tuple[exp.Expression, list[_Found]]:
+def _examine(text: str, source: _Source) -> tuple[exp.Expression, list[_Found]]:
     """The parse tree of ``text`` and what the rules refuse in it (SpecError: its shape)."""
     locate = _Locator(text)
     tree = _parse(text)
@@ -682,16 +694,16 @@ def _examine(text: str, schema: dict[str, dict[str, str]]) -> tuple[exp.Expressi
     found = _keywords(tree) + _substitutions(text, tree)
     qualified = tree.copy()
     try:
-        qualify(qualified, schema=schema, dialect=_DIALECT, validate_qualify_columns=True)
+        qualify(qualified, schema=source.schema, dialect=_DIALECT, validate_qualify_columns=True)
         scopes = list(traverse_scope(qualified))
     except Exception as err:  # noqa: BLE001 - sqlglot raises several kinds on what it cannot resolve
-        found += _Rules(locate, schema, [], typed=False).check(tree)
+        found += _Rules(locate, source, [], typed=False).check(tree)
         if found:  # what the parse tree shows is refused already; the rest needs the columns
             return tree, found
-        listed = ", ".join(f"{name} {kind}" for name, kind in schema[_SOURCE].items())
+        listed = ", ".join(f"{name} {kind}" for name, kind in source.types.items())
         raise SpecError(f"transform_sql does not resolve against {_SOURCE} ({listed}): sqlglot says "
                         f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
-    found += _Rules(locate, schema, scopes, typed=True).check(qualified)
+    found += _Rules(locate, source, scopes, typed=True).check(qualified)
     return tree, found
 
 
@@ -740,20 +752,50 @@ def _problems(found: Sequence[_Found], locate: _Locator) -> list[TransformProble
     return [TransformProblem(f.kind, f.construct, *locate.where(f.location), f.problem, f.instead) for f in ordered]
 
 
-def _schema(columns: Sequence[tuple[str, str]]) -> dict[str, dict[str, str]]:
-    """``source``'s columns for sqlglot, each type checked to be a Spark type."""
-    if not columns:
-        raise SpecError(f"{_SOURCE} has no columns to check transform_sql against")
-    listed: dict[str, str] = {}
-    for name, type_text in columns:
-        try:
-            parsed = exp.DataType.build(type_text, dialect=_DIALECT)
-        except (SqlglotError, ValueError):
-            raise SpecError(f"{_SOURCE} column {name!r} has an unexpected Spark type text {type_text!r}") from None
-        if not name or parsed.is_type(exp.DataType.Type.USERDEFINED) or name.lower() in map(str.lower, listed):
-            raise SpecError(f"{_SOURCE} column {name!r} ({type_text!r}) is not a column the guard can check")
-        listed[name] = parsed.sql(dialect=_DIALECT)
-    return {_SOURCE: listed}
+@dataclass(frozen=True)
+class _Source:
+    """``source``'s columns: their types as given, as sqlglot's schema, and their kinds."""
+
+    types: dict[str, str]
+    schema: dict[str, dict[str, str]]
+    kinds: dict[str, Kinds]
+
+    @classmethod
+    def of(cls, columns: Sequence[tuple[str, str]]) -> _Source:
+        """The columns (name, Spark type text as ``DataType.simpleString()`` gives it). A type
+        the guard cannot read is of an unknown kind: what depends on its kind is refused."""
+        if not columns:
+            raise SpecError(f"{_SOURCE} has no columns to check transform_sql against")
+        types: dict[str, str] = {}
+        schema: dict[str, str] = {}
+        kinds: dict[str, Kinds] = {}
+        for name, type_text in columns:
+            if not isinstance(name, str) or not name or name.lower() in kinds:
+                raise SpecError(f"{_SOURCE} column {name!r} ({type_text!r}) is not a column the guard can check "
+                                "(no name, or the name of another column in another case)")
+            parsed = _data_type(str(type_text))
+            types[name] = str(type_text)
+            schema[name] = parsed.sql(dialect=_DIALECT) if parsed is not None else "STRING"  # only names matter
+            kinds[name.lower()] = _type_kinds(parsed) if parsed is not None else frozenset({_UNKNOWN})
+        return cls(types, {_SOURCE: schema}, kinds)
+
+
+def _data_type(type_text: str) -> exp.DataType | None:
+    """A Spark type text as sqlglot reads it, if it is one whole type (None otherwise)."""
+    if not _TYPE_TEXT.fullmatch(type_text):
+        return None
+    try:
+        statements = sqlglot.parse(f"SELECT CAST(NULL AS {type_text})", read=_DIALECT)
+    except SqlglotError:
+        return None
+    if len(statements) != 1 or not isinstance(statements[0], exp.Select) or len(statements[0].expressions) != 1:
+        return None
+    cast = statements[0].expressions[0]
+    if not isinstance(cast, (exp.Cast, exp.TryCast)) or not isinstance(cast.to, exp.DataType):
+        return None
+    if cast.to.this is None or cast.to.is_type(exp.DataType.Type.USERDEFINED):
+        return None
+    return cast.to
 
 
 def _parse(text: str) -> exp.Expression:
@@ -765,8 +807,9 @@ def _parse(text: str) -> exp.Expression:
         where = f" at line {first['line']}, column {first['col']}" if first.get("line") else ""
         description = first.get("description") or str(err).splitlines()[0]
         raise SpecError(f"transform_sql does not parse: sqlglot says {description}{where}") from None
-    except SqlglotError as err:
-        raise SpecError(f"transform_sql does not parse: sqlglot says {str(err).splitlines()[0]}") from None
+    except Exception as err:  # noqa: BLE001 - sqlglot's parser raises ValueError, IndexError ... on some input
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise SpecError(f"transform_sql does not parse: sqlglot says {first}") from None
     if len(statements) != 1:
         raise SpecError(f"transform_sql must be exactly one SELECT statement; it has {len(statements)}")
     statement = statements[0]
@@ -824,6 +867,16 @@ def _written(node: exp.Expression, text: str) -> str | None:
     return word if re.fullmatch(r"[a-z_][a-z0-9_]*", word) else None
 
 
+def _name_before(node: exp.Expression, text: str) -> str | None:
+    """The name written just before the first argument of a call sqlglot did not place
+    (``string_agg(x, ',')``, ``approx_percentile(x, 0.5)``)."""
+    inside = _inside(node)
+    if inside is None:
+        return None
+    found = re.search(r"`?([A-Za-z_][A-Za-z0-9_]*)`?\s*\(\s*$", text[:inside])
+    return found.group(1).lower() if found else None
+
+
 def _spark_name(node: exp.Expression, text: str) -> str:
     """The Spark name of a function node: as written, else as sqlglot names or prints it."""
     if isinstance(node, exp.Anonymous):
@@ -831,6 +884,11 @@ def _spark_name(node: exp.Expression, text: str) -> str:
     written = _written(node, text)
     if written:
         return written
+    before = _name_before(node, text)
+    if before is not None:
+        spec = _SPECS.get(before)
+        if before in _LOSSY or (spec is not None and type(node).__name__ in spec.classes):
+            return before
     if type(node).__name__ in _CLASS_NAMES:
         return _CLASS_NAMES[type(node).__name__]
     printed = re.match(r"[A-Za-z_][A-Za-z0-9_]*", node.sql(dialect=_DIALECT))
@@ -999,21 +1057,36 @@ def _named(kinds: Kinds) -> str:
 class _Rules:
     """The rules over the (qualified) tree; ``typed``: whether the columns are resolved."""
 
-    def __init__(self, locate: _Locator, schema: dict[str, dict[str, str]], scopes: list[Scope],
+    def __init__(self, locate: _Locator, source: _Source, scopes: list[Scope],
                  typed: bool) -> None:
         self.locate = locate
         self.text = locate.text
         self.typed = typed
-        self.columns = {name.lower(): _type_kinds(exp.DataType.build(kind, dialect=_DIALECT))
-                        for name, kind in schema[_SOURCE].items()}
+        self.columns = source.kinds
         self.scope_of: dict[int, Scope] = {id(c): scope for scope in scopes for c in scope.columns}
         self.memo: dict[int, Kinds] = {}
+        self.insides: dict[int, int | None] = {}
         self.found: list[_Found] = []
 
     def check(self, tree: exp.Expression) -> list[_Found]:
+        for node in reversed(list(tree.walk(bfs=True))):  # each node after the nodes inside it
+            starts = [s for c in node.iter_expressions() if (s := self.insides.get(id(c))) is not None]
+            own = _own_start(node)
+            self.insides[id(node)] = min([*starts, own] if own is not None else starts, default=None)
         for node in tree.walk():
             self._visit(node)
         return list(self.found)
+
+    def inside(self, node: exp.Expression) -> int | None:
+        """The first position sqlglot kept in a node or inside it."""
+        return self.insides[id(node)] if id(node) in self.insides else _inside(node)
+
+    def start(self, node: exp.Expression) -> int | None:
+        """Where a node's text starts (else that of the nearest ancestor that has a position)."""
+        inside = self.inside(node)
+        if inside is not None:
+            return inside
+        return next((own for a in _ancestors(node) if (own := _own_start(a)) is not None), None)
 
     def _add(self, kind: str, construct: str, where: int | None, problem: str, instead: str) -> None:
         self.found.append(_Found(kind, construct, where, problem, instead))
@@ -1205,9 +1278,9 @@ class _Rules:
             projections = query.expressions
             if any(isinstance(p, exp.Star) or (isinstance(p, exp.Column) and isinstance(p.this, exp.Star))
                    for p in projections) or index >= len(projections):
-                return [exp.Var(this="?")]  # unknown
+                return [_UNKNOWN_VALUE]
             return [projections[index]]
-        return [exp.Var(this="?")]
+        return [_UNKNOWN_VALUE]
 
     def _first_column(self, query: exp.Expression) -> Kinds:
         return self._position(query, 0)
@@ -1220,15 +1293,9 @@ class _Rules:
 
     def _visit(self, node: exp.Expression) -> None:
         kind = type(node).__name__
-        where = _start(node)
+        where = self.start(node)
         if _implicit(node) or _in_unknown_clause(node):
             return  # a conversion sqlglot adds and does not print in Spark's; a clause refused already
-        if _is_function(node) and _own_start(node) is None:
-            name = _spark_name(node, self.text)
-            if _inside(node) is None:  # a keyword: CURRENT_DATE, SESSION_USER ...
-                where = self.locate.word(name) or where
-            else:  # LISTAGG(...) WITHIN GROUP, TRIM(BOTH ...): the name before the first argument
-                where = self.locate.keyword_before(where, re.escape(name))
         if isinstance(node, exp.Select):
             self._select(node, where)
         elif isinstance(node, exp.SetOperation):
@@ -1281,7 +1348,7 @@ class _Rules:
             if key not in known and value not in (None, False, [], ""):
                 word = _CLAUSE_WORDS.get(key.rstrip("_"), key.rstrip("_").upper())
                 first = value[0] if isinstance(value, list) and value else value
-                inside = _start(first) if isinstance(first, exp.Expression) else None
+                inside = self.start(first) if isinstance(first, exp.Expression) else None
                 place = self.locate.keyword_before(inside, word.replace(" ", r"\s+")) if inside is not None else where
                 self._untrusted(word, place, f"the guard does not know the clause {word} of {what}",
                                 "write the query with SELECT, FROM, JOIN, WHERE, GROUP BY, HAVING and ORDER BY; "
@@ -1291,8 +1358,10 @@ class _Rules:
         self._clauses(node, _SELECT_ARGS, "a SELECT", where)
         distinct = node.args.get("distinct")
         if distinct is not None:
-            first = _start(node.expressions[0]) if node.expressions else where
-            place = self.locate.keyword_before(first, "DISTINCT")
+            first = self.inside(node.expressions[0]) if node.expressions else None
+            place = self.locate.keyword_before(first, "DISTINCT") if first is not None else None
+            if place is None and isinstance(from_ := _arg(node, "from"), exp.Expression):
+                place = self.locate.last(self.inside(from_), r"\bDISTINCT\b")
             if distinct.args.get("on") is not None:
                 self._untrusted("DISTINCT ON", place, "DISTINCT ON is not Spark SQL", "GROUP BY the key")
             else:
@@ -1302,7 +1371,7 @@ class _Rules:
         word = {"Union": "UNION", "Intersect": "INTERSECT", "Except": "EXCEPT"}.get(type(node).__name__, "SET")
         word += "" if node.args.get("distinct") is not False else " ALL"
         self._clauses(node, _SET_ARGS, word, None)
-        place = self.locate.last(_start(node.expression), r"\b(?:UNION|INTERSECT|EXCEPT|MINUS)\b")
+        place = self.locate.last(self.start(node.expression), r"\b(?:UNION|INTERSECT|EXCEPT|MINUS)\b")
         left = _leftmost(node)
         width = len(left.expressions) if left is not None else 0
         for index in range(width):
@@ -1374,7 +1443,7 @@ class _Rules:
             kinds = self.kinds(key)
             if _inexact(kinds):
                 label = key.alias_or_name if isinstance(key, (exp.Column, exp.Alias)) else "key"
-                self._collapsed(f"GROUP BY {label}", [kinds], _start(key))
+                self._collapsed(f"GROUP BY {label}", [kinds], self.start(key))
 
     def _aggregates(self, projection: exp.Expression) -> bool:
         for node in projection.walk():
@@ -1391,7 +1460,7 @@ class _Rules:
         if isinstance(node, exp.Limit) and isinstance(value, exp.Var) and value.name.upper() == "ALL":
             return
         word = "LIMIT" if isinstance(node, exp.Limit) else "OFFSET"
-        self._add("order", word, self.locate.keyword_before(_start(value) if value else where, word),
+        self._add("order", word, self.locate.keyword_before(self.start(value) if value else where, word),
                   f"which rows {word} keeps depends on the order rows arrive in (the guard does not prove an "
                   "ORDER BY total)", _ORDER_INSTEAD)
 
@@ -1432,8 +1501,9 @@ class _Rules:
                      "a TIMESTAMP to or from another type")
 
     def _cast(self, node: exp.Cast | exp.TryCast, where: int | None) -> None:
-        source, target = self.kinds(node.this), _type_kinds(node.to)
-        construct = f"CAST(... AS {node.to.sql(dialect=_DIALECT)})"
+        source, target = _strip(self.kinds(node.this)), _strip(_type_kinds(node.to))
+        written = _written(node, self.text)  # date(x), int(x), to_timestamp(x) ...
+        construct = f"{written}()" if written else f"CAST(... AS {node.to.sql(dialect=_DIALECT)})"
         place = self.locate.keyword_before(where, "CAST|TRY_CAST") if _own_start(node) is None else where
         if _LTZ in target and not source <= {_LTZ, _NULL, *_NUMBERS}:
             literal = node.this
@@ -1458,10 +1528,13 @@ class _Rules:
                      "a TIMESTAMP plus or minus an interval or another TIMESTAMP")
             return
         if any(_DATE in k for k in kinds):
-            for operand in operands:
-                if isinstance(operand, exp.Interval) and not _date_interval(operand):
-                    self._tz(_operator(node), where, "a DATE plus an interval with a time part becomes a "
-                             "TIMESTAMP, and that")
+            for operand, operand_kinds in zip(operands, kinds, strict=True):
+                whole_days = isinstance(operand, exp.Interval) and _date_interval(operand)
+                if (_INTERVAL in operand_kinds or _UNKNOWN in operand_kinds) and not whole_days:
+                    self._tz(_operator(node), where, "a DATE plus an interval that is not a literal of whole days, "
+                             "weeks, months or years (INTERVAL '1' HOUR, make_dt_interval(...)) becomes a TIMESTAMP, "
+                             "and that")
+                    return
 
     def _conditional(self, node: exp.Expression, where: int | None) -> None:
         if isinstance(node, exp.If):
@@ -1484,6 +1557,11 @@ class _Rules:
         kind = type(node).__name__
         spec = _SPECS.get(name)
         construct = f"{name}()"
+        if _own_start(node) is None:
+            if self.inside(node) is None:  # a keyword: CURRENT_DATE, SESSION_USER ...
+                where = self.locate.word(name) or where
+            else:  # LISTAGG(...) WITHIN GROUP, POSITION(a IN b): the name before the first argument
+                where = self.locate.keyword_before(where, re.escape(name))
         if isinstance(node.parent, exp.Dot) and node.arg_key == "expression":
             return  # a qualified function: refused as such
         if name in _LOSSY:
@@ -1541,7 +1619,10 @@ class _Rules:
             field, source = node.this, node.expression
         else:
             values = _values(node)
-            field, source = (values[0], values[1]) if len(values) == 2 else (None, None)
+            if len(values) != 2:
+                self._untrusted(construct, where, f"{construct} takes a field and a value", f"{construct[:-1]}('year', d)")
+                return
+            field, source = values
         name = field.name.upper() if isinstance(field, (exp.Var, exp.Literal, exp.Column, exp.Identifier)) else ""
         kinds = self.kinds(source)
         if kinds <= {_NTZ, _NULL} or (kinds <= {_DATE, _NULL} and name in _DATE_FIELDS):
@@ -1666,8 +1747,8 @@ class _Rules:
         values = _values(node)
         kinds = _strip(self.kinds(values[0])) if values else frozenset({_UNKNOWN})
         sorter = self._spec(outer) if _is_function(outer) else None
-        if sorter is not None and sorter.name == "size":
-            return
+        if sorter is not None and sorter.name in ("size", "cardinality"):
+            return  # only counted
         if sorter is not None and sorter.name in ("sort_array", "array_sort") and outer.this is _unwrapped(node, outer):
             extra = [c for c in outer.iter_expressions() if c is not outer.this]
             plain = all(isinstance(c, exp.Boolean) for c in extra)  # no comparator
@@ -1816,7 +1897,7 @@ def _print(tree: exp.Expression) -> str:
     return tree.sql(dialect=_DIALECT, identify=True, comments=False, unsupported_level=ErrorLevel.RAISE)
 
 
-def _reprint(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
+def _reprint(tree: exp.Expression, source: _Source) -> str:
     """The statement as sqlglot prints it in Spark SQL: it must pass the guard too, and print
     to itself when read again."""
     try:
@@ -1824,7 +1905,7 @@ def _reprint(tree: exp.Expression, schema: dict[str, dict[str, str]]) -> str:
     except SqlglotError as err:
         raise SpecError(f"transform_sql is refused: sqlglot cannot re-print it in Spark SQL ({err})") from None
     try:
-        again, found = _examine(text, schema)
+        again, found = _examine(text, source)
         same = _print(again) == text
     except SpecError as err:
         found, same = [_Found("untrusted", "the re-printed statement", None, str(err), "")], True

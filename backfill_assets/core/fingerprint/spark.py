@@ -58,25 +58,31 @@ def partition_readings(frame: Any, fields: Sequence[tuple[str, str]], business_k
     NULL-key count, duplicate-key count, slice sums..., total or None), from one aggregate."""
     from pyspark.sql import functions as F  # noqa: N812
 
-    keys = [(F.col(k) + F.lit(0.0)).alias(k) if k in float_keys else F.col(k) for k in business_key]
+    keys = [(F.col(k) + F.lit(0.0)).alias(f"__k{i}") if k in float_keys else F.col(k).alias(f"__k{i}")
+            for i, k in enumerate(business_key)]
     null_key = F.lit(False)
     for k in business_key:
         null_key = null_key | F.col(k).isNull()
     rows_of = frame.select(
         F.col(partition_key).alias("__p"),
         F.when(null_key, 1).otherwise(0).alias("__nk"),
-        F.struct(*keys).alias("__k"),
+        *keys,
         F.sha2(row_text(fields), 256).alias("__h"),
         *([F.col(total).alias("__t")] if total else []),
     )
-    slices = [
-        F.sum(F.conv(F.substring("__h", 1 + i * rows.SLICE_HEX, rows.SLICE_HEX), 16, 10).cast("decimal(38,0)"))
-        for i in range(rows.SLICES)
-    ]
-    found = rows_of.groupBy("__p").agg(
-        F.count(F.lit(1)), F.sum("__nk"),
-        F.sum(1 - F.col("__nk")) - F.count_distinct(F.when(F.col("__nk") == 0, F.col("__k"))),
-        *slices, F.sum("__t") if total else F.lit(None),
+    slices = [F.conv(F.substring("__h", 1 + i * rows.SLICE_HEX, rows.SLICE_HEX), 16, 10).cast("decimal(38,0)")
+              for i in range(rows.SLICES)]
+    # Two aggregates, no distinct count: per (partition, key) first, where a key's rows are
+    # counted (its duplicates are all but one, unless the key has a NULL), then per partition.
+    per_key = rows_of.groupBy("__p", *[f"__k{i}" for i in range(len(business_key))]).agg(
+        F.count(F.lit(1)).alias("__n"), F.max("__nk").alias("__nk"),
+        *[F.sum(sl).alias(f"__s{i}") for i, sl in enumerate(slices)],
+        *([F.sum("__t").alias("__t")] if total else []),
+    )
+    found = per_key.groupBy("__p").agg(
+        F.sum("__n"), F.sum(F.when(F.col("__nk") == 1, F.col("__n")).otherwise(0)),
+        F.sum(F.when(F.col("__nk") == 0, F.col("__n") - 1).otherwise(0)),
+        *[F.sum(f"__s{i}") for i in range(rows.SLICES)], F.sum("__t") if total else F.lit(None),
     ).collect()
     return [tuple(r) for r in found]
 

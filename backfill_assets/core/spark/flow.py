@@ -7,9 +7,9 @@ swap (core.targets.parquet) through the same apply protocol as every other targe
   in Spark (rows outside the partitions, NULL ordering values, ties, keyless partitions), and
   named by the digest of their files at the pin. The record goes to the control store.
 - Stages (:func:`build_both`): stage A keeps each key's newest row by a window
-  (``row_number``); stage B by aggregates: per ordering column in turn, the newest value per
-  key (``max``/``min``, NULL placement as declared) joined back to the rows, then one row per
-  key. Each is written as Parquet under the staging folder (``stage_a/``, ``stage_b/``),
+  (``row_number``); stage B by an aggregate: the greatest struct of the ordering values
+  turned newest-first (NULL placement as a flag, ascending values negated) and the row
+  (where an ascending column is text, per ordering column the newest value joined back). Each is written as Parquet under the staging folder (``stage_a/``, ``stage_b/``),
   read back and fingerprinted in Spark (format 3, equal to PostgreSQL's and DuckDB's for the
   same rows), and sealed: the readings and the digest of each partition's files (sizes and
   SHA-256) go to ``seals_<stage>.json``.
@@ -291,18 +291,49 @@ def newest(inp: Any, spec: Spec, variant: Literal["a", "b"], partitions: Sequenc
         order = [getattr(F.col(o.column), f"{o.direction}_nulls_{o.nulls or 'last'}")() for o in spec.ordering]
         ranked = keyed.withColumn("__backfill_rank", F.row_number().over(Window.partitionBy(*grain).orderBy(*order)))
         return ranked.where(F.col("__backfill_rank") == 1).select(*spec.columns)
+    types = {f.name: f.dataType.simpleString() for f in keyed.schema.fields}
+    rest = [c for c in spec.columns if c not in grain]
+    newest_first = [_newest_first(F, o, types[o.column]) for o in spec.ordering]
+    if all(key is not None for key in newest_first):
+        # One aggregate: the greatest struct of (ordering keys turned newest-first, then the
+        # row). What ties on every key was found equal by the tie check.
+        fields = [part.alias(f"__backfill_o{i}_{j}") for i, key in enumerate(newest_first) for j, part in enumerate(key)]
+        best = F.max(F.struct(*fields, *[F.col(c).alias(c) for c in rest])).alias("__backfill_best")
+        return keyed.groupBy(*grain).agg(best).select(
+            *[F.col(c) if c in grain else F.col(f"__backfill_best.`{c}`").alias(c) for c in spec.columns])
+    # A text, binary, boolean or double column ordered ascending has no newest-first form: per ordering
+    # column in turn, each key's newest value is joined back to its rows.
     found = keyed
     for o in spec.ordering:
         c = F.col(o.column)
-        best = F.max(c) if o.direction == "desc" else F.min(c)
+        value = F.max(c) if o.direction == "desc" else F.min(c)
         if o.nulls == "first":  # a NULL sorts first: it is the newest wherever the key has one
-            best = F.when(F.max(c.isNull().cast("int")) == 1, F.lit(None)).otherwise(best)
-        winners = found.groupBy(*grain).agg(best.alias("__backfill_best"))
+            value = F.when(F.max(c.isNull().cast("int")) == 1, F.lit(None)).otherwise(value)
+        winners = found.groupBy(*grain).agg(value.alias("__backfill_best"))
         found = (found.join(winners, on=grain).where(c.eqNullSafe(F.col("__backfill_best")))
                  .drop("__backfill_best"))
-    # What is left per key ties on every ordering column: the tie check found those rows equal.
-    rest = [c for c in spec.columns if c not in grain]
     return found.groupBy(*grain).agg(*[F.max(c).alias(c) for c in rest]).select(*spec.columns)
+
+
+_NEGATED = {"int": "decimal(38,0)", "bigint": "decimal(38,0)"}  # a double: NaN sorts last either way
+
+
+def _newest_first(F: Any, o: Any, spark_type: str) -> tuple[Any, Any] | None:  # noqa: N803
+    """(NULL placement flag, value), both greatest for the newest row, or None where the
+    value cannot be turned (an ascending text, binary, boolean or double column)."""
+    c = F.col(o.column)
+    flag = c.isNull() if o.nulls == "first" else c.isNotNull()
+    if o.direction == "desc":
+        return flag, c
+    if spark_type in _NEGATED:
+        return flag, -c.cast(_NEGATED[spark_type])
+    if spark_type.startswith("decimal("):
+        return flag, -c
+    if spark_type == "date":
+        return flag, -F.unix_date(c)
+    if spark_type == "timestamp":
+        return flag, -F.unix_micros(c)
+    return None
 
 
 def _stage_frame(session: Any, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> Any | None:

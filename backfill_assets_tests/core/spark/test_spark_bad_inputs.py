@@ -190,3 +190,17 @@ def test_the_cli_flow_over_jdbc_converges_and_a_later_source_change_does_not_mov
         shutil.rmtree(tmp_path / "staging" / "snapshots")  # the copy is gone: approval cannot trust the plan
         with factory() as c, pytest.raises(ApprovalError, match="copy's file .* is gone.*plan again"):
             review(c, factory, spec_from_mapping(yaml.safe_load(spec_file.read_text())), plan_id)
+
+
+@pytest.mark.parametrize("ordering", [
+    [{"column": "updated_at", "direction": "asc", "nulls": "first"}, {"column": "ingest_seq", "direction": "asc"}],
+    [{"column": "status", "direction": "asc", "nulls": "last"}, {"column": "ingest_seq", "direction": "desc"}],
+])
+def test_both_builds_agree_whatever_the_directions(tmp_path, spark, factory, url_env, ordering):
+    """Ascending numbers and times are turned newest-first for stage B's single aggregate; an
+    ascending text column takes the joins. Either way stage B equals stage A's window."""
+    source = write_parquet_source(tmp_path / "raw", _with(
+        (dt.date(2024, 1, 3), 503, 1, None, 1, decimal.Decimal("1.00"), None, None),
+        (dt.date(2024, 1, 3), 503, 1, T, 2, decimal.Decimal("2.00"), "b", None)))
+    plan = plan_module.make_plan(spark_spec(tmp_path, source, ordering=ordering), DAYS, factory)
+    assert plan.status == "ready", plan.problems

@@ -183,20 +183,24 @@ def check_source(inp: Any, ctx: Context) -> dict[str, tuple[int, int]]:
     F = _F()  # noqa: N806
     spec = ctx.spec
     pk = F.col(spec.partition_key)
-    outside = (inp.where(pk.isNull() | ~pk.isin(list(ctx.partitions))).groupBy(pk.cast("string").alias("p"))
-               .count().orderBy(F.desc("count"), "p").limit(3).collect())
+    null_key = F.lit(False)
+    for k in spec.business_key:
+        null_key = null_key | F.col(k).isNull()
+    # One aggregate over the input: per partition value, its rows, those with a NULL key, and
+    # those with a NULL in each ordering column; values outside the declared ones are refused.
+    everything = inp.groupBy(pk.alias("p")).agg(
+        F.count(F.lit(1)), F.sum(null_key.cast("long")),
+        *[F.sum((F.col(o.column).isNull() & ~null_key).cast("long")) for o in spec.ordering]).collect()
+    declared = set(ctx.labels)
+    outside = sorted(((("NULL" if r[0] is None else partition_label(r[0])), int(r[1])) for r in everything
+                      if r[0] is None or partition_label(r[0]) not in declared), key=lambda o: (-o[1], o[0]))[:3]
     if outside:
         raise SourceDataError(
             "the input has rows outside the declared partitions (the transform moves them, or they have a "
             "NULL partition key)", "Keep the partition key as the source has it in transform_sql",
-            [f"partition {r[0]}: {r[1]} row(s)" for r in outside],
+            [f"partition {label}: {n} row(s)" for label, n in outside],
         )
-    null_key = F.lit(False)
-    for k in spec.business_key:
-        null_key = null_key | F.col(k).isNull()
-    found = inp.groupBy(pk.alias("p")).agg(
-        F.count(F.lit(1)), F.sum(null_key.cast("long")),
-        *[F.sum((F.col(o.column).isNull() & ~null_key).cast("long")) for o in spec.ordering]).collect()
+    found = everything
     reports = {partition_label(r[0]): (int(r[1]), int(r[2] or 0)) for r in found}
     nulls = [sum(int(r[3 + i] or 0) for r in found) for i in range(len(spec.ordering))]
     undeclared = [f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, nulls) if n and o.nulls is None]
@@ -249,7 +253,8 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource
     names = {n for n, _ in _types(frame)}
     columns = [c for c in ctx.inspection.source_columns if c.name in names]
     reports = check_source(_input(session, frame, spec, ctx.transform), ctx)
-    counts = {partition_label(r[0]): int(r[1]) for r in frame.groupBy(spec.partition_key).count().collect()}
+    counts = ({label: n for label, (n, _) in reports.items()} if ctx.transform is None  # the input is the source
+              else {partition_label(r[0]): int(r[1]) for r in frame.groupBy(spec.partition_key).count().collect()})
     files = source.signature_at(pin, spec.partition_key, ctx.partitions)
     parts = {label: {"row_count": counts.get(label, 0), "content_hash": files[label]} for label in ctx.labels}
     scope = {"requested": requested, "added": {}, "moves": [], "pin": pin.as_dict()}

@@ -204,3 +204,11 @@ def test_both_builds_agree_whatever_the_directions(tmp_path, spark, factory, url
         (dt.date(2024, 1, 3), 503, 1, T, 2, decimal.Decimal("2.00"), "b", None)))
     plan = plan_module.make_plan(spark_spec(tmp_path, source, ordering=ordering), DAYS, factory)
     assert plan.status == "ready", plan.problems
+
+
+def test_a_transform_that_moves_rows_out_of_the_partitions_is_refused(tmp_path, spark, factory, url_env):
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "raw"), transform_sql=(
+        "SELECT date_add(order_date, 1) AS order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
+        "status, note FROM source"))
+    with pytest.raises(SourceDataError, match=r"outside the declared partitions.*partition 2024-01-04"):
+        plan_module.make_plan(spec, DAYS, factory)

@@ -273,6 +273,35 @@ class ParquetTargetSpec(_Strict):
         return "parquet:" + _absolute(self.location)
 
 
+_SPARK_TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}")
+
+
+class SparkTableSpec(_Strict):
+    """A table of the Spark session's catalog (``[catalog.]database.table``), partitioned by
+    the partition key with its partitions in the catalog (``engine: {type: spark}``)."""
+
+    format: Literal["spark_table"]
+    table: str
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _fields(cls, given: object) -> object:
+        return _only(given, "spark_table", {"table"}, "`table: database.table` and nothing else")
+
+    @pydantic.field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        if not _SPARK_TABLE.fullmatch(value):
+            raise ValueError("a spark_table is written [catalog.]database.table, each a plain identifier "
+                             "(letters, digits, _)")
+        return value
+
+    @property
+    def display_name(self) -> str:
+        """``spark_table:<table>``."""
+        return f"spark_table:{self.table}"
+
+
 class IcebergSourceSpec(IcebergTargetSpec):
     """An Iceberg table read at one pinned snapshot id (``engine: {type: duckdb}``); named
     as an Iceberg target is."""
@@ -299,13 +328,14 @@ AnySourceSpec = Annotated[
     | Annotated[DeltaSourceSpec, pydantic.Tag("delta")]
     | Annotated[IcebergSourceSpec, pydantic.Tag("iceberg")]
     | Annotated[ParquetSourceSpec, pydantic.Tag("parquet")]
-    | Annotated[JdbcSourceSpec, pydantic.Tag("jdbc")],
+    | Annotated[JdbcSourceSpec, pydantic.Tag("jdbc")]
+    | Annotated[SparkTableSpec, pydantic.Tag("spark_table")],
     pydantic.Discriminator(_format, custom_error_type="source_format",
-                           custom_error_message="source.format is postgres (the default), delta, iceberg, parquet "
-                                                "or jdbc"),
+                           custom_error_message="source.format is postgres (the default), delta, iceberg, parquet, "
+                                                "jdbc or spark_table"),
 ]
 LakeSourceSpec = DeltaSourceSpec | IcebergSourceSpec | ParquetSourceSpec
-_SOURCE_TAGS = ("postgres", "delta", "iceberg", "parquet", "jdbc")
+_SOURCE_TAGS = ("postgres", "delta", "iceberg", "parquet", "jdbc", "spark_table")
 
 
 class EngineSpec(_Strict):
@@ -349,10 +379,11 @@ TargetSpec = Annotated[
     Annotated[PostgresTargetSpec, pydantic.Tag("postgres")]
     | Annotated[DeltaTargetSpec, pydantic.Tag("delta")]
     | Annotated[IcebergTargetSpec, pydantic.Tag("iceberg")]
-    | Annotated[ParquetTargetSpec, pydantic.Tag("parquet")],
+    | Annotated[ParquetTargetSpec, pydantic.Tag("parquet")]
+    | Annotated[SparkTableSpec, pydantic.Tag("spark_table")],
     pydantic.Discriminator(_format, custom_error_type="target_format",
-                           custom_error_message="target.format is postgres (the default), delta, iceberg or "
-                                                "parquet"),
+                           custom_error_message="target.format is postgres (the default), delta, iceberg, "
+                                                "parquet or spark_table"),
 ]
 
 
@@ -524,21 +555,22 @@ class Spec(_Strict):
     def _engine_problems(self) -> list[str]:
         lake_source = not isinstance(self.source, SourceSpec)
         if self.engine.type == "postgres":
-            if isinstance(self.source, JdbcSourceSpec):
-                return ["a jdbc source is read by `engine: {type: spark}`; add it to the spec (the postgres engine "
-                        "reads a PostgreSQL table of its own database)"]
+            if isinstance(self.source, (JdbcSourceSpec, SparkTableSpec)):
+                return [f"a {self.source.format} source is read by `engine: {{type: spark}}`; add it to the spec (the "
+                        "postgres engine reads a PostgreSQL table of its own database)"]
             if lake_source:
                 return [f"a {self.source.format} source is read by `engine: {{type: duckdb}}`; add it to the spec "
                         "(the postgres engine reads a PostgreSQL table)"]
-            if self.target.format == "parquet":
-                return ["a parquet target is written by `engine: {type: spark}`; add it to the spec, or choose a "
-                        "postgres, delta or iceberg target"]
+            if self.target.format in ("parquet", "spark_table"):
+                return [f"a {self.target.format} target is written by `engine: {{type: spark}}`; add it to the spec, or "
+                        "choose a postgres, delta or iceberg target"]
             return []
         if self.engine.type == "spark":
             return self._spark_problems()
         problems = []
-        if isinstance(self.source, JdbcSourceSpec) or self.target.format == "parquet":
-            problems.append("jdbc sources and parquet targets are read and written by `engine: {type: spark}`")
+        if isinstance(self.source, (JdbcSourceSpec, SparkTableSpec)) or self.target.format in ("parquet", "spark_table"):
+            problems.append("jdbc and spark_table sources, and parquet and spark_table targets, are read and written "
+                            "by `engine: {type: spark}`")
         if not lake_source:
             problems.append("engine duckdb reads a lake source: source.format is delta, iceberg or parquet "
                             "(a PostgreSQL source is read by the postgres engine: remove `engine`)")
@@ -557,15 +589,19 @@ class Spec(_Strict):
 
     def _spark_problems(self) -> list[str]:
         problems = []
-        if not isinstance(self.source, (ParquetSourceSpec, JdbcSourceSpec)):
-            problems.append("engine spark reads a parquet folder (format: parquet, location) or a PostgreSQL table "
-                            "over JDBC (format: jdbc, table, url_env): change source.format")
-        if self.target.format != "parquet":
-            problems.append("engine spark writes a parquet folder (target: {format: parquet, location}); Delta and "
-                            "Iceberg through Spark need the cluster's own jars (docs/engines.md)")
+        if not isinstance(self.source, (ParquetSourceSpec, JdbcSourceSpec, SparkTableSpec)):
+            problems.append("engine spark reads a parquet folder (format: parquet, location), a PostgreSQL table "
+                            "over JDBC (format: jdbc, table, url_env) or a table of its catalog (format: spark_table, "
+                            "table): change source.format")
+        if self.target.format not in ("parquet", "spark_table"):
+            problems.append("engine spark writes a parquet folder (target: {format: parquet, location}) or a table of "
+                            "its catalog (target: {format: spark_table, table}); Delta and Iceberg through Spark need "
+                            "the cluster's own jars (docs/engines.md)")
         if self.records_can_move:
-            problems.append("records_can_move is not supported on engine spark yet; remove it, or run the spec on "
-                            "engine duckdb over a Delta or Iceberg source")
+            problems.append("records_can_move is not supported on engine spark: a key's versions are looked for in "
+                            "every partition of the pinned source, and a Parquet pin (or a JDBC copy) holds only the "
+                            "planned partitions; remove it, or run the spec on engine duckdb over a Delta or Iceberg "
+                            "source")
         if self.parallel is not None:
             problems.append("parallel is not supported on engine spark: one run builds every partition, and Spark "
                             "spreads the work over its executors; remove it")

@@ -5,7 +5,7 @@ A lake keeps its versions, so no state is needed between ticks: for each partiti
 that hold it at the version its newest snapshot pinned are compared with the files that hold
 it at the newest version, from the lake's metadata only (the Delta log, Iceberg manifests, a
 Parquet folder's listing). Where they differ, the partition's stages are requested again.
-The Spark engine's Parquet source is watched the same way; its JDBC source is not watched.
+The Spark engine's Parquet source is watched the same way; its JDBC and catalog sources are not.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def lake_changes(conn: psycopg.Connection, spec: Spec) -> dict[str, str]:
     its files now (what a run key names the change by), in label order (``conn``: the control
     store)."""
     schema = spec.control_schema
-    if spec.source.format == "jdbc" or not control.control_ready(conn, schema):
-        return {}  # a JDBC source (engine spark) keeps no versions to compare: plan again to restage it
+    if spec.source.format in ("jdbc", "spark_table") or not control.control_ready(conn, schema):
+        return {}  # a JDBC or catalog source (engine spark) is not watched: plan again to restage it
     labels = sorted(control.latest_snapshotted(conn, schema, spec.source_name))
     if not labels:
         return {}

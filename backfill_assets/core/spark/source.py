@@ -9,7 +9,8 @@ the same rows.
   SELECT on one connection (no ``partitionColumn``: Spark would open one connection, and one
   snapshot of the source, per slice), so it is one consistent read. ``numeric`` columns
   without a declared scale are refused (Spark's JDBC reader would make them
-  ``decimal(38,18)``, changing their text and failing on large values).
+  ``decimal(38,18)``, changing their text and failing on large values). A copy is removed
+  when a later copy is taken once it is older than ``approval_expires_after`` and a day.
 
 Spark's errors name the JDBC URL, which may carry a password: a failure is reported with
 the URL and any ``password=`` value removed, and never chained.
@@ -21,6 +22,7 @@ import contextlib
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,7 +32,7 @@ from backfill_assets.core.duck.source import ParquetSource as _Folder
 from backfill_assets.core.duck.source import Pin, files_digest, sha256_file
 from backfill_assets.core.errors import SnapshotError, SpecError
 from backfill_assets.core.spark.session import staging_dir
-from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, Spec
+from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, SparkTableSpec, Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 JDBC_DRIVER = "org.postgresql.Driver"
@@ -126,6 +128,9 @@ class JdbcSource(SparkSource):
         assert isinstance(source, JdbcSourceSpec)
         self.env, self.table, self.name = source.url_env, source.ref, source.display_name
         self.copies = staging_dir(spec) / "snapshots"
+        # A copy older than an approval may be cannot be applied any more: it is removed when
+        # the next copy is taken (a plan that still names it is refused with "plan again").
+        self.kept_for = spec.approval_expires_after.total_seconds() + 86400
 
     def _url(self) -> str:
         url = os.environ.get(self.env)
@@ -189,6 +194,9 @@ class JdbcSource(SparkSource):
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
+        for old in self.copies.glob("copy-*"):
+            if old != target and time.time() - old.stat().st_mtime > self.kept_for:
+                shutil.rmtree(old, ignore_errors=True)
         files = []
         for p in sorted(target.rglob("*.parquet")):
             rel = p.relative_to(self.copies)
@@ -213,8 +221,82 @@ class JdbcSource(SparkSource):
         return _read_files(session, base, [f[0].split("/", 1)[1] for f in pin.files])
 
 
+class CatalogSource(SparkSource):
+    """A table of the session's catalog, pinned as the files at each planned partition's
+    location (a pinned file that changes or goes breaks the pin; the catalog moving a partition
+    elsewhere since does not: the pinned files are still read)."""
+
+    def __init__(self, spec: Spec) -> None:
+        source = spec.source
+        assert isinstance(source, SparkTableSpec)
+        self.table, self.name, self.partition_key = source.table, source.display_name, spec.partition_key
+
+    def _catalog(self, session: Any) -> Any:
+        from backfill_assets.core.spark.catalog import CatalogTable
+        catalog = CatalogTable(session, self.table, self.partition_key)
+        if not catalog.exists():
+            raise SpecError(f"source {self.name} does not exist in the Spark session's catalog; check source.table "
+                            "and the session's catalog settings (engine.conf)")
+        return catalog
+
+    def schema_frame(self, session: Any) -> Any:
+        catalog = self._catalog(session)
+        if catalog.partitioned_by() != [self.partition_key]:
+            raise SpecError(f"source {self.name} is partitioned by ({', '.join(catalog.partitioned_by()) or 'nothing'}), "
+                            f"not by the partition key ({self.partition_key})")
+        return session.table(self.table).limit(0)
+
+    def latest(self, session: Any, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+        files = []
+        for label, location in self._catalog(session).locations(values).items():
+            if location is None or not location.is_dir():
+                continue
+            for p in sorted(location.iterdir()):
+                if p.is_file() and p.suffix == ".parquet" and not p.name.startswith(("_", ".")):
+                    files.append((f"{label}\t{p}", p.stat().st_size, sha256_file(p)))
+        return Pin(files_digest(files), tuple(files))
+
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+        for entry, size, digest in pin.files:
+            p = Path(entry.split("\t", 1)[1])
+            if not p.is_file():
+                return f"file {p} is gone"
+            if p.stat().st_size != size or sha256_file(p) != digest:
+                return f"file {p} was rewritten"
+        return None
+
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
+        per: dict[str, list[tuple[str, str]]] = {partition_label(v): [] for v in values}
+        for entry, size, digest in pin.files:
+            label = entry.split("\t", 1)[0]
+            if label in per:
+                per[label].append((f"{size}:{digest}",))
+        return {label: files_digest(sorted(files)) for label, files in per.items()}
+
+    def frame(self, session: Any, pin: Pin) -> Any:
+        from pyspark.sql import functions as F  # noqa: N812
+        if not pin.files:
+            raise SnapshotError(f"source {self.name} has no file in the planned partitions; check the partitions")
+        schema = session.table(self.table).schema
+        data = [f for f in schema.fields if f.name != self.partition_key]
+        key = next(f for f in schema.fields if f.name == self.partition_key)
+        from pyspark.sql.types import StructType
+        by_label: dict[str, list[str]] = {}
+        for entry, _, _ in pin.files:
+            label, path = entry.split("\t", 1)
+            by_label.setdefault(label, []).append(path)
+        frames = [session.read.schema(StructType(data)).parquet(*paths)
+                  .withColumn(self.partition_key, F.lit(label).cast(key.dataType)) for label, paths in by_label.items()]
+        out = frames[0]
+        for f in frames[1:]:
+            out = out.unionByName(f)
+        return out.select(*[f.name for f in schema.fields])
+
+
 def spark_source(spec: Spec) -> SparkSource:
     """The spec's source."""
     if isinstance(spec.source, ParquetSourceSpec):
         return ParquetFolderSource(spec.source)
+    if isinstance(spec.source, SparkTableSpec):
+        return CatalogSource(spec)
     return JdbcSource(spec)

@@ -21,6 +21,7 @@ ENGINES: dict[str, str] = {
     "delta": "backfill_assets.core.targets.delta:DeltaEngine",
     "iceberg": "backfill_assets.core.targets.iceberg:IcebergEngine",
     "parquet": "backfill_assets.core.targets.parquet:ParquetEngine",
+    "spark_table": "backfill_assets.core.targets.spark_table:SparkTableEngine",
 }
 
 

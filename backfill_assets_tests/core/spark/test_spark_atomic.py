@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pyarrow.dataset as pads
-import pytest
 import yaml
 
 from backfill_assets.cli.crash_hook import PAUSE_ENV, PAUSE_FILE_ENV
@@ -110,17 +109,14 @@ def test_a_concurrent_reader_never_sees_a_partition_empty_or_half_written(tmp_pa
     assert seen[-1] == new
 
 
-@pytest.mark.parametrize("step,state", [("before-commit", "old"), ("committed", "new")])
-def test_apply_killed_mid_write_leaves_old_or_new_and_the_rerun_converges(tmp_path, spark, factory, url_env, db_url,
-                                                                          step, state):
-    spec, first, second = _applied_then_replanned(tmp_path, factory)
-    old, new = _hashes(first), _hashes(second)
+def _killed_at(step: str, spec, plan_id: str, tmp_path: Path, url: str) -> None:
+    """Run apply as the command line does, and kill it (SIGKILL) when it reaches ``step`` in VICTIM."""
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(spark_mapping(tmp_path, spec.source.model_dump())), encoding="utf-8")
-    marker = tmp_path / "paused"
-    env = {**os.environ, URL_ENV: db_url.reveal(), PAUSE_ENV: f"{step}:{VICTIM}", PAUSE_FILE_ENV: str(marker)}
+    marker = tmp_path / f"paused-{step}"
+    env = {**os.environ, URL_ENV: url, PAUSE_ENV: f"{step}:{VICTIM}", PAUSE_FILE_ENV: str(marker)}
     proc = subprocess.Popen([sys.executable, "-m", "backfill_assets.cli", "apply", "--spec", str(spec_file),
-                             "--plan", second.plan_id, "--quiet"], cwd=REPO, env=env,
+                             "--plan", plan_id, "--quiet"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not marker.exists():
@@ -129,9 +125,18 @@ def test_apply_killed_mid_write_leaves_old_or_new_and_the_rerun_converges(tmp_pa
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def test_apply_killed_before_and_after_the_switch_leaves_old_or_new_and_the_rerun_converges(
+        tmp_path, spark, factory, url_env, db_url):
+    spec, first, second = _applied_then_replanned(tmp_path, factory)
+    old, new = _hashes(first), _hashes(second)
+    _killed_at("before-commit", spec, second.plan_id, tmp_path, db_url.reveal())
     now = _now(spec)
-    assert now["2024-01-01"] == new["2024-01-01"]  # verified before the kill
-    assert now[VICTIM] == (new if state == "new" else old)[VICTIM]  # never a mix
+    assert now[VICTIM] == old[VICTIM] and now["2024-01-03"] == old["2024-01-03"]  # nothing switched yet
+    _killed_at("committed", spec, second.plan_id, tmp_path, db_url.reveal())
+    now = _now(spec)
+    assert now[VICTIM] == new[VICTIM]  # switched, never a mix; killed before its verification
     assert now["2024-01-03"] == old["2024-01-03"]  # never reached
     result = apply_plan(spec, second.plan_id, factory, run_id="rerun")
     assert all(p["status"] in ("verified", "skipped-already-verified") for p in result.partitions)

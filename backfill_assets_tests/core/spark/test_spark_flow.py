@@ -10,7 +10,12 @@ from backfill_assets.core import plan as plan_module
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, review
 from backfill_assets_tests.support.duck_lakes import COLUMNS, DAYS, LABELS, newest, source_table
-from backfill_assets_tests.support.spark_lakes import spark_spec, target_rows, write_parquet_source
+from backfill_assets_tests.support.spark_lakes import (
+    load_postgres_source,
+    spark_spec,
+    target_rows,
+    write_parquet_source,
+)
 
 DAY_LIST = [dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.date(2024, 1, 3)]
 
@@ -34,17 +39,6 @@ def test_parquet_to_parquet_plans_approves_applies_and_converges(tmp_path: Path,
     assert [p["status"] for p in again.partitions] == ["skipped-already-verified"] * 3
 
 
-def _load_postgres(conn) -> None:
-    from backfill_assets.cli import demo
-    demo.load(conn)
-    conn.execute("TRUNCATE public.orders_raw")
-    rows = [tuple(r[c] for c in COLUMNS) for r in source_table().to_pylist()]
-    with conn.cursor() as cur:
-        cur.executemany("INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, "
-                        "amount, status, note) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
-    conn.commit()
-
-
 def test_the_content_hash_on_spark_equals_postgresql_and_duckdb(tmp_path, spark, factory, url_env, conn, db_url,
                                                                 monkeypatch):
     """For the same rows, every reading of every partition (the content hash among them) is the
@@ -53,7 +47,7 @@ def test_the_content_hash_on_spark_equals_postgresql_and_duckdb(tmp_path, spark,
     from backfill_assets_tests.support.duck_lakes import delta_source, duck_spec
     from backfill_assets_tests.support.spark_lakes import JDBC_ENV, jdbc_url
     from backfill_assets_tests.support.specs import make_spec
-    _load_postgres(conn)
+    load_postgres_source(conn)
     on_pg = plan_module.make_plan(make_spec(records_can_move=False, target={
         "format": "delta", "location": str(tmp_path / "pg_target")}), DAYS, factory)
     on_duck = plan_module.make_plan(duck_spec(tmp_path, delta_source(tmp_path)), DAYS, factory)

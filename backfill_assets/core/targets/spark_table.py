@@ -1,0 +1,212 @@
+"""A table of the Spark session's catalog as the target (``target: {format: spark_table}``,
+engine spark): a partition is replaced by writing it in full at a new location under the
+table's ``_backfill_versions/`` and moving the partition there in one catalog update
+(core.spark.catalog). Readers that resolve the table through the catalog see the old files or
+the new ones, never an empty or half-written partition, on any file system; the old location is
+kept for REPLACED_GRACE and then deleted by a later write.
+
+A write that finds the partition's location or files changed since it read them is refused
+before anything is switched (TransientDatabaseError, safe to retry); the verification after the
+switch reads the partition afresh through the catalog. The table must exist, partitioned by the
+partition key, with its partitions in the catalog (a table created with ``PARTITIONED BY``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from backfill_assets.core.errors import SpecError, TransientDatabaseError
+from backfill_assets.core.fingerprint.kinds import lake_type
+from backfill_assets.core.targets.lake import LakeEngine
+from backfill_assets.core.targets.lake_tables import LakeTable, TableShape
+from backfill_assets.core.targets.parquet import _fsync_dir, partition_dir
+from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+VERSIONS = "_backfill_versions"  # new partitions, each at a location of its own
+REPLACED = "_backfill_replaced"  # notes of replaced locations, deleted after the grace
+REPLACED_GRACE = 600.0
+
+
+def _files(location: Path | None) -> tuple[tuple[str, int, int], ...]:
+    if location is None or not location.is_dir():
+        return ()
+    return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(location.iterdir())
+                 if p.is_file() and not p.name.startswith(("_", ".")))
+
+
+@dataclass
+class Seen:
+    """The partitions a write read, each as (location, its files), loaded when first asked."""
+
+    table: Any
+    partitions: dict[str, tuple[Path | None, tuple]] = field(default_factory=dict)
+
+    def of(self, value: PartitionValue) -> tuple[Path | None, tuple]:
+        label = partition_label(value)
+        if label not in self.partitions:
+            location = self.table.catalog.locations([value])[label]
+            self.partitions[label] = (location, _files(location))
+        return self.partitions[label]
+
+    @property
+    def version(self) -> str:
+        text = "\n".join(f"{k}\t{v[0]}\t{v[1]}" for k, v in sorted(self.partitions.items()))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _as_spark_reads(data: pa.Table) -> pa.Table:
+    """A file's rows as Spark reads them for a ``timestamp`` column: a time stamp without a zone
+    in the file (INT96, Spark's default for years) is an instant in UTC."""
+    for i, f in enumerate(data.schema):
+        if pa.types.is_timestamp(f.type) and f.type.tz is None:
+            data = data.set_column(i, f.name, data.column(i).cast(pa.timestamp("us", tz="UTC")))
+    return data
+
+
+class SparkCatalogTable(LakeTable):
+    """One catalog table (see the module docstring). A handle is a :class:`Seen`."""
+
+    def __init__(self, session: Any, name: str, partition_key: str) -> None:
+        from backfill_assets.core.spark.catalog import CatalogTable
+        self.catalog = CatalogTable(session, name, partition_key)
+        self.partition_key = partition_key
+        self.name = f"spark_table:{name}"
+
+    def shape(self) -> TableShape | None:
+        from backfill_assets.core.spark.session import column_info
+        if not self.catalog.exists():
+            return None
+        columns, required = [], []
+        for f in self.catalog.schema().fields:
+            info = column_info(f.name, f.dataType.simpleString())
+            if info is None:
+                raise SpecError(f"{self.name} column {f.name} has Spark type {f.dataType.simpleString()}, which has "
+                                "no exact counterpart in the fingerprint")
+            columns.append((f.name, lake_type(info)))
+            if not f.nullable:
+                required.append(f.name)
+        self.catalog.listed()  # refuses a table whose partitions the catalog does not keep
+        return TableShape(columns, self.catalog.partitioned_by(), required, [])
+
+    def open(self) -> Seen | None:
+        return Seen(self) if self.catalog.exists() else None
+
+    def version(self, handle: Any) -> str | None:
+        return None if handle is None else handle.version
+
+    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        parts = []
+        for value in values:
+            location, files = (None, ()) if handle is None else handle.of(value)
+            tables = [_as_spark_reads(pq.read_table(location / name, coerce_int96_timestamp_unit="us"))
+                      for name, _, _ in files if name.endswith(".parquet")] if location is not None else []
+            if tables:
+                data = pa.concat_tables(tables, promote_options="permissive")
+                if column in data.column_names:
+                    data = data.drop_columns([column])
+                parts.append(data.append_column(column, pa.array([value] * data.num_rows)))
+        return pa.concat_tables(parts, promote_options="permissive") if parts else pa.table({})
+
+    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        """The partitions as the catalog points at them now, read afresh."""
+        return self.read(self.open(), column, values)
+
+    def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
+        raise SpecError("records_can_move is not supported on a spark_table target")
+
+    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
+        raise SpecError(f"{self.name} does not exist; create it first, partitioned by {partition_key} "
+                        "(CREATE TABLE ... USING parquet PARTITIONED BY (...)), so that its location and format "
+                        "are yours")
+
+    def close(self) -> None:
+        pass
+
+    def _purge(self, base: Path) -> None:
+        notes = base / REPLACED
+        if not notes.is_dir():
+            return
+        for note in notes.glob("*.json"):
+            if time.time() - note.stat().st_mtime > REPLACED_GRACE:
+                old = Path(json.loads(note.read_text())["location"])
+                if old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
+                note.unlink(missing_ok=True)
+
+    def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
+                  metadata: Mapping[str, str], exclusive: bool = False) -> str | None:
+        assert handle is not None
+        now = Seen(self)
+        moved = [partition_label(v) for v in values if now.of(v) != handle.of(v)]
+        if moved:
+            raise TransientDatabaseError(f"another writer changed partition(s) {', '.join(moved)} of {self.name} since "
+                                         "this run read them; nothing of ours was switched in")
+        base = self.catalog.location()
+        self._purge(base)
+        for value in values:
+            rows = data.filter(pc.equal(data[column], pa.scalar(value, data.schema.field(column).type)))
+            old, _ = handle.of(value)
+            if rows.num_rows == 0:
+                if old is not None:
+                    self.catalog.drop(value)  # an emptied partition leaves the catalog
+                    self._note(base, old)
+                continue
+            new = base / VERSIONS / partition_dir(column, value) / uuid.uuid4().hex
+            new.mkdir(parents=True)
+            path = new / f"part-00000-{uuid.uuid4()}.c000.snappy.parquet"
+            pq.write_table(rows.drop_columns([column]), path, compression="snappy")
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            _fsync_dir(new)
+            self.catalog.set_location(value, new, exists=old is not None)
+            if old is not None:
+                self._note(base, old)
+            handle.partitions.pop(partition_label(value), None)  # the handle now reads our version
+        for value in values:
+            handle.of(value)
+        return handle.version
+
+    def _note(self, base: Path, old: Path) -> None:
+        """Keep a replaced location for REPLACED_GRACE (readers that resolved it may still read)."""
+        notes = base / REPLACED
+        notes.mkdir(exist_ok=True)
+        (notes / f"{uuid.uuid4().hex}.json").write_text(json.dumps({"location": str(old)}))
+
+    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                       keys: pa.Table) -> pa.Table | None:
+        raise SpecError("records_can_move is not supported on a spark_table target")
+
+    def follows(self, handle: Any, base: str | None, metadata: Mapping[str, str]) -> bool:
+        return True
+
+
+class SparkTableEngine(LakeEngine):
+    """A catalog table target (core.context.TargetEngine), written by the Spark engine."""
+
+    def inspect_table(self, conn: psycopg.Connection, inspection: Any, described: dict[str, Any]) -> None:
+        """As for every lake table; a missing table is a problem (apply does not create it)."""
+        super().inspect_table(conn, inspection, described)
+        state = inspection.target_table
+        if state is not None and not state.exists:
+            inspection.problems.append(
+                f"{state.table} does not exist; create it first, partitioned by {self.spec.partition_key} "
+                "(CREATE TABLE ... USING parquet PARTITIONED BY (...))")
+
+    def table(self, conn: psycopg.Connection | None) -> LakeTable:
+        from backfill_assets.core.spark.session import session_for
+        target = self.spec.target
+        return SparkCatalogTable(session_for(self.spec), target.table, self.spec.partition_key)  # type: ignore[union-attr]

@@ -18,7 +18,7 @@ swap (core.targets.parquet) through the same apply protocol as every other targe
   Spark. Under each partition's lock apply reads stage A's partition into Arrow and
   fingerprints it (the recheck), writes exactly those rows beside the target partition and
   swaps them in, and reads the committed partition back to verify it
-  (:class:`SparkParquetTarget`).
+  (:class:`SparkTarget`).
 
 Plans, approvals, the ledger and the locks stay in the control store (PostgreSQL).
 """
@@ -597,8 +597,9 @@ def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clo
 
 # -- approval and apply ----------------------------------------------------------------------
 
-class SparkParquetTarget(LakeTarget):
-    """The Parquet folder target, whose approved rows come from stage A's files.
+class SparkTarget(LakeTarget):
+    """A Spark spec's target (a Parquet folder or a catalog table), whose approved rows come
+    from stage A's files.
 
     The recheck under the partition lock (:meth:`recheck`) reads stage A's partition into
     Arrow and fingerprints it; the replace then writes exactly those rows, and the
@@ -653,7 +654,7 @@ class SparkBuilds:
 
     def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, source: SparkSource) -> None:
         self.conn, self.factory, self.spec, self.source = conn, factory, spec, source
-        self._target: SparkParquetTarget | None = None
+        self._target: SparkTarget | None = None
         self._session: Any | None = None
 
     @classmethod
@@ -698,7 +699,7 @@ class SparkBuilds:
         if changed:
             raise ApprovalError(f"stage A of spec {spec.name} no longer has the planned fingerprint in partition(s) "
                                 f"{', '.join(changed)}; plan again")
-        target = SparkParquetTarget(self.conn, self.conn, ctx)
+        target = SparkTarget(self.conn, self.conn, ctx)
         try:
             return target.readings(wanted)
         finally:
@@ -706,7 +707,7 @@ class SparkBuilds:
 
     def changes(self, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
         spec = self.spec
-        target = SparkParquetTarget(self.conn, self.conn, ctx)
+        target = SparkTarget(self.conn, self.conn, ctx)
         out = {}
         try:
             handle = target.table.open()
@@ -731,7 +732,7 @@ class SparkBuilds:
         compare_readings({label: stored.approved(label) for label in labels}, now, "recheck of the approved stage")
 
     def _stage_now(self, ctx: Context, label: str) -> dict[str, Any]:
-        target = SparkParquetTarget(self.conn, self.conn, ctx)
+        target = SparkTarget(self.conn, self.conn, ctx)
         try:
             return target.readings_of(_arrow_stage(ctx, "a", label))
         finally:
@@ -739,7 +740,7 @@ class SparkBuilds:
 
     def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
                     ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
-        self._target = SparkParquetTarget(conn, control, ctx, checkpoint)
+        self._target = SparkTarget(conn, control, ctx, checkpoint)
         return self._target
 
     def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:

@@ -9,12 +9,15 @@ swapped with the old partition directory in one ``renameat2(RENAME_EXCHANGE)`` (
 partition: one ``rename``). A reader therefore lists either the old files or the new ones,
 never an empty or half-written partition; a process killed at any point leaves the old
 partition or the new one, and what it left under ``_backfill_staging`` is removed by a later
-write. The old files are kept under ``_backfill_replaced/`` for :data:`REPLACED_GRACE`, so
-that a reader that listed them just before the switch can still open them, then deleted.
+write, a day later (:data:`STAGING_GRACE`). The old files are moved under
+``_backfill_replaced/`` and deleted by a later write after :data:`REPLACED_GRACE`: a reader that
+already opened one reads it to the end; one that listed the partition just before the switch
+and opens a file after it gets "file not found" and must read again (never other rows).
 
-Local disks (ext4, XFS, tmpfs, Btrfs) and HDFS rename atomically; object stores (S3, GCS,
-ADLS) do not rename at all, so there a table format (Delta, Iceberg) is needed
-(docs/engines.md). A file system without ``RENAME_EXCHANGE`` is refused, naming it.
+Local disks (ext4, XFS, tmpfs, Btrfs) swap directories atomically; HDFS renames atomically but
+has no exchange, and object stores (S3, GCS, ADLS) do not rename at all: there a catalog table
+or a table format is needed (docs/engines.md). A file system without ``RENAME_EXCHANGE`` is
+refused, naming it.
 
 Writers outside this tool cannot be locked out of a folder: our runs hold the control store's
 partition locks; a write that finds the partition's files changed since it read them fails
@@ -53,6 +56,9 @@ from backfill_assets.core.vocabulary import PartitionValue, partition_label
 STAGING = "_backfill_staging"  # new partitions being written, and what a killed run left
 REPLACED = "_backfill_replaced"  # old partitions, kept for readers that listed them
 REPLACED_GRACE = 600.0  # seconds a replaced partition's files stay readable
+# What a write left under STAGING is removed after this long: long enough that no write still
+# in progress (another partition's, by another run) loses its files.
+STAGING_GRACE = 86400.0
 
 # Characters Spark escapes in a partition directory's value (ExternalCatalogUtils.escapePathName).
 _ESCAPED = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(1, 32)}
@@ -223,7 +229,7 @@ class ParquetFolderTable(LakeTable):
     def _purge(self) -> None:
         """Remove what killed runs left being written, and replaced partitions past their grace."""
         now = time.time()
-        for folder, grace in ((STAGING, REPLACED_GRACE), (REPLACED, REPLACED_GRACE)):
+        for folder, grace in ((STAGING, STAGING_GRACE), (REPLACED, REPLACED_GRACE)):
             base = self.root / folder
             if not base.is_dir():
                 continue

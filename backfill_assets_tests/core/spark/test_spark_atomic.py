@@ -155,7 +155,7 @@ def test_what_a_killed_write_left_is_skipped_by_readers_and_removed_later(tmp_pa
     rows = pads.dataset(str(tmp_path / "t"), format="parquet", partitioning="hive",
                         exclude_invalid_files=False).to_table().num_rows
     assert rows == first_day.num_rows
-    old = time.time() - 3600
+    old = time.time() - 2 * 86400
     os.utime(tmp_path / "t" / STAGING / "dead", (old, old))
     table.overwrite(table.open(), "order_date", [dt.date(2024, 1, 2)], data.slice(0, 0), {})
     assert not (tmp_path / "t" / STAGING / "dead").exists()

@@ -41,6 +41,18 @@ def source_table(rows: list[tuple] | None = None) -> pa.Table:
     return pa.Table.from_pylist([dict(zip(COLUMNS, r)) for r in rows], schema=SCHEMA)
 
 
+def load_postgres_source(conn: Any) -> None:
+    """The same rows in the demo's PostgreSQL source table, public.orders_raw."""
+    from backfill_assets.cli import demo
+    demo.load(conn)
+    conn.execute("TRUNCATE public.orders_raw")
+    rows = [tuple(r[c] for c in COLUMNS) for r in source_table().to_pylist()]
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, "
+                        "amount, status, note) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
+    conn.commit()
+
+
 def write_delta(path: Path, data: pa.Table, mode: str = "overwrite") -> int:
     from deltalake import DeltaTable, write_deltalake
     write_deltalake(str(path), data, mode=mode, partition_by=["order_date"])

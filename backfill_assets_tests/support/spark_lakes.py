@@ -50,18 +50,6 @@ def target_rows(folder: Path, day: dt.date) -> list[tuple]:
     return sorted(((day, *r[1:]) for r in rows), key=lambda r: r[1])
 
 
-def load_postgres_source(conn: Any) -> None:
-    """The same rows in the demo's PostgreSQL source table, public.orders_raw."""
-    from backfill_assets.cli import demo
-    demo.load(conn)
-    conn.execute("TRUNCATE public.orders_raw")
-    rows = [tuple(r[c] for c in COLUMNS) for r in source_table().to_pylist()]
-    with conn.cursor() as cur:
-        cur.executemany("INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, "
-                        "amount, status, note) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
-    conn.commit()
-
-
 def _pipe(a: socket.socket, b: socket.socket) -> None:
     try:
         while chunk := a.recv(65536):

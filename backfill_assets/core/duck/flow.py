@@ -29,7 +29,6 @@ import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import psycopg
@@ -49,44 +48,33 @@ from backfill_assets.core.context import (
 from backfill_assets.core.duck import statements
 from backfill_assets.core.duck.database import cursor, database
 from backfill_assets.core.duck.inspect import described, resolve, source_types
-from backfill_assets.core.duck.source import SOURCE_ROWS, LakeSource, Pin, lake_source
-from backfill_assets.core.errors import ApprovalError, SnapshotError, SourceDataError, StageError, VerificationError
+from backfill_assets.core.duck.source import SOURCE_ROWS, LakeSource, lake_source
+from backfill_assets.core.errors import ApprovalError, SourceDataError, StageError, VerificationError
 from backfill_assets.core.fingerprint import duck, rows
-from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.partition import empty
-from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.moves import Scope, close_scope_with
+from backfill_assets.core.moves import close_scope_with
 from backfill_assets.core.pg.catalog import ColumnInfo
 from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.pinned import (
+    LakeSnapshot,
+    Pin,
+    keys_detail,
+    load_snapshot,
+    record_builds,
+    record_plan,
+    record_snapshot,
+    require_pin,
+    require_plan_pin,
+)
 from backfill_assets.core.plan import assemble
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import compare_readings
-from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
-from backfill_assets.core.targets.lake import LakeEngine, LakeTarget, refuse_keys_in_several_partitions
+from backfill_assets.core.targets.lake import LakeEngine, StagedLakeTarget, refuse_keys_in_several_partitions
 from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, partition_label
-
-
-@dataclass(frozen=True)
-class LakeSnapshot:
-    """A lake source pinned at one version, with its declared partitions' fingerprints."""
-
-    snapshot_id: str
-    fingerprint: str
-    pin: Pin
-    partitions: dict[str, dict[str, Any]]  # label -> {"row_count", "content_hash"}
-    requested: list[str]
-    mode: Literal["lake"] = "lake"
-    # What the checks read of the input per partition (rows, rows with a NULL key), when the
-    # snapshot was taken in this process (None when loaded from its record).
-    reports: dict[str, tuple[int, int]] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint, "version": self.pin.version}
-
 
 TARGET_KEYS = "target_keys"  # the lake target's keys, registered for the moved keys' homes
 
@@ -249,59 +237,7 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
     # is the partition's hash here (the rows themselves are fingerprinted in the stages).
     files = source.signature_at(pin, spec.partition_key, ctx.partitions)
     parts = {label: {"row_count": counts.get(label, 0), "content_hash": files[label]} for label in ctx.labels}
-    moved = ctx.scope
-    scope = {"requested": requested, "added": moved.added if moved else {},
-             "moves": [list(m) for m in moved.moves] if moved else [], "pin": pin.as_dict()}
-    document = {
-        "format": SNAPSHOT_FORMAT, "source": spec.source_name, "version": pin.version,
-        "partition_key": spec.partition_key, "columns": [[c.name, c.type_name] for c in columns],
-        "partitions": [{"partition": k, **parts[k]} for k in ctx.labels],
-    }
-    snapshot_id, fingerprint = snapshot_identity(document, scope, "lake")
-    with control.transaction():
-        if not store.control_ready(control, spec.control_schema):
-            store.ensure_control_schema(control, spec.control_schema)
-        store.record_snapshot(
-            control, spec.control_schema, snapshot_id=snapshot_id, source_table=spec.source_name, mode="lake",
-            snapshot_table=None, partition_key=spec.partition_key,
-            partitions=[{"partition": k, **parts[k]} for k in ctx.labels], fingerprint=fingerprint, scope=scope,
-            created_at=clock(),
-        )
-    return LakeSnapshot(snapshot_id, fingerprint, pin, parts, requested, reports=reports), ctx
-
-
-def load_snapshot(control: psycopg.Connection, ctx_of: Any, spec: Spec, snapshot_id: str) -> tuple[LakeSnapshot, Context]:
-    """A recorded lake snapshot and its context (``ctx_of(labels)`` resolves one)."""
-    found = store.find_snapshot(control, spec.control_schema, snapshot_id) if store.control_ready(control, spec.control_schema) else None
-    if found is None or found["mode"] != "lake":
-        raise SnapshotError(f"snapshot {snapshot_id} does not exist for a lake source; take a snapshot first")
-    if found["fingerprint_format"] != FINGERPRINT_FORMAT:
-        raise SnapshotError(f"snapshot {snapshot_id} was taken with another fingerprint format; take a snapshot again")
-    labels = [p["partition"] for p in found["partitions"]]
-    scope = found["scope"] or {}
-    parts = {p["partition"]: {"row_count": p["row_count"], "content_hash": p["content_hash"]} for p in found["partitions"]}
-    ctx = ctx_of(labels)
-    if spec.records_can_move:
-        ctx = dataclasses.replace(ctx, scope=Scope(
-            ctx.partitions, dict(scope.get("added", {})), [tuple(m) for m in scope.get("moves", [])]))
-    return LakeSnapshot(snapshot_id, found["fingerprint"], Pin.of(scope["pin"]), parts,
-                        list(scope.get("requested", labels))), ctx
-
-
-def pin_problem(source: LakeSource, pin: Pin, partition_key: str, values: Sequence[PartitionValue],
-                recorded: dict[str, str]) -> str | None:
-    """Why the partitions ``values`` of ``pin`` are not exactly what the snapshot recorded
-    (``recorded``: label -> the digest of its files at the pin), or None: the version can no
-    longer be read, or reads other files (a table deleted and written again at the same
-    location has a version of the same number)."""
-    why = source.unreadable(pin, partition_key, values)
-    if why is not None:
-        return why
-    now = source.signature_at(pin, partition_key, values)
-    moved = [label for label in recorded if now.get(label) != recorded[label]]
-    if moved:
-        return f"partition(s) {', '.join(moved)} are held by other files than when the snapshot was taken"
-    return None
+    return record_snapshot(control, ctx, pin, columns, parts, requested, reports, clock), ctx
 
 
 def _ensure_stage(con: Any, ctx: Context, variant: str, types: list[tuple[str, str]]) -> str:
@@ -406,13 +342,7 @@ def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot
         fa = pool.submit(build_stage, db, ctx, snapshot, source, "a", progress)
         fb = pool.submit(build_stage, db, ctx, snapshot, source, "b", progress)
         a, b = fa.result(), fb.result()
-    spec = ctx.spec
-    with control.transaction():
-        for variant, built in (("a", a), ("b", b)):
-            for label, fp in built.items():
-                store.record_build(control, spec.control_schema, spec_name=spec.name, variant=variant, partition=label,
-                                   snapshot_id=snapshot.snapshot_id, readings=fp.as_dict(), writer_xid=None,
-                                   writer_txid=None, built_at=clock())
+    record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock)
     return a, b
 
 
@@ -442,7 +372,7 @@ def _differing_keys(con: Any, ctx: Context, a: dict[str, Fingerprint], b: dict[s
             continue
         keys = con.execute(query, {"partition": value}).fetchall()
         out.append(f"partition {label}: first differing key(s), stage A against stage B: "
-                   + "; ".join(", ".join(f"{k}={v}" for k, v in zip(spec.business_key, key)) for key in keys))
+                   + keys_detail(spec.business_key, keys))
     return out
 
 
@@ -460,13 +390,7 @@ def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapsho
                     for v in ("a", "b"):
                         con.execute(statements.delete_partition(stage_name(spec, v), spec.partition_key),
                                     {"partition": ctx.value_of(entry.partition)})
-    with control.transaction():
-        store.record_plan(
-            control, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name, target_table=spec.target_name,
-            status=plan.status, snapshot_id=snapshot.snapshot_id, plan=plan.as_json(), created_at=clock(),
-        )
-    progress(ProgressEvent("plan", f"{plan.plan_id[:16]}: {plan.status}", status=plan.status))
-    return plan
+    return record_plan(control, spec, plan, snapshot.snapshot_id, clock, progress)
 
 
 @contextlib.contextmanager
@@ -521,23 +445,14 @@ def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clo
             with contextlib.closing(cursor(db)) as con:
                 return resolve(control, spec, labels, source, con)
         snapshot, ctx = load_snapshot(control, ctx_of, spec, snapshot_id)
-        why = pin_problem(source, snapshot.pin, spec.partition_key, ctx.partitions,
-                          {label: p["content_hash"] for label, p in snapshot.partitions.items()})
-        if why is not None:
-            raise SnapshotError(f"the pinned version {snapshot.pin.version} of {spec.source_name} can no longer be read "
-                                f"({why}); take a snapshot again (plan again)")
+        require_pin(source, spec, snapshot, ctx)
         a, b = build_both(control, ctx, snapshot, source, db, clock, progress)
         plan = finish_plan(control, ctx, snapshot, db, _reports(db, ctx, snapshot, source), a, b, clock, progress)
         return ctx, plan, a, b
 
 
-class DuckLakeTarget(LakeTarget):
-    """A lake target whose approved rows come from stage A in DuckDB.
-
-    The recheck under the partition lock (:meth:`recheck`) reads stage A's rows into Arrow and
-    fingerprints them; the replace then writes exactly those rows, and the verification before
-    the commit finds their readings already computed: one read and one fingerprint of the stage
-    serve both, and what is checked is what is written."""
+class DuckLakeTarget(StagedLakeTarget):
+    """A lake target whose approved rows come from stage A in DuckDB (targets.lake.StagedLakeTarget)."""
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, db: Any,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
@@ -545,49 +460,13 @@ class DuckLakeTarget(LakeTarget):
         assert isinstance(engine, LakeEngine)
         super().__init__(conn, control, ctx, engine.table(control), checkpoint)
         self.db = db
-        self._rechecked: dict[str, pa.Table] = {}  # label -> stage A's rows read by the recheck
-        self._known: dict[int, tuple[pa.Table, dict[str, Any]]] = {}  # id(rows) -> (rows, their readings)
 
-    def _read_stage(self, label: str) -> pa.Table:
+    def read_stage(self, label: str) -> pa.Table:
         spec = self.ctx.spec
         query = statements.stage_rows(stage_name(spec, "a"), spec.columns, spec.partition_key, spec.business_key)
         with contextlib.closing(cursor(self.db)) as con:
             data = con.sql(query, params={"partition": self.ctx.value_of(label)}).to_arrow_table()
         return data.cast(lake_schema(self.ctx.target_columns))
-
-    def recheck(self, labels: list[str]) -> dict[str, dict[str, Any]]:
-        """Stage A's readings of ``labels`` now, from its rows read into Arrow, which the
-        replace that follows in this write then writes."""
-        out = {}
-        for label in labels:
-            rows = self._rechecked[label] = self._read_stage(label)
-            out[label] = self.readings_of(rows)
-        return out
-
-    def stage_rows(self, label: str) -> pa.Table:
-        rows = self._rechecked.pop(label, None)
-        return self._read_stage(label) if rows is None else rows
-
-    def readings_of(self, data: pa.Table) -> dict[str, Any]:
-        known = self._known.get(id(data))
-        if known is not None and known[0] is data:
-            return known[1]
-        readings = super().readings_of(data)
-        self._known[id(data)] = (data, readings)
-        return readings
-
-    @contextlib.contextmanager
-    def writing(self, labels: list[str]) -> Iterator[Any]:
-        try:
-            with super().writing(labels) as write:
-                yield write
-        finally:
-            self._rechecked.clear()
-            self._known.clear()
-
-    @contextlib.contextmanager
-    def data_transaction(self) -> Iterator[None]:
-        yield  # stage A is rechecked in DuckDB under the partition lock; nothing to hold in PostgreSQL
 
 
 class DuckBuilds:
@@ -636,19 +515,9 @@ class DuckBuilds:
         return {label: fp.as_dict() for label, fp in zip(labels, found)}
 
     def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
-        spec, snap = self.spec, stored.document.snapshot
+        spec = self.spec
         wanted = stored.labels if partitions is None else partitions
-        if snap.mode != "lake" or snap.version is None:
-            raise ApprovalError(f"plan {stored.plan_id[:16]} was not made from a lake source; plan again")
-        found = store.find_snapshot(self.conn, spec.control_schema, snap.id)
-        if found is None or found["fingerprint"] != snap.fingerprint:
-            raise ApprovalError(f"snapshot {snap.id} of plan {stored.plan_id[:16]} is gone; plan again")
-        pin = Pin.of(found["scope"]["pin"])
-        why = pin_problem(self.source, pin, spec.partition_key, ctx.partitions,
-                          {p["partition"]: p["content_hash"] for p in found["partitions"]})
-        if why is not None:
-            raise ApprovalError(f"the pinned version {pin.version[:16]} of {spec.source_name} can no longer be read "
-                                f"({why}); plan again")
+        require_plan_pin(self.conn, self.source, spec, stored, ctx)
         changed = self._stage_changed(ctx, {label: stored.approved(label) for label in stored.labels})
         if changed:
             raise ApprovalError(f"stage {stage_name(spec, 'a')} no longer has the planned fingerprint in partition(s) "
@@ -707,8 +576,7 @@ class DuckBuilds:
             return err
         if not keys:
             return err
-        detail = "first differing key(s), approved stage against the target: " + "; ".join(
-            ", ".join(f"{k}={v}" for k, v in zip(spec.business_key, key)) for key in keys)
+        detail = "first differing key(s), approved stage against the target: " + keys_detail(spec.business_key, keys)
         return VerificationError(err.partition, err.step, err.expected, err.actual, detail)
 
 

@@ -23,7 +23,6 @@ import hashlib
 import json
 import urllib.parse
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,32 +31,13 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from backfill_assets.core.errors import SnapshotError, SpecError
+from backfill_assets.core.pinned import Pin
 from backfill_assets.core.spec import DeltaSourceSpec, IcebergSourceSpec, LakeSourceSpec, ParquetSourceSpec, Spec
 from backfill_assets.core.targets.lake_tables import local_path
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 # The relation the pinned rows are visible as, on the connection that reads them.
 SOURCE_ROWS = "source_rows"
-
-
-@dataclass(frozen=True)
-class Pin:
-    """One version of a lake source: ``version`` names it (a Delta version, an Iceberg
-    snapshot id, the digest of a Parquet file list); ``files``: a Parquet folder's files of the
-    pinned partitions, as (path under the folder, size, SHA-256)."""
-
-    version: str
-    files: tuple[tuple[str, int, str], ...] = field(default=())
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"version": self.version}
-        if self.files:
-            out["files"] = [list(f) for f in self.files]
-        return out
-
-    @classmethod
-    def of(cls, data: dict[str, Any]) -> Pin:
-        return cls(str(data["version"]), tuple((str(p), int(n), str(h)) for p, n, h in data.get("files", [])))
 
 
 def _dataset(table: Any, name: str) -> Any:

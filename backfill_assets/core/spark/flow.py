@@ -49,34 +49,34 @@ from backfill_assets.core.context import (
     utc_now,
 )
 from backfill_assets.core.duck import statements
-from backfill_assets.core.duck.flow import LakeSnapshot, load_snapshot, pin_problem
-from backfill_assets.core.duck.source import Pin, files_digest, sha256_file
-from backfill_assets.core.errors import (
-    ApprovalError,
-    SnapshotError,
-    SourceDataError,
-    SpecError,
-    StageError,
-    VerificationError,
-)
+from backfill_assets.core.duck.source import files_digest, sha256_file
+from backfill_assets.core.errors import ApprovalError, SourceDataError, SpecError, StageError, VerificationError
 from backfill_assets.core.fingerprint import rows
 from backfill_assets.core.fingerprint import spark as spark_fp
-from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg.catalog import ColumnInfo, Inspection, ServerInfo
 from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.pinned import (
+    LakeSnapshot,
+    keys_detail,
+    load_snapshot,
+    record_builds,
+    record_plan,
+    record_snapshot,
+    require_pin,
+    require_plan_pin,
+)
 from backfill_assets.core.plan import assemble
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.spark.session import column_info, schema_ddl, session_for, staging_dir, unsupported
 from backfill_assets.core.spark.source import SparkSource, spark_source
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import compare_readings
-from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.targets import engine_for
-from backfill_assets.core.targets.lake import LakeEngine, LakeTarget
+from backfill_assets.core.targets.lake import LakeEngine, StagedLakeTarget
 from backfill_assets.core.targets.parquet import partition_dir
 from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, parse_labels, partition_label
 
@@ -257,23 +257,7 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource
               else {partition_label(r[0]): int(r[1]) for r in frame.groupBy(spec.partition_key).count().collect()})
     files = source.signature_at(pin, spec.partition_key, ctx.partitions)
     parts = {label: {"row_count": counts.get(label, 0), "content_hash": files[label]} for label in ctx.labels}
-    scope = {"requested": requested, "added": {}, "moves": [], "pin": pin.as_dict()}
-    document = {
-        "format": SNAPSHOT_FORMAT, "source": spec.source_name, "version": pin.version,
-        "partition_key": spec.partition_key, "columns": [[c.name, c.type_name] for c in columns],
-        "partitions": [{"partition": k, **parts[k]} for k in ctx.labels],
-    }
-    snapshot_id, fingerprint = snapshot_identity(document, scope, "lake")
-    with control.transaction():
-        if not store.control_ready(control, spec.control_schema):
-            store.ensure_control_schema(control, spec.control_schema)
-        store.record_snapshot(
-            control, spec.control_schema, snapshot_id=snapshot_id, source_table=spec.source_name, mode="lake",
-            snapshot_table=None, partition_key=spec.partition_key,
-            partitions=[{"partition": k, **parts[k]} for k in ctx.labels], fingerprint=fingerprint, scope=scope,
-            created_at=clock(),
-        )
-    return LakeSnapshot(snapshot_id, fingerprint, pin, parts, requested, reports=reports), ctx
+    return record_snapshot(control, ctx, pin, columns, parts, requested, reports, clock), ctx
 
 
 # -- the stages ------------------------------------------------------------------------------
@@ -436,13 +420,7 @@ def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot
     and record each build in the control store."""
     a = build_stage(session, ctx, snapshot, source, "a", progress)
     b = build_stage(session, ctx, snapshot, source, "b", progress)
-    spec = ctx.spec
-    with control.transaction():
-        for variant, built in (("a", a), ("b", b)):
-            for label, fp in built.items():
-                store.record_build(control, spec.control_schema, spec_name=spec.name, variant=variant, partition=label,
-                                   snapshot_id=snapshot.snapshot_id, readings=fp.as_dict(), writer_xid=None,
-                                   writer_txid=None, built_at=clock())
+    record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock)
     return a, b
 
 
@@ -510,8 +488,8 @@ def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapsho
     for label in ctx.labels:
         if a[label] != b[label]:
             keys = _differing_keys(ctx, label, _arrow_stage(ctx, "a", label), _arrow_stage(ctx, "b", label))
-            problems.append(f"partition {label}: first differing key(s), stage A against stage B: " + "; ".join(
-                ", ".join(f"{k}={v}" for k, v in zip(spec.business_key, key)) for key in keys))
+            problems.append(f"partition {label}: first differing key(s), stage A against stage B: "
+                            + keys_detail(spec.business_key, keys))
     plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)  # type: ignore[arg-type]
     if plan.status == "refused":
         for entry in plan.document.partitions:
@@ -519,13 +497,7 @@ def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapsho
                 for v in ("a", "b"):
                     shutil.rmtree(stage_dir(spec, v) / partition_dir(spec.partition_key, ctx.value_of(entry.partition)),
                                   ignore_errors=True)
-    with control.transaction():
-        store.record_plan(
-            control, spec.control_schema, plan_id=plan.plan_id, spec_name=spec.name, target_table=spec.target_name,
-            status=plan.status, snapshot_id=snapshot.snapshot_id, plan=plan.as_json(), created_at=clock(),
-        )
-    progress(ProgressEvent("plan", f"{plan.plan_id[:16]}: {plan.status}", status=plan.status))
-    return plan
+    return record_plan(control, spec, plan, snapshot.snapshot_id, clock, progress)
 
 
 # -- the steps -------------------------------------------------------------------------------
@@ -573,14 +545,6 @@ def snapshot_step(spec: Spec, request: PartitionRequest | list[str], factory: Co
         return take_snapshot(control, ctx, source, session, clock, progress)[0]
 
 
-def _pin_holds(source: SparkSource, spec: Spec, snapshot: LakeSnapshot, ctx: Context, error: type[Exception]) -> None:
-    why = pin_problem(source, snapshot.pin, spec.partition_key, ctx.partitions,  # type: ignore[arg-type]
-                      {label: p["content_hash"] for label, p in snapshot.partitions.items()})
-    if why is not None:
-        raise error(f"the pinned version {snapshot.pin.version[:16]} of {spec.source_name} can no longer be read "
-                    f"({why}); plan again")
-
-
 def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clock: Clock = utc_now,
                 progress: Progress = quiet) -> tuple[Context, Plan, dict[str, Fingerprint], dict[str, Fingerprint]]:
     """core.plan.stages_step for a Spark spec."""
@@ -588,7 +552,7 @@ def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clo
             opened(spec) as (source, session):
         snapshot, ctx = load_snapshot(control, lambda labels: resolve(control, spec, labels, source, session),
                                       spec, snapshot_id)
-        _pin_holds(source, spec, snapshot, ctx, SnapshotError)
+        require_pin(source, spec, snapshot, ctx)
         a, b = build_both(control, ctx, snapshot, source, session, clock, progress)
         plan = finish_plan(control, ctx, snapshot, session, _reports(session, ctx, snapshot, source), a, b, clock,
                            progress)
@@ -597,55 +561,18 @@ def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clo
 
 # -- approval and apply ----------------------------------------------------------------------
 
-class SparkTarget(LakeTarget):
+class SparkTarget(StagedLakeTarget):
     """A Spark spec's target (a Parquet folder or a catalog table), whose approved rows come
-    from stage A's files.
-
-    The recheck under the partition lock (:meth:`recheck`) reads stage A's partition into
-    Arrow and fingerprints it; the replace then writes exactly those rows, and the
-    verification before the switch finds their readings already computed."""
+    from stage A's files (targets.lake.StagedLakeTarget)."""
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
         engine = ctx.engine
         assert isinstance(engine, LakeEngine)
         super().__init__(conn, control, ctx, engine.table(control), checkpoint)
-        self._rechecked: dict[str, pa.Table] = {}
-        self._known: dict[int, tuple[pa.Table, dict[str, Any]]] = {}
 
-    def recheck(self, labels: list[str]) -> dict[str, dict[str, Any]]:
-        out = {}
-        for label in labels:
-            data = self._rechecked[label] = _arrow_stage(self.ctx, "a", label)
-            out[label] = self.readings_of(data)
-        return out
-
-    def stage_rows(self, label: str) -> pa.Table:
-        data = self._rechecked.pop(label, None)
-        return _arrow_stage(self.ctx, "a", label) if data is None else data
-
-    def readings_of(self, data: pa.Table) -> dict[str, Any]:
-        known = self._known.get(id(data))
-        if known is not None and known[0] is data:
-            return known[1]
-        if data.num_rows == 0:
-            data = self.schema.empty_table()
-        readings = super().readings_of(data)
-        self._known[id(data)] = (data, readings)
-        return readings
-
-    @contextlib.contextmanager
-    def writing(self, labels: list[str]) -> Iterator[Any]:
-        try:
-            with super().writing(labels) as write:
-                yield write
-        finally:
-            self._rechecked.clear()
-            self._known.clear()
-
-    @contextlib.contextmanager
-    def data_transaction(self) -> Iterator[None]:
-        yield  # stage A is rechecked from its files under the partition lock
+    def read_stage(self, label: str) -> pa.Table:
+        return _arrow_stage(self.ctx, "a", label)
 
 
 class SparkBuilds:
@@ -680,19 +607,9 @@ class SparkBuilds:
         return ctx
 
     def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
-        spec, snap = self.spec, stored.document.snapshot
+        spec = self.spec
         wanted = stored.labels if partitions is None else partitions
-        if snap.mode != "lake" or snap.version is None:
-            raise ApprovalError(f"plan {stored.plan_id[:16]} was not made from a pinned source; plan again")
-        found = store.find_snapshot(self.conn, spec.control_schema, snap.id)
-        if found is None or found["fingerprint"] != snap.fingerprint:
-            raise ApprovalError(f"snapshot {snap.id} of plan {stored.plan_id[:16]} is gone; plan again")
-        pin = Pin.of(found["scope"]["pin"])
-        why = pin_problem(self.source, pin, spec.partition_key, ctx.partitions,  # type: ignore[arg-type]
-                          {p["partition"]: p["content_hash"] for p in found["partitions"]})
-        if why is not None:
-            raise ApprovalError(f"the pinned version {pin.version[:16]} of {spec.source_name} can no longer be read "
-                                f"({why}); plan again")
+        require_plan_pin(self.conn, self.source, spec, stored, ctx)
         if not stage_dir(spec, "a").is_dir():
             raise ApprovalError(f"stage A of spec {spec.name} does not exist in {staging_dir(spec)}; plan again")
         changed = seals_hold(self._session, ctx, "a", {label: stored.approved(label) for label in stored.labels})
@@ -756,8 +673,7 @@ class SparkBuilds:
             return err
         if not keys:
             return err
-        detail = "first differing key(s), approved stage against the target: " + "; ".join(
-            ", ".join(f"{k}={v}" for k, v in zip(spec.business_key, key)) for key in keys)
+        detail = "first differing key(s), approved stage against the target: " + keys_detail(spec.business_key, keys)
         return VerificationError(err.partition, err.step, err.expected, err.actual, detail)
 
 

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from backfill_assets.core.duck.source import ParquetSource as _Folder
-from backfill_assets.core.duck.source import Pin, files_digest, sha256_file
+from backfill_assets.core.duck.source import files_digest, sha256_file
 from backfill_assets.core.errors import SnapshotError, SpecError
+from backfill_assets.core.pinned import Pin
 from backfill_assets.core.spark.session import staging_dir
 from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, SparkTableSpec, Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label

@@ -379,6 +379,60 @@ class LakeTarget(AdvisoryLocked):
         self.table.close()
 
 
+class StagedLakeTarget(LakeTarget):
+    """A lake target whose approved rows are read from a stage outside PostgreSQL (a DuckDB
+    table, Spark's Parquet files) by :meth:`read_stage`.
+
+    The recheck under the partition lock (:meth:`recheck`) reads stage A's rows into Arrow and
+    fingerprints them; the replace then writes exactly those rows, and the verification before
+    the commit finds their readings already computed: one read and one fingerprint of the stage
+    serve both, and what is checked is what is written."""
+
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, table: LakeTable,
+                 checkpoint: Checkpoint = no_checkpoint) -> None:
+        super().__init__(conn, control, ctx, table, checkpoint)
+        self._rechecked: dict[str, pa.Table] = {}  # label -> stage A's rows read by the recheck
+        self._known: dict[int, tuple[pa.Table, Readings]] = {}  # id(rows) -> (rows, their readings)
+
+    def read_stage(self, label: str) -> pa.Table:
+        """Stage A's rows of one partition, in the lake schema."""
+        raise NotImplementedError
+
+    def recheck(self, labels: list[str]) -> dict[str, Readings]:
+        """Stage A's readings of ``labels`` now, from its rows read into Arrow, which the
+        replace that follows in this write then writes."""
+        out = {}
+        for label in labels:
+            rows = self._rechecked[label] = self.read_stage(label)
+            out[label] = self.readings_of(rows)
+        return out
+
+    def stage_rows(self, label: str) -> pa.Table:
+        rows = self._rechecked.pop(label, None)
+        return self.read_stage(label) if rows is None else rows
+
+    def readings_of(self, data: pa.Table) -> Readings:
+        known = self._known.get(id(data))
+        if known is not None and known[0] is data:
+            return known[1]
+        readings = super().readings_of(data if data.num_rows else self.schema.empty_table())
+        self._known[id(data)] = (data, readings)
+        return readings
+
+    @contextlib.contextmanager
+    def writing(self, labels: list[str]) -> Iterator[_LakeWrite]:
+        try:
+            with super().writing(labels) as write:
+                yield write
+        finally:
+            self._rechecked.clear()
+            self._known.clear()
+
+    @contextlib.contextmanager
+    def data_transaction(self) -> Iterator[None]:
+        yield  # stage A is rechecked outside PostgreSQL under the partition lock; nothing to hold there
+
+
 class _LakeWrite:
     def __init__(self, target: LakeTarget, handle: Any) -> None:
         self.target, self.handle = target, handle

@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from backfill_assets.cli import demo
 from backfill_assets.core import plan as plan_module
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, review
@@ -27,6 +26,7 @@ from backfill_assets_tests.support.duck_lakes import (
     delta_rows,
     delta_source,
     duck_spec,
+    load_postgres_source,
     newest,
     source_table,
 )
@@ -120,13 +120,7 @@ def test_the_seal_tells_a_negative_zero_from_zero(tmp_path, factory, url_env):
 def test_the_content_hash_on_duckdb_equals_postgresql(tmp_path, factory, url_env, delta_source, conn):
     """For the same rows, each partition's content hash (and every reading) is the same
     whether the stages are built in PostgreSQL or in DuckDB."""
-    demo.load(conn)
-    conn.execute("TRUNCATE public.orders_raw")
-    rows = [tuple(r[c] for c in COLUMNS) for r in source_table().to_pylist()]
-    with conn.cursor() as cur:
-        cur.executemany("INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, "
-                        "amount, status, note) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", rows)
-    conn.commit()
+    load_postgres_source(conn)
     on_pg = plan_module.make_plan(make_spec(records_can_move=False, target={"format": "delta", "location": str(tmp_path / "pg_target")}), DAYS, factory)
     on_duck = plan_module.make_plan(duck_spec(tmp_path, delta_source), DAYS, factory)
     assert on_pg.status == on_duck.status == "ready"

@@ -19,11 +19,10 @@ from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, review
 from backfill_assets.core.errors import ApprovalError, SourceDataError, SpecError
 from backfill_assets.core.spec import spec_from_mapping
-from backfill_assets_tests.support.duck_lakes import DAYS, source_table
+from backfill_assets_tests.support.duck_lakes import DAYS, load_postgres_source, source_table
 from backfill_assets_tests.support.spark_lakes import (
     JDBC_ENV,
     jdbc_url,
-    load_postgres_source,
     spark_mapping,
     spark_spec,
     write_parquet_source,

@@ -9,13 +9,8 @@ from pathlib import Path
 from backfill_assets.core import plan as plan_module
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, review
-from backfill_assets_tests.support.duck_lakes import COLUMNS, DAYS, LABELS, newest, source_table
-from backfill_assets_tests.support.spark_lakes import (
-    load_postgres_source,
-    spark_spec,
-    target_rows,
-    write_parquet_source,
-)
+from backfill_assets_tests.support.duck_lakes import COLUMNS, DAYS, LABELS, load_postgres_source, newest, source_table
+from backfill_assets_tests.support.spark_lakes import spark_spec, target_rows, write_parquet_source
 
 DAY_LIST = [dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.date(2024, 1, 3)]
 

@@ -18,5 +18,6 @@ folders: ``targets`` (one engine per target format), ``fingerprint`` (a partitio
 in SQL and in Arrow, and the plan and snapshot ids), ``store`` (the control store: plans,
 approvals, ledger), ``guard`` (the transform's determinism guard), ``profile`` (proposing a
 key and a tiebreak) and ``pg`` (PostgreSQL: connections, the catalog, the SQL builders, the
-embedded server).
+embedded server). ``duck`` and ``spark`` run the steps on DuckDB and Spark; what they share of
+a source pinned at a version is ``pinned``.
 """

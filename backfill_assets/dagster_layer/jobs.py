@@ -15,7 +15,13 @@ from backfill_assets.dagster_layer.names import (
     stages_job_name,
     target_job_name,
 )
-from backfill_assets.dagster_layer.resources import PostgresResource, resource_key, transient_retry
+from backfill_assets.dagster_layer.resources import (
+    SPARK_RESOURCE,
+    PostgresResource,
+    resource_key,
+    spark_keys,
+    transient_retry,
+)
 from backfill_assets.render import plan_markdown, render_review
 
 
@@ -43,7 +49,9 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
     matches the stages, and records the approval through the core."""
     by_name = {s.name: s for s in specs}
 
-    @dg.op(name=APPROVE_OP, required_resource_keys={resource_key(s) for s in specs}, out=dg.Out(int))
+    needs = {resource_key(s) for s in specs} | {k for s in specs for k in spark_keys(s)}
+
+    @dg.op(name=APPROVE_OP, required_resource_keys=needs, out=dg.Out(int))
     def approve_plan_gate(context: dg.OpExecutionContext, config: ApproveConfig) -> int:
         if config.spec:
             if config.spec not in by_name:
@@ -53,6 +61,8 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
             spec = specs[0]
         else:
             raise SpecError(f"several specs are loaded ({', '.join(by_name)}); set `spec` in the config")
+        if spec.on_spark:  # the review resolves the spec in Spark: the location's session
+            getattr(context.resources, SPARK_RESOURCE).start()
         resource: PostgresResource = getattr(context.resources, resource_key(spec))
         factory = resource.factory(spec, f"backfill_assets:{spec.name}:approve")
         with transient_retry(factory, spec), factory() as conn:

@@ -1,9 +1,9 @@
 """A table of the Spark session's catalog (``format: spark_table``), partitioned by the partition
 key, with its partitions in the catalog: each has a location of its own, which one catalog
 update (``ALTER TABLE ... PARTITION ... SET LOCATION``) moves. That update is the atomic switch
-of a catalog table, on any file system, object stores included: the new partition is written
-in full at a new location first, and readers that resolve the table through the catalog see
-the old location or the new one.
+of a catalog table, whatever the file system renames: the new partition is written in full at
+a new location first, and readers that resolve the table through the catalog see the old
+location or the new one. Locations are local (or shared-mount) paths here.
 
 Spark SQL is not PostgreSQL: its statements are composed here, not with psycopg.sql (whose
 double quotes Spark reads as strings). The table's name is bound (``IDENTIFIER(:table)``).
@@ -66,15 +66,23 @@ class CatalogTable:
     def schema(self) -> Any:
         return self.session.table(self.name).schema
 
+    def provider(self) -> str:
+        """The table's data source (``parquet``, ``delta``, ``hive`` ...), lower case."""
+        return self._described().get("Provider", "").lower()
+
     def partitioned_by(self) -> list[str]:
         return [c.name for c in self.session.catalog.listColumns(self.name) if c.isPartition]
 
     def _described(self, clause: str = "") -> dict[str, str]:
         rows = self._sql(f"DESCRIBE TABLE EXTENDED IDENTIFIER(:table){clause}").collect()
         out: dict[str, str] = {}
-        for r in rows:  # the first of a name: a partition's Location comes before its table's
-            if r[0] is not None and r[1] is not None:
-                out.setdefault(str(r[0]).strip(), str(r[1]))
+        detailed = False
+        for r in rows:  # after the columns (one may be named Location), the first of a name: a
+            name = "" if r[0] is None else str(r[0]).strip()  # partition's Location before its table's
+            if name.startswith("# Detailed"):
+                detailed = True
+            elif detailed and name and r[1] is not None:
+                out.setdefault(name, str(r[1]))
         return out
 
     def location(self) -> Path:
@@ -119,7 +127,7 @@ class CatalogTable:
 
     def set_location(self, value: PartitionValue, path: Path, exists: bool) -> None:
         """Point the partition at ``path`` in one catalog update (adding it if new)."""
-        where = "'" + str(path).replace("\\", "\\\\").replace("'", "\\'") + "'"
+        where = "'" + ("file:" + str(path)).replace("\\", "\\\\").replace("'", "\\'") + "'"  # as Spark shows it: file:/...
         if exists:
             self._sql(f"ALTER TABLE IDENTIFIER(:table){self._clause(value)} SET LOCATION {where}")
         else:

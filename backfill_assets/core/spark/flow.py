@@ -378,6 +378,7 @@ def build_stage(session: Any, ctx: Context, snapshot: LakeSnapshot, source: Spar
     _record(spec, variant, seals)
     for value in ctx.partitions:
         shutil.rmtree(base / partition_dir(spec.partition_key, value), ignore_errors=True)
+    shutil.rmtree(base / "_temporary", ignore_errors=True)  # a killed build's task output: never merged in
     inp = _input(session, source.frame(session, snapshot.pin), spec, ctx.transform)
     newest(inp, spec, variant, ctx.partitions).write.mode("append").partitionBy(spec.partition_key).parquet(str(base))
     found = stage_readings(session, ctx, variant, ctx.partitions)

@@ -27,7 +27,9 @@ from backfill_assets.core.targets.lake_tables import local_path
 
 # What every session of ours sets, whatever else it carries: Parquet time stamps as
 # microseconds (INT96, Spark's old default, is not what other readers expect).
-REQUIRED_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+REQUIRED_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+                 # The string literals core.spark.catalog writes are escaped for Spark's default reading.
+                 "spark.sql.parser.escapedStringLiterals": "false"}
 DEFAULT_MASTER = "local[2]"
 # Where Debian's libpostgresql-jdbc-java puts the PostgreSQL driver: a session started here for a
 # JDBC source loads it (``engine.conf`` may name another in spark.jars).

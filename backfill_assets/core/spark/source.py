@@ -118,7 +118,7 @@ def _scrubbed(text: str, url: str) -> str:
     text = " ".join(text.split())
     if url:
         text = text.replace(url, "[url]")
-    return re.sub(r"(?i)(password=)[^&;\s]*", r"\1[redacted]", text)
+    return re.sub(r"(?i)(password=)[^&]*", r"\1[redacted]", text)
 
 
 class JdbcSource(SparkSource):
@@ -163,8 +163,9 @@ class JdbcSource(SparkSource):
         from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
         columns = self._reader(session, url, "information_schema.columns").load()
         found = columns.where((F.col("table_schema") == self.table.schema) & (F.col("table_name") == self.table.name)
-                              & (F.col("data_type") == "numeric") & F.col("numeric_scale").isNull())
-        return [r[0] for r in found.select("column_name").collect()]
+                              & (((F.col("data_type") == "numeric") & F.col("numeric_scale").isNull())
+                                 | (F.col("data_type") == "timestamp without time zone")))
+        return [f"{r[0]} ({r[1]})" for r in found.select("column_name", "data_type").collect()]
 
     def schema_frame(self, session: Any) -> Any:
         from psycopg import sql
@@ -173,9 +174,10 @@ class JdbcSource(SparkSource):
             unscaled = self._unscaled(session, url)
             if unscaled:
                 raise SpecError(
-                    f"source {self.name} column(s) {', '.join(unscaled)} are numeric without a declared scale, which "
-                    "Spark's JDBC reader turns into decimal(38,18); declare them numeric(p,s) in the source, or read "
-                    "a view that casts them")
+                    f"source {self.name} column(s) {', '.join(unscaled)} have no exact form over JDBC: a numeric "
+                    "without a declared scale becomes decimal(38,18), a timestamp without time zone is shifted by "
+                    "the executors' time zone; declare numeric(p,s) and timestamptz in the source, or read a view "
+                    "that casts them")
             frame = self._reader(session, url, sql.Identifier(self.table.schema, self.table.name).as_string(None))
             return frame.load().limit(0)
 
@@ -242,6 +244,9 @@ class CatalogSource(SparkSource):
 
     def schema_frame(self, session: Any) -> Any:
         catalog = self._catalog(session)
+        if catalog.provider() != "parquet":
+            raise SpecError(f"source {self.name} is a {catalog.provider() or 'non-file'} table; a spark_table source is "
+                            "a Parquet table (USING parquet)")
         if catalog.partitioned_by() != [self.partition_key]:
             raise SpecError(f"source {self.name} is partitioned by ({', '.join(catalog.partitioned_by()) or 'nothing'}), "
                             f"not by the partition key ({self.partition_key})")
@@ -252,8 +257,8 @@ class CatalogSource(SparkSource):
         for label, location in self._catalog(session).locations(values).items():
             if location is None or not location.is_dir():
                 continue
-            for p in sorted(location.iterdir()):
-                if p.is_file() and p.suffix == ".parquet" and not p.name.startswith(("_", ".")):
+            for p in sorted(location.iterdir()):  # every file Spark reads there, whatever its name
+                if p.is_file() and not p.name.startswith(("_", ".")):
                     files.append((f"{label}\t{p}", p.stat().st_size, sha256_file(p)))
         return Pin(files_digest(files), tuple(files))
 

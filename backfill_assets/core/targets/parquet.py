@@ -30,6 +30,7 @@ and modification times: metadata only, no data file read.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
@@ -75,28 +76,36 @@ def _hidden(name: str) -> bool:
     return name.startswith(("_", "."))
 
 
+_RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-def exchange(a: Path, b: Path) -> None:
-    """Swap two directories in one atomic step (Linux ``renameat2`` with RENAME_EXCHANGE).
-
-    Raises:
-        SpecError: the file system cannot (EINVAL, ENOSYS): it gives no atomic switch.
-    """
+def _renameat2(a: Path, b: Path, flags: int) -> None:
+    """Linux ``renameat2``. Raises SpecError where the file system cannot do it atomically
+    (EINVAL, ENOSYS), OSError otherwise."""
     libc = ctypes.CDLL(None, use_errno=True)
     fn = getattr(libc, "renameat2", None)
     if fn is None:
         raise SpecError("this system's C library has no renameat2: a parquet target needs an atomic directory "
-                        "swap (Linux 3.15+, glibc 2.28+); use a table format (Delta, Iceberg) instead")
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+                        "swap (Linux 3.15+, glibc 2.28+); use a catalog table (spark_table) or a table format")
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags) != 0:
         code = ctypes.get_errno()
         if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise SpecError(f"the file system of {b.parent} cannot swap directories atomically (RENAME_EXCHANGE: "
-                            f"{os.strerror(code)}); a parquet target needs a local disk or HDFS, or use a table "
-                            "format (Delta, Iceberg) on an object store")
-        raise OSError(code, f"swapping {a} and {b}: {os.strerror(code)}")
+            raise SpecError(f"the file system of {b.parent} cannot swap directories atomically (renameat2: "
+                            f"{os.strerror(code)}); a parquet target needs a local disk (ext4, XFS, Btrfs, tmpfs); "
+                            "elsewhere use a catalog table (spark_table) or a table format")
+        raise OSError(code, f"renaming {a} to {b}: {os.strerror(code)}")
+
+
+def exchange(a: Path, b: Path) -> None:
+    """Swap two directories in one atomic step (``renameat2`` with RENAME_EXCHANGE)."""
+    _renameat2(a, b, _RENAME_EXCHANGE)
+
+
+def move_new(a: Path, b: Path) -> None:
+    """Move ``a`` to ``b`` in one step, failing (EEXIST) if anything is at ``b`` (RENAME_NOREPLACE)."""
+    _renameat2(a, b, _RENAME_NOREPLACE)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -268,25 +277,39 @@ class ParquetFolderTable(LakeTable):
             written.append((new, directory))
         _fsync_dir(run)
         for new, directory in written:
-            self._switch(new, self.root / directory)
+            self._switch(new, self.root / directory, before.get(directory))
         _fsync_dir(self.root)
         shutil.rmtree(run, ignore_errors=True)
         after = self._listing()
         return None if after is None else after.version
 
-    def _switch(self, new: Path, old: Path) -> None:
-        """Put ``new`` at ``old`` in one step; keep the old files for REPLACED_GRACE."""
+    def _switch(self, new: Path, old: Path, seen: tuple | None) -> None:
+        """Put ``new`` at ``old`` in one step, if ``old`` still holds the files ``seen`` (None:
+        there was no directory), else swap back: a writer came in while ours was written. Keep
+        the old files for REPLACED_GRACE."""
         empty = not any(new.iterdir())
+        if old.exists() and seen is None:  # created since it was read (even empty): a writer is at it
+            raise TransientDatabaseError(f"another writer created {old.name} of {self.name} while this run wrote "
+                                         "it; nothing of ours was switched in")
         if old.exists():
             exchange(new, old)  # ``new`` now holds the old partition
+            if _files(new) != seen:  # compare-and-swap: what we swapped out is what we read
+                exchange(new, old)
+                raise TransientDatabaseError(f"another writer changed {old.name} of {self.name} while this run "
+                                             "wrote it; nothing of ours was switched in")
             keep = self.root / REPLACED / uuid.uuid4().hex
             keep.parent.mkdir(exist_ok=True)
             os.rename(new, keep)
+            os.utime(keep)  # a rename keeps the directory's own time: the grace starts now
             if empty:
-                os.rmdir(old)  # an emptied partition has no directory, as Spark leaves it
+                with contextlib.suppress(OSError):  # switched already; a writer's new file keeps it
+                    os.rmdir(old)  # an emptied partition has no directory, as Spark leaves it
+        elif seen is not None:
+            raise TransientDatabaseError(f"another writer removed {old.name} of {self.name} while this run wrote "
+                                         "it; nothing of ours was switched in")
         elif not empty:
             try:
-                os.rename(new, old)  # no directory there: a rename cannot replace one that appears now
+                move_new(new, old)  # fails if anything appeared there meanwhile, even an empty directory
             except OSError as err:
                 if err.errno in (errno.ENOTEMPTY, errno.EEXIST):
                     raise TransientDatabaseError(f"another writer created {old.name} of {self.name} while this "

@@ -90,6 +90,9 @@ class SparkCatalogTable(LakeTable):
         from backfill_assets.core.spark.session import column_info
         if not self.catalog.exists():
             return None
+        if self.catalog.provider() != "parquet":
+            raise SpecError(f"{self.name} is a {self.catalog.provider() or 'non-file'} table; a spark_table target is a "
+                            "Parquet table (USING parquet)")
         columns, required = [], []
         for f in self.catalog.schema().fields:
             info = column_info(f.name, f.dataType.simpleString())
@@ -140,10 +143,14 @@ class SparkCatalogTable(LakeTable):
         notes = base / REPLACED
         if not notes.is_dir():
             return
+        live: set[Path] | None = None
         for note in notes.glob("*.json"):
             if time.time() - note.stat().st_mtime > REPLACED_GRACE:
                 old = Path(json.loads(note.read_text())["location"])
-                if old.is_dir():
+                if live is None:  # what the catalog points at now is never deleted
+                    # (a label as text: Spark casts it to the partition column's type)
+                    live = {p for p in self.catalog.locations(sorted(self.catalog.listed())).values() if p is not None}
+                if old.is_dir() and old != base and old.is_relative_to(base) and old not in live:
                     shutil.rmtree(old, ignore_errors=True)
                 note.unlink(missing_ok=True)
 

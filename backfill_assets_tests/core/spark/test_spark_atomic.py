@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pyarrow.dataset as pads
+import pytest
 import yaml
 
 from backfill_assets.cli.crash_hook import PAUSE_ENV, PAUSE_FILE_ENV
@@ -159,3 +160,33 @@ def test_what_a_killed_write_left_is_skipped_by_readers_and_removed_later(tmp_pa
     os.utime(tmp_path / "t" / STAGING / "dead", (old, old))
     table.overwrite(table.open(), "order_date", [dt.date(2024, 1, 2)], data.slice(0, 0), {})
     assert not (tmp_path / "t" / STAGING / "dead").exists()
+
+
+def test_the_switch_is_a_compare_and_swap_and_never_replaces_what_appeared(tmp_path):
+    """A writer that changes the partition while ours is written, or creates it (even empty),
+    makes our switch fail with nothing of ours in place; a replaced partition's grace starts at
+    the switch."""
+    from backfill_assets.core.errors import TransientDatabaseError
+    from backfill_assets.core.targets.parquet import REPLACED, _files
+    table = ParquetFolderTable(str(tmp_path / "t"), "order_date")
+    old = tmp_path / "t" / "order_date=2024-01-01"
+    old.mkdir(parents=True)
+    (old / "part-0.parquet").write_bytes(b"ours as read")
+    seen = _files(old)
+    (old / "part-1.parquet").write_bytes(b"a foreign writer's")  # after we read, before our switch
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "part-9.parquet").write_bytes(b"ours")
+    with pytest.raises(TransientDatabaseError, match="changed order_date=2024-01-01"):
+        table._switch(new, old, seen)
+    assert sorted(p.name for p in old.iterdir()) == ["part-0.parquet", "part-1.parquet"]
+    assert sorted(p.name for p in new.iterdir()) == ["part-9.parquet"]
+    appeared = tmp_path / "t" / "order_date=2024-01-02"
+    appeared.mkdir()  # empty: a plain rename would replace it
+    with pytest.raises(TransientDatabaseError, match="created order_date=2024-01-02"):
+        table._switch(new, appeared, None)
+    assert not any(appeared.iterdir())
+    table._switch(new, old, _files(old))
+    assert sorted(p.name for p in old.iterdir()) == ["part-9.parquet"]
+    (kept,) = (tmp_path / "t" / REPLACED).iterdir()
+    assert time.time() - kept.stat().st_mtime < 60  # the grace starts now, not at the files' own time

@@ -60,17 +60,22 @@ def spec(folder: Path, url_env: str, memory_limit: str | None = None) -> dict[st
     }
 
 
-def export_source(conn: psycopg.Connection, folder: Path) -> int:
-    """bench.src (as loaded by bench.load) written to a Delta table partitioned by day. Rows."""
-    from deltalake import write_deltalake
+def source_rows(conn: psycopg.Connection) -> pa.Table:
+    """bench.src (as loaded by bench.load) in Arrow, as SCHEMA types it."""
     with conn.cursor() as cur, cur.copy(_EXPORT) as copy:
-        data = pcsv.read_csv(
+        return pcsv.read_csv(
             io.BytesIO(b"".join(bytes(chunk) for chunk in copy)),
             read_options=pcsv.ReadOptions(column_names=SCHEMA.names),
             parse_options=pcsv.ParseOptions(newlines_in_values=True),
             convert_options=pcsv.ConvertOptions(column_types=SCHEMA, null_values=[""], strings_can_be_null=True,
                                                 quoted_strings_can_be_null=False),
         )
+
+
+def export_source(conn: psycopg.Connection, folder: Path) -> int:
+    """bench.src written to a Delta table partitioned by day. Rows."""
+    from deltalake import write_deltalake
+    data = source_rows(conn)
     write_deltalake(str(folder / "src"), data, mode="overwrite", partition_by=["d"])
     return data.num_rows
 

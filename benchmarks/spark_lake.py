@@ -14,16 +14,14 @@ session started before any of them (its start-up, 5-10 s, is nobody's).
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pyarrow.csv as pcsv
 import pyarrow.dataset as pads
 
-from duck_lake import _EXPORT, SCHEMA  # benchmarks/duck_lake.py: the same source, as Arrow
+from duck_lake import source_rows  # benchmarks/duck_lake.py: the same source, as Arrow
 
 
 def spec(folder: Path, url_env: str) -> dict[str, Any]:
@@ -42,14 +40,7 @@ def spec(folder: Path, url_env: str) -> dict[str, Any]:
 
 def export_source(conn: psycopg.Connection, folder: Path) -> int:
     """bench.src written to a Hive-partitioned Parquet folder (one file per day). Rows."""
-    with conn.cursor() as cur, cur.copy(_EXPORT) as copy:
-        data = pcsv.read_csv(
-            io.BytesIO(b"".join(bytes(chunk) for chunk in copy)),
-            read_options=pcsv.ReadOptions(column_names=SCHEMA.names),
-            parse_options=pcsv.ParseOptions(newlines_in_values=True),
-            convert_options=pcsv.ConvertOptions(column_types=SCHEMA, null_values=[""], strings_can_be_null=True,
-                                                quoted_strings_can_be_null=False),
-        )
+    data = source_rows(conn)
     pads.write_dataset(data, folder / "src", format="parquet", partitioning=["d"], partitioning_flavor="hive",
                        existing_data_behavior="delete_matching")
     return data.num_rows

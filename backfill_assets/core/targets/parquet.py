@@ -256,8 +256,8 @@ class ParquetFolderTable(LakeTable):
         current = {} if now is None else now.partitions
         dirs = [partition_dir(column, v) for v in values]
         moved = [d for d in dirs if before.get(d, ()) != current.get(d, ())]
-        if exclusive and before != current:
-            moved = moved or sorted(set(before) ^ set(current))
+        if exclusive:  # nothing in the whole folder may have changed since it was read
+            moved = moved or sorted(d for d in set(before) | set(current) if before.get(d) != current.get(d))
         if moved:
             raise TransientDatabaseError(f"another writer changed {', '.join(moved)} of {self.name} since this run "
                                          "read it; nothing of ours was switched in")

@@ -311,10 +311,12 @@ def dagster_backfill(spec, url: str, last_day: str = "2024-01-20") -> float:
         start = time.perf_counter()
         stages = dg.materialize(assets, selection=keys, instance=instance, resources=resources, tags=tags,
                                 run_config=quiet)
-        plan_id = next(e.metadata["plan_id"].value for e in stages.get_asset_check_evaluations()
-                       if e.check_name == "stages_match")
+        preview = next(e.metadata for e in stages.get_asset_check_evaluations()
+                       if e.check_name == "target_change_preview")
+        plan_id, review_id = preview["plan_id"].value, preview["review_id"].value
         defs.resolve_job_def("approve_backfill").execute_in_process(
-            run_config={**quiet, "ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "bench"}}}},
+            run_config={**quiet, "ops": {"approve_plan_gate": {"config": {
+                "plan_id": plan_id, "review_id": review_id, "approved_by": "bench"}}}},
             resources=resources, instance=instance)
         dg.materialize(assets, selection=[dg.AssetKey(["bench", "target"])], instance=instance,
                        resources=resources, tags={**tags, PLAN_TAG: plan_id}, run_config=quiet)

@@ -14,6 +14,8 @@ The recorded target readings keep such an old approval from rolling back a newer
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -152,8 +154,10 @@ class Builds(Protocol):
         (:func:`check_data_unchanged`)."""
         ...
 
-    def changes(self, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
-        """Per partition, the keys replacing the target adds, removes, changes and keeps."""
+    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
+        """Per partition, the keys replacing the target adds, removes, changes and keeps; with
+        ``first``, also (``"first"``) up to that many differing keys, each with its kind and
+        the columns that differ (no values)."""
         ...
 
     def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
@@ -183,8 +187,8 @@ class PostgresBuilds:
     def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
         return check_data_unchanged(self.conn, ctx, stored, partitions)
 
-    def changes(self, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
-        return changes_of(self.conn, ctx, stored)
+    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
+        return changes_of(self.conn, ctx, stored, first)
 
     def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
         recheck_stage(self.conn, ctx, stored, labels)
@@ -241,16 +245,38 @@ class Review:
     stored: Plan
     target: dict[str, dict[str, Any]]
     # What replacing each partition changes in the target: keys added, removed, changed and
-    # unchanged (core.diff); None when that could not be read (a timeout): it only explains.
-    changes: dict[str, dict[str, int]] | None = None
+    # unchanged (core.diff), and with review(first=...) the first differing keys ("first");
+    # None when that could not be read (a timeout): it only explains.
+    changes: dict[str, dict[str, Any]] | None = None
 
     @property
     def plan_id(self) -> str:
         return self.stored.plan_id
 
+    @property
+    def review_id(self) -> str:
+        """What the person is shown, by content: the plan and the target's readings of each of
+        its partitions. Stage A is the plan's (review refuses otherwise), so the same id means
+        the same change; a target that changed since gives another id."""
+        return review_id(self.plan_id, self.target)
+
+    def counts(self) -> dict[str, dict[str, int]] | None:
+        """The changes' counts alone, per partition (what an approval records it was shown)."""
+        if self.changes is None:
+            return None
+        return {label: {k: c[k] for k in ("added", "removed", "changed", "unchanged")}
+                for label, c in self.changes.items()}
+
+
+def review_id(plan_id: str, target: dict[str, dict[str, Any]]) -> str:
+    """SHA-256 of the plan id and each partition's target readings (canonical JSON)."""
+    text = json.dumps({"plan_id": plan_id, "target": target}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
 
 def review(
-    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, plan: str | Plan,
+    conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, plan: str | Plan, *, first: int = 0,
+    diff: bool = True,
 ) -> Review:
     """Every check an approval needs, once: the plan exists, belongs to the spec and was not
     refused; the spec and the target's columns are unchanged; the snapshot's seal holds (an
@@ -260,6 +286,9 @@ def review(
 
     Args:
         plan: a plan id or unique prefix, or a plan already found.
+        first: how many differing keys per partition to name in ``changes``.
+        diff: False: do not compare stage A with the target (``changes`` is None), for a
+            caller that holds what an earlier review of the same target showed.
 
     Raises:
         PlanReferenceError: a malformed plan id.
@@ -273,27 +302,38 @@ def review(
     with builds_for(conn, factory, spec) as builds:
         ctx = builds.unchanged_spec(stored)
         target = builds.unchanged_data(ctx, stored)
+        changes = None
         try:
-            changes = builds.changes(ctx, stored)
+            if diff:
+                changes = builds.changes(ctx, stored, first)
         except (psycopg.Error, BackfillError):  # only an explanation failed: approval does not depend on it
             changes = None
     return Review(spec, stored, target, changes)
 
 
-def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
+def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
     """Per partition, what replacing the target with stage A changes: the counts of keys added,
-    removed, changed and unchanged (core.diff), read in one read-only snapshot."""
+    removed, changed and unchanged (core.diff), read in one read-only snapshot; with ``first``,
+    up to that many differing keys (``"first"``: key, kind and the columns that differ, no
+    values)."""
     with repeatable_read(conn, read_only=ctx.engine.compares_read_only):
-        found = [diff_against(conn, ctx, label, "target", 0) for label in stored.labels]
-    return {d.partition: {"added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged}
+        found = [diff_against(conn, ctx, label, "target", first) for label in stored.labels]
+    return {d.partition: {"added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged,
+                          **({"first": [{"key": e.key, "kind": e.kind, "columns": e.columns} for e in d.examples]}
+                             if first else {})}
             for d in found}
 
 
-def confirm(control: psycopg.Connection, checked: Review, approved_by: str, *, clock: Clock = utc_now) -> int:
+def confirm(control: psycopg.Connection, checked: Review, approved_by: str, *, clock: Clock = utc_now,
+            previewed_at: Any = None) -> int:
     """Record the approval of a reviewed plan in the control store (``control``), against the
-    target the review read. Returns the approval id. apply checks the stage and the target
-    again before it writes."""
-    return record_approval(control, checked.spec, checked.stored, approved_by, target=checked.target, clock=clock)
+    target the review read, with the review the person was shown (its id and counts;
+    ``previewed_at``: when it was made, if before this moment). Returns the approval id.
+    apply checks the stage and the target again before it writes."""
+    shown = {"review_id": checked.review_id, "changes": checked.counts(),
+             "previewed_at": None if previewed_at is None else str(previewed_at)}
+    return record_approval(control, checked.spec, checked.stored, approved_by, target=checked.target, clock=clock,
+                           review=shown)
 
 
 def approve_plan(
@@ -314,7 +354,7 @@ def approve_plan(
 
 def record_approval(
     control: psycopg.Connection, spec: Spec, stored: Plan, approved_by: str, *,
-    target: dict[str, dict[str, Any]], clock: Clock = utc_now,
+    target: dict[str, dict[str, Any]], clock: Clock = utc_now, review: dict[str, Any] | None = None,
 ) -> int:
     """Record, in the control store, an approval of a plan that the caller has just checked
     and shown (see :func:`review` and :func:`confirm`, which call this). Returns its id.
@@ -322,6 +362,7 @@ def record_approval(
     Args:
         target: what :func:`check_data_unchanged` returned: every plan partition's target
             readings, the state the approval is given against.
+        review: what the approver was shown (see :func:`confirm`); None: nothing recorded.
 
     apply checks the stage again before it writes, and the target against ``target``, so
     nothing approved here is trusted blindly.
@@ -337,7 +378,7 @@ def record_approval(
             control, spec.control_schema, plan_id=stored.plan_id, spec_name=spec.name,
             target_table=stored.document.target, partitions=stored.labels,
             approved_by=_approver(approved_by), approved_at=clock(),
-            target_readings={label: target[label] for label in stored.labels},
+            target_readings={label: target[label] for label in stored.labels}, review=review,
         )
 
 

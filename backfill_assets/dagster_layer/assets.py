@@ -28,10 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+import psycopg
 
 from backfill_assets.core.apply import apply_plan, approved_plan_for
-from backfill_assets.core.errors import ApprovalError, SpecError, StageError, VerificationError
+from backfill_assets.core.errors import ApprovalError, BackfillError, SpecError, StageError, VerificationError
 from backfill_assets.core.plan import snapshot_step, stages_step
+from backfill_assets.core.preview import make_preview
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.snapshot import snapshot_covering
 from backfill_assets.core.spec import Spec
@@ -157,7 +159,13 @@ def spec_assets(spec: Spec) -> list[Any]:
         description=f"The source {spec.source_name}; read only, never written.",
         metadata={"table": spec.source_name},
     )
-    return [source, _snapshot_asset(shape), _stages_asset(shape), _target_asset(shape)]
+    approvals = dg.AssetSpec(
+        shape.keys.approvals, group_name=spec.name, kinds={"dagster"},
+        description=("What waits for a person or a run: the ready plans nobody approved yet, with their change "
+                     "preview and an approve link, and the approvals not yet applied, each with its age. "
+                     "Observed by the approvals_board sensor; not data."),
+    )
+    return [source, _snapshot_asset(shape), _stages_asset(shape), _target_asset(shape), approvals]
 
 
 def _require_build_pool(context: dg.AssetExecutionContext, spec: Spec) -> None:
@@ -205,6 +213,11 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
             shape.check(events.KEY_CHECK, keys.stage_a, "No NULL and no duplicate business key in the stage partition."),
             shape.check(events.MATCH_CHECK, keys.stage_b, "Stages A and B agree on every reading.", blocking=True),
             shape.check(events.KEY_CHECK, keys.stage_b, "No NULL and no duplicate business key in the stage partition."),
+            shape.check(events.PREVIEW_CHECK, keys.stage_a,
+                        "What approving the ready plan would change in the target partition: keys added, removed, "
+                        "changed and unchanged, the first differing keys and columns, and the link that approves "
+                        "exactly this preview. A warning when no current preview exists (stale, or the plan "
+                        "cannot be approved)."),
         ],
     )
     def stages(context: dg.AssetExecutionContext):
@@ -237,6 +250,8 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
         columns = [(c.name, c.type_name) for c in ctx.target_columns]
         yield from events.stage_materializations(keys, parts, snapshot_id, columns, plan, spec.parallel)
         yield from checks
+        if dg.AssetCheckKey(keys.stage_a, events.PREVIEW_CHECK) in context.selected_asset_check_keys:
+            yield from _previews(factory, plan.plan_id, plan.labels)
 
     def stage_checks_again(context: dg.AssetExecutionContext):
         """Only the stage checks selected (a check-only re-execution): evaluate them on both
@@ -247,6 +262,28 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
         with transient_retry(factory, spec):
             found = read_stages(spec, list(context.partition_keys), factory)
         yield from events.stage_checks_as_they_are(keys, found, context.selected_asset_check_keys)
+        if dg.AssetCheckKey(keys.stage_a, events.PREVIEW_CHECK) in context.selected_asset_check_keys:
+            by_plan: dict[str | None, list[str]] = {}
+            for state in found:
+                by_plan.setdefault(state.plan_id, []).append(state.partition)
+            for plan_id, labels in by_plan.items():
+                if plan_id is None:
+                    yield from events.no_preview(keys, labels, "no plan covers this partition: build the stages")
+                    continue
+                yield from _previews(factory, plan_id, labels)
+
+    def _previews(factory, plan_id: str, labels: list[str]) -> Iterator[dg.AssetCheckEvaluation]:
+        """The change preview of a ready plan, for its partitions among ``labels``; a warning
+        naming why where none could be made (the plan was refused or changed since, or a wait
+        ran out): the stages stand either way, and executing the check again retries it."""
+        try:
+            with factory() as conn:
+                preview = make_preview(conn, factory, spec, plan_id)
+        except (BackfillError, psycopg.Error) as err:  # the stages stand; only the preview is missing
+            yield from events.no_preview(keys, [label for label in labels if parts.has_partition_key(label)],
+                                         str(err), plan_id=plan_id)
+            return
+        yield from events.preview_checks(keys, parts, preview, labels)
 
     return stages
 

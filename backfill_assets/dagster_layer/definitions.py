@@ -18,7 +18,7 @@ from backfill_assets.core.spec import Spec, load_spec
 from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.jobs import approval_job, not_launched_job, spec_jobs
 from backfill_assets.dagster_layer.resources import resource_for, resource_key, spark_resource
-from backfill_assets.dagster_layer.sensors import approval_sensor, source_snapshot_sensor
+from backfill_assets.dagster_layer.sensors import approval_sensor, approvals_board, source_snapshot_sensor
 
 # Partitioned asset checks are a preview feature in Dagster 1.13; this project relies on them
 # on purpose (per-partition check status), so the warning is expected, not news.
@@ -55,7 +55,8 @@ def build_definitions(specs: list[Spec]) -> dg.Definitions:
     return dg.Definitions(
         assets=[a for s in specs for a in spec_assets(s)],
         jobs=[*stage_jobs, *target_jobs, approval_job(specs), not_launched],
-        sensors=[approval_sensor(specs, [*target_jobs, not_launched]), source_snapshot_sensor(specs, stage_jobs)],
+        sensors=[approval_sensor(specs, [*target_jobs, not_launched]), source_snapshot_sensor(specs, stage_jobs),
+                 approvals_board(specs)],
         resources={**{resource_key(s): resource_for(s) for s in specs}, **spark_resource(specs)},
     )
 

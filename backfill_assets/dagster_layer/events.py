@@ -11,17 +11,20 @@ from typing import Any
 
 import dagster as dg
 
+from backfill_assets.core.coverage import utc_text
 from backfill_assets.core.errors import ApprovalOutdatedError, BackfillError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.plan import differing_keys_prefix
+from backfill_assets.core.preview import Preview, Waiting
 from backfill_assets.core.spec import ParallelSpec
 from backfill_assets.core.store.plan_document import PartitionEntry, Plan
-from backfill_assets.dagster_layer.names import Keys
+from backfill_assets.dagster_layer.names import Keys, approve_link, checks_link
 from backfill_assets.render import plan_markdown
 
 KEY_CHECK = "business_key_unique_and_not_null"
 MATCH_CHECK = "stages_match"
 TARGET_CHECK = "target_matches_approved_plan"
+PREVIEW_CHECK = "target_change_preview"
 
 
 def readings_metadata(fp: dict[str, Any] | Fingerprint) -> dict[str, Any]:
@@ -170,3 +173,115 @@ def target_events(keys: Keys, parts: dg.PartitionsDefinition, labels: list[str],
             metadata={"plan_id": plan_id or "none", "error": str(error),
                       **({"reason": reason} if reason else {})},
         )
+
+
+def _first_keys(first: list[dict[str, Any]]) -> str:
+    """The first differing keys, one line: each key, its change and the columns that differ
+    (no values)."""
+    if not first:
+        return "none: replacing this partition changes no row"
+    out = []
+    for e in first:
+        key = ", ".join(f"{k}={'NULL' if v is None else v}" for k, v in e["key"].items())
+        columns = f" in {', '.join(e['columns'])}" if e["columns"] else ""
+        out.append(f"{_printable(key)}: {e['kind']}{columns}")
+    return "; ".join(out)
+
+
+def _printable(text: str) -> str:
+    """Text with control characters shown as ``?``, at most 200 characters."""
+    return "".join(c if c.isprintable() else "?" for c in text)[:200]
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return _printable(text).replace("|", "\\|").replace("`", "'")
+
+
+def preview_checks(keys: Keys, parts: dg.PartitionsDefinition, preview: Preview,
+                   labels: Iterable[str] | None = None) -> Iterator[dg.AssetCheckEvaluation]:
+    """The change preview of each partition of a ready plan (of ``labels`` only, if given): what
+    replacing the target with stage A changes, the first differing keys, and the link that
+    opens the approval of exactly this preview."""
+    checked = preview.checked
+    link = approve_link(checked.spec.name, checked.plan_id, preview.review_id)
+    wanted = set(checked.stored.labels if labels is None else labels)
+    for label in checked.stored.labels:
+        if label not in wanted or not parts.has_partition_key(label):
+            continue
+        changes = (checked.changes or {}).get(label)
+        counts = ({k: changes[k] for k in ("added", "removed", "changed", "unchanged")} if changes
+                  else {"changes": "not read (the comparison timed out); the approval still records the target"})
+        since = ({"target_changed_since": f"the target changed since the previous preview "
+                                          f"({utc_text(preview.previous_at)}); this one shows it as it is now"}
+                 if label in preview.changed_since and preview.previous_at else {})
+        yield dg.AssetCheckEvaluation(
+            asset_key=keys.stage_a, check_name=PREVIEW_CHECK, passed=True, partition=label,
+            severity=dg.AssetCheckSeverity.WARN, blocking=False,
+            metadata={
+                **counts,
+                "first_keys": _first_keys(changes.get("first", [])) if changes else "not read",
+                "approve": dg.MetadataValue.url(link),
+                "plan_id": checked.plan_id, "review_id": preview.review_id,
+                "previewed_at": utc_text(preview.made_at), "target_content_hash": checked.target[label]["content_hash"],
+                **since,
+            },
+        )
+
+
+def no_preview(keys: Keys, labels: Iterable[str], reason: str, **context: str) -> Iterator[dg.AssetCheckEvaluation]:
+    """A failed (warning) preview where none could be made: the plan cannot be approved now."""
+    for label in labels:
+        yield dg.AssetCheckEvaluation(
+            asset_key=keys.stage_a, check_name=PREVIEW_CHECK, passed=False, partition=label,
+            severity=dg.AssetCheckSeverity.WARN, blocking=False, metadata={"reason": reason, **context},
+        )
+
+
+def stale_preview(keys: Keys, label: str, plan_id: str, review_id: str, previewed_at: Any) -> dg.AssetCheckEvaluation:
+    """The preview of ``label`` is out of date: a run replaced the target partition after it."""
+    return dg.AssetCheckEvaluation(
+        asset_key=keys.stage_a, check_name=PREVIEW_CHECK, passed=False, partition=label,
+        severity=dg.AssetCheckSeverity.WARN, blocking=False,
+        metadata={"stale": True, "plan_id": plan_id, "review_id": review_id, "previewed_at": utc_text(previewed_at),
+                  "reason": "a run replaced this target partition after the preview was made: it is no longer "
+                            "what approving would change, and its approve link is refused. Evaluate this check "
+                            "again (or build the stages again) for a current preview"},
+    )
+
+
+def _age(now: Any, then: Any) -> str:
+    minutes = max(0, int((now - then).total_seconds() // 60))
+    days, rest = divmod(minutes, 1440)
+    hours, mins = divmod(rest, 60)
+    return f"{days} d {hours} h" if days else f"{hours} h {mins} min" if hours else f"{mins} min"
+
+
+def board_markdown(keys: Keys, found: Waiting, now: Any) -> str:
+    """The plans waiting for an approval and the approvals not yet applied, with their age."""
+    spec_checks = checks_link(keys.stage_a)
+    out = [f"#### Plans ready, not approved ({len(found.plans)})"]
+    if found.plans:
+        out += ["| plan | partitions | waiting | preview | |", "|---|---|---|---|---|"]
+        for p in found.plans:
+            if p.review_id is None:
+                preview, action = "none yet", f"[preview]({spec_checks})"
+            elif p.stale:
+                preview = f"**stale** in {', '.join(p.stale[:3])}{' …' if len(p.stale) > 3 else ''}"
+                action = f"[look again]({spec_checks})"
+            else:
+                totals = {k: sum(c[k] for c in (p.changes or {}).values()) for k in ("added", "removed", "changed")}
+                preview = (f"+{totals['added']} −{totals['removed']} ~{totals['changed']} keys, "
+                           f"made {_age(now, p.previewed_at)} ago")
+                action = f"[approve]({approve_link(keys.stage_a.path[0], p.plan_id, p.review_id)})"
+            parts = (p.partitions[0] if len(p.partitions) == 1
+                     else f"{p.partitions[0]} to {p.partitions[-1]} ({len(p.partitions)})")
+            out.append(f"| `{p.plan_id[:12]}` | {parts} | {_age(now, p.created_at)} | {preview} | {action} |")
+    out.append(f"\n#### Approved, not yet applied ({len(found.approvals)})")
+    if found.approvals:
+        out += ["| approval | plan | by | waiting | verified | |", "|---|---|---|---|---|---|"]
+        for a in found.approvals:
+            state = "expired: approve again" if a.expired else "waiting for its runs"
+            out.append(f"| {a.approval_id} | `{a.plan_id[:12]}` | {_cell(a.approved_by)} | {_age(now, a.approved_at)} "
+                       f"| {len(a.verified)} of {len(a.partitions)} | {state} |")
+    return "\n".join(out)

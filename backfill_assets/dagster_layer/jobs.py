@@ -2,9 +2,11 @@
 
 
 import dagster as dg
+from pydantic import Field
 
-from backfill_assets.core.approve import confirm, review
+from backfill_assets.core.coverage import utc_text
 from backfill_assets.core.errors import SpecError
+from backfill_assets.core.preview import approve_previewed
 from backfill_assets.core.spec import Spec
 from backfill_assets.dagster_layer.names import (
     APPROVE_JOB,
@@ -37,16 +39,20 @@ def spec_jobs(spec: Spec) -> list:
 
 
 class ApproveConfig(dg.Config):
-    """What a person fills in on the launchpad."""
+    """The launchpad's config. The approve link of a change preview (the target_change_preview
+    check, or the approvals board) fills in everything but ``approved_by``."""
 
-    plan_id: str
-    approved_by: str
-    spec: str = ""  # needed only when the code location loads several specs
+    review_id: str = Field(description="The change preview approved (its approve link fills it in).")
+    approved_by: str = Field(description="Your name, recorded with the approval.")
+    plan_id: str = Field(default="", description="The preview's plan, as shown; checked against the preview.")
+    spec: str = Field(default="", description="The spec (needed only when the code location loads several).")
 
 
 def approval_job(specs: list[Spec]) -> dg.JobDefinition:
-    """``approve_backfill``: the manual gate. Its op shows the plan, refuses one that no longer
-    matches the stages, and records the approval through the core."""
+    """``approve_backfill``: the manual gate. Its op approves exactly the change preview the
+    person reviewed (core.preview.approve_previewed): it refuses a preview that is no longer
+    current, a target that changed since and a plan that no longer matches the stages, and
+    records the approval with the review shown."""
     by_name = {s.name: s for s in specs}
 
     needs = {resource_key(s) for s in specs} | {k for s in specs for k in spark_keys(s)}
@@ -66,23 +72,26 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
         resource: PostgresResource = getattr(context.resources, resource_key(spec))
         factory = resource.factory(spec, f"backfill_assets:{spec.name}:approve")
         with transient_retry(factory, spec), factory() as conn:
-            checked = review(conn, factory, spec, config.plan_id)
-            context.log.info(render_review(checked, spec.parallel))
-            with factory.control(conn) as control:
-                approval_id = confirm(control, checked, config.approved_by)
+            done = approve_previewed(conn, factory, spec, config.review_id, config.approved_by,
+                                     plan_id=config.plan_id or None)
+        checked = done.checked
         stored = checked.stored
+        context.log.info(render_review(checked, spec.parallel))
         context.add_output_metadata({
-            "approval_id": approval_id, "plan_id": stored.plan_id, "approved_by": config.approved_by,
+            "approval_id": done.approval_id, "plan_id": stored.plan_id, "review_id": checked.review_id,
+            "previewed_at": utc_text(done.previewed_at), "approved_by": config.approved_by.strip(),
             "partitions": ", ".join(stored.labels),
             "plan": dg.MetadataValue.md(plan_markdown(stored.document, stored.plan_id, spec.parallel)),
         })
-        context.log.info(f"approved plan {stored.plan_id} as approval {approval_id} by {config.approved_by}")
-        return approval_id
+        context.log.info(f"approved plan {stored.plan_id} (change preview {checked.review_id[:16]} of "
+                         f"{utc_text(done.previewed_at)}) as approval {done.approval_id} by {config.approved_by.strip()}")
+        return done.approval_id
 
     @dg.job(name=APPROVE_JOB, description=(
-        "The manual approval gate: launch it with the plan_id shown by the stages_match check and "
-        "your name. It refuses a plan that no longer matches the stages; approval_sensor then "
-        "launches the target for exactly the approved partitions."))
+        "The manual approval gate. Open it from the approve link of a change preview (the "
+        "target_change_preview check of stage_a, or the approvals asset), enter your name and "
+        "launch. It refuses a preview that is no longer current; approval_sensor then launches "
+        "the target for exactly the approved partitions."))
     def approve_backfill() -> None:
         approve_plan_gate()
 

@@ -6,7 +6,9 @@ another for a name.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from urllib.parse import quote, urlencode
 
 import dagster as dg
 
@@ -19,6 +21,9 @@ RANGE_END = "dagster/asset_partition_range_end"
 
 APPROVE_JOB = "approve_backfill"
 APPROVE_OP = "approve_plan_gate"
+BOARD_SENSOR = "approvals_board"
+# Where the UI is served, for the links in metadata (default: the same origin, no prefix).
+UI_URL_ENV = "BACKFILL_DAGSTER_UI_URL"
 # A run of this job stands for an approval the sensor could not launch: it fails with the reason.
 UNLAUNCHABLE_JOB = "approval_not_launched"
 UNLAUNCHABLE_OP = "report_approval_not_launched"
@@ -33,10 +38,14 @@ class Keys:
     stage_a: dg.AssetKey
     stage_b: dg.AssetKey
     target: dg.AssetKey
+    # Not data: the plans waiting for an approval and the approvals not yet applied, observed
+    # by approvals_board.
+    approvals: dg.AssetKey
 
     @classmethod
     def of(cls, spec: Spec) -> Keys:
-        return cls(*(dg.AssetKey([spec.name, n]) for n in ("source", "snapshot", "stage_a", "stage_b", "target")))
+        return cls(*(dg.AssetKey([spec.name, n])
+                     for n in ("source", "snapshot", "stage_a", "stage_b", "target", "approvals")))
 
 
 def build_pool(spec: Spec) -> str:
@@ -65,6 +74,24 @@ def stages_job_name(spec: Spec) -> str:
 
 def target_job_name(spec: Spec) -> str:
     return f"{spec.name}__replace_target"
+
+
+def approve_link(spec_name: str, plan_id: str, review_id: str, base: str | None = None) -> str:
+    """The launchpad of the approval gate with the reviewed plan already chosen: Dagster's UI
+    route ``/guess/<job>/playground/setup?config=...`` finds the job's code location and opens
+    its launchpad with that run config (ui-core GuessJobLocationRoot and LaunchpadSetupRoot).
+    The config names the spec, the plan and the preview; ``approved_by`` is left for the person,
+    so the launchpad refuses to launch until a name is entered."""
+    config = (f"ops:\n  {APPROVE_OP}:\n    config:\n      spec: {spec_name}\n      plan_id: {plan_id}\n"
+              f"      review_id: {review_id}\n      approved_by: ")
+    prefix = (os.environ.get(UI_URL_ENV, "") if base is None else base).rstrip("/")
+    return f"{prefix}/guess/{APPROVE_JOB}/playground/setup?" + urlencode({"config": config}, quote_via=quote)
+
+
+def checks_link(key: dg.AssetKey, base: str | None = None) -> str:
+    """The checks tab of an asset's page."""
+    prefix = (os.environ.get(UI_URL_ENV, "") if base is None else base).rstrip("/")
+    return f"{prefix}/assets/{'/'.join(quote(p, safe='') for p in key.path)}?view=checks"
 
 
 def approval_run_key(spec: Spec, approval_id: int, segment: int) -> str:

@@ -1,5 +1,5 @@
 """Sensors: launch the target for each approval not yet applied; restage partitions whose
-source moved on."""
+source moved on; keep the board of what waits for an approval, and mark previews stale."""
 
 
 import datetime as dt
@@ -12,17 +12,21 @@ import dagster as dg
 from backfill_assets.core.context import Clock, utc_now
 from backfill_assets.core.coverage import duration_text, expiry, is_expired, utc_text
 from backfill_assets.core.errors import SpecError
+from backfill_assets.core.preview import waiting
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control, ledger
 from backfill_assets.core.waits import explained_waits
 from backfill_assets.core.watch import WatchState, watch_tick
+from backfill_assets.dagster_layer import events
 from backfill_assets.dagster_layer.names import (
     APPROVAL_TAG,
+    BOARD_SENSOR,
     PLAN_TAG,
     RANGE_END,
     RANGE_START,
     UNLAUNCHABLE_JOB,
     UNLAUNCHABLE_OP,
+    Keys,
     approval_run_key,
     stages_job_name,
     target_job_name,
@@ -31,7 +35,7 @@ from backfill_assets.dagster_layer.names import (
 from backfill_assets.dagster_layer.partitions import contiguous_segments, partitions_def, run_segments
 from backfill_assets.dagster_layer.resources import PostgresResource, resource_key
 
-__all__ = ["approval_sensor", "segment_request", "source_requests", "source_snapshot_sensor"]
+__all__ = ["approval_sensor", "approvals_board", "segment_request", "source_requests", "source_snapshot_sensor"]
 
 
 def _factory(context: dg.SensorEvaluationContext, spec: Spec):
@@ -215,5 +219,64 @@ def source_snapshot_sensor(
             kept[spec.name] = tick.state.as_json()
             requests.extend(source_requests(spec, tick.changed))
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(kept, sort_keys=True, separators=(",", ":")))
+
+    return _sensor
+
+
+# The board is observed again when what it lists changes, and at least this often (its ages).
+BOARD_REFRESH_S = 15 * 60
+
+
+def approvals_board(specs: list[Spec], *, clock: Clock = utc_now) -> dg.SensorDefinition:
+    """Per spec, an observation of ``<spec>/approvals``: the ready plans nobody approved yet
+    (newest first, with their preview and an approve link) and the approvals not yet applied,
+    each with its age. And the next evaluation of a preview a run made stale: a warning on
+    ``target_change_preview`` for each partition of a waiting plan that a verified run replaced
+    after its preview was made (once per preview and partition).
+
+    Reads only the control store: no data is read, nothing is launched. The cursor keeps, per
+    spec, the board's content hash and time and the stale previews already marked.
+    """
+
+    @dg.sensor(name=BOARD_SENSOR, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+               required_resource_keys={resource_key(s) for s in specs},
+               description="Lists the plans waiting for an approval and the approvals not yet applied (the "
+                           "approvals asset of each spec), and marks change previews stale.")
+    def _sensor(context: dg.SensorEvaluationContext):
+        try:
+            cursor = json.loads(context.cursor) if context.cursor else {}
+        except json.JSONDecodeError:
+            cursor = {}
+        now = clock()
+        out: list = []
+        kept = {}
+        for spec in specs:
+            keys, before = Keys.of(spec), cursor.get(spec.name, {})
+            factory = _factory(context, spec)
+            with explained_waits(factory, spec), factory() as conn, factory.control(conn) as store:
+                found = waiting(store, spec, now=now)
+            marked = set(before.get("stale", []))
+            still = set()
+            for plan in found.plans:
+                for label in plan.stale:
+                    mark = f"{plan.review_id}:{label}"
+                    still.add(mark)
+                    if mark not in marked:
+                        out.append(events.stale_preview(keys, label, plan.plan_id, plan.review_id, plan.previewed_at))
+            board = events.board_markdown(keys, found, now)
+            content = hashlib.sha256(json.dumps(
+                [[p.plan_id, p.review_id, p.stale] for p in found.plans]
+                + [[a.approval_id, a.verified, a.expired] for a in found.approvals]).encode()).hexdigest()[:16]
+            last = before.get("at", 0.0)
+            if content != before.get("content") or now.timestamp() - last >= BOARD_REFRESH_S:
+                oldest = min([p.created_at for p in found.plans] + [a.approved_at for a in found.approvals], default=None)
+                out.append(dg.AssetObservation(keys.approvals, metadata={
+                    "plans_waiting": len(found.plans), "approvals_waiting": len(found.approvals),
+                    "oldest_waiting_hours": round((now - oldest).total_seconds() / 3600, 2) if oldest else 0.0,
+                    "board": dg.MetadataValue.md(board), "as_of": utc_text(now),
+                }))
+                last = now.timestamp()
+            kept[spec.name] = {"content": content, "at": last, "stale": sorted(still)}
+        return dg.SensorResult(asset_events=out, cursor=json.dumps(kept, sort_keys=True))
 
     return _sensor

@@ -11,6 +11,7 @@ from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import PLAN_TAG, RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import PostgresResource, transient_retry
+from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.flows import DAYS8, target_day_hashes
 from backfill_assets_tests.support.specs import make_spec
 
@@ -48,10 +49,11 @@ def stage_week(defs, resources, instance):
     return result
 
 
-def approve(defs, resources, instance, plan_id):
+def approve(defs, resources, instance, staged):
+    """Approve the change preview the stages run ``staged`` showed, as its approve link does."""
     job = defs.resolve_job_def("approve_backfill")
     return job.execute_in_process(
-        run_config={"ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "alice"}}}},
+        run_config=approve_config(staged),
         resources=resources, instance=instance, raise_on_error=False,
     )
 
@@ -74,7 +76,7 @@ def test_stages_report_fingerprints_and_per_partition_checks(dagster_env):
     assert all(e.passed for e in keys_ok.values()) and len(keys_ok) == 8
     # Every check result of both stages leads to the plan.
     stage_checks = [e for e in result.get_asset_check_evaluations() if e.asset_key in (KEYS["stage_a"], KEYS["stage_b"])]
-    assert len(stage_checks) == 8 * 3
+    assert len(stage_checks) == 8 * 4  # two key checks, stages_match and the change preview
     assert {e.metadata["plan_id"].value for e in stage_checks} == plan_ids
     snapshot_ids = {m["snapshot_id"].value for m in materializations(result, "snapshot").values()}
     assert len(snapshot_ids) == 1
@@ -123,7 +125,8 @@ def test_approval_gate_then_sensor_launches_exactly_the_approved_partitions(dags
     defs, resources, instance = dagster_env
     result = stage_week(defs, resources, instance)
     plan_id = evaluations(result, "stages_match")["2024-01-01"].metadata["plan_id"].value
-    approved = approve(defs, resources, instance, plan_id[:12])
+    assert previewed(result)["plan_id"] == plan_id  # the preview shows the plan stages_match shows
+    approved = approve(defs, resources, instance, result)
     assert approved.success and approved.output_for_node("approve_plan_gate") >= 1
     sensor = defs.resolve_sensor_def("approval_sensor")
     with dg.build_sensor_context(instance=instance, resources=resources) as context:
@@ -155,7 +158,7 @@ def test_the_approval_gate_logs_the_core_review_and_checks_the_data_once(dagster
     calls = []
     real = approve_module.check_data_unchanged
     monkeypatch.setattr(approve_module, "check_data_unchanged", lambda *a, **k: calls.append(1) or real(*a, **k))
-    approved = approve(defs, resources, instance, plan_id)
+    approved = approve(defs, resources, instance, result)
     assert approved.success and len(calls) == 1
     logged = [e.user_message for e in instance.all_logs(approved.run_id) if "Approving will REPLACE" in e.user_message]
     assert len(logged) == 1 and f"plan {plan_id}" in logged[0] and "The target now" in logged[0]
@@ -166,8 +169,9 @@ def test_approve_backfill_refuses_a_plan_that_no_longer_matches(dagster_env, dem
     defs, resources, instance = dagster_env
     result = stage_week(defs, resources, instance)
     plan_id = evaluations(result, "stages_match")["2024-01-01"].metadata["plan_id"].value
+    assert previewed(result)["plan_id"] == plan_id  # the preview shows the plan stages_match shows
     demo_db.execute("UPDATE backfill_control.orders_daily__stage_a SET note = 'x' WHERE order_date = '2024-01-03'")
-    refused = approve(defs, resources, instance, plan_id)
+    refused = approve(defs, resources, instance, result)
     assert not refused.success
     assert demo_db.execute("SELECT count(*) FROM backfill_control.approvals").fetchone()[0] == 0
 
@@ -176,7 +180,7 @@ def test_stages_that_differ_fail_the_blocking_check_and_the_target_is_not_replac
     defs, resources, instance = dagster_env
     first = stage_week(defs, resources, instance)
     plan_id = evaluations(first, "stages_match")["2024-01-01"].metadata["plan_id"].value
-    assert approve(defs, resources, instance, plan_id).success
+    assert approve(defs, resources, instance, first).success
     assert materialize(defs, resources, instance, ["target"], {**WEEK, PLAN_TAG: plan_id}).success
     before = target_day_hashes(demo_db)
     # The source gets a late correction, and stage B is skewed for one day.
@@ -223,7 +227,7 @@ def test_a_held_lock_is_retried_then_fails_with_nothing_changed(dagster_env, dem
                                     instance=instance, resources=resources, tags=WEEK, raise_on_error=False)
     plan_id = evaluations(plan_id_result, "stages_match")["2024-01-01"].metadata["plan_id"].value
     defs = build_definitions([spec])
-    assert approve(defs, resources, instance, plan_id).success
+    assert approve(defs, resources, instance, plan_id_result).success
     before = target_day_hashes(demo_db)
     with psycopg.connect(db_url.reveal()) as writer:
         writer.execute("UPDATE public.orders_daily SET note = note WHERE order_date = '2024-01-20'")
@@ -258,7 +262,8 @@ def test_the_target_gate_says_why_an_approval_no_longer_covers_a_partition(dagst
     defs, resources, instance = dagster_env
     result = stage_week(defs, resources, instance)
     plan_id = evaluations(result, "stages_match")["2024-01-01"].metadata["plan_id"].value
-    assert approve(defs, resources, instance, plan_id).success
+    assert previewed(result)["plan_id"] == plan_id  # the preview shows the plan stages_match shows
+    assert approve(defs, resources, instance, result).success
     demo_db.execute("UPDATE public.orders_daily SET note = 'hand fix' WHERE order_date = '2024-01-03'")
     before = target_day_hashes(demo_db)
     for tags in ({**WEEK, PLAN_TAG: plan_id}, {"dagster/partition": "2024-01-03"}):  # the sensor's run, by hand

@@ -12,6 +12,7 @@ from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import resource_for
+from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.flows import control_rows
 from backfill_assets_tests.support.specs import CONTROL_URL_ENV, URL_ENV, make_spec
 
@@ -36,8 +37,9 @@ def test_stages_gate_and_target_keep_plans_approvals_and_ledger_in_the_control_d
     assert staged.success
     plan_id = next(e for e in staged.get_asset_check_evaluations()
                    if e.check_name == "stages_match").metadata["plan_id"].value
+    assert previewed(staged)["plan_id"] == plan_id  # the preview shows the plan stages_match shows
     gate = build_definitions([spec]).resolve_job_def("approve_backfill").execute_in_process(
-        run_config={"ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "alice"}}}},
+        run_config=approve_config(staged),
         resources=resources, instance=instance, raise_on_error=False,
     )
     assert gate.success

@@ -33,9 +33,10 @@ def test_every_asset_of_a_spec_shares_one_partitions_definition():
     parts = {graph.get(dg.AssetKey(["orders_daily", n])).partitions_def for n in names}
     assert len(parts) == 1 and parts.pop().get_partition_keys()[-1] == "2024-01-08"
     checks = {k.name for k in graph.asset_check_keys}
-    assert checks == {"stages_match", "business_key_unique_and_not_null", "target_matches_approved_plan"}
+    assert checks == {"stages_match", "business_key_unique_and_not_null", "target_matches_approved_plan",
+                      "target_change_preview"}
     assert {j.name for j in defs.jobs} >= {"approve_backfill", "orders_daily__build_stages", "orders_daily__replace_target"}
-    assert {s.name for s in defs.sensors} == {"approval_sensor", "source_snapshot_sensor"}
+    assert {s.name for s in defs.sensors} == {"approval_sensor", "source_snapshot_sensor", "approvals_board"}
 
 
 def test_specs_load_from_files_and_folders_and_names_must_be_unique(tmp_path):
@@ -45,7 +46,7 @@ def test_specs_load_from_files_and_folders_and_names_must_be_unique(tmp_path):
     other.write_text(yaml.safe_dump({**DEMO_SPEC, "name": "orders_again"}))
     specs = load_specs(os.pathsep.join([str(tmp_path / "a"), str(other)]))
     assert [s.name for s in specs] == ["orders_daily", "orders_again"]
-    assert len(build_definitions(specs).resolve_asset_graph().get_all_asset_keys()) == 10
+    assert len(build_definitions(specs).resolve_asset_graph().get_all_asset_keys()) == 12  # six per spec: source, snapshot, two stages, target, approvals
     with pytest.raises(SpecError, match="two specs share a name"):
         load_specs(os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "a" / "one.yaml")]))
     with pytest.raises(SpecError, match="names .*missing, which does not exist"):

@@ -12,6 +12,7 @@ from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import PostgresResource
+from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.duck_lakes import COLUMNS, delta_rows, duck_spec, newest, source_table, write_delta
 
 DAYS = {RANGE_START: "2024-01-01", RANGE_END: "2024-01-03"}
@@ -43,8 +44,9 @@ def test_a_duckdb_spec_is_staged_checked_gated_and_applied(db_url, tmp_path):
                            resources=resources, tags=DAYS, raise_on_error=False)
     assert again.success and all(e.passed for e in again.get_asset_check_evaluations())
     plan_id = checks[0].metadata["plan_id"].value
+    assert previewed(staged)["plan_id"] == plan_id  # the preview shows the plan stages_match shows
     approved = defs.resolve_job_def("approve_backfill").execute_in_process(
-        run_config={"ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "alice"}}}},
+        run_config=approve_config(staged),
         resources=resources, instance=instance, raise_on_error=False,
     )
     assert approved.success
@@ -136,10 +138,11 @@ def test_the_gate_refuses_a_plan_whose_pinned_version_was_vacuumed(db_url, tmp_p
     staged = dg.materialize(spec_assets(spec), selection=[dg.AssetKey([spec.name, n]) for n in ("snapshot", "stage_a", "stage_b")],
                             instance=instance, resources=resources, tags=DAYS, raise_on_error=False)
     plan_id = next(e for e in staged.get_asset_check_evaluations() if e.check_name == "stages_match").metadata["plan_id"].value
+    assert previewed(staged)["plan_id"] == plan_id  # the preview shows the plan stages_match shows
     write_delta(tmp_path / "orders_raw", source_table())  # a new version ...
     DeltaTable(str(tmp_path / "orders_raw")).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
     approved = defs.resolve_job_def("approve_backfill").execute_in_process(
-        run_config={"ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "alice"}}}},
+        run_config=approve_config(staged),
         resources=resources, instance=instance, raise_on_error=False,
     )
     assert not approved.success

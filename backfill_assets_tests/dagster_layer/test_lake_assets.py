@@ -10,6 +10,7 @@ from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import PostgresResource
+from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.lakes import Lake, expected_rows, lake_spec
 
 WEEK = {RANGE_START: "2024-01-01", RANGE_END: "2024-01-07"}
@@ -40,8 +41,9 @@ def test_a_lake_target_is_gated_replaced_checked_and_carries_its_version(unmoved
     checks = [e for e in staged.get_asset_check_evaluations() if e.check_name == "stages_match"]
     assert checks and all(e.passed for e in checks)
     plan_id = checks[0].metadata["plan_id"].value
+    assert previewed(staged)["plan_id"] == plan_id  # the preview shows the plan stages_match shows
     approved = defs.resolve_job_def("approve_backfill").execute_in_process(
-        run_config={"ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "alice"}}}},
+        run_config=approve_config(staged),
         resources=resources, instance=instance, raise_on_error=False,
     )
     assert approved.success

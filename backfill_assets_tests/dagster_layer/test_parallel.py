@@ -26,6 +26,7 @@ from backfill_assets.dagster_layer.names import (
 )
 from backfill_assets.dagster_layer.resources import PostgresResource
 from backfill_assets.render import render_plan
+from backfill_assets_tests.support.gate import approve_config
 from backfill_assets_tests.support.dagster_server import RUN_DONE, dagster_deployment
 from backfill_assets_tests.support.flows import target_day_hashes
 from backfill_assets_tests.support.specs import DEMO_SPEC
@@ -103,7 +104,7 @@ def test_a_run_of_an_approval_refuses_to_start_after_an_earlier_run_of_it_failed
     assert stages.success
     plan_id = next(e.metadata["plan_id"].value for e in stages.get_asset_check_evaluations())
     approve = build_definitions([SPEC]).resolve_job_def("approve_backfill").execute_in_process(
-        run_config={"ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "alice"}}}},
+        run_config=approve_config(stages),
         resources=resources, instance=instance)
     assert approve.success
     # Two runs of one approval, as a multi-run backfill of the target makes them: the first fails

@@ -12,6 +12,7 @@ from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import SPARK_RESOURCE, PostgresResource, SparkResource
+from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.duck_lakes import COLUMNS, newest, source_table
 from backfill_assets_tests.support.spark_lakes import spark_spec, target_rows, write_parquet_source
 
@@ -45,8 +46,9 @@ def test_a_spark_spec_is_staged_checked_gated_applied_and_watched(spark, db_url,
                            resources=resources, tags=DAYS, raise_on_error=False)
     assert again.success and all(e.passed for e in again.get_asset_check_evaluations())
     plan_id = checks[0].metadata["plan_id"].value
+    assert previewed(staged)["plan_id"] == plan_id  # the preview shows the plan stages_match shows
     approved = defs.resolve_job_def("approve_backfill").execute_in_process(
-        run_config={"ops": {"approve_plan_gate": {"config": {"plan_id": plan_id, "approved_by": "alice"}}}},
+        run_config=approve_config(staged),
         resources=resources, instance=instance, raise_on_error=False,
     )
     assert approved.success

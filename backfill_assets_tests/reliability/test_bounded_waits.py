@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import re
 import threading
 import time
@@ -39,8 +40,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from backfill_assets.cli import commands as cli
 from backfill_assets.cli import demo
 from backfill_assets.core.errors import TransientDatabaseError
-from backfill_assets.core.pg.db import DatabaseUrl, connect
-from backfill_assets.core.spec import spec_from_mapping
+from backfill_assets.core.pg.db import DatabaseUrl, connect, connection_factory
+from backfill_assets.core.preview import make_preview
+from backfill_assets.core.spec import load_spec, spec_from_mapping
 from backfill_assets.core.store import control
 from backfill_assets.core.targets.iceberg import CATALOG_TABLES as ICEBERG_CATALOG_TABLES
 from backfill_assets.core.vocabulary import DEFAULT_LIMITS
@@ -88,7 +90,7 @@ CLI_COMMANDS: dict[str, Callable[[Path, str], list[str]]] = {
 }
 DAGSTER_STEPS = ("snapshot", "stages", "target")  # each spec's multi-assets
 DAGSTER_JOBS = (APPROVE_JOB,)
-DAGSTER_SENSORS = ("approval_sensor", "source_snapshot_sensor")
+DAGSTER_SENSORS = ("approval_sensor", "source_snapshot_sensor", "approvals_board")
 NOT_IN_MATRIX = {
     "demo": "runs the commands above on the project's own embedded database with its own specs",
     "ui": "starts the Dagster webserver and daemon; the steps, jobs and sensors they run are in the matrix",
@@ -132,6 +134,7 @@ class Prepared:
     template: str
     folder: Path
     plan_id: str = ""
+    review_id: str = ""  # the plan's change preview, which the approval gate approves
     names: dict[str, str] | None = None  # relation role -> schema.table
     spec: dict = dataclasses.field(default_factory=lambda: SPEC)
     tags: dict = dataclasses.field(default_factory=lambda: RANGE)  # the Dagster steps' partitions
@@ -199,7 +202,7 @@ def prepared(request, admin_url, tmp_path_factory, monkeypatch_module) -> Iterat
     server = admin_url if request.param == "embedded" else request.getfixturevalue("default_server_url")
     prep = Prepared(server, f"bfa_matrix_{request.param.replace('-', '_')}", tmp_path_factory.mktemp("matrix"))
     with prep.templated(monkeypatch_module, "BFA_MATRIX_TEMPLATE") as (url, spec_file):
-        prep.plan_id = plan_and_approve(spec_file, PARTITIONS)
+        prep.plan_id, prep.review_id = plan_and_approve(spec_file, PARTITIONS)
         with psycopg.connect(url) as conn:
             (snap,) = conn.execute(sql.SQL("SELECT snapshot_table FROM {}").format(
                 sql.Identifier(CONTROL, "snapshot_copies"))).fetchone()
@@ -316,7 +319,8 @@ def run_command(command: str, prep: Prepared, url: str, variable: str) -> Outcom
     if kind == "job":
         job = build_definitions([spec]).resolve_job_def(name)
         return _run_outcome(instance, job.execute_in_process(
-            run_config={"ops": {APPROVE_OP: {"config": {"plan_id": prep.plan_id, "approved_by": "matrix"}}}},
+            run_config={"ops": {APPROVE_OP: {"config": {
+                "plan_id": prep.plan_id, "review_id": prep.review_id, "approved_by": "matrix"}}}},
             resources=resources, instance=instance, raise_on_error=False))
     sensor = build_definitions([spec]).resolve_sensor_def(name)
     start = time.monotonic()  # the tick itself, not the definitions it is part of
@@ -419,8 +423,9 @@ MUST_BLOCK = {
     "step:snapshot": {"source", "snapshots"},
     "step:stages": {"stage_a", "stage_b", "plans"},
     "step:target": {"target", "stage_a", "ledger"},
-    f"job:{APPROVE_JOB}": {"target", "approvals"},
+    f"job:{APPROVE_JOB}": {"target", "approvals", "previews"},
     "sensor:approval_sensor": {"approvals"},
+    "sensor:approvals_board": {"plans", "previews", "approvals", "ledger"},  # the control store alone
     "sensor:source_snapshot_sensor": {"source"},
 }
 
@@ -499,7 +504,7 @@ def lake_prepared(admin_url, tmp_path_factory, monkeypatch_module) -> Iterator[P
     prep = Prepared(admin_url, "bfa_matrix_lake", folder, spec=spec,
                     tags={RANGE_START: "2024-01-02", RANGE_END: "2024-01-02"})
     with prep.templated(monkeypatch_module, "BFA_LAKE_TEMPLATE") as (url, spec_file):
-        code, _, err = run_cli(["apply", "--spec", str(spec_file), "--plan", plan_and_approve(spec_file, "2024-01-01")])
+        code, _, err = run_cli(["apply", "--spec", str(spec_file), "--plan", plan_and_approve(spec_file, "2024-01-01")[0]])
         assert code == 0, err
         with psycopg.connect(url) as conn:
             found = conn.execute(sql.SQL(
@@ -511,17 +516,23 @@ def lake_prepared(admin_url, tmp_path_factory, monkeypatch_module) -> Iterator[P
         yield prep
 
 
-def plan_and_approve(spec_file: Path, partitions: str) -> str:
+def plan_and_approve(spec_file: Path, partitions: str) -> tuple[str, str]:
+    """Plan, approve on the command line and preview in Dagster's way: the plan id and the
+    review id of its change preview (what the approval gate's link carries)."""
     code, out, err = run_cli(["plan", "--spec", str(spec_file), "--partitions", partitions, "--json"])
     assert code == 0, err
     plan_id = json.loads(out)["plan_id"]
     code, _, err = run_cli(["approve", "--spec", str(spec_file), "--plan", plan_id, "--by", "matrix", "--yes"])
     assert code == 0, err
-    return plan_id
+    spec = load_spec(spec_file)
+    factory = connection_factory(DatabaseUrl(os.environ[spec.database_url_env], "the matrix"), DEFAULT_LIMITS)
+    with factory() as conn:
+        return plan_id, make_preview(conn, factory, spec, plan_id).review_id
 
 
 def plan_day_two(prep: Prepared, variable: str) -> Prepared:
-    return dataclasses.replace(prep, plan_id=plan_and_approve(prep.spec_file(variable), "2024-01-02"))
+    plan_id, review_id = plan_and_approve(prep.spec_file(variable), "2024-01-02")
+    return dataclasses.replace(prep, plan_id=plan_id, review_id=review_id)
 
 
 @pytest.mark.slow

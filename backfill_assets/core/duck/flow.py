@@ -524,10 +524,11 @@ class DuckBuilds:
                                 f"{', '.join(changed)}; plan again")
         return target_readings_duck(self.conn, ctx, self.db, wanted)
 
-    def changes(self, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
+    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
         spec = self.spec
         target = DuckLakeTarget(self.conn, self.conn, ctx, self.db)
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
+        fields = _fields(ctx.target_columns)
         try:
             handle = target.table.open()
             with contextlib.closing(cursor(self.db)) as con:
@@ -536,15 +537,20 @@ class DuckBuilds:
                     value = ctx.value_of(label)
                     rows_now = (target.schema.empty_table() if handle is None
                                 else target.table.read(handle, spec.partition_key, [value]))
+                    con.register("target_rows", rows_now.select(list(spec.columns)))
                     if rows_now.num_rows == 0:  # an empty (or new) partition: every approved key is added
                         out[label] = {"added": built[label], "removed": 0, "changed": 0, "unchanged": 0}
-                        continue
-                    con.register("target_rows", rows_now.select(list(spec.columns)))
-                    query = statements.change_counts(stage_name(spec, "a"), "target_rows", spec.partition_key,
-                                                     spec.business_key, _fields(ctx.target_columns))
-                    added, removed, changed, unchanged = con.execute(query, {"partition": value}).fetchall()[0]
-                    out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
-                                  "unchanged": int(unchanged)}
+                    else:
+                        query = statements.change_counts(stage_name(spec, "a"), "target_rows", spec.partition_key,
+                                                         spec.business_key, fields)
+                        added, removed, changed, unchanged = con.execute(query, {"partition": value}).fetchall()[0]
+                        out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
+                                      "unchanged": int(unchanged)}
+                    if first:
+                        rows = con.execute(statements.first_changes(
+                            stage_name(spec, "a"), "target_rows", spec.partition_key, spec.business_key, fields, first),
+                            {"partition": value}).fetchall()
+                        out[label]["first"] = statements.first_changes_json(rows, spec.business_key)
         finally:
             target.close()
         return out

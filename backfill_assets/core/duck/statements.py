@@ -195,6 +195,40 @@ def differing_keys(left: str, right: str, partition_key: str, business_key: Sequ
         most=sql.Literal(most)))
 
 
+def first_changes(stage: str, target: str, partition_key: str, business_key: Sequence[str],
+                  fields: Sequence[tuple[str, str]], most: int) -> str:
+    """For partition ``$partition``: the first ``most`` keys (in key order) that replacing
+    ``target`` with ``stage`` adds, removes or changes, each with its key as text, its kind
+    and the columns whose canonical text differs (none for a key added or removed)."""
+    def side(rel: str) -> sql.Composed:
+        columns = sql.SQL(", ").join(sql.SQL("{} AS {}").format(sql.SQL(duck.field_text(n, k)), sql.Identifier(f"c{i}"))
+                                     for i, (n, k) in enumerate(fields))
+        return sql.SQL("(SELECT {keys}, {text} AS row_text, {columns} FROM {rel} AS t WHERE t.{pk} = $partition)").format(
+            keys=_ids(business_key, "t"), text=sql.SQL(duck.row_text(fields)), columns=columns,
+            rel=sql.Identifier(rel), pk=sql.Identifier(partition_key))
+    on = sql.SQL(" AND ").join(sql.SQL("l.{k} IS NOT DISTINCT FROM r.{k}").format(k=sql.Identifier(k))
+                               for k in business_key)
+    keys = sql.SQL(", ").join(sql.SQL("CAST(coalesce(l.{k}, r.{k}) AS VARCHAR)").format(k=sql.Identifier(k))
+                              for k in business_key)
+    order = sql.SQL(", ").join(sql.SQL("coalesce(l.{k}, r.{k})").format(k=sql.Identifier(k)) for k in business_key)
+    differ = sql.SQL(", ").join(
+        sql.SQL("CASE WHEN l.{c} IS DISTINCT FROM r.{c} THEN {name} END").format(
+            c=sql.Identifier(f"c{i}"), name=sql.Literal(n)) for i, (n, _) in enumerate(fields))
+    return _text(sql.SQL(
+        "SELECT {keys}, CASE WHEN r.row_text IS NULL THEN 'added' WHEN l.row_text IS NULL THEN 'removed' "
+        "ELSE 'changed' END, CASE WHEN l.row_text IS NULL OR r.row_text IS NULL THEN []::VARCHAR[] "
+        "ELSE list_filter([{differ}], lambda x: x IS NOT NULL) END "
+        "FROM {l} AS l FULL JOIN {r} AS r ON {on} WHERE l.row_text IS DISTINCT FROM r.row_text "
+        "ORDER BY {order} LIMIT {most}").format(
+        keys=keys, differ=differ, l=side(stage), r=side(target), on=on, order=order, most=sql.Literal(most)))
+
+
+def first_changes_json(rows: Sequence[tuple], business_key: Sequence[str]) -> list[dict]:
+    """:func:`first_changes`'s rows as core.approve.changes_of gives them (keys, kind, columns)."""
+    n = len(business_key)
+    return [{"key": dict(zip(business_key, r[:n])), "kind": r[n], "columns": list(r[n + 1])} for r in rows]
+
+
 def change_counts(stage: str, target: str, partition_key: str, business_key: Sequence[str],
                   fields: Sequence[tuple[str, str]]) -> str:
     """For partition ``$partition``: the keys replacing ``target`` with ``stage`` adds,

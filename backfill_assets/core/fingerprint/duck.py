@@ -76,6 +76,11 @@ def _row_text(fields: Sequence[tuple[str, str]]) -> sql.Composed:
     return _SEPARATOR.join(_field(n, k) for n, k in fields)
 
 
+def field_text(name: str, kind: str) -> str:
+    """One column's canonical text (its part of the row text) over the relation aliased ``t``."""
+    return _text(_field(name, kind))
+
+
 def row_text(fields: Sequence[tuple[str, str]]) -> str:
     """A row's canonical text from (column, kind) pairs, in the declared order, over the
     relation aliased ``t``."""

@@ -623,10 +623,11 @@ class SparkBuilds:
         finally:
             target.close()
 
-    def changes(self, ctx: Context, stored: Plan) -> dict[str, dict[str, int]]:
+    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
         spec = self.spec
         target = SparkTarget(self.conn, self.conn, ctx)
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
+        fields = _fields(ctx.target_columns)
         try:
             handle = target.table.open()
             for label in stored.labels:
@@ -634,10 +635,15 @@ class SparkBuilds:
                 now = target.table.read(handle, spec.partition_key, [value])
                 with _compared(ctx, _arrow_stage(ctx, "a", label), now) as con:
                     added, removed, changed, unchanged = con.execute(statements.change_counts(
-                        "stage_rows", "target_rows", spec.partition_key, spec.business_key, _fields(ctx.target_columns)),
+                        "stage_rows", "target_rows", spec.partition_key, spec.business_key, fields),
                         {"partition": value}).fetchall()[0]
-                out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
-                              "unchanged": int(unchanged)}
+                    out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
+                                  "unchanged": int(unchanged)}
+                    if first:
+                        rows = con.execute(statements.first_changes(
+                            "stage_rows", "target_rows", spec.partition_key, spec.business_key, fields, first),
+                            {"partition": value}).fetchall()
+                        out[label]["first"] = statements.first_changes_json(rows, spec.business_key)
         finally:
             target.close()
         return out

@@ -75,6 +75,18 @@ _DDL = (
     # What an approval was given against: each partition's target readings when it was
     # approved (NULL: recorded by an older version, which apply refuses).
     sql.SQL("ALTER TABLE {schema}.approvals ADD COLUMN IF NOT EXISTS target_readings jsonb"),  # added later
+    # The review the approver was shown (core.preview): its id, when it was made, and what it
+    # said the replacement changes (NULL: recorded before reviews were recorded).
+    sql.SQL("ALTER TABLE {schema}.approvals ADD COLUMN IF NOT EXISTS review jsonb"),  # added later
+    # The newest change preview of each ready plan (core.preview): the target's readings it was
+    # made against and what it showed, so that an approval can require the target unchanged
+    # since, and the dashboard can mark it stale.
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.previews ("
+        "plan_id text PRIMARY KEY REFERENCES {schema}.plans (plan_id), spec_name text NOT NULL, "
+        "review_id text NOT NULL, target_readings jsonb NOT NULL, changes jsonb, "
+        "made_at timestamptz NOT NULL)"
+    ),
     sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.ledger ("
         "run_id text NOT NULL, plan_id text NOT NULL, approval_id bigint NOT NULL, "
@@ -241,7 +253,7 @@ _PLANS_BY_PREFIX = sql.SQL(
 _SCHEMA_STATE = sql.SQL(
     "SELECT to_regclass(%(plans)s) IS NOT NULL, "
     "to_regclass(%(ledger)s) IS NOT NULL AND to_regclass(%(builds)s) IS NOT NULL "
-    "AND to_regclass(%(copies)s) IS NOT NULL "
+    "AND to_regclass(%(copies)s) IS NOT NULL AND to_regclass(%(previews)s) IS NOT NULL "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
     "AND attname = 'scope' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
@@ -256,6 +268,8 @@ _SCHEMA_STATE = sql.SQL(
     "AND attname = 'writer_txid' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(approvals)s) "
     "AND attname = 'target_readings' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(approvals)s) "
+    "AND attname = 'review' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(ledger)s) "
     "AND attname = 'target_version' AND NOT attisdropped)"
 )
@@ -267,6 +281,7 @@ def control_ready(conn: psycopg.Connection, schema: str) -> bool:
     names = {k: sql.Identifier(schema, k).as_string(conn) for k in ("plans", "ledger", "snapshots", "approvals")}
     names["builds"] = sql.Identifier(schema, "stage_builds").as_string(conn)
     names["copies"] = sql.Identifier(schema, "snapshot_copies").as_string(conn)
+    names["previews"] = sql.Identifier(schema, "previews").as_string(conn)
     row = conn.execute(_SCHEMA_STATE, names).fetchone()
     if not row or not row[0]:
         return False

@@ -16,8 +16,8 @@ from backfill_assets.core.store.control import control_ready
 
 _INSERT_APPROVAL = sql.SQL(
     "INSERT INTO {schema}.approvals (plan_id, spec_name, target_table, partitions, approved_by, "
-    "approved_at, target_readings) VALUES (%(plan_id)s, %(spec_name)s, %(target_table)s, "
-    "%(partitions)s, %(approved_by)s, %(approved_at)s, %(target_readings)s) RETURNING approval_id"
+    "approved_at, target_readings, review) VALUES (%(plan_id)s, %(spec_name)s, %(target_table)s, "
+    "%(partitions)s, %(approved_by)s, %(approved_at)s, %(target_readings)s, %(review)s) RETURNING approval_id"
 )
 
 
@@ -50,9 +50,10 @@ OPEN_APPROVAL_FIELDS = (*APPROVAL_FIELDS, "verified")
 
 
 def record_approval(conn: psycopg.Connection, schema: str, **fields: Any) -> int:
-    """Record an approval with the target readings it was given against; returns its id."""
+    """Record an approval with the target readings it was given against and the review the
+    approver was shown; returns its id."""
     fields = {**fields, "partitions": Jsonb(fields["partitions"]),
-              "target_readings": Jsonb(fields["target_readings"])}
+              "target_readings": Jsonb(fields["target_readings"]), "review": Jsonb(fields["review"])}
     row = conn.execute(_INSERT_APPROVAL.format(schema=sql.Identifier(schema)), fields).fetchone()
     assert row is not None
     return int(row[0])

@@ -1,0 +1,82 @@
+"""Change previews as the control store keeps them (core.preview): the newest preview of each
+ready plan, and the plans waiting for an approval."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+_UPSERT = sql.SQL(
+    "INSERT INTO {schema}.previews (plan_id, spec_name, review_id, target_readings, changes, made_at) "
+    "VALUES (%(plan_id)s, %(spec_name)s, %(review_id)s, %(target_readings)s, %(changes)s, %(made_at)s) "
+    "ON CONFLICT (plan_id) DO UPDATE SET review_id = EXCLUDED.review_id, "
+    "target_readings = EXCLUDED.target_readings, changes = EXCLUDED.changes, made_at = EXCLUDED.made_at"
+)
+_FIELDS = ("plan_id", "spec_name", "review_id", "target_readings", "changes", "made_at")
+_SELECT = "SELECT plan_id, spec_name, review_id, target_readings, changes, made_at FROM {schema}.previews "
+
+
+def record(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
+    """Record a plan's newest preview (``_FIELDS``), replacing the one before."""
+    fields = {**fields, "target_readings": Jsonb(fields["target_readings"]), "changes": Jsonb(fields["changes"])}
+    conn.execute(_UPSERT.format(schema=sql.Identifier(schema)), fields)
+
+
+def of_plan(conn: psycopg.Connection, schema: str, plan_id: str) -> dict[str, Any] | None:
+    row = conn.execute(sql.SQL(_SELECT + "WHERE plan_id = %(id)s").format(schema=sql.Identifier(schema)),
+                       {"id": plan_id}).fetchone()
+    return None if row is None else dict(zip(_FIELDS, row))
+
+
+def by_review(conn: psycopg.Connection, schema: str, review_id: str) -> dict[str, Any] | None:
+    """The preview with this review id, if it is still a plan's newest."""
+    row = conn.execute(sql.SQL(_SELECT + "WHERE review_id = %(id)s").format(schema=sql.Identifier(schema)),
+                       {"id": review_id}).fetchone()
+    return None if row is None else dict(zip(_FIELDS, row))
+
+
+# Ready plans of a spec made (or previewed) after a time that were never approved and that no
+# newer plan of the spec has replaced in any of their partitions, newest first, with their
+# newest preview. A plan made again keeps its id and first created_at: its newest preview says
+# when it was last made. Only plans of the window are read (their documents for the partitions).
+_WAITING = sql.SQL(
+    "WITH made AS (SELECT p.plan_id, p.status, p.created_at, greatest(p.created_at, v.made_at) AS seen, "
+    "ARRAY(SELECT e ->> 'partition' FROM jsonb_array_elements(p.plan -> 'partitions') AS e) AS labels "
+    "FROM {schema}.plans AS p LEFT JOIN {schema}.previews AS v ON v.plan_id = p.plan_id "
+    "WHERE p.spec_name = %(spec_name)s AND greatest(p.created_at, v.made_at) > %(since)s), "
+    "newest AS (SELECT DISTINCT ON (label) label, plan_id FROM made, unnest(labels) AS label "
+    "ORDER BY label, seen DESC, plan_id) "
+    "SELECT m.plan_id, m.labels, m.created_at, v.review_id, v.target_readings, v.changes, v.made_at "
+    "FROM made AS m LEFT JOIN {schema}.previews AS v ON v.plan_id = m.plan_id "
+    "WHERE m.status = 'ready' AND NOT EXISTS (SELECT 1 FROM {schema}.approvals AS a WHERE a.plan_id = m.plan_id) "
+    "AND NOT EXISTS (SELECT 1 FROM newest AS n WHERE n.label = ANY(m.labels) AND n.plan_id <> m.plan_id) "
+    "ORDER BY m.seen DESC LIMIT %(limit)s"
+)
+WAITING_FIELDS = ("plan_id", "partitions", "created_at", "review_id", "target_readings", "changes", "previewed_at")
+
+
+def waiting_plans(conn: psycopg.Connection, schema: str, spec_name: str, since: dt.datetime,
+                  limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` ready plans made or previewed after ``since`` and waiting for an
+    approval (``WAITING_FIELDS``), newest first."""
+    rows = conn.execute(_WAITING.format(schema=sql.Identifier(schema)),
+                        {"spec_name": spec_name, "since": since, "limit": limit}).fetchall()
+    return [dict(zip(WAITING_FIELDS, r)) for r in rows]
+
+
+_REPLACED_SINCE = sql.SQL(
+    "SELECT DISTINCT partition FROM {schema}.ledger WHERE target_table = %(target)s "
+    "AND partition = ANY(%(partitions)s) AND status = 'verified' AND finished_at > %(since)s ORDER BY partition"
+)
+
+
+def replaced_since(conn: psycopg.Connection, schema: str, target_table: str, partitions: list[str],
+                   since: dt.datetime) -> list[str]:
+    """Which of ``partitions`` of the target a run replaced (and verified) after ``since``."""
+    rows = conn.execute(_REPLACED_SINCE.format(schema=sql.Identifier(schema)),
+                        {"target": target_table, "partitions": partitions, "since": since}).fetchall()
+    return [r[0] for r in rows]

@@ -13,8 +13,10 @@ measurements taken in the same run.
 Figure 7 runs the whole backfill as a user does, `backfill-assets plan`, `approve` and `apply`
 as three processes, against the naive way on three shapes (benchmarks/shapes.py); figure 8 the
 same at --big-rows rows (time per million rows, peak RSS); figure 9 the source sensor's tick
-through benchmarks/sensor_tick.py, when it exists. `--only shapes` (or fig3, big, ...; see
---help) runs a few figures to iterate on them.
+through benchmarks/sensor_tick.py, when it exists. Figures 3 and 7a-c run again on the
+machine's own PostgreSQL (Debian's package, 15 on this image), which the benchmark starts with
+initdb's defaults (group `pgdefault`; rows tagged `-pg<major>`). `--only shapes` (or fig3, big,
+...; see --help) runs a few figures to iterate on them.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import dagster as dg
 import psycopg
 import pyarrow as pa
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.apply import apply_plan
@@ -57,6 +60,10 @@ import duck_lake  # benchmarks/duck_lake.py
 import spark_lake  # benchmarks/spark_lake.py
 import lake_targets  # benchmarks/lake_targets.py
 import shapes  # benchmarks/shapes.py, next to this script
+
+# The test suite's default-settings server (Debian's PostgreSQL, initdb's defaults), from this checkout.
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from backfill_assets_tests.support.servers import default_settings_server  # noqa: E402
 
 DAYS = 20
 BIG_ROWS = 10_000_000  # figure 8's large size
@@ -342,6 +349,8 @@ GROUPS = {
               "above DuckDB's memory_limit, its peak RSS (a process of its own)",
     "spark": "14: the whole process on Spark local[2], Parquet to Parquet, vs Spark's dynamic partition overwrite "
              "and the raw read",
+    "pgdefault": "3 and 7a-c again on the machine's own PostgreSQL (Debian's), started by the benchmark with "
+                 "initdb's defaults",
 }
 _NEED_FIG3 = {"fp", "dagster", "scaling"}
 # Rows and notes are written in this order, whatever order the figures ran in.
@@ -380,6 +389,9 @@ class Bench:
     url: DatabaseUrl
     factory: ConnectionFactory
     folder: Path
+    # Which server: "" for the embedded one; "-pg<major>" for the default-settings server
+    # (figure ids and note sections carry it).
+    tag: str = ""
     naive_current: float | None = None
     safe: float | None = None
     cli_current: shapes.CliRun | None = None
@@ -401,9 +413,9 @@ def figure_3(b: Bench, report: Report) -> None:
         shapes.reset(conn, shape)
     safe, steps, _ = safe_backfill(spec, b.tool(spec))
     b.naive_current, b.safe = naive, safe
-    report.row("3. whole safe backfill of 20 partitions vs naive DELETE+INSERT", safe, naive, "s", "<= 2.5x",
+    report.row(f"3{b.tag}. whole safe backfill of 20 partitions vs naive DELETE+INSERT", safe, naive, "s", "<= 2.5x",
                safe / naive, safe / naive <= 2.5)
-    report.note("fig3", "Where the safe backfill's time goes (figure 3, in process):",
+    report.note("fig3" + b.tag, f"Where the safe backfill's time goes (figure 3{b.tag}, in process):",
                 *(f"   - {name}: {seconds:.2f} s" for name, seconds in steps.items()))
 
 
@@ -499,7 +511,7 @@ def figure_shapes(b: Bench, report: Report, *, with_sensor: bool = True) -> None
     naive way, on the current shape, a wide duplicate-heavy one and 365 small partitions; the
     fixed cost per partition from the small shape at 73 and 365 partitions; then figure 9."""
     startup, startup_mib = shapes.startup_seconds(b.folder)
-    report.note("shapes", "Plan, approve and apply as processes (figure 7; `backfill-assets plan --json`, "
+    report.note("shapes" + b.tag, "Plan, approve and apply as processes (figure 7; `backfill-assets plan --json`, "
                 "`approve --yes`, `apply`; each from empty targets, no control schema, after a CHECKPOINT):",
                 f"   - one process's start-up (`backfill-assets --help`: the interpreter and the command line's "
                 f"imports), best of 3: {startup:.2f} s, peak RSS {startup_mib:.0f} MiB")
@@ -511,11 +523,11 @@ def figure_shapes(b: Bench, report: Report, *, with_sensor: bool = True) -> None
         run, naive, naive_mem = _timed_pair(b, conn, current, naive=b.naive_current)
         rows = _source_rows(conn, current)
     b.cli_current = run
-    report.row(f"7a. CLI backfill vs naive: {current.title}", run.seconds, naive, "s", "<= 2.5x",
+    report.row(f"7a{b.tag}. CLI backfill vs naive: {current.title}", run.seconds, naive, "s", "<= 2.5x",
                run.seconds / naive, run.seconds / naive <= 2.5)
-    report.note("shapes", _cli_note(current.title, run, naive, current.days, rows, startup, naive_mem))
+    report.note("shapes" + b.tag, _cli_note(current.title, run, naive, current.days, rows, startup, naive_mem))
     if b.safe is not None:
-        report.note("shapes", f"     the same backfill in process (figure 3): {b.safe:.2f} s; as processes "
+        report.note("shapes" + b.tag, f"     the same backfill in process (figure 3): {b.safe:.2f} s; as processes "
                               f"{run.seconds - b.safe:+.2f} s")
 
     wide = shapes.wide()
@@ -525,9 +537,9 @@ def figure_shapes(b: Bench, report: Report, *, with_sensor: bool = True) -> None
         run, naive, naive_mem = _timed_pair(b, conn, wide)
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(wide.control_schema)))
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(wide.schema)))
-    report.row(f"7b. CLI backfill vs naive: {wide.title}", run.seconds, naive, "s", "<= 2.5x",
+    report.row(f"7b{b.tag}. CLI backfill vs naive: {wide.title}", run.seconds, naive, "s", "<= 2.5x",
                run.seconds / naive, run.seconds / naive <= 2.5)
-    report.note("shapes", _cli_note(wide.title, run, naive, wide.days, rows, startup, naive_mem))
+    report.note("shapes" + b.tag, _cli_note(wide.title, run, naive, wide.days, rows, startup, naive_mem))
 
     small = shapes.small()
     fewer = 73
@@ -537,9 +549,9 @@ def figure_shapes(b: Bench, report: Report, *, with_sensor: bool = True) -> None
         few_run, few_naive, few_naive_mem = _timed_pair(b, conn, small, fewer)
         few_rows = _source_rows(conn, small, fewer)
         run, naive, naive_mem = _timed_pair(b, conn, small)
-    report.row(f"7c. CLI backfill vs naive: {small.title}", run.seconds, naive, "s", "<= 2.5x",
+    report.row(f"7c{b.tag}. CLI backfill vs naive: {small.title}", run.seconds, naive, "s", "<= 2.5x",
                run.seconds / naive, run.seconds / naive <= 2.5)
-    report.note("shapes", _cli_note(shapes.small(fewer).title, few_run, few_naive, fewer, few_rows, startup,
+    report.note("shapes" + b.tag, _cli_note(shapes.small(fewer).title, few_run, few_naive, fewer, few_rows, startup,
                                     few_naive_mem),
                 _cli_note(small.title, run, naive, small.days, rows, startup, naive_mem))
     span = small.days - fewer
@@ -548,7 +560,7 @@ def figure_shapes(b: Bench, report: Report, *, with_sensor: bool = True) -> None
     per_step = ", ".join(f"{name} {1000 * (p.seconds - few_run.steps[name].seconds) / span:.0f} ms"
                          for name, p in run.steps.items())
     report.note(
-        "shapes",
+        "shapes" + b.tag,
         f"   - fixed cost per partition, the slope between {fewer} and {small.days} partitions of ~1k rows "
         f"(the same rows per partition): ours {1000 * slope:.0f} ms ({per_step}), naive {1000 * naive_slope:.0f} ms; "
         f"{1000 * (slope - naive_slope):.0f} ms per partition more than the naive way. Per run, apart from "
@@ -664,6 +676,23 @@ def figure_big(b: Bench, report: Report) -> None:
                   for n, run in sorted(runs.items())))
 
 
+def figures_default_server(b: Bench, report: Report) -> None:
+    """Figures 3 and 7a-c on the machine's own PostgreSQL (Debian's package), started in a
+    folder of the run with initdb's defaults (a Unix socket only), next to the embedded one."""
+    with default_settings_server(b.folder / "pg-default-server") as admin:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(b"CREATE DATABASE bench")
+            major = conn.execute(b"SELECT current_setting('server_version_num')::int / 10000").fetchone()[0]
+        url = DatabaseUrl(make_conninfo(admin, dbname="bench"), "the default-settings server")
+        other = Bench(b.args, url, connection_factory(url, SERVER_SETTINGS, application_name="backfill_assets:bench"),
+                      b.folder / "pg-default", tag=f"-pg{major}")
+        with other.factory() as conn:
+            report.header.extend(server_header(shapes.server_defaults(conn), "Debian's package, initdb's defaults, "
+                                                                             f"rows tagged -pg{major}"))
+        figure_3(other, report)
+        figure_shapes(other, report, with_sensor=False)
+
+
 def figure_4b(b: Bench, report: Report) -> None:
     with b.factory() as conn:
         load(conn, 365 * 50, n_days=365)
@@ -719,7 +748,8 @@ def main() -> int:
         steps = [("fig3", figure_3), ("fp", figures_1_2), ("shapes", figure_shapes), ("dagster", figure_4),
                  ("memory", figure_5), ("scaling", figure_6), ("big", figure_big), ("year", figure_4b),
                  ("sensor", figure_sensor_alone), ("lake", figure_lake), ("lake", figure_lake_fingerprint),
-                 ("diff", figure_diff), ("duckdb", figure_duckdb), ("spark", figure_spark)]
+                 ("diff", figure_diff), ("duckdb", figure_duckdb), ("spark", figure_spark),
+                 ("pgdefault", figures_default_server)]
         for group, figure in steps:
             if group in only:
                 t, _ = timed(lambda: figure(b, report))
@@ -952,13 +982,12 @@ def figure_diff(b: Bench, report: Report) -> None:
                 "it ran (only the counts and 10 example keys come back).")
 
 
-def server_header(conn: psycopg.Connection) -> list[str]:
+def server_header(conn: psycopg.Connection, what: str = "pgserver") -> list[str]:
     """The server and how its settings compare with PostgreSQL's built-in defaults."""
     version = conn.execute(sql.SQL("SELECT current_setting('server_version')")).fetchone()[0]
     shown, changed = shapes.server_settings(conn)
-    verdict = ("all at PostgreSQL's built-in defaults: pgserver changes none of them" if not changed
-               else "pgserver changes " + "; ".join(changed))
-    return [f"Server: PostgreSQL {version} (pgserver, on a Unix socket). {', '.join(shown)}: {verdict}."]
+    verdict = ("all at PostgreSQL's built-in defaults" if not changed else "changed: " + "; ".join(changed))
+    return [f"Server: PostgreSQL {version} ({what}, on a Unix socket). {', '.join(shown)}: {verdict}."]
 
 
 ANALYSIS = "## Reading the figures"
@@ -972,8 +1001,11 @@ def write_report(path: Path, args, only: set[str], report: Report, elapsed: floa
         "# Benchmarks", "",
         f"Produced by {command} in {elapsed / 60:.1f} min, on "
         f"{platform.machine()} with {os.cpu_count()} cores, Python {platform.python_version()}, "
-        "the embedded PostgreSQL 16 (pgserver). Every ratio compares two measurements taken in the "
-        "same run; on this machine differences under ~30% are noise.", "",
+        "the embedded PostgreSQL 16 (pgserver)" + (
+            "; the rows tagged -pg<major> again on the machine's own PostgreSQL, started by the benchmark "
+            "with initdb's defaults" if "pgdefault" in only else "")
+        + ". Every ratio compares two measurements taken in the same run; on this machine differences "
+        "under ~30% are noise.", "",
         *report.header, "",
         f"Source: {args.rows} rows over {DAYS} daily partitions, about 20% duplicate keys, ties "
         "broken by the tiebreak, a few NULL keys, unicode and control characters. Figures 7 and 9 "
@@ -993,7 +1025,7 @@ def write_report(path: Path, args, only: set[str], report: Report, elapsed: floa
         verdict = "-" if met is None else ("yes" if met else "**no**")
         lines.append(f"| {figure} | {ours} | {ref} | {shown} | {target} | {verdict} |")
     lines.append("")
-    for section in SECTIONS:
+    for section in [*SECTIONS, *(s for s in report.notes if s not in SECTIONS)]:  # then the other server's
         if section in report.notes:
             lines += [*report.notes[section], ""]
     # The hand-written analysis below the table survives a new run.

@@ -319,7 +319,8 @@ def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan, first: int 
     with repeatable_read(conn, read_only=ctx.engine.compares_read_only):
         found = [diff_against(conn, ctx, label, "target", first) for label in stored.labels]
     return {d.partition: {"added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged,
-                          **({"first": [{"key": e.key, "kind": e.kind, "columns": e.columns} for e in d.examples]}
+                          **({"first": [{"key": e.key, "kind": e.kind,
+                                         "columns": e.columns if e.kind == "changed" else []} for e in d.examples]}
                              if first else {})}
             for d in found}
 

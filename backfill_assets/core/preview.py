@@ -59,8 +59,8 @@ def make_preview(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spe
     Raises:
         ApprovalError, SpecError: the plan cannot be approved (see core.approve.review).
     """
+    made_at = clock()  # before the target is read: a run that replaces a partition meanwhile marks it stale
     checked = review(conn, factory, spec, plan, first=first)
-    made_at = clock()
     with factory.control(conn) as store, store.transaction():
         before = previews.of_plan(store, spec.control_schema, checked.plan_id)
         previews.record(store, spec.control_schema, plan_id=checked.plan_id, spec_name=spec.name,

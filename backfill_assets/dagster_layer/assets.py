@@ -251,7 +251,7 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
         yield from events.stage_materializations(keys, parts, snapshot_id, columns, plan, spec.parallel)
         yield from checks
         if dg.AssetCheckKey(keys.stage_a, events.PREVIEW_CHECK) in context.selected_asset_check_keys:
-            yield from _previews(factory, plan.plan_id, plan.labels)
+            yield from _previews(context, factory, plan.plan_id, plan.labels)
 
     def stage_checks_again(context: dg.AssetExecutionContext):
         """Only the stage checks selected (a check-only re-execution): evaluate them on both
@@ -270,20 +270,26 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
                 if plan_id is None:
                     yield from events.no_preview(keys, labels, "no plan covers this partition: build the stages")
                     continue
-                yield from _previews(factory, plan_id, labels)
+                yield from _previews(context, factory, plan_id, labels)
 
-    def _previews(factory, plan_id: str, labels: list[str]) -> Iterator[dg.AssetCheckEvaluation]:
-        """The change preview of a ready plan, for its partitions among ``labels``; a warning
-        naming why where none could be made (the plan was refused or changed since, or a wait
-        ran out): the stages stand either way, and executing the check again retries it."""
+    def _previews(context: dg.AssetExecutionContext, factory, plan_id: str, labels: list[str]) -> Iterator[dg.AssetCheckEvaluation]:
+        """The change preview of a ready plan, on every partition of the plan (a new preview
+        replaces the plan's previous one, and its link approves them all, so none may go on
+        showing the old one); a warning on ``labels`` naming why where none could be made (the
+        plan was refused or changed since, a wait ran out): the stages stand either way, and
+        executing the check again retries it."""
         try:
             with factory() as conn:
                 preview = make_preview(conn, factory, spec, plan_id)
-        except (BackfillError, psycopg.Error) as err:  # the stages stand; only the preview is missing
+        except Exception as err:  # noqa: BLE001 - the stages stand; only the preview is missing
+            # Our errors and the driver's carry no credential; of a library's, only its class.
+            reason = (" ".join(str(err).split()) if isinstance(err, (BackfillError, psycopg.Error))
+                      else f"unexpected {err.__class__.__name__}; see the run's logs")
+            context.log.warning(f"no change preview of plan {plan_id[:16]}: {reason}")
             yield from events.no_preview(keys, [label for label in labels if parts.has_partition_key(label)],
-                                         str(err), plan_id=plan_id)
+                                         reason, plan_id=plan_id)
             return
-        yield from events.preview_checks(keys, parts, preview, labels)
+        yield from events.preview_checks(keys, parts, preview)
 
     return stages
 

@@ -195,19 +195,19 @@ def _printable(text: str) -> str:
 
 def _cell(text: str) -> str:
     """Text safe inside a Markdown table cell."""
-    return _printable(text).replace("|", "\\|").replace("`", "'")
+    return (_printable(text).replace("|", "\\|").replace("`", "'")
+            .replace("[", "\\[").replace("]", "\\]"))
 
 
-def preview_checks(keys: Keys, parts: dg.PartitionsDefinition, preview: Preview,
-                   labels: Iterable[str] | None = None) -> Iterator[dg.AssetCheckEvaluation]:
-    """The change preview of each partition of a ready plan (of ``labels`` only, if given): what
-    replacing the target with stage A changes, the first differing keys, and the link that
-    opens the approval of exactly this preview."""
+def preview_checks(keys: Keys, parts: dg.PartitionsDefinition, preview: Preview) -> Iterator[dg.AssetCheckEvaluation]:
+    """The change preview of each partition of a ready plan: what replacing the target with
+    stage A changes, the first differing keys, and the link that approves exactly this preview
+    (every partition of the plan, named where some lie outside the Dagster partitions)."""
     checked = preview.checked
     link = approve_link(checked.spec.name, checked.plan_id, preview.review_id)
-    wanted = set(checked.stored.labels if labels is None else labels)
+    outside = [label for label in checked.stored.labels if not parts.has_partition_key(label)]
     for label in checked.stored.labels:
-        if label not in wanted or not parts.has_partition_key(label):
+        if not parts.has_partition_key(label):
             continue
         changes = (checked.changes or {}).get(label)
         counts = ({k: changes[k] for k in ("added", "removed", "changed", "unchanged")} if changes
@@ -223,6 +223,8 @@ def preview_checks(keys: Keys, parts: dg.PartitionsDefinition, preview: Preview,
                 "first_keys": _first_keys(changes.get("first", [])) if changes else "not read",
                 "approve": dg.MetadataValue.url(link),
                 "plan_id": checked.plan_id, "review_id": preview.review_id,
+                "plan_partitions": len(checked.stored.labels),
+                **({"also_outside_these_partitions": ", ".join(outside)} if outside else {}),
                 "previewed_at": utc_text(preview.made_at), "target_content_hash": checked.target[label]["content_hash"],
                 **since,
             },
@@ -267,15 +269,15 @@ def board_markdown(keys: Keys, found: Waiting, now: Any) -> str:
             if p.review_id is None:
                 preview, action = "none yet", f"[preview]({spec_checks})"
             elif p.stale:
-                preview = f"**stale** in {', '.join(p.stale[:3])}{' …' if len(p.stale) > 3 else ''}"
+                preview = f"**stale** in {_cell(', '.join(p.stale[:3]))}{' …' if len(p.stale) > 3 else ''}"
                 action = f"[look again]({spec_checks})"
             else:
                 totals = {k: sum(c[k] for c in (p.changes or {}).values()) for k in ("added", "removed", "changed")}
                 preview = (f"+{totals['added']} −{totals['removed']} ~{totals['changed']} keys, "
                            f"made {_age(now, p.previewed_at)} ago")
                 action = f"[approve]({approve_link(keys.stage_a.path[0], p.plan_id, p.review_id)})"
-            parts = (p.partitions[0] if len(p.partitions) == 1
-                     else f"{p.partitions[0]} to {p.partitions[-1]} ({len(p.partitions)})")
+            parts = _cell(p.partitions[0] if len(p.partitions) == 1
+                          else f"{p.partitions[0]} to {p.partitions[-1]} ({len(p.partitions)})")
             out.append(f"| `{p.plan_id[:12]}` | {parts} | {_age(now, p.created_at)} | {preview} | {action} |")
     out.append(f"\n#### Approved, not yet applied ({len(found.approvals)})")
     if found.approvals:

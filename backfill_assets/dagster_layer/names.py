@@ -6,6 +6,7 @@ another for a name.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
@@ -80,10 +81,12 @@ def approve_link(spec_name: str, plan_id: str, review_id: str, base: str | None 
     """The launchpad of the approval gate with the reviewed plan already chosen: Dagster's UI
     route ``/guess/<job>/playground/setup?config=...`` finds the job's code location and opens
     its launchpad with that run config (ui-core GuessJobLocationRoot and LaunchpadSetupRoot).
-    The config names the spec, the plan and the preview; ``approved_by`` is left for the person,
-    so the launchpad refuses to launch until a name is entered."""
-    config = (f"ops:\n  {APPROVE_OP}:\n    config:\n      spec: {spec_name}\n      plan_id: {plan_id}\n"
-              f"      review_id: {review_id}\n      approved_by: ")
+    The config names the spec, the plan and the preview (as JSON strings, which YAML reads as
+    strings whatever they spell); ``approved_by`` is left for the person, so the launchpad
+    refuses to launch until a name is entered."""
+    quoted = {k: json.dumps(v) for k, v in (("spec", spec_name), ("plan_id", plan_id), ("review_id", review_id))}
+    config = (f"ops:\n  {APPROVE_OP}:\n    config:\n      spec: {quoted['spec']}\n      plan_id: {quoted['plan_id']}\n"
+              f"      review_id: {quoted['review_id']}\n      approved_by: ")
     prefix = (os.environ.get(UI_URL_ENV, "") if base is None else base).rstrip("/")
     return f"{prefix}/guess/{APPROVE_JOB}/playground/setup?" + urlencode({"config": config}, quote_via=quote)
 

@@ -257,8 +257,9 @@ def approvals_board(specs: list[Spec], *, clock: Clock = utc_now) -> dg.SensorDe
                 found = waiting(store, spec, now=now)
             marked = set(before.get("stale", []))
             still = set()
+            parts = partitions_def(spec)
             for plan in found.plans:
-                for label in plan.stale:
+                for label in [label for label in plan.stale if parts.has_partition_key(label)]:
                     mark = f"{plan.review_id}:{label}"
                     still.add(mark)
                     if mark not in marked:

@@ -128,7 +128,9 @@ def test_a_target_changed_since_the_preview_is_refused_and_the_next_evaluation_s
     # The preview check alone, evaluated again: a new preview, which says the target changed.
     again = stage(env, selection=dg.AssetSelection.checks(dg.AssetCheckKey(KEYS["stage_a"], PREVIEW_CHECK)))
     now = previews(again)
-    assert sorted(now) == PLAN_DAYS[:7]  # the run's partitions
+    # A new preview replaces the plan's previous one, and its link approves every partition of
+    # the plan: it is shown on all of them, not only on the run's (2024-01-01 to 2024-01-07).
+    assert sorted(now) == PLAN_DAYS and now["2024-01-08"].metadata["plan_partitions"].value == 8
     assert "target_changed_since" in now["2024-01-03"].metadata
     assert "target_changed_since" not in now["2024-01-02"].metadata
     assert previewed(again)["review_id"] != previewed(staged)["review_id"]
@@ -212,3 +214,11 @@ def test_the_board_leaves_out_plans_nobody_touched_within_approval_expires_after
         assert plan.review_id and plan.stale == [] and sorted(plan.partitions) == PLAN_DAYS
         later = plan.previewed_at + SPEC.approval_expires_after + dt.timedelta(seconds=1)
         assert waiting(store, SPEC, now=later).plans == []
+
+
+def test_the_link_quotes_what_yaml_would_read_as_something_else():
+    from backfill_assets.dagster_layer.names import approve_link
+
+    url = urlsplit(approve_link("null", "0" * 64, "1e5" + "0" * 61))
+    config = yaml.safe_load(parse_qs(url.query)["config"][0])["ops"]["approve_plan_gate"]["config"]
+    assert config == {"spec": "null", "plan_id": "0" * 64, "review_id": "1e5" + "0" * 61, "approved_by": None}

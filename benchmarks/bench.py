@@ -22,6 +22,7 @@ initdb's defaults (group `pgdefault`; rows tagged `-pg<major>`). `--only shapes`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -354,7 +355,7 @@ GROUPS = {
 }
 _NEED_FIG3 = {"fp", "dagster", "scaling"}
 # Rows and notes are written in this order, whatever order the figures ran in.
-FIGURES = ("1", "2", "3", "4", "5", "6", "4b", "7a", "7b", "7c", "8", "8b", "9", "10a", "10b", "11", "12", "13a", "13b", "14")
+FIGURES = ("1", "2", "3", "4", "5", "6", "4b", "7a", "7b", "7c", "7c+batch", "8", "8b", "9", "10a", "10b", "11", "12", "13a", "13b", "14")
 SECTIONS = ("fp", "fig3", "shapes", "big", "sensor", "lake", "diff", "duckdb", "spark")
 
 
@@ -567,8 +568,32 @@ def figure_shapes(b: Bench, report: Report, *, with_sensor: bool = True) -> None
         f"partitions (the intercept): ours {run.seconds - small.days * slope:.2f} s, of which process "
         f"start-up {3 * startup:.2f} s.",
     )
+    figure_batched(b, report, small, fewer, naive, few_naive)
     if with_sensor:
         figure_sensor(b, report, small)
+
+
+# The batch size the small shape is measured with (spec replace_batch_rows): ~50 of its partitions.
+BATCH_ROWS = 50_000
+
+
+def figure_batched(b: Bench, report: Report, small: shapes.Shape, fewer: int, naive: float, few_naive: float) -> None:
+    """Figure 7c again with the spec's replace_batch_rows: consecutive small partitions
+    replaced several per transaction (core.apply.batched); the same naive runs as 7c."""
+    shape = dataclasses.replace(small, key="small-batched", title=f"{small.title}, replace_batch_rows {BATCH_ROWS}",
+                                spec={**small.spec, "replace_batch_rows": BATCH_ROWS})
+    with b.factory() as conn:
+        few_run, _, _ = _timed_pair(b, conn, shape, fewer, naive=few_naive)
+        run, _, _ = _timed_pair(b, conn, shape, naive=naive)
+    report.row(f"7c+batch{b.tag}. the same, replace_batch_rows {BATCH_ROWS}", run.seconds, naive, "s", "<= 3.5x",
+               run.seconds / naive, run.seconds / naive <= 3.5)
+    span = small.days - fewer
+    slope, naive_slope = (run.seconds - few_run.seconds) / span, (naive - few_naive) / span
+    per_step = ", ".join(f"{name} {1000 * (p.seconds - few_run.steps[name].seconds) / span:.0f} ms"
+                         for name, p in run.steps.items())
+    report.note("shapes" + b.tag, f"   - with replace_batch_rows {BATCH_ROWS}: ours {run.seconds:.2f} s "
+                f"({run.shares()}); fixed cost per partition {1000 * slope:.0f} ms ({per_step}), "
+                f"{1000 * (slope - naive_slope):.0f} ms more than the naive way's")
 
 
 SENSOR_TICK = Path(__file__).with_name("sensor_tick.py")  # another engineer's: tick_seconds(factory, spec)

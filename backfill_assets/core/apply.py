@@ -1,6 +1,7 @@
 """Apply an approved plan: replace and verify one partition per transaction.
 
-For each partition (or each group of partitions that moved keys link), in plan order:
+For each partition (or each group of partitions that moved keys link; or, with the spec's
+``replace_batch_rows``, each batch of consecutive small partitions), in plan order:
 
 1. Finite ``lock_timeout`` and ``statement_timeout``; an advisory lock per target partition,
    held from before the transaction until after the post-commit verification (keeps any
@@ -230,7 +231,31 @@ def _checked_before_writing(
     refuse_after_failure(store, spec, stored.plan_id, in_order)
     # Each replace checks its own partitions again under the lock.
     require_coverage(conn, store, ctx, stored, approval, in_order, builds.unchanged_data(ctx, stored, in_order))
-    return stored, approval, ctx, groups
+    return stored, approval, ctx, batched(groups, stored, spec.replace_batch_rows)
+
+
+# The most partitions one batch replaces (replace_batch_rows): its statements, locks and ledger
+# rows stay few enough for one transaction.
+MAX_BATCH_PARTITIONS = 256
+
+
+def batched(groups: list[list[str]], stored: Plan, most_rows: int) -> list[list[str]]:
+    """Consecutive groups merged into batches of at most ``most_rows`` approved rows (and
+    ``MAX_BATCH_PARTITIONS`` partitions), each replaced in one transaction; a group larger
+    than that stays a batch of its own. ``most_rows`` 0: the groups as they are."""
+    if most_rows <= 0:
+        return groups
+    out: list[list[str]] = []
+    rows = 0
+    for group in groups:
+        size = sum(stored.approved(label)["row_count"] for label in group)
+        if out and rows + size <= most_rows and len(out[-1]) + len(group) <= MAX_BATCH_PARTITIONS:
+            out[-1] = [*out[-1], *group]
+            rows += size
+        else:
+            out.append(list(group))
+            rows = size
+    return out
 
 
 def _replace_and_record(

@@ -498,6 +498,10 @@ class Spec(_Strict):
     # An approval not applied within this long is expired: apply refuses it, status and the
     # approval sensor say so.
     approval_expires_after: Duration = DEFAULT_APPROVAL_EXPIRY
+    # Apply replaces consecutive partitions together, in one transaction, while they hold at
+    # most this many approved rows (0: one partition, or one group of linked partitions, per
+    # transaction). Each partition is still verified on its own; a failure rolls back its batch.
+    replace_batch_rows: Annotated[int, Field(ge=0, le=100_000_000)] = 0
 
     @pydantic.model_validator(mode="after")
     def _columns_agree(self) -> Spec:
@@ -582,6 +586,9 @@ class Spec(_Strict):
                             "the planned partitions' files")
         if self.parallel is not None:
             problems.append("parallel is not supported on engine duckdb yet; remove it (one run builds every partition)")
+        if self.replace_batch_rows:
+            problems.append("replace_batch_rows is not supported on engine duckdb yet: each lake partition is "
+                            "replaced in a commit of its own; remove it")
         if self.trusted_functions:
             problems.append("trusted_functions name PostgreSQL functions; engine duckdb trusts DuckDB's built-in "
                             "functions only: remove them")
@@ -605,6 +612,9 @@ class Spec(_Strict):
         if self.parallel is not None:
             problems.append("parallel is not supported on engine spark: one run builds every partition, and Spark "
                             "spreads the work over its executors; remove it")
+        if self.replace_batch_rows:
+            problems.append("replace_batch_rows is not supported on engine spark: each partition's files are "
+                            "switched on their own; remove it")
         if self.trusted_functions:
             problems.append("trusted_functions name PostgreSQL functions; engine spark trusts Spark's built-in "
                             "functions only: remove them")

@@ -555,11 +555,7 @@ def figure_shapes(b: Bench, report: Report, *, with_sensor: bool = True) -> None
     report.note("shapes" + b.tag, _cli_note(shapes.small(fewer).title, few_run, few_naive, fewer, few_rows, startup,
                                     few_naive_mem),
                 _cli_note(small.title, run, naive, small.days, rows, startup, naive_mem))
-    span = small.days - fewer
-    slope = (run.seconds - few_run.seconds) / span
-    naive_slope = (naive - few_naive) / span
-    per_step = ", ".join(f"{name} {1000 * (p.seconds - few_run.steps[name].seconds) / span:.0f} ms"
-                         for name, p in run.steps.items())
+    slope, naive_slope, per_step = _fixed_cost(run, few_run, naive, few_naive, small.days - fewer)
     report.note(
         "shapes" + b.tag,
         f"   - fixed cost per partition, the slope between {fewer} and {small.days} partitions of ~1k rows "
@@ -571,6 +567,15 @@ def figure_shapes(b: Bench, report: Report, *, with_sensor: bool = True) -> None
     figure_batched(b, report, small, fewer, naive, few_naive)
     if with_sensor:
         figure_sensor(b, report, small)
+
+
+def _fixed_cost(run: shapes.CliRun, few_run: shapes.CliRun, naive: float, few_naive: float,
+                span: int) -> tuple[float, float, str]:
+    """The slope between two runs ``span`` partitions apart: ours and the naive way's, in
+    seconds per partition, and ours per process as text."""
+    per_step = ", ".join(f"{name} {1000 * (p.seconds - few_run.steps[name].seconds) / span:.0f} ms"
+                         for name, p in run.steps.items())
+    return (run.seconds - few_run.seconds) / span, (naive - few_naive) / span, per_step
 
 
 # The batch size the small shape is measured with (spec replace_batch_rows): ~50 of its partitions.
@@ -587,10 +592,7 @@ def figure_batched(b: Bench, report: Report, small: shapes.Shape, fewer: int, na
         run, _, _ = _timed_pair(b, conn, shape, naive=naive)
     report.row(f"7c+batch{b.tag}. the same, replace_batch_rows {BATCH_ROWS}", run.seconds, naive, "s", "<= 3.5x",
                run.seconds / naive, run.seconds / naive <= 3.5)
-    span = small.days - fewer
-    slope, naive_slope = (run.seconds - few_run.seconds) / span, (naive - few_naive) / span
-    per_step = ", ".join(f"{name} {1000 * (p.seconds - few_run.steps[name].seconds) / span:.0f} ms"
-                         for name, p in run.steps.items())
+    slope, naive_slope, per_step = _fixed_cost(run, few_run, naive, few_naive, small.days - fewer)
     report.note("shapes" + b.tag, f"   - with replace_batch_rows {BATCH_ROWS}: ours {run.seconds:.2f} s "
                 f"({run.shares()}); fixed cost per partition {1000 * slope:.0f} ms ({per_step}), "
                 f"{1000 * (slope - naive_slope):.0f} ms more than the naive way's")

@@ -164,12 +164,12 @@ def waiting(store: psycopg.Connection, spec: Spec, *, now: dt.datetime | None = 
         return Waiting([], [])
     now = now or utc_now()
     schema = spec.control_schema
-    plans = []
-    for row in previews.waiting_plans(store, schema, spec.name, now - spec.approval_expires_after, limit):
-        stale = ([] if row["previewed_at"] is None else
-                 previews.replaced_since(store, schema, spec.target_name, list(row["partitions"]), row["previewed_at"]))
-        plans.append(WaitingPlan(row["plan_id"], list(row["partitions"]), row["created_at"], row["review_id"],
-                                 row["changes"], row["previewed_at"], stale))
+    plans = [
+        WaitingPlan(row["plan_id"], list(row["partitions"]), row["created_at"], row["review_id"], row["changes"],
+                    row["previewed_at"], list(row["replaced"]))
+        for row in previews.waiting_plans(store, schema, spec.name, spec.target_name,
+                                          now - spec.approval_expires_after, limit)
+    ]
     approvals = [
         WaitingApproval(int(r["approval_id"]), r["plan_id"], r["approved_by"], r["approved_at"], list(r["partitions"]),
                         list(r["verified"]), is_expired(spec, r["approved_at"], now))

@@ -77,6 +77,11 @@ def target_job_name(spec: Spec) -> str:
     return f"{spec.name}__replace_target"
 
 
+def _ui(base: str | None) -> str:
+    """Where the UI is served: ``base``, else ``UI_URL_ENV``, else the same origin ("")."""
+    return (os.environ.get(UI_URL_ENV, "") if base is None else base).rstrip("/")
+
+
 def approve_link(spec_name: str, plan_id: str, review_id: str, base: str | None = None) -> str:
     """The launchpad of the approval gate with the reviewed plan already chosen: Dagster's UI
     route ``/guess/<job>/playground/setup?config=...`` finds the job's code location and opens
@@ -87,14 +92,12 @@ def approve_link(spec_name: str, plan_id: str, review_id: str, base: str | None 
     quoted = {k: json.dumps(v) for k, v in (("spec", spec_name), ("plan_id", plan_id), ("review_id", review_id))}
     config = (f"ops:\n  {APPROVE_OP}:\n    config:\n      spec: {quoted['spec']}\n      plan_id: {quoted['plan_id']}\n"
               f"      review_id: {quoted['review_id']}\n      approved_by: ")
-    prefix = (os.environ.get(UI_URL_ENV, "") if base is None else base).rstrip("/")
-    return f"{prefix}/guess/{APPROVE_JOB}/playground/setup?" + urlencode({"config": config}, quote_via=quote)
+    return f"{_ui(base)}/guess/{APPROVE_JOB}/playground/setup?" + urlencode({"config": config}, quote_via=quote)
 
 
 def checks_link(key: dg.AssetKey, base: str | None = None) -> str:
     """The checks tab of an asset's page."""
-    prefix = (os.environ.get(UI_URL_ENV, "") if base is None else base).rstrip("/")
-    return f"{prefix}/assets/{'/'.join(quote(p, safe='') for p in key.path)}?view=checks"
+    return f"{_ui(base)}/assets/{'/'.join(quote(p, safe='') for p in key.path)}?view=checks"
 
 
 def approval_run_key(spec: Spec, approval_id: int, segment: int) -> str:

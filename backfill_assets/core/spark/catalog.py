@@ -127,7 +127,7 @@ class CatalogTable:
 
     def set_location(self, value: PartitionValue, path: Path, exists: bool) -> None:
         """Point the partition at ``path`` in one catalog update (adding it if new)."""
-        where = "'" + ("file:" + str(path)).replace("\\", "\\\\").replace("'", "\\'") + "'"  # as Spark shows it: file:/...
+        where = literal("file:" + str(path))  # as Spark shows it: file:/...
         if exists:
             self._sql(f"ALTER TABLE IDENTIFIER(:table){self._clause(value)} SET LOCATION {where}")
         else:

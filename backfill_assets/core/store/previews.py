@@ -50,33 +50,24 @@ _WAITING = sql.SQL(
     "WHERE p.spec_name = %(spec_name)s AND greatest(p.created_at, v.made_at) > %(since)s), "
     "newest AS (SELECT DISTINCT ON (label) label, plan_id FROM made, unnest(labels) AS label "
     "ORDER BY label, seen DESC, plan_id) "
-    "SELECT m.plan_id, m.labels, m.created_at, v.review_id, v.target_readings, v.changes, v.made_at "
+    "SELECT m.plan_id, m.labels, m.created_at, v.review_id, v.target_readings, v.changes, v.made_at, "
+    "ARRAY(SELECT DISTINCT l.partition FROM {schema}.ledger AS l WHERE l.target_table = %(target)s "
+    "AND l.partition = ANY(m.labels) AND l.status = 'verified' AND l.finished_at > v.made_at ORDER BY 1) "
     "FROM made AS m LEFT JOIN {schema}.previews AS v ON v.plan_id = m.plan_id "
     "WHERE m.status = 'ready' AND NOT EXISTS (SELECT 1 FROM {schema}.approvals AS a WHERE a.plan_id = m.plan_id) "
     "AND NOT EXISTS (SELECT 1 FROM newest AS n WHERE n.label = ANY(m.labels) AND n.plan_id <> m.plan_id) "
     "ORDER BY m.seen DESC LIMIT %(limit)s"
 )
-WAITING_FIELDS = ("plan_id", "partitions", "created_at", "review_id", "target_readings", "changes", "previewed_at")
+# ``replaced``: the plan's partitions of the target that a run replaced (and verified) after its
+# preview was made (none without a preview).
+WAITING_FIELDS = ("plan_id", "partitions", "created_at", "review_id", "target_readings", "changes", "previewed_at",
+                  "replaced")
 
 
-def waiting_plans(conn: psycopg.Connection, schema: str, spec_name: str, since: dt.datetime,
+def waiting_plans(conn: psycopg.Connection, schema: str, spec_name: str, target_table: str, since: dt.datetime,
                   limit: int) -> list[dict[str, Any]]:
     """Up to ``limit`` ready plans made or previewed after ``since`` and waiting for an
     approval (``WAITING_FIELDS``), newest first."""
     rows = conn.execute(_WAITING.format(schema=sql.Identifier(schema)),
-                        {"spec_name": spec_name, "since": since, "limit": limit}).fetchall()
+                        {"spec_name": spec_name, "target": target_table, "since": since, "limit": limit}).fetchall()
     return [dict(zip(WAITING_FIELDS, r)) for r in rows]
-
-
-_REPLACED_SINCE = sql.SQL(
-    "SELECT DISTINCT partition FROM {schema}.ledger WHERE target_table = %(target)s "
-    "AND partition = ANY(%(partitions)s) AND status = 'verified' AND finished_at > %(since)s ORDER BY partition"
-)
-
-
-def replaced_since(conn: psycopg.Connection, schema: str, target_table: str, partitions: list[str],
-                   since: dt.datetime) -> list[str]:
-    """Which of ``partitions`` of the target a run replaced (and verified) after ``since``."""
-    rows = conn.execute(_REPLACED_SINCE.format(schema=sql.Identifier(schema)),
-                        {"target": target_table, "partitions": partitions, "since": since}).fetchall()
-    return [r[0] for r in rows]

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import psycopg
 
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint, utc_now
-from backfill_assets.core.diff import diff_against, example_text
+from backfill_assets.core.diff import diff_against, diff_counts, example_text
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
 from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.plan import DIFFERING_KEYS, spec_document
@@ -317,7 +317,12 @@ def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan, first: int 
     up to that many differing keys (``"first"``: key, kind and the columns that differ, no
     values)."""
     with repeatable_read(conn, read_only=ctx.engine.compares_read_only):
-        found = [diff_against(conn, ctx, label, "target", first) for label in stored.labels]
+        if ctx.engine.relation is None:  # a lake partition is loaded into a temporary table, one at a time
+            found = [diff_against(conn, ctx, label, "target", first) for label in stored.labels]
+        else:  # the target is a table here: the counts of every partition in one statement
+            found = diff_counts(conn, ctx, ctx.stage("a"), ctx.engine.relation, stored.labels)
+            if first:  # and the first differing keys of the partitions that have any
+                found = [diff_against(conn, ctx, d.partition, "target", first) if d.differs else d for d in found]
     return {d.partition: {"added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged,
                           **({"first": [{"key": e.key, "kind": e.kind,
                                          "columns": e.columns if e.kind == "changed" else []} for e in d.examples]}

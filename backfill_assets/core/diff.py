@@ -128,6 +128,21 @@ def diff_partition(conn: psycopg.Connection, ctx: Context, left: TableRef, right
     return PartitionDiff(label, **counts, examples=examples)
 
 
+def diff_counts(conn: psycopg.Connection, ctx: Context, left: TableRef, right: TableRef,
+                labels: list[str]) -> list[PartitionDiff]:
+    """The counts of :func:`diff_partition` (no examples) for each of ``labels``, from one
+    statement over all of them: two tables of the data database (a PostgreSQL target, or
+    stage B), in the caller's transaction, which must be open."""
+    spec = ctx.spec
+    values = [ctx.value_of(label) for label in labels]
+    counts: dict[str, dict[str, int]] = {label: dict.fromkeys(KINDS, 0) for label in labels}
+    conn.execute(sqlbuild.prefer_parallel())
+    for value, kind, n in conn.execute(*sqlbuild.partitions_diff_counts(
+            left, right, spec.partition_key, spec.business_key, spec.columns, values)):
+        counts[partition_label(value)][kind] = int(n)
+    return [PartitionDiff(label, **counts[label]) for label in labels]
+
+
 def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against: Against = "target",
               request: PartitionRequest | None = None, limit: int = DEFAULT_LIMIT) -> DiffResult:
     """The plan's approved stage (stage A) against the target, or against stage B, per partition.

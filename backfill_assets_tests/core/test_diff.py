@@ -7,9 +7,12 @@ import json
 
 import pytest
 
-from backfill_assets.core.diff import diff_plan
+from backfill_assets.core.approve import changes_of
+from backfill_assets.core.diff import diff_against, diff_plan
 from backfill_assets.core.errors import ApprovalError, SpecError
+from backfill_assets.core.pg.db import repeatable_read
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.resolve import resolve
 from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.flows import approved, run
@@ -57,6 +60,38 @@ def test_each_planted_difference_is_reported_exactly(unmoved_db, factory):
     assert total == sum(plan.approved(label)["row_count"] for label in plan.labels)
     assert day3.added == 1 and day2.removed == 1
     assert json.loads(json.dumps(result.as_json()))["partitions"][0]["partition"] == "2024-01-01"
+
+
+def test_the_counts_of_every_partition_at_once_are_each_partitions_own(unmoved_db, factory):
+    """approve reads a PostgreSQL target's changes for all partitions in one statement: the
+    same counts (and, asked for, the same first keys) as one comparison per partition, with
+    differences planted in some partitions, none in one, and a key moved between two."""
+    db = unmoved_db
+    plan = approved(db, factory, STATIC, DAYS)
+    run(STATIC, plan, factory)
+    keys = [r[0] for r in db.execute(
+        "SELECT order_id FROM public.orders_daily WHERE order_date = '2024-01-01' ORDER BY order_id").fetchall()]
+    db.execute("DELETE FROM public.orders_daily WHERE order_id = %s", (keys[0],))
+    db.execute("UPDATE public.orders_daily SET note = coalesce(note, '') || E'\\t☕' WHERE order_id = %s", (keys[1],))
+    db.execute(
+        "INSERT INTO public.orders_daily (order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, note) "
+        "VALUES ('2024-01-01', 1, 1, '2024-01-01', 1, 1.00, 'extra', NULL)")
+    moved = db.execute("SELECT order_id FROM public.orders_daily WHERE order_date = '2024-01-03' "
+                       "ORDER BY order_id LIMIT 1").fetchone()[0]
+    db.execute("UPDATE public.orders_daily SET order_date = '2024-01-02' WHERE order_id = %s", (moved,))
+    with factory() as conn:
+        ctx = resolve(conn, STATIC, plan.labels)
+        for first in (0, 2):
+            together = changes_of(conn, ctx, plan, first)
+            with repeatable_read(conn, read_only=True):
+                each = {label: diff_against(conn, ctx, label, "target", first) for label in plan.labels}
+            assert together == {label: {
+                "added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged,
+                **({"first": [{"key": e.key, "kind": e.kind, "columns": e.columns if e.kind == "changed" else []}
+                              for e in d.examples]} if first else {})} for label, d in each.items()}
+    assert together["2024-01-01"]["added"] == 1 and together["2024-01-01"]["removed"] == 1
+    assert together["2024-01-01"]["changed"] == 1 and together["2024-01-02"]["removed"] == 1
+    assert together["2024-01-03"]["added"] == 1 and len(together["2024-01-01"]["first"]) == 2
 
 
 def _typed_spec(db):

@@ -44,7 +44,12 @@ from backfill_assets.core.pg.sqlbuild.copies import (
     partition_writer,
     rename_table,
 )
-from backfill_assets.core.pg.sqlbuild.diff import create_text_table, partition_diff, prefer_parallel
+from backfill_assets.core.pg.sqlbuild.diff import (
+    create_text_table,
+    partition_diff,
+    partitions_diff_counts,
+    prefer_parallel,
+)
 from backfill_assets.core.pg.sqlbuild.lake import copy_partition_csv, read_settings, unholdable_kinds, unholdable_values
 from backfill_assets.core.pg.sqlbuild.moves import (
     copy_keys_in,
@@ -84,7 +89,7 @@ __all__ = [
     "column_profile", "copy_partition_csv", "copy_partitions", "digest", "duplicate_keys", "in_partitions", "row_text", "written_readings", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
     "create_stage_from_input", "describe_input", "copy_keys_in", "create_temp_table", "keys_in_several_partitions",
-    "unholdable_kinds", "unholdable_values", "partition_diff", "prefer_parallel", "create_text_table",
+    "unholdable_kinds", "unholdable_values", "partition_diff", "partitions_diff_counts", "prefer_parallel", "create_text_table",
     "delete_partition", "distinct_partitions", "drop_table", "dropped_columns",
     "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
     "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace",

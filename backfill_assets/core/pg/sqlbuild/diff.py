@@ -101,6 +101,34 @@ def partition_diff(
     return query, {"partition": partition, "right_partition": right_as_text if as_text else partition, "limit": limit}
 
 
+# Many partitions of two tables of one database at once: only the counts per partition and
+# kind, from one keyed full join (the partition key joins too), each side read once.
+_SIDE_OF_PARTITIONS = sql.SQL(
+    "SELECT {pk} AS __pk, {keys}, true AS __present, hashtextextended(ROW({texts})::text, 0) AS __h "
+    "FROM {rel} AS t WHERE {pk} = ANY(%(partitions)s)"
+)
+_DIFF_COUNTS = sql.SQL(
+    "SELECT coalesce(a.__pk, b.__pk), {kind} AS __kind, count(*) FROM ({left}) AS a FULL JOIN ({right}) AS b "
+    "ON a.__pk = b.__pk AND {on} GROUP BY 1, 2"
+)
+
+
+def partitions_diff_counts(left: TableRef, right: TableRef, partition_key: str, business_key: Sequence[str],
+                           columns: Sequence[str], partitions: Sequence[object]) -> Query:
+    """The counts of :func:`partition_diff` (per kind) for each of ``partitions`` of ``left``
+    against the same partitions of ``right``, in one statement: the same keyed comparison of
+    the same row digests, the partition key joined as well. Rows: (partition value, kind,
+    count); a partition or kind without rows has none."""
+    def side(rel: TableRef) -> sql.Composed:
+        return _SIDE_OF_PARTITIONS.format(pk=col("t", partition_key), keys=cols("t", business_key),
+                                          texts=_texts(columns), rel=table(rel))
+
+    return _DIFF_COUNTS.format(
+        kind=_KIND, left=side(left), right=side(right),
+        on=sql.SQL(" AND ").join(_EQUAL.format(col("a", k), col("b", k)) for k in business_key),
+    ), {"partitions": list(partitions)}
+
+
 # For the caller's transaction: a parallel hash full join over both sides (PostgreSQL 16 can),
 # which the default costs do not pick for a join of one partition.
 _PREFER_PARALLEL = sql.SQL(

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import psycopg
 
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint, utc_now
-from backfill_assets.core.diff import diff_against, diff_counts, example_text
+from backfill_assets.core.diff import PartitionDiff, diff_against, diff_counts, example_text, first_added
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
 from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.plan import DIFFERING_KEYS, spec_document
@@ -318,16 +318,28 @@ def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan, first: int 
     values)."""
     with repeatable_read(conn, read_only=ctx.engine.compares_read_only):
         if ctx.engine.relation is None:  # a lake partition is loaded into a temporary table, one at a time
-            found = [diff_against(conn, ctx, label, "target", first) for label in stored.labels]
-        else:  # the target is a table here: the counts of every partition in one statement
-            found = diff_counts(conn, ctx, ctx.stage("a"), ctx.engine.relation, stored.labels)
-            if first:  # and the first differing keys of the partitions that have any
-                found = [diff_against(conn, ctx, d.partition, "target", first) if d.differs else d for d in found]
-    return {d.partition: {"added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged,
-                          **({"first": [{"key": e.key, "kind": e.kind,
-                                         "columns": e.columns if e.kind == "changed" else []} for e in d.examples]}
-                             if first else {})}
-            for d in found}
+            return {d.partition: _change(d, first) for d in
+                    (diff_against(conn, ctx, label, "target", first) for label in stored.labels)}
+        # The target is a table here: the counts of every partition in one statement, then the
+        # first differing keys of the partitions that have any.
+        out = {}
+        for d in diff_counts(conn, ctx, ctx.stage("a"), ctx.engine.relation, stored.labels):
+            if not first or not d.differs:
+                out[d.partition] = _change(d, first)
+            elif d.removed or d.changed or d.unchanged:
+                out[d.partition] = _change(diff_against(conn, ctx, d.partition, "target", first), first)
+            else:  # the target holds no row of the partition: its first keys are stage A's
+                out[d.partition] = {**_change(d, 0), "first": [
+                    {"key": key, "kind": "added", "columns": []}
+                    for key in first_added(conn, ctx, ctx.stage("a"), d.partition, first)]}
+        return out
+
+
+def _change(d: PartitionDiff, first: int) -> dict[str, Any]:
+    """One partition's entry of :func:`changes_of`."""
+    return {"added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged,
+            **({"first": [{"key": e.key, "kind": e.kind, "columns": e.columns if e.kind == "changed" else []}
+                          for e in d.examples]} if first else {})}
 
 
 def confirm(control: psycopg.Connection, checked: Review, approved_by: str, *, clock: Clock = utc_now,

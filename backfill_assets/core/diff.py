@@ -130,17 +130,36 @@ def diff_partition(conn: psycopg.Connection, ctx: Context, left: TableRef, right
 
 def diff_counts(conn: psycopg.Connection, ctx: Context, left: TableRef, right: TableRef,
                 labels: list[str]) -> list[PartitionDiff]:
-    """The counts of :func:`diff_partition` (no examples) for each of ``labels``, from one
-    statement over all of them: two tables of the data database (a PostgreSQL target, or
-    stage B), in the caller's transaction, which must be open."""
+    """The counts of :func:`diff_partition` (no examples) for each of ``labels``, two tables of
+    the data database (a PostgreSQL target, or stage B), in the caller's transaction, which
+    must be open: one statement over every partition that ``right`` holds rows of; where it
+    holds none, every row of ``left`` is added, and only ``left``'s rows are counted."""
     spec = ctx.spec
-    values = [ctx.value_of(label) for label in labels]
+    values = {label: ctx.value_of(label) for label in labels}
     counts: dict[str, dict[str, int]] = {label: dict.fromkeys(KINDS, 0) for label in labels}
-    conn.execute(sqlbuild.prefer_parallel())
-    for value, kind, n in conn.execute(*sqlbuild.partitions_diff_counts(
-            left, right, spec.partition_key, spec.business_key, spec.columns, values)):
-        counts[partition_label(value)][kind] = int(n)
+    held = {partition_label(value) for value, _ in conn.execute(
+        *sqlbuild.partition_counts(right, spec.partition_key, list(values.values())))}
+    empty = [values[label] for label in labels if label not in held]
+    if empty:
+        for value, n in conn.execute(*sqlbuild.partition_counts(left, spec.partition_key, empty)):
+            counts[partition_label(value)]["added"] = int(n)
+    if held:
+        conn.execute(sqlbuild.prefer_parallel())
+        for value, kind, n in conn.execute(*sqlbuild.partitions_diff_counts(
+                left, right, spec.partition_key, spec.business_key, spec.columns,
+                [values[label] for label in labels if label in held])):
+            counts[partition_label(value)][kind] = int(n)
     return [PartitionDiff(label, **counts[label]) for label in labels]
+
+
+def first_added(conn: psycopg.Connection, ctx: Context, rel: TableRef, label: str, limit: int) -> list[dict[str, str]]:
+    """The first ``limit`` business keys of one partition of ``rel`` (each as its text forms),
+    in the order :func:`diff_partition` gives its examples: the keys it would name when the
+    other side holds no row of the partition (every key added)."""
+    spec = ctx.spec
+    order = business_key_order(ctx.target_columns, spec.business_key)
+    rows = conn.execute(*sqlbuild.first_keys(rel, spec.partition_key, order, ctx.value_of(label), limit))
+    return [dict(zip(spec.business_key, key)) for (key,) in rows]
 
 
 def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against: Against = "target",

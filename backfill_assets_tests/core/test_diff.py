@@ -63,9 +63,10 @@ def test_each_planted_difference_is_reported_exactly(unmoved_db, factory):
 
 
 def test_the_counts_of_every_partition_at_once_are_each_partitions_own(unmoved_db, factory):
-    """approve reads a PostgreSQL target's changes for all partitions in one statement: the
-    same counts (and, asked for, the same first keys) as one comparison per partition, with
-    differences planted in some partitions, none in one, and a key moved between two."""
+    """approve reads a PostgreSQL target's changes for all partitions in one statement, and a
+    partition the target does not hold yet by counting stage A's rows: the same counts (and,
+    asked for, the same first keys) as one comparison per partition, with differences planted
+    in one partition, a key moved between two, and one partition missing from the target."""
     db = unmoved_db
     plan = approved(db, factory, STATIC, DAYS)
     run(STATIC, plan, factory)
@@ -79,19 +80,33 @@ def test_the_counts_of_every_partition_at_once_are_each_partitions_own(unmoved_d
     moved = db.execute("SELECT order_id FROM public.orders_daily WHERE order_date = '2024-01-03' "
                        "ORDER BY order_id LIMIT 1").fetchone()[0]
     db.execute("UPDATE public.orders_daily SET order_date = '2024-01-02' WHERE order_id = %s", (moved,))
-    with factory() as conn:
-        ctx = resolve(conn, STATIC, plan.labels)
-        for first in (0, 2):
+
+    def both_ways(first):
+        """changes_of, and one comparison per partition, in the same shape."""
+        with factory() as conn:
+            ctx = resolve(conn, STATIC, plan.labels)
             together = changes_of(conn, ctx, plan, first)
             with repeatable_read(conn, read_only=True):
                 each = {label: diff_against(conn, ctx, label, "target", first) for label in plan.labels}
-            assert together == {label: {
-                "added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged,
-                **({"first": [{"key": e.key, "kind": e.kind, "columns": e.columns if e.kind == "changed" else []}
-                              for e in d.examples]} if first else {})} for label, d in each.items()}
+        return together, {label: {
+            "added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged,
+            **({"first": [{"key": e.key, "kind": e.kind, "columns": e.columns if e.kind == "changed" else []}
+                          for e in d.examples]} if first else {})} for label, d in each.items()}
+
+    for first in (0, 2):
+        together, each = both_ways(first)
+        assert together == each
+    assert together["2024-01-02"]["removed"] == 1
+    db.execute("DELETE FROM public.orders_daily WHERE order_date = '2024-01-02'")  # a partition not there yet
+    for first in (0, 2):
+        together, each = both_ways(first)
+        assert together == each
     assert together["2024-01-01"]["added"] == 1 and together["2024-01-01"]["removed"] == 1
-    assert together["2024-01-01"]["changed"] == 1 and together["2024-01-02"]["removed"] == 1
+    assert together["2024-01-01"]["changed"] == 1
     assert together["2024-01-03"]["added"] == 1 and len(together["2024-01-01"]["first"]) == 2
+    day2 = plan.approved("2024-01-02")["row_count"]
+    assert together["2024-01-02"]["added"] == day2 > 2 and together["2024-01-02"]["removed"] == 0
+    assert [e["kind"] for e in together["2024-01-02"]["first"]] == ["added", "added"]
 
 
 def _typed_spec(db):

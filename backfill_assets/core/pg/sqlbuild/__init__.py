@@ -46,6 +46,7 @@ from backfill_assets.core.pg.sqlbuild.copies import (
 )
 from backfill_assets.core.pg.sqlbuild.diff import (
     create_text_table,
+    first_keys,
     partition_diff,
     partitions_diff_counts,
     prefer_parallel,
@@ -89,7 +90,7 @@ __all__ = [
     "column_profile", "copy_partition_csv", "copy_partitions", "digest", "duplicate_keys", "in_partitions", "row_text", "written_readings", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
     "create_stage_from_input", "describe_input", "copy_keys_in", "create_temp_table", "keys_in_several_partitions",
-    "unholdable_kinds", "unholdable_values", "partition_diff", "partitions_diff_counts", "prefer_parallel", "create_text_table",
+    "unholdable_kinds", "unholdable_values", "partition_diff", "partitions_diff_counts", "first_keys", "prefer_parallel", "create_text_table",
     "delete_partition", "distinct_partitions", "drop_table", "dropped_columns",
     "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
     "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace",

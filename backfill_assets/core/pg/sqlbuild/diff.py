@@ -129,6 +129,18 @@ def partitions_diff_counts(left: TableRef, right: TableRef, partition_key: str, 
     ), {"partitions": list(partitions)}
 
 
+_FIRST_KEYS = sql.SQL("SELECT ARRAY[{key_texts}] FROM {rel} AS t WHERE {pk} = %(partition)s ORDER BY {order} LIMIT %(limit)s")
+
+
+def first_keys(rel: TableRef, partition_key: str, order: Sequence[OrderKey], partition: object, limit: int) -> Query:
+    """The text forms of the first ``limit`` business keys of one partition of ``rel``, in the
+    order :func:`partition_diff` gives its examples (``order``: the key's ascending order)."""
+    return _FIRST_KEYS.format(
+        key_texts=sql.SQL(", ").join(sql.SQL("{}::text").format(col("t", k.column)) for k in order),
+        rel=table(rel), pk=col("t", partition_key), order=order_by("t", order),
+    ), {"partition": partition, "limit": limit}
+
+
 # For the caller's transaction: a parallel hash full join over both sides (PostgreSQL 16 can),
 # which the default costs do not pick for a join of one partition.
 _PREFER_PARALLEL = sql.SQL(

@@ -538,8 +538,9 @@ def figure_shapes(b: Bench, report: Report, *, with_sensor: bool = True) -> None
         run, naive, naive_mem = _timed_pair(b, conn, wide)
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(wide.control_schema)))
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(wide.schema)))
-    report.row(f"7b{b.tag}. CLI backfill vs naive: {wide.title}", run.seconds, naive, "s", "<= 2.5x",
-               run.seconds / naive, run.seconds / naive <= 2.5)
+    # Issue 25's target for this shape (the bench's own shape keeps 2.5x).
+    report.row(f"7b{b.tag}. CLI backfill vs naive: {wide.title}", run.seconds, naive, "s", "<= 3.5x",
+               run.seconds / naive, run.seconds / naive <= 3.5)
     report.note("shapes" + b.tag, _cli_note(wide.title, run, naive, wide.days, rows, startup, naive_mem))
 
     small = shapes.small()
@@ -550,8 +551,9 @@ def figure_shapes(b: Bench, report: Report, *, with_sensor: bool = True) -> None
         few_run, few_naive, few_naive_mem = _timed_pair(b, conn, small, fewer)
         few_rows = _source_rows(conn, small, fewer)
         run, naive, naive_mem = _timed_pair(b, conn, small)
-    report.row(f"7c{b.tag}. CLI backfill vs naive: {small.title}", run.seconds, naive, "s", "<= 2.5x",
-               run.seconds / naive, run.seconds / naive <= 2.5)
+    # Issue 25's target for this shape (the bench's own shape keeps 2.5x).
+    report.row(f"7c{b.tag}. CLI backfill vs naive: {small.title}", run.seconds, naive, "s", "<= 3.5x",
+               run.seconds / naive, run.seconds / naive <= 3.5)
     report.note("shapes" + b.tag, _cli_note(shapes.small(fewer).title, few_run, few_naive, fewer, few_rows, startup,
                                     few_naive_mem),
                 _cli_note(small.title, run, naive, small.days, rows, startup, naive_mem))
@@ -714,8 +716,10 @@ def figures_default_server(b: Bench, report: Report) -> None:
         other = Bench(b.args, url, connection_factory(url, SERVER_SETTINGS, application_name="backfill_assets:bench"),
                       b.folder / "pg-default", tag=f"-pg{major}")
         with other.factory() as conn:
-            report.header.extend(server_header(shapes.server_defaults(conn), "Debian's package, initdb's defaults, "
-                                                                             f"rows tagged -pg{major}"))
+            added = server_header(shapes.server_defaults(conn), f"Debian's package, initdb's defaults, rows tagged -pg{major}")
+        report.header.extend(added)
+        for line in added:
+            print(line, flush=True)
         figure_3(other, report)
         figure_shapes(other, report, with_sensor=False)
 
@@ -747,7 +751,9 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--big-rows", type=int, default=BIG_ROWS, help=f"figure 8's large size (default {BIG_ROWS})")
-    parser.add_argument("--out", default="BENCHMARKS.md")
+    parser.add_argument("--out", default=None,
+                        help="the report to write (default: BENCHMARKS.md for a whole run; a run with --only "
+                             "writes none unless given one, so that it never replaces a whole run's report)")
     parser.add_argument("--only", type=_groups, default=None, metavar="GROUP[,GROUP]",
                         help="run only these figure groups (default: all but `sensor`, which `shapes` includes)")
     parser.add_argument("--skip-scaling", action="store_true")
@@ -782,7 +788,10 @@ def main() -> int:
                 t, _ = timed(lambda: figure(b, report))
                 print(f"[{group}: {t:.0f} s]", flush=True)
     elapsed = time.perf_counter() - started
-    write_report(Path(args.out), args, only, report, elapsed)
+    if args.out is None and args.only is not None:
+        print("no report written (a run with --only writes one only with --out FILE)")
+        return 0
+    write_report(Path(args.out or "BENCHMARKS.md"), args, only, report, elapsed)
     return 0
 
 

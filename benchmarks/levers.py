@@ -44,30 +44,45 @@ SPEC = shapes.CURRENT_SPEC
 COLUMNS = SPEC["columns"]
 ORDERING = [sqlbuild.OrderKey(o["column"], o["direction"]) for o in SPEC["ordering"]]
 SNAP, STAGE_A, STAGE_B, TARGET = (TableRef("bench", n) for n in ("snap", "stage_a", "stage_b", "tgt"))
-_SETUP = (
-    "CREATE UNLOGGED TABLE bench.snap AS SELECT d, k, updated_at, seq, amount, status, note FROM bench.src",
-    "CREATE INDEX ON bench.snap (d)",
-    "CREATE UNLOGGED TABLE bench.stage_a (LIKE bench.tgt INCLUDING ALL)",
-    "CREATE UNLOGGED TABLE bench.stage_b (LIKE bench.tgt INCLUDING ALL)",
-    "INSERT INTO bench.stage_a (d, k, updated_at, seq, amount, status, note) SELECT DISTINCT ON (d, k) "
-    "d, k, updated_at, seq, amount, status, note FROM bench.snap WHERE k IS NOT NULL ORDER BY d, k, updated_at DESC, seq DESC",
-    "VACUUM ANALYZE bench.snap",
-    "VACUUM ANALYZE bench.stage_a",
-)
-_INPUT = sql.SQL("SELECT {} FROM {} AS s").format(sql.SQL(", ").join(sql.Identifier("s", c) for c in COLUMNS),
-                                                 sql.Identifier(SNAP.schema, SNAP.name))
+_I = sql.Identifier
+
+
+def _cols(alias: str | None = None) -> sql.Composed:
+    return sql.SQL(", ").join(_I(alias, c) if alias else _I(c) for c in COLUMNS)
+
+
+_NAMES = {"snap": _I(SNAP.schema, SNAP.name), "src": _I("bench", "src"), "tgt": _I(TARGET.schema, TARGET.name),
+          "stage_a": _I(STAGE_A.schema, STAGE_A.name), "stage_b": _I(STAGE_B.schema, STAGE_B.name),
+          "cols": _cols(), "s_cols": _cols("s"), "d": _I("d"), "k": _I("k"), "s_d": _I("s", "d"), "s_k": _I("s", "k"),
+          "s_upd": _I("s", "updated_at"), "s_seq": _I("s", "seq")}
+_SETUP = tuple(sql.SQL(text).format(**_NAMES) for text in (
+    "CREATE UNLOGGED TABLE {snap} AS SELECT {cols} FROM {src}",
+    "CREATE INDEX ON {snap} ({d})",
+    "CREATE UNLOGGED TABLE {stage_a} (LIKE {tgt} INCLUDING ALL)",
+    "CREATE UNLOGGED TABLE {stage_b} (LIKE {tgt} INCLUDING ALL)",
+    "INSERT INTO {stage_a} ({cols}) SELECT DISTINCT ON ({s_d}, {s_k}) {s_cols} FROM {snap} AS s "
+    "WHERE {s_k} IS NOT NULL ORDER BY {s_d}, {s_k}, {s_upd} DESC, {s_seq} DESC",
+    "VACUUM ANALYZE {snap}",
+    "VACUUM ANALYZE {stage_a}",
+))
+_INPUT = sql.SQL("SELECT {s_cols} FROM {snap} AS s").format(**_NAMES)
+_WINDOW = sql.SQL("WINDOW w AS (PARTITION BY {s_d}, {s_k} ORDER BY {s_upd} DESC, {s_seq} DESC)").format(**_NAMES)
+# Build B's SELECT for one partition (core.pg.sqlbuild.builds' window build, without its INSERT).
+_BUILD_B_SELECT = sql.SQL(
+    "SELECT {r_cols} FROM (SELECT {s_cols}, row_number() OVER w AS rn FROM {snap} AS s "
+    "WHERE {s_d} = %(partition)s AND {s_k} IS NOT NULL {window}) AS r WHERE r.rn = 1"
+).format(r_cols=_cols("r"), window=_WINDOW, **_NAMES)
 # The window of build B with, for each row after a key's first, whether it ties with the row
 # before it on every ordering column; counted over the whole input.
 _TIE_SIGNAL = sql.SQL(
     "SELECT count(*) FILTER (WHERE x.tie) FROM (SELECT row_number() OVER w > 1 "
-    "AND lag(s.updated_at) OVER w IS NOT DISTINCT FROM s.updated_at AND lag(s.seq) OVER w IS NOT DISTINCT FROM s.seq "
-    "AS tie FROM bench.snap AS s WHERE s.k IS NOT NULL "
-    "WINDOW w AS (PARTITION BY s.d, s.k ORDER BY s.updated_at DESC, s.seq DESC)) AS x"
-)
+    "AND lag({s_upd}) OVER w IS NOT DISTINCT FROM {s_upd} AND lag({s_seq}) OVER w IS NOT DISTINCT FROM {s_seq} "
+    "AS tie FROM {snap} AS s WHERE {s_k} IS NOT NULL {window}) AS x"
+).format(window=_WINDOW, **_NAMES)
 _WINDOW_ALONE = sql.SQL(
-    "SELECT count(*) FROM (SELECT row_number() OVER w AS rn FROM bench.snap AS s WHERE s.k IS NOT NULL "
-    "WINDOW w AS (PARTITION BY s.d, s.k ORDER BY s.updated_at DESC, s.seq DESC)) AS x WHERE x.rn = 1"
-)
+    "SELECT count(*) FROM (SELECT row_number() OVER w AS rn FROM {snap} AS s WHERE {s_k} IS NOT NULL {window}) AS x "
+    "WHERE x.rn = 1"
+).format(window=_WINDOW, **_NAMES)
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -98,7 +113,7 @@ def main() -> None:
         shape = shapes.current(args.rows)
         shapes.load(conn, shape)
         for statement in _SETUP:
-            conn.execute(statement.encode())
+            conn.execute(statement)
         conn.execute(b"SET work_mem = '64MB'")
         conn.execute(b"SET jit = off")
         fl = fields(table_columns(conn, TARGET))
@@ -130,11 +145,9 @@ def main() -> None:
                     if kept:
                         conn.execute(*sqlbuild.written_readings(insert, COLUMNS, fl, ["k"], "amount", utf8=True)).fetchone()
                     else:  # the same SELECT, hashed and thrown away
-                        text = insert[0].as_string(conn)
-                        select = sql.SQL("({})").format(sql.SQL(text[text.index("SELECT"):]))
-                        query, _ = sqlbuild.digest(select, fl, sql.SQL("true"), {}, utf8=True, business_key=["k"],
-                                                   total="amount")
-                        conn.execute(query, insert[1]).fetchone()
+                        query, _ = sqlbuild.digest(sql.SQL("({})").format(_BUILD_B_SELECT), fl, sql.SQL("true"), {},
+                                                   utf8=True, business_key=["k"], total="amount")
+                        conn.execute(query, {"partition": day}).fetchone()
 
         tied = sqlbuild.any_tied_group(_INPUT, "d", ["k"], ["updated_at", "seq"], {})[0]
         pairs = [

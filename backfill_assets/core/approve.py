@@ -23,7 +23,15 @@ from typing import Any, Protocol
 import psycopg
 
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint, utc_now
-from backfill_assets.core.diff import PartitionDiff, diff_against, diff_counts, example_text, first_added
+from backfill_assets.core.diff import (
+    PartitionDiff,
+    added_only,
+    diff_against,
+    diff_counts,
+    example_text,
+    first_added,
+    held_partitions,
+)
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
 from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
 from backfill_assets.core.plan import DIFFERING_KEYS, spec_document
@@ -320,19 +328,25 @@ def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan, first: int 
         if ctx.engine.relation is None:  # a lake partition is loaded into a temporary table, one at a time
             return {d.partition: _change(d, first) for d in
                     (diff_against(conn, ctx, label, "target", first) for label in stored.labels)}
-        # The target is a table here: the counts of every partition in one statement, then the
-        # first differing keys of the partitions that have any.
+        # The target is a table here. A partition it holds no row of is stage A's rows, all
+        # added: counted, not joined. The others: one join over all of them for the counts, or,
+        # with first keys asked for, one per partition, which gives both.
+        target, stage = ctx.engine.relation, ctx.stage("a")
+        held = held_partitions(conn, ctx, target, stored.labels)
         out = {}
-        for d in diff_counts(conn, ctx, ctx.stage("a"), ctx.engine.relation, stored.labels):
-            if not first or not d.differs:
-                out[d.partition] = _change(d, first)
-            elif d.removed or d.changed or d.unchanged:
-                out[d.partition] = _change(diff_against(conn, ctx, d.partition, "target", first), first)
-            else:  # the target holds no row of the partition: its first keys are stage A's
-                out[d.partition] = {**_change(d, 0), "first": [
-                    {"key": key, "kind": "added", "columns": []}
-                    for key in first_added(conn, ctx, ctx.stage("a"), d.partition, first)]}
-        return out
+        for d in added_only(conn, ctx, stage, [label for label in stored.labels if label not in held]):
+            out[d.partition] = _change(d, 0)
+            if first:
+                keys = first_added(conn, ctx, stage, d.partition, first) if d.added else []
+                out[d.partition]["first"] = [{"key": key, "kind": "added", "columns": []} for key in keys]
+        rest = [label for label in stored.labels if label in held]
+        if first:
+            for label in rest:
+                out[label] = _change(diff_against(conn, ctx, label, "target", first), first)
+        else:
+            for d in diff_counts(conn, ctx, stage, target, rest):
+                out[d.partition] = _change(d, 0)
+        return {label: out[label] for label in stored.labels}
 
 
 def _change(d: PartitionDiff, first: int) -> dict[str, Any]:

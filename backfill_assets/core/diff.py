@@ -128,27 +128,39 @@ def diff_partition(conn: psycopg.Connection, ctx: Context, left: TableRef, right
     return PartitionDiff(label, **counts, examples=examples)
 
 
+def held_partitions(conn: psycopg.Connection, ctx: Context, rel: TableRef, labels: list[str]) -> set[str]:
+    """Those of ``labels`` that ``rel`` (a table of the data database) holds rows of."""
+    values = {ctx.value_of(label): label for label in labels}
+    rows = conn.execute(*sqlbuild.partition_counts(rel, ctx.spec.partition_key, list(values)))
+    return {values[value] for value, _ in rows if value in values}
+
+
+def added_only(conn: psycopg.Connection, ctx: Context, left: TableRef, labels: list[str]) -> list[PartitionDiff]:
+    """What :func:`diff_partition` counts for partitions the other side holds no row of: every
+    row of ``left`` added. One statement for all of ``labels``."""
+    values = {ctx.value_of(label): label for label in labels}
+    added = dict.fromkeys(labels, 0)
+    if labels:
+        for value, n in conn.execute(*sqlbuild.partition_counts(left, ctx.spec.partition_key, list(values))):
+            if value in values:
+                added[values[value]] = int(n)
+    return [PartitionDiff(label, added=added[label]) for label in labels]
+
+
 def diff_counts(conn: psycopg.Connection, ctx: Context, left: TableRef, right: TableRef,
                 labels: list[str]) -> list[PartitionDiff]:
     """The counts of :func:`diff_partition` (no examples) for each of ``labels``, two tables of
-    the data database (a PostgreSQL target, or stage B), in the caller's transaction, which
-    must be open: one statement over every partition that ``right`` holds rows of; where it
-    holds none, every row of ``left`` is added, and only ``left``'s rows are counted."""
+    the data database, from one keyed join over all of them, in the caller's transaction,
+    which must be open."""
     spec = ctx.spec
-    values = {label: ctx.value_of(label) for label in labels}
+    values = {ctx.value_of(label): label for label in labels}
     counts: dict[str, dict[str, int]] = {label: dict.fromkeys(KINDS, 0) for label in labels}
-    held = {partition_label(value) for value, _ in conn.execute(
-        *sqlbuild.partition_counts(right, spec.partition_key, list(values.values())))}
-    empty = [values[label] for label in labels if label not in held]
-    if empty:
-        for value, n in conn.execute(*sqlbuild.partition_counts(left, spec.partition_key, empty)):
-            counts[partition_label(value)]["added"] = int(n)
-    if held:
+    if labels:
         conn.execute(sqlbuild.prefer_parallel())
         for value, kind, n in conn.execute(*sqlbuild.partitions_diff_counts(
-                left, right, spec.partition_key, spec.business_key, spec.columns,
-                [values[label] for label in labels if label in held])):
-            counts[partition_label(value)][kind] = int(n)
+                left, right, spec.partition_key, spec.business_key, spec.columns, list(values))):
+            if value in values:
+                counts[values[value]][kind] = int(n)
     return [PartitionDiff(label, **counts[label]) for label in labels]
 
 

@@ -25,12 +25,11 @@ import psycopg
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint, utc_now
 from backfill_assets.core.diff import (
     PartitionDiff,
-    added_only,
     diff_against,
     diff_counts,
     example_text,
     first_added,
-    held_partitions,
+    rows_per_partition,
 )
 from backfill_assets.core.errors import ApprovalError, BackfillError, VerificationError
 from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
@@ -332,14 +331,14 @@ def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan, first: int 
         # added: counted, not joined. The others: one join over all of them for the counts, or,
         # with first keys asked for, one per partition, which gives both.
         target, stage = ctx.engine.relation, ctx.stage("a")
-        held = held_partitions(conn, ctx, target, stored.labels)
+        in_target = rows_per_partition(conn, ctx, target, stored.labels)
         out = {}
-        for d in added_only(conn, ctx, stage, [label for label in stored.labels if label not in held]):
-            out[d.partition] = _change(d, 0)
+        for label, n in rows_per_partition(conn, ctx, stage, [lb for lb in stored.labels if not in_target[lb]]).items():
+            out[label] = _change(PartitionDiff(label, added=n), 0)
             if first:
-                keys = first_added(conn, ctx, stage, d.partition, first) if d.added else []
-                out[d.partition]["first"] = [{"key": key, "kind": "added", "columns": []} for key in keys]
-        rest = [label for label in stored.labels if label in held]
+                keys = first_added(conn, ctx, stage, label, first) if n else []
+                out[label]["first"] = [{"key": key, "kind": "added", "columns": []} for key in keys]
+        rest = [label for label in stored.labels if in_target[label]]
         if first:
             for label in rest:
                 out[label] = _change(diff_against(conn, ctx, label, "target", first), first)

@@ -128,23 +128,16 @@ def diff_partition(conn: psycopg.Connection, ctx: Context, left: TableRef, right
     return PartitionDiff(label, **counts, examples=examples)
 
 
-def held_partitions(conn: psycopg.Connection, ctx: Context, rel: TableRef, labels: list[str]) -> set[str]:
-    """Those of ``labels`` that ``rel`` (a table of the data database) holds rows of."""
+def rows_per_partition(conn: psycopg.Connection, ctx: Context, rel: TableRef, labels: list[str]) -> dict[str, int]:
+    """How many rows ``rel`` (a table of the data database) holds in each of ``labels`` (0 where
+    none), from one statement."""
     values = {ctx.value_of(label): label for label in labels}
-    rows = conn.execute(*sqlbuild.partition_counts(rel, ctx.spec.partition_key, list(values)))
-    return {values[value] for value, _ in rows if value in values}
-
-
-def added_only(conn: psycopg.Connection, ctx: Context, left: TableRef, labels: list[str]) -> list[PartitionDiff]:
-    """What :func:`diff_partition` counts for partitions the other side holds no row of: every
-    row of ``left`` added. One statement for all of ``labels``."""
-    values = {ctx.value_of(label): label for label in labels}
-    added = dict.fromkeys(labels, 0)
+    found = dict.fromkeys(labels, 0)
     if labels:
-        for value, n in conn.execute(*sqlbuild.partition_counts(left, ctx.spec.partition_key, list(values))):
+        for value, n in conn.execute(*sqlbuild.partition_counts(rel, ctx.spec.partition_key, list(values))):
             if value in values:
-                added[values[value]] = int(n)
-    return [PartitionDiff(label, added=added[label]) for label in labels]
+                found[values[value]] = int(n)
+    return found
 
 
 def diff_counts(conn: psycopg.Connection, ctx: Context, left: TableRef, right: TableRef,

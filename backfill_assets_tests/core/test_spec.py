@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import itertools
+import subprocess
+import sys
+import typing
 
 import pytest
 
+from backfill_assets.core.engines.registry import SUPPORTS
+from backfill_assets.core.engines.supports import OPTIONS, Supports, engine_problems
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.spec import load_spec
+from backfill_assets.core.spec import AnySourceSpec, EngineSpec, Spec, TargetSpec, load_spec, spec_from_mapping
 from backfill_assets.core.vocabulary import PartitionRequest, parse_table_name, partition_label
 from backfill_assets_tests.support.specs import DEMO_SPEC, REPO, make_spec
 
@@ -149,3 +156,156 @@ def test_parallel_is_optional_and_read_as_declared():
     assert make_spec().parallel is None
     spec = make_spec(records_can_move=None, parallel=PARALLEL)
     assert (spec.parallel.max_partitions_per_run, spec.parallel.max_concurrent_builds) == (2, 2)
+
+
+# One valid mapping of every source and target format: the walks below take every format the
+# spec knows, so a new format needs a line here (test_every_format_has_a_sample).
+CATALOG = {"type": "sql", "warehouse": "warehouse"}
+SOURCES = {
+    "postgres": {"format": "postgres", "table": "public.orders_raw", "snapshot": "copy"},
+    "delta": {"format": "delta", "location": "lake/orders_raw"},
+    "iceberg": {"format": "iceberg", "table": "lake.orders_raw", "catalog": CATALOG},
+    "parquet": {"format": "parquet", "location": "lake/orders_raw"},
+    "jdbc": {"format": "jdbc", "table": "public.orders_raw", "url_env": "BFA_TEST_JDBC_URL"},
+    "spark_table": {"format": "spark_table", "table": "lake.orders_raw"},
+}
+TARGETS = {
+    "postgres": {"format": "postgres", "table": "public.orders_daily"},
+    "delta": {"format": "delta", "location": "lake/orders_daily"},
+    "iceberg": {"format": "iceberg", "table": "lake.orders_daily", "catalog": CATALOG},
+    "parquet": {"format": "parquet", "location": "lake/orders_daily"},
+    "spark_table": {"format": "spark_table", "table": "lake.orders_daily"},
+}
+OPTION_VALUES = {"records_can_move": True, "parallel": PARALLEL, "replace_batch_rows": 1000,
+                 "trusted_functions": [{"name": "public.f", "reason": "its result depends on its argument alone"}]}
+SETTING_VALUES = {"database": "stages.duckdb", "memory_limit": "1GB", "threads": 2, "master": "local[1]",
+                  "conf": {"spark.ui.enabled": "false"}, "staging": "staging"}
+
+
+def _formats(union: object) -> set[str]:
+    """The formats a discriminated union of the spec tells apart (its tags)."""
+    variants = typing.get_args(typing.get_args(union)[0])
+    return {typing.get_args(v)[1].tag for v in variants}
+
+
+def _mapping(engine: str, source: str, target: str, **changes: object) -> dict[str, object]:
+    return {**DEMO_SPEC, "records_can_move": False, "engine": {"type": engine}, "source": SOURCES[source],
+            "target": TARGETS[target], **changes}
+
+
+def _refusal(data: dict[str, object]) -> str | None:
+    """The message a spec mapping is refused with (None: it loads)."""
+    try:
+        spec_from_mapping(data)
+    except SpecError as err:
+        return str(err)
+    return None
+
+
+def test_every_format_has_a_sample():
+    assert _formats(AnySourceSpec) == set(SOURCES)
+    assert _formats(TargetSpec) == set(TARGETS)
+    assert set(OPTION_VALUES) == set(OPTIONS) and set(SETTING_VALUES) == set(EngineSpec.model_fields) - {"type"}
+
+
+def test_the_allow_lists_name_only_what_the_spec_knows():
+    for engine, supports in SUPPORTS.items():
+        assert supports.engine == engine
+        assert set(supports.sources) <= set(SOURCES) and set(supports.targets) <= set(TARGETS)
+        assert set(supports.options) <= set(OPTIONS)
+        assert set(supports.settings) <= set(EngineSpec.model_fields) - {"type"}
+        for option in supports.options.values():
+            assert set(option.needs) <= set(supports.sources)
+    assert set(OPTIONS) <= set(Spec.model_fields)
+
+
+@pytest.mark.parametrize("engine, source, target", list(itertools.product(SUPPORTS, SOURCES, TARGETS)))
+def test_exactly_the_combinations_in_supports_load(engine, source, target):
+    supports = SUPPORTS[engine]
+    refusal = _refusal(_mapping(engine, source, target))
+    if source in supports.sources and target in supports.targets:
+        assert refusal is None
+        return
+    assert refusal is not None and f"engine {engine}" in refusal
+    if source not in supports.sources:
+        assert f"source.format is {_listed(supports.sources)}, not {source}" in refusal
+    if target not in supports.targets:
+        assert f"target.format is {_listed(supports.targets)}, not {target}" in refusal
+
+
+def _listed(formats: tuple[str, ...]) -> str:
+    return formats[0] if len(formats) == 1 else f"{', '.join(formats[:-1])} or {formats[-1]}"
+
+
+@pytest.mark.parametrize("engine, option", list(itertools.product(SUPPORTS, OPTIONS)))
+def test_an_option_loads_exactly_where_its_engine_supports_it(engine, option):
+    supports = SUPPORTS[engine]
+    taken = supports.options.get(option)
+    for source in supports.sources:
+        refusal = _refusal(_mapping(engine, source, supports.targets[0], **{option: OPTION_VALUES[option]}))
+        if taken is not None and not taken.refused and (not taken.needs or source in taken.needs):
+            assert refusal is None
+        elif taken is not None and taken.refused:
+            assert refusal is not None and f"{option} is not supported on engine {engine}" in refusal
+            assert taken.refused in refusal
+        else:
+            assert refusal is not None and f"{option} needs" in refusal and f"on engine {engine}, not {source}" in refusal
+
+
+@pytest.mark.parametrize("engine, setting", list(itertools.product(SUPPORTS, SETTING_VALUES)))
+def test_an_engine_setting_loads_only_on_its_engine(engine, setting):
+    supports = SUPPORTS[engine]
+    data = _mapping(engine, supports.sources[0], supports.targets[0])
+    refusal = _refusal({**data, "engine": {"type": engine, setting: SETTING_VALUES[setting]}})
+    if setting in supports.settings:
+        assert refusal is None
+    else:
+        owner = next(e for e in SUPPORTS.values() if setting in e.settings)
+        assert refusal is not None and f"engine {engine}" in refusal and f"not {setting} (" in refusal
+        assert f"settings of `type: {owner.engine}`" in refusal or f"a setting of `type: {owner.engine}`" in refusal
+
+
+def test_an_unknown_engine_is_refused_naming_the_engines():
+    refusal = _refusal({**DEMO_SPEC, "engine": {"type": "polars"}})
+    assert refusal is not None and "engine.type: must be postgres (the default), duckdb or spark" in refusal
+
+
+def test_a_format_missing_from_an_engines_allow_list_is_refused():
+    """The direction of the rule: what an engine's Supports does not name is refused, with what
+    it does name; a new format is refused everywhere until an engine declares it."""
+    without_iceberg = dataclasses.replace(SUPPORTS["duckdb"], targets=("delta",))
+    engines = {**SUPPORTS, "duckdb": without_iceberg}
+    assert engine_problems(without_iceberg, "delta", "iceberg", (), engines) == [
+        ("engine duckdb writes a lake target: target.format is delta, not iceberg (an Iceberg target is written by "
+         "the postgres engine: remove `engine`)")]
+    assert engine_problems(without_iceberg, "delta", "delta", (), engines) == []
+    assert engine_problems(SUPPORTS["duckdb"], "csv", "delta", (), SUPPORTS) == [
+        "engine duckdb reads a lake source: source.format is delta, iceberg or parquet, not csv"]
+
+
+def test_a_new_engine_is_its_allow_list():
+    polars = Supports(engine="polars", builds="polars_engine:PolarsBuildEngine", sources=("parquet", "csv"),
+                      targets=("delta",), reads="a file source",
+                      writes="a Delta table")
+    assert engine_problems(polars, "csv", "delta", (), SUPPORTS) == []
+    assert engine_problems(polars, "jdbc", "iceberg", ["parallel"], SUPPORTS) == [
+        ("engine polars reads a file source: source.format is parquet or csv, not jdbc (a JDBC source is read by "
+         "`engine: {type: spark}`)"),
+        ("engine polars writes a Delta table: target.format is delta, not iceberg (an Iceberg target is written by "
+         "`engine: {type: duckdb}`, or by the postgres engine: remove `engine`)"),
+        "parallel is not supported on engine polars: remove it"]
+
+
+def test_the_spec_imports_no_engine_library():
+    heavy = ["pyspark", "duckdb", "pyarrow", "deltalake", "psycopg", "pyiceberg"]
+    code = ("import sys, backfill_assets.core.spec; "
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("engine", list(SUPPORTS))
+def test_an_engines_own_supports_module_may_be_imported_first(engine):
+    code = (f"from backfill_assets.core.engines.{engine}.supports import SUPPORTS as declared; "
+            f"from backfill_assets.core.engines.registry import SUPPORTS; assert SUPPORTS[{engine!r}] is declared")
+    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

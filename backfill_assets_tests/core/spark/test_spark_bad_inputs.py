@@ -112,11 +112,12 @@ def test_an_accepted_transform_is_built_in_spark(tmp_path, spark, factory, url_e
 
 def test_spec_shapes_name_the_engine(tmp_path):
     base = spark_mapping(tmp_path, {"format": "parquet", "location": str(tmp_path)})
-    with pytest.raises(SpecError, match="engine spark writes a parquet folder"):
+    with pytest.raises(SpecError, match="engine spark writes a Parquet folder or a table of its catalog: target.format "
+                                        "is parquet or spark_table, not postgres"):
         spec_from_mapping({**base, "target": {"table": "public.orders_daily"}})
     with pytest.raises(SpecError, match="records_can_move is not supported on engine spark"):
         spec_from_mapping({**base, "records_can_move": True})
-    with pytest.raises(SpecError, match="a jdbc source is read by `engine: {type: spark}`"):
+    with pytest.raises(SpecError, match=r"not jdbc \(a JDBC source is read by `engine: \{type: spark\}`\)"):
         spec_from_mapping({**base, "engine": {"type": "postgres"}, "source": {
             "format": "jdbc", "table": "public.t", "url_env": "X"}, "target": {"table": "public.orders_daily"}})
     with pytest.raises(SpecError, match="NAME of an environment variable"):

@@ -1,0 +1,156 @@
+"""What each build engine (``engine.type``) supports: the source formats it reads, the target
+formats it writes, the spec options and the engine settings it takes.
+
+An allow-list: the spec refuses at load time whatever the engine's :class:`Supports` does not
+name (core.spec), with what the engine does support in the message. Each engine declares its
+own in ``core/engines/<type>/supports.py``, with the class of its build engine; a new engine
+is one more such module and one line in core.engines.registry. Nothing here imports an
+engine's libraries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+# The engine of a spec without `engine`.
+DEFAULT_ENGINE = "postgres"
+
+# The spec options not every engine takes; a spec uses one when it sets it (true, present,
+# non-zero, non-empty).
+OPTIONS = ("records_can_move", "parallel", "replace_batch_rows", "trusted_functions")
+
+# How the messages name a format in prose; any other is named by its key.
+FORMAT_NAMES = {"postgres": "PostgreSQL", "delta": "Delta", "iceberg": "Iceberg", "parquet": "Parquet",
+                "jdbc": "JDBC"}
+
+
+@dataclass(frozen=True)
+class Option:
+    """How an engine takes one of :data:`OPTIONS`: supported (only with the source formats of
+    ``needs``, for the reason ``why``, when it names some), or refused for the reason ``refused``
+    (``yet``: refused for now, not by design)."""
+
+    needs: tuple[str, ...] = ()
+    why: str = ""
+    refused: str = ""
+    yet: bool = False
+
+
+def supported(*needs: str, why: str = "") -> Option:
+    """An option the engine takes (with a source of one of ``needs``, when given: ``why`` says
+    why it needs one)."""
+    return Option(needs=needs, why=why)
+
+
+def refused(reason: str, *, yet: bool = False) -> Option:
+    """An option the engine refuses; ``reason`` says why, and what to do instead."""
+    return Option(refused=reason, yet=yet)
+
+
+@dataclass(frozen=True)
+class Supports:
+    """One engine's allow-list.
+
+    ``reads`` and ``writes`` say in words what its sources and targets are (``a lake
+    source``); ``options`` maps each of :data:`OPTIONS` it takes or refuses with a reason (an
+    option it does not name is refused); ``settings`` are the ``engine`` keys besides ``type``
+    it takes; ``notes`` add, for a format it does not read or write, why not.
+    """
+
+    engine: str
+    # Its build engine (core.build.BuildEngine), as "module:Class": imported only when a spec
+    # names the engine, so that loading a spec never loads an engine's libraries.
+    builds: str
+    sources: tuple[str, ...]
+    targets: tuple[str, ...]
+    reads: str
+    writes: str
+    options: Mapping[str, Option] = field(default_factory=dict)
+    settings: tuple[str, ...] = ()
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+
+def engine_problems(supports: Supports, source: str, target: str, options: Iterable[str],
+                    engines: Mapping[str, Supports]) -> list[str]:
+    """What ``supports`` refuses of a spec that reads a ``source`` format, writes a ``target``
+    format and uses ``options``: each problem names what is refused and what the engine
+    supports (an option that needs other sources is not named again when the source itself is
+    refused). ``engines`` (every engine's, core.engines.registry) tell which engine would take
+    a refused format."""
+    problems = []
+    label = _label(supports.engine)
+    if source not in supports.sources:
+        hint = _hint(supports, source, "source", [e for e in engines.values() if source in e.sources], "read")
+        problems.append(f"{label} reads {supports.reads}: source.format is {_either(supports.sources)}, "
+                        f"not {source}{hint}")
+    if target not in supports.targets:
+        hint = _hint(supports, target, "target", [e for e in engines.values() if target in e.targets], "written")
+        problems.append(f"{label} writes {supports.writes}: target.format is {_either(supports.targets)}, "
+                        f"not {target}{hint}")
+    for name in options:
+        option = supports.options.get(name, Option(refused="remove it"))
+        if option.refused:
+            yet = " yet" if option.yet else ""
+            problems.append(f"{name} is not supported on engine {supports.engine}{yet}: {option.refused}")
+        elif option.needs and source in supports.sources and source not in option.needs:
+            needs = _either([_name(f) for f in option.needs])
+            why = f": {option.why}" if option.why else ""
+            problems.append(f"{name} needs {_article(needs)} {needs} source on engine {supports.engine}, "
+                            f"not {source}{why}")
+    return problems
+
+
+def setting_problems(supports: Supports, settings: Iterable[str], engines: Mapping[str, Supports]) -> list[str]:
+    """The ``engine`` settings among ``settings`` that ``supports`` does not take, with the
+    settings it does and the engine each refused one belongs to (``engines``: every engine's)."""
+    wrong = [s for s in settings if s not in supports.settings]
+    if not wrong:
+        return []
+    takes = f"the settings {_both(supports.settings)}" if supports.settings else "no settings"
+    owners = [f"{_both(e.settings)} {'are settings' if len(e.settings) > 1 else 'is a setting'} of `type: {e.engine}`"
+              for e in engines.values() if e is not supports and set(wrong) & set(e.settings)]
+    hint = f" ({'; '.join(owners)})" if owners else ""
+    return [f"{_label(supports.engine)} takes {takes}, not {_both(wrong)}{hint}"]
+
+
+def _hint(supports: Supports, fmt: str, role: str, others: Sequence[Supports], verb: str) -> str:
+    """Which engines take a format ``supports`` refuses, and the engine's own note on it."""
+    parts = []
+    others = [e for e in others if e is not supports]
+    if others:
+        chosen = [f"`engine: {{type: {e.engine}}}`" for e in others if e.engine != DEFAULT_ENGINE]
+        by = " or ".join(chosen)
+        if any(e.engine == DEFAULT_ENGINE for e in others):
+            default = f"the {DEFAULT_ENGINE} engine: remove `engine`"
+            by = f"{by}, or by {default}" if by else default
+        name = _name(fmt)
+        parts.append(f"{_article(name)} {name} {role} is {verb} by {by}")
+    if fmt in supports.notes:
+        parts.append(supports.notes[fmt])
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _label(engine: str) -> str:
+    return f"engine {engine} (the default)" if engine == DEFAULT_ENGINE else f"engine {engine}"
+
+
+def _name(fmt: str) -> str:
+    return FORMAT_NAMES.get(fmt, fmt)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeio" else "a"
+
+
+def _either(items: Sequence[str]) -> str:
+    return _joined(items, "or")
+
+
+def _both(items: Sequence[str]) -> str:
+    return _joined(items, "and")
+
+
+def _joined(items: Sequence[str], word: str) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {word} {items[-1]}"

@@ -1,0 +1,157 @@
+"""The parts of a spec beside its source and target: the engine that reads the source and
+runs the builds, the newest-wins ordering, the Dagster partitions and parallel runs, the
+functions a transform may trust, and how long an approval lasts.
+
+Which settings each engine takes is core.engines.supports'.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Annotated, Literal
+
+import pydantic
+from pydantic import AfterValidator, BaseModel, Field
+
+from backfill_assets.core.engines.registry import SUPPORTS
+from backfill_assets.core.engines.supports import DEFAULT_ENGINE, setting_problems
+from backfill_assets.core.spec_formats import STRICT, Strict, check_location
+from backfill_assets.core.vocabulary import Identifier, check_identifier
+
+
+def _known_engine(value: str) -> str:
+    if value not in SUPPORTS:
+        names = [f"{e} (the default)" if e == DEFAULT_ENGINE else e for e in SUPPORTS]
+        raise ValueError(f"must be {', '.join(names[:-1])} or {names[-1]}")
+    return value
+
+
+class EngineSpec(BaseModel):
+    """Where the source is read and both builds run: ``postgres`` (the default: the spec's
+    database), ``duckdb`` (an embedded DuckDB over a lake source; core.duck) or ``spark``
+    (Apache Spark; core.spark). Plans, approvals, the ledger and the locks stay in the
+    control store either way."""
+
+    model_config = STRICT
+
+    # The engines are core.engines.registry.SUPPORTS' keys.
+    type: Annotated[str, AfterValidator(_known_engine)] = DEFAULT_ENGINE
+    # spark: the session's master (local[N], spark://host:port, or sc://host:port for Spark
+    # Connect) and its settings; a session already active in the process (a Dagster resource's)
+    # is used as it is.
+    master: Annotated[str, Field(min_length=1, pattern=r"^(local(\[(\d+|\*)\])?|spark://\S+|sc://\S+|yarn|k8s://\S+)$")] | None = None
+    conf: dict[Annotated[str, Field(pattern=r"^spark\.[A-Za-z0-9_.-]+$")], str] = {}
+    # spark: where the stages and a JDBC source's copies are written (default:
+    # <home>/spark/<spec name>); every executor must see it.
+    staging: Annotated[str, Field(min_length=1)] | None = None
+    # duckdb: the database file the stages live in (default: <home>/duckdb/<spec name>.duckdb).
+    database: Annotated[str, Field(min_length=1)] | None = None
+    # duckdb: its memory_limit setting (for example 4GB); beyond it, DuckDB spills to disk.
+    memory_limit: Annotated[str, Field(pattern=r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$")] | None = None
+    threads: Annotated[int, Field(strict=True, ge=1, le=256)] | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _settings(self) -> EngineSpec:
+        in_use = [name for name in type(self).model_fields if name != "type" and getattr(self, name)]
+        problems = setting_problems(SUPPORTS[self.type], in_use, SUPPORTS)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if self.database is not None:
+            check_location("duckdb database", self.database)
+        if self.staging is not None:
+            check_location("spark staging", self.staging)
+        return self
+
+
+class OrderingColumn(Strict):
+    """One newest-wins ordering column. ``nulls`` must be declared if the column has NULLs."""
+
+    column: Identifier
+    direction: Literal["asc", "desc"]
+    nulls: Literal["first", "last"] | None = None
+
+
+class PartitionsSpec(Strict):
+    """How the Dagster code location partitions the assets of a spec.
+
+    ``daily`` and ``monthly`` are time windows from ``start`` to ``end`` (exclusive, default
+    open); their keys are ISO dates (a month is keyed by its first day), so the partition key
+    column must be a date. ``static`` lists the partition values.
+    """
+
+    type: Literal["daily", "monthly", "static"]
+    start: dt.date | None = None
+    end: dt.date | None = None
+    values: list[str] | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _shape(self) -> PartitionsSpec:
+        if self.type == "static":
+            if not self.values or self.start or self.end:
+                raise ValueError("static partitions take a non-empty `values` list and no start/end")
+            if len(set(self.values)) != len(self.values):
+                raise ValueError("static partition values must be distinct")
+        else:
+            if self.start is None or self.values is not None:
+                raise ValueError(f"{self.type} partitions take a `start` date (and an optional `end`), not values")
+            if self.end is not None and self.end <= self.start:
+                raise ValueError("partitions.end must come after partitions.start")
+            if self.type == "monthly" and (self.start.day != 1 or (self.end and self.end.day != 1)):
+                raise ValueError("monthly partitions start and end on the first day of a month")
+        return self
+
+
+# A parallel build holds one advisory lock per partition it builds (PostgreSQL's shared lock
+# table holds max_locks_per_transaction * max_connections, 6,400 by default): these bounds keep
+# every build at once within 3,200.
+MAX_PARTITIONS_PER_RUN = 200
+MAX_CONCURRENT_BUILDS = 16
+
+
+class ParallelSpec(Strict):
+    """Multi-run backfills in the Dagster code location (see docs/dagster.md, "Running backfills in
+    parallel"): a backfill becomes runs of at most ``max_partitions_per_run`` partitions, and at
+    most ``max_concurrent_builds`` of the runs building the snapshot and stages go at once (the
+    limit of the spec's build pool). The target's runs go one at a time."""
+
+    max_partitions_per_run: Annotated[int, Field(strict=True, ge=1, le=MAX_PARTITIONS_PER_RUN)]
+    max_concurrent_builds: Annotated[int, Field(strict=True, ge=1, le=MAX_CONCURRENT_BUILDS)]
+
+
+def _check_function_name(value: str) -> str:
+    parts = value.split(".")
+    if len(parts) != 2:
+        raise ValueError("a trusted function is written as schema.function (one dot), without arguments")
+    for part in parts:
+        check_identifier(part)
+    if parts[0] == "pg_catalog":
+        raise ValueError("functions in pg_catalog are judged by the guard itself; list only your own")
+    return value
+
+
+class TrustedFunction(Strict):
+    """A function outside ``pg_catalog`` that ``transform_sql`` may call although the guard
+    cannot see into it (see docs/reliability.md, "Functions the guard cannot see into"): ``name`` as ``schema.function``, and
+    why its result depends on its arguments alone."""
+
+    name: Annotated[str, AfterValidator(_check_function_name)]
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(d|day|days|h|hour|hours|m|min|minute|minutes)\s*$")
+_DURATION_UNITS = {"d": "days", "h": "hours", "m": "minutes", "min": "minutes"}
+
+
+def _parse_duration(value: object) -> object:
+    """``7d``, ``36 hours``, ``90m`` as a timedelta (anything else is left to pydantic's
+    own timedelta parsing: ISO 8601 such as ``P7D``, or seconds)."""
+    if isinstance(value, str) and (m := _DURATION.match(value)):
+        unit = m.group(2)
+        unit = _DURATION_UNITS.get(unit, unit if unit.endswith("s") else unit + "s")
+        return dt.timedelta(**{unit: int(m.group(1))})
+    return value
+
+
+Duration = Annotated[dt.timedelta, pydantic.BeforeValidator(_parse_duration)]
+DEFAULT_APPROVAL_EXPIRY = dt.timedelta(days=7)

@@ -8,7 +8,7 @@ from typing import Any
 from backfill_assets.core.apply import ApplyResult
 from backfill_assets.core.approve import Review
 from backfill_assets.core.coverage import OpenApproval, short_list, utc_text
-from backfill_assets.core.diff import DiffResult
+from backfill_assets.core.differences import DiffResult
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.profile.propose import Profile
 from backfill_assets.core.spec import ParallelSpec

@@ -25,8 +25,8 @@ import argparse
 import dataclasses
 import hashlib
 import importlib.util
-import os
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -38,29 +38,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dagster as dg
+import duck_lake  # benchmarks/duck_lake.py
+import lake_fingerprint  # benchmarks/lake_fingerprint.py
+import lake_targets  # benchmarks/lake_targets.py
 import psycopg
 import pyarrow as pa
+import shapes  # benchmarks/shapes.py, next to this script
+import spark_lake  # benchmarks/spark_lake.py
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from backfill_assets.core.pg import embedded
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.store.plans import find_plan
-from backfill_assets.core.pg.catalog import table_columns
-from backfill_assets.core.vocabulary import DEFAULT_LIMITS, Limits
-from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, connection_factory, repeatable_read
 from backfill_assets.core.fingerprint.partition import fingerprint_partition, fingerprint_partitions
+from backfill_assets.core.pg import embedded
+from backfill_assets.core.pg.catalog import table_columns
+from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, connection_factory, repeatable_read
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.progress import ProgressEvent
-from backfill_assets.core.vocabulary import PartitionRequest, TableRef
 from backfill_assets.core.spec import spec_from_mapping
-
-import lake_fingerprint  # benchmarks/lake_fingerprint.py
-import duck_lake  # benchmarks/duck_lake.py
-import spark_lake  # benchmarks/spark_lake.py
-import lake_targets  # benchmarks/lake_targets.py
-import shapes  # benchmarks/shapes.py, next to this script
+from backfill_assets.core.store.plans import find_plan
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS, Limits, PartitionRequest, TableRef
 
 # The test suite's default-settings server (Debian's PostgreSQL, initdb's defaults), from this checkout.
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
@@ -304,8 +302,8 @@ def dagster_backfill(spec, url: str, last_day: str = "2024-01-20") -> float:
     """The same safe backfill through Dagster, in process, with the shipped instance storage
     (PostgreSQL through dagster-postgres): stages as one single-run backfill over the range,
     the approval gate job, then the target as a single-run backfill."""
-    from backfill_assets.dagster_layer.names import PLAN_TAG
     from backfill_assets.dagster_layer.definitions import build_definitions
+    from backfill_assets.dagster_layer.names import PLAN_TAG
     from backfill_assets.dagster_layer.resources import PostgresResource
 
     defs = build_definitions([spec])
@@ -978,8 +976,8 @@ _DIFF_SETUP = (
 def figure_diff(b: Bench, report: Report) -> None:
     """Figure 12: the diff of a 1M-row partition pair with five differences (core.diff, as
     `backfill-assets diff` runs it) against one fingerprint of that partition."""
-    from backfill_assets.core.resolve import resolve
-    from backfill_assets.core.diff import diff_partition
+    from backfill_assets.core.engines.postgres.diff import diff_partition
+    from backfill_assets.core.engines.postgres.resolve import resolve
     spec = spec_from_mapping({
         **SPEC, "name": "bench_diff", "source": {"table": "bench.diff_src", "snapshot": "copy"},
         "target": {"table": "bench.diff_tgt"}, "partitions": None,

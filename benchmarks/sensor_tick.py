@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/sensor_tick.py [--days 365] [--rows-per-day 5000]
 
 For ``benchmarks/bench.py``: :func:`tick_seconds` times one tick of ``source_snapshot_sensor``'s
-work (``core.watch.watch_tick``, connection included) over a spec's snapshotted,
+work (``core.engines.postgres.watch.watch_tick``, connection included) over a spec's snapshotted,
 unchanged partitions, and :func:`full_check_seconds` the old sensor's work on the same data
-(``core.snapshot.source_changes``: every snapshotted partition fingerprinted). Run alone, it
+(``core.engines.postgres.snapshot.source_changes``: every snapshotted partition fingerprinted). Run alone, it
 loads ``--days`` daily partitions into the embedded PostgreSQL (database ``bench_sensor``),
 snapshots them all, and prints both, then a tick after an INSERT and after a DELETE.
 """
@@ -19,14 +19,13 @@ import time
 
 from psycopg import sql
 
+from backfill_assets.core.engines.postgres.snapshot import source_changes
+from backfill_assets.core.engines.postgres.watch import Tick, WatchState, watch_tick
 from backfill_assets.core.pg import embedded
-from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets.core.pg.db import ConnectionFactory, connection_factory
 from backfill_assets.core.plan import snapshot_step
-from backfill_assets.core.snapshot import source_changes
-from backfill_assets.core.watch import Tick, WatchState, watch_tick
-from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets.core.spec import Spec, spec_from_mapping
+from backfill_assets.core.vocabulary import DEFAULT_LIMITS, PartitionRequest
 
 SETTLE_S = 60.0
 

@@ -121,8 +121,7 @@ def _factory(spec: Spec, args: argparse.Namespace) -> ConnectionFactory:
 def cmd_inspect(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     factory = _factory(spec, args)
-    with factory() as conn:
-        inspection = inspect(conn, spec)
+    inspection = inspect(spec, factory)
     if out.json_mode:
         out.json(inspection.as_dict())
     else:
@@ -147,7 +146,7 @@ def cmd_profile(args: argparse.Namespace, out: Output) -> int:
     with factory() as conn:
         partitions = None
         if args.partitions:
-            inspection = inspect(conn, spec)
+            inspection = inspect(spec, factory)
             kind = inspection.partition_kind or "text"
             partitions = PartitionRequest(args.partitions).resolve(kind)
         profile = profile_source(conn, spec, partitions)

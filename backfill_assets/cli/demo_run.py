@@ -19,12 +19,13 @@ from backfill_assets.core.approve import confirm, review
 from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.db import ConnectionFactory, connection_factory, url_from_env
-from backfill_assets.core.plan import Plan, make_plan
+from backfill_assets.core.plan import make_plan
 from backfill_assets.core.profile.propose import profile_source
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.resolve import inspect
 from backfill_assets.core.spec import DeltaSourceSpec, DeltaTargetSpec, Spec
 from backfill_assets.core.store.ledger import ledger_status
+from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets.render import render_apply, render_plan, render_profile, render_replacement, render_status
 
@@ -161,8 +162,8 @@ def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
 
 def _inspect_and_profile(spec: Spec, factory: ConnectionFactory, out: Printer) -> None:
     out.result("\n-- 2. inspect (read-only)")
+    inspection = inspect(spec, factory)
     with factory() as conn:
-        inspection = inspect(conn, spec)
         out.result(f"{inspection.server.engine} {inspection.server.version}; target keys: "
                    + "; ".join(f"{n} ({', '.join(c)})" for n, c in inspection.target_unique_keys))
         out.result("\n-- 3. profile: propose a key and a tiebreak from the data")

@@ -1,23 +1,25 @@
 """The core of backfill_assets: the whole process, provable against a real database, without
 Dagster.
 
-The steps, in process order (each a module here):
+The steps, in process order (each a module here), each written once:
 
 1. ``spec`` - the declared backfill (in the words of ``vocabulary``); ``resolve`` - inspect
-   read-only and resolve the spec into a ``context.Context`` holding its target's engine;
-2. ``snapshot`` - fix the source (``moves``: the partitions moved records add); ``stages`` -
-   build each partition twice; ``plan`` - compare the builds and store the plan;
-3. ``approve`` - review the plan against the target and record the approval; ``coverage`` -
-   what an approval still covers, and when it expires;
+   read-only;
+2. ``plan`` - fix the source, build each partition twice, compare the builds and store the
+   plan; ``stages`` - the stage checks on their own;
+3. ``approve`` - review the plan against the target and record the approval; ``preview`` -
+   the change preview a person approves from; ``coverage`` - what an approval still covers,
+   and when it expires;
 4. ``apply`` - replace one partition (or group) per transaction, verified;
-5. the ledger records every run; ``diff`` compares a stage with the target; ``watch`` tells
-   the sensors which snapshotted partitions of the source moved on.
+5. the ledger records every run; ``diff`` compares a stage with the target.
 
-``errors``, ``progress`` and ``waits`` serve every step. The families the steps use sit in
-folders: ``targets`` (one engine per target format), ``fingerprint`` (a partition's readings,
-in SQL and in Arrow, and the plan and snapshot ids), ``store`` (the control store: plans,
-approvals, ledger), ``guard`` (the transform's determinism guard), ``profile`` (proposing a
-key and a tiebreak) and ``pg`` (PostgreSQL: connections, the catalog, the SQL builders, the
-embedded server). ``duck`` and ``spark`` run the steps on DuckDB and Spark; what they share of
-a source pinned at a version is ``pinned``.
+Where a step needs the source, the snapshot or the stages, it asks the spec's build engine
+(``build``: chosen once by ``engine.type``; the engines live in ``engines``, ``duck`` and
+``spark``); where it needs the target, the target engine its ``context`` holds (``targets``).
+What the engines share sits below them: ``planning`` (the plan's rules), ``differences``,
+``pinned`` (a source pinned at a version), ``moves``; ``errors``, ``progress`` and ``waits``
+serve every step. The other families sit in folders: ``fingerprint`` (a partition's readings,
+and the plan and snapshot ids), ``store`` (the control store: plans, approvals, ledger),
+``guard`` (the transform's determinism guard), ``profile`` (proposing a key and a tiebreak)
+and ``pg`` (PostgreSQL: connections, the catalog, the SQL builders, the embedded server).
 """

@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.approve import Builds, builds_for
+from backfill_assets.core.build import BuildEngine, open_build_engine
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint, spec_lock, utc_now
 from backfill_assets.core.coverage import Approval, latest_approval, refuse_if_expired, require_coverage, short_readings
 from backfill_assets.core.errors import (
@@ -55,11 +55,11 @@ from backfill_assets.core.errors import (
     VerificationError,
 )
 from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.planning import compare_readings as _compare
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.stages import compare_readings as _compare
-from backfill_assets.core.stages import recheck_stage
-from backfill_assets.core.store import control, ledger
+from backfill_assets.core.store import ledger
+from backfill_assets.core.store.control import control_ready, ensure_ledger_index
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.store.plans import find_plan
 
@@ -90,7 +90,7 @@ def _replaced(label: str, status: str, approved: dict[str, Any], done: int, tota
 
 def replace_group(
     conn: psycopg.Connection, control: psycopg.Connection, target: Target, ctx: Context, stored: Plan,
-    approval: Approval, labels: list[str], checkpoint: Checkpoint = no_checkpoint, builds: Builds | None = None,
+    approval: Approval, labels: list[str], engine: BuildEngine, checkpoint: Checkpoint = no_checkpoint,
 ) -> str:
     """Replace the partitions ``labels`` in one atomic write of ``target``; return the ledger
     status. The protocol is the same for every engine (core.context.Target).
@@ -109,10 +109,7 @@ def replace_group(
         covered = require_coverage(conn, control, ctx, stored, approval, labels, write.readings(labels))
         if all(covered[label].now == approved[label] for label in labels):
             return "skipped-already-verified"
-        if builds is None:
-            recheck_stage(conn, ctx, stored, labels)
-        else:
-            builds.recheck_stage(ctx, stored, labels)
+        engine.recheck_stage(ctx, stored, labels)
         write.replace(labels, {
             "plan_id": stored.plan_id, "approval_id": str(approval.approval_id), "partitions": ",".join(labels),
             "content_hash": ",".join(approved[label]["content_hash"] for label in labels),
@@ -148,7 +145,7 @@ def apply_plan(
         checkpoint: called at each step of each replace (see ``STEPS``); for tests.
         on_result: called with each partition's result as soon as it is final.
         make_target: ``(conn, control, factory, ctx, checkpoint) -> Target``, what is written to
-            (default: the spec's builds', ``Builds.open_target``); for tests.
+            (default: the build engine's, ``BuildEngine.open_target``); for tests.
 
     Raises:
         ApprovalError: unknown, refused, unapproved or outdated plan; nothing written.
@@ -165,25 +162,25 @@ def apply_plan(
             the following ones not attempted.
         TransientDatabaseError, ConcurrentRunError: safe to retry with the same plan.
     """
-    with factory() as conn, factory.control(conn) as store, spec_lock(store, spec), \
-            builds_for(conn, factory, spec, store) as builds:
-        stored, approval, ctx, groups = _checked_before_writing(conn, store, builds, spec, plan_ref, only, clock())
-        control.ensure_ledger_index(store, spec.control_schema)
+    with factory() as conn, factory.control(conn) as control, spec_lock(control, spec), \
+            open_build_engine(conn, factory, spec, control) as engine:
+        stored, approval, ctx, groups = _checked_before_writing(conn, control, engine, spec, plan_ref, only, clock())
+        ensure_ledger_index(control, spec.control_schema)
         in_order = [label for g in groups for label in g]
         progress(ProgressEvent("apply", f"replacing {len(in_order)} partition(s)", done=0, total=len(in_order),
                                status="started"))
         doc = stored.document
         ledger.ledger_start(
-            store, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval.approval_id,
+            control, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval.approval_id,
             snapshot_id=doc.snapshot.id, target_table=doc.target,
             transform_version=doc.transform_version, run_started_at=clock(),
             partitions=[{"partition": label, **stored.approved(label)} for label in in_order],
         )
         result = ApplyResult(run_id, stored.plan_id, approval.approval_id)
-        target = (make_target or builds.open_target)(conn, store, factory, ctx, checkpoint)
+        target = (make_target or engine.open_target)(conn, control, factory, ctx, checkpoint)
         try:
             for n, labels in enumerate(groups):
-                status, version = _replace_and_record(conn, store, builds, target, ctx, stored, approval, run_id,
+                status, version = _replace_and_record(conn, control, engine, target, ctx, stored, approval, run_id,
                                                       groups, n, clock, checkpoint)
                 for label in labels:
                     entry = {"partition": label, "status": status, **stored.approved(label)}
@@ -199,15 +196,15 @@ def apply_plan(
 
 
 def _checked_before_writing(
-    conn: psycopg.Connection, store: psycopg.Connection, builds: Builds, spec: Spec, plan_ref: str,
+    conn: psycopg.Connection, control: psycopg.Connection, engine: BuildEngine, spec: Spec, plan_ref: str,
     only: list[str] | None, now: dt.datetime,
 ) -> tuple[Plan, Approval, Context, list[list[str]]]:
     """The approved plan, its approval, the context and the groups to replace (in plan order),
     after every check apply makes before its first write: the approval not expired at ``now``,
     the spec and the target's columns unchanged, the stage (and an immutable source) as
     planned, the target still covered."""
-    stored = find_plan(store, spec, plan_ref)
-    approval = latest_approval(store, spec, stored.plan_id)
+    stored = find_plan(control, spec, plan_ref)
+    approval = latest_approval(control, spec, stored.plan_id)
     if approval is None:
         raise ApprovalError(
             f"plan {stored.plan_id[:16]} has not been approved; run approve and review it first"
@@ -215,8 +212,8 @@ def _checked_before_writing(
     # Checked when a run starts (a run that started in time finishes), for a run resuming a
     # partly applied approval too: expiry bounds how long a person's review is acted on, and
     # partitions this approval's runs already replaced cannot make the rest any fresher.
-    refuse_if_expired(store, spec, approval, now)
-    ctx = builds.unchanged_spec(stored)
+    refuse_if_expired(control, spec, approval, now)
+    ctx = engine.unchanged_spec(stored)
     groups = [list(g) for g in stored.document.replace_groups]
     if only is not None:
         missing = sorted(set(only) - set(stored.labels))
@@ -228,9 +225,9 @@ def _checked_before_writing(
         groups = [g for g in groups if set(g) & set(only)]
     chosen = {label for g in groups for label in g}
     in_order = [label for label in stored.labels if label in chosen]
-    refuse_after_failure(store, spec, stored.plan_id, in_order)
+    refuse_after_failure(control, spec, stored.plan_id, in_order)
     # Each replace checks its own partitions again under the lock.
-    require_coverage(conn, store, ctx, stored, approval, in_order, builds.unchanged_data(ctx, stored, in_order))
+    require_coverage(conn, control, ctx, stored, approval, in_order, engine.unchanged_data(ctx, stored, in_order))
     return stored, approval, ctx, batched(groups, stored, spec.replace_batch_rows)
 
 
@@ -259,29 +256,29 @@ def batched(groups: list[list[str]], stored: Plan, most_rows: int) -> list[list[
 
 
 def _replace_and_record(
-    conn: psycopg.Connection, store: psycopg.Connection, builds: Builds, target: Target, ctx: Context,
+    conn: psycopg.Connection, control: psycopg.Connection, engine: BuildEngine, target: Target, ctx: Context,
     stored: Plan, approval: Approval, run_id: str, groups: list[list[str]], n: int, clock: Clock,
     checkpoint: Checkpoint,
 ) -> tuple[str, str | None]:
     """Replace and verify group ``n`` under its partition locks, recording each step in the
-    ledger (``store``, the control store's connection); return its status and the lake version
+    ledger (``control``, the control store's connection); return its status and the lake version
     committed (None for PostgreSQL). On failure, mark it failed and the following groups not
     attempted, and raise."""
     spec, labels = ctx.spec, groups[n]
-    ledger.ledger_mark(store, spec.control_schema, run_id, labels, "started", clock())
+    ledger.ledger_mark(control, spec.control_schema, run_id, labels, "started", clock())
     try:
         with target.locked(labels):
-            status = replace_group(conn, store, target, ctx, stored, approval, labels, checkpoint, builds)
+            status = replace_group(conn, control, target, ctx, stored, approval, labels, engine, checkpoint)
             if status == "verified":
                 try:
                     verify_committed(target, stored, labels)
                 except VerificationError as err:
-                    raise builds.explain(ctx, err, target.committed_version(labels)) from None
+                    raise engine.explain(ctx, err, target.committed_version(labels)) from None
                 checkpoint("verified", labels)
             # Recorded before the partition is released: the next run to lock it
             # judges its approval against a ledger that names this run.
             version = target.committed_version(labels)
-            ledger.ledger_mark(store, spec.control_schema, run_id, labels, status, clock(), target_version=version)
+            ledger.ledger_mark(control, spec.control_schema, run_id, labels, status, clock(), target_version=version)
             return status, version
     except Exception as err:
         # Our errors and the driver's carry no credential (see db.connect); of anything else
@@ -293,9 +290,9 @@ def _replace_and_record(
             message = f"unexpected {err.__class__.__name__}; see the run's output"
         rest = [label for group in groups[n + 1:] for label in group]
         try:
-            ledger.ledger_mark(store, spec.control_schema, run_id, labels, "failed", clock(), message)
+            ledger.ledger_mark(control, spec.control_schema, run_id, labels, "failed", clock(), message)
             if rest:
-                ledger.ledger_mark(store, spec.control_schema, run_id, rest, "not-attempted", clock(),
+                ledger.ledger_mark(control, spec.control_schema, run_id, rest, "not-attempted", clock(),
                                     f"stopped after partition(s) {', '.join(labels)} failed")
         except psycopg.Error:
             # The ledger could not take the record (its own lock or the connection failed
@@ -322,15 +319,15 @@ def refuse_after_failure(control: psycopg.Connection, spec: Spec, plan_id: str, 
         ])
 
 
-def approved_plan_for(store: psycopg.Connection, spec: Spec, labels: list[str]) -> str:
+def approved_plan_for(control: psycopg.Connection, spec: Spec, labels: list[str]) -> str:
     """The newest approved plan that includes every one of ``labels``, from the control store.
 
     Raises:
         ApprovalError: some partition has no approved plan, or they are in different ones.
     """
-    if not control.control_ready(store, spec.control_schema):
+    if not control_ready(control, spec.control_schema):
         raise ApprovalError(f"no plan has been approved for spec {spec.name}; plan and approve first")
-    found = {label: ledger.newest_approved_plan_with(store, spec.control_schema, spec.name, label) for label in labels}
+    found = {label: ledger.newest_approved_plan_with(control, spec.control_schema, spec.name, label) for label in labels}
     missing = [label for label, plan_id in found.items() if plan_id is None]
     if missing:
         raise ApprovalError(

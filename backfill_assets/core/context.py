@@ -9,7 +9,7 @@ approval still covering it? is it already done?), recheck the approved stage, re
 back before the commit, commit, and read the committed state again. Readings are the
 canonical fingerprint of core.fingerprint.partition as dicts, whatever the engine.
 
-core.resolve inspects read-only and validates everything about a spec (identifiers, the
+A build engine (core.build) inspects read-only and validates everything about a spec (identifiers, the
 partitions, the transform) before anything is written; the :class:`Context` it returns is
 what the snapshot, the stages, the plan, approval and apply work from.
 """
@@ -155,7 +155,7 @@ class TargetEngine(Protocol):
     compares_read_only: bool
 
     def inspect(self, conn: psycopg.Connection, transform: str | None) -> Inspection:
-        """Inspect source and target read-only, collecting every problem (core.resolve).
+        """Inspect source and target read-only, collecting every problem (a build engine's resolve).
         ``transform``: the parsed transform_sql (None: the spec's, or none)."""
         ...
 

@@ -21,13 +21,14 @@ from typing import Any, Literal
 
 import psycopg
 
-from backfill_assets.core.approve import Builds, builds_for, target_readings
+from backfill_assets.core.build import BuildEngine, open_build_engine
 from backfill_assets.core.context import Clock, Context, utc_now
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError
 from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.planning import short_readings, target_readings
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.stages import short_readings
-from backfill_assets.core.store import control, ledger
+from backfill_assets.core.store import control as store
+from backfill_assets.core.store import ledger
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.store.plans import find_plan
 
@@ -282,32 +283,32 @@ def open_approvals(
     Reads the target of those partitions (and checks each plan's stage as apply does) on
     ``conn``, the approvals, plans and ledger in the control store.
     """
-    with factory.control(conn) as store, contextlib.ExitStack() as stack:
-        if not control.control_ready(store, spec.control_schema):
+    with factory.control(conn) as control, contextlib.ExitStack() as stack:
+        if not store.control_ready(control, spec.control_schema):
             return []
-        opened: list[Builds] = []
+        opened: list[BuildEngine] = []
 
-        def builds() -> Builds:  # opened for the first approval that needs them (a DuckDB file)
+        def engine() -> BuildEngine:  # opened for the first approval that needs it (a DuckDB file)
             if not opened:
-                opened.append(stack.enter_context(builds_for(conn, factory, spec, store)))
+                opened.append(stack.enter_context(open_build_engine(conn, factory, spec, control)))
             return opened[0]
 
-        return _open_approvals(conn, store, builds, spec, clock())
+        return _open_approvals(conn, control, engine, spec, clock())
 
 
-def _open_approvals(conn: psycopg.Connection, store: psycopg.Connection, builds: Callable[[], Builds],
+def _open_approvals(conn: psycopg.Connection, control: psycopg.Connection, engine: Callable[[], BuildEngine],
                     spec: Spec, now: dt.datetime) -> list[OpenApproval]:
     out = []
-    for row in ledger.open_approvals(store, spec.control_schema, spec.name):
+    for row in ledger.open_approvals(control, spec.control_schema, spec.name):
         approval = Approval.from_row(row)
         labels = list(row["partitions"])
         if approval.expired(spec, now):
             out.append(_expired(spec, approval, labels, row["verified"]))
             continue
         try:
-            stored = find_plan(store, spec, approval.plan_id)
-            ctx = builds().unchanged_spec(stored)
-            found = coverage(conn, store, ctx, stored, approval, labels, builds().unchanged_data(ctx, stored))
+            stored = find_plan(control, spec, approval.plan_id)
+            ctx = engine().unchanged_spec(stored)
+            found = coverage(conn, control, ctx, stored, approval, labels, engine().unchanged_data(ctx, stored))
             problem = None
         except (ApprovalError, SpecError) as err:
             # One approval that cannot be judged (its plan unreadable or drifted) is shown as

@@ -1,170 +1,17 @@
-"""What a replacement changes: the approved stage against the target (or stage B), key by key.
-
-Exact: rows are compared on their canonical text forms (docs/fingerprint.md), the forms the
-fingerprint hashes, so ``-0`` vs ``0``, ``1.5`` vs ``1.50`` and NULL vs the empty string are
-differences, which typed equality misses (through a 64-bit digest of each row's text forms:
-a changed row escapes only by a digest collision, and the fingerprint, which decides plans and
-verifications, hashes the full text with SHA-256). On one server the comparison is one keyed
-full join inside it (sqlbuild.partition_diff, in parallel workers where the server can), each
-side read once; no partition
-is loaded into Python: only the counts and up to ``limit`` example keys per partition come
-back, with both sides' values, looked up by key.
-
-Across engines (a Delta or Iceberg target), the lake partition's rows are rendered to the same
-text forms from Arrow and loaded, as text, into a temporary table
-(TargetEngine.compared, core.targets.lake), then compared by the same SQL with the stage's text
-forms, keyed by the keys' text: exact, each side read once, no per-row Python; a key the lake
-holds more than once counts once, as changed.
-
-Read-only on the tables: it runs in one REPEATABLE READ transaction (read-only unless a lake
-partition is loaded), after checking that stage A still holds the plan's rows (its seal, or a
-fingerprint where the seal does not hold).
-"""
+"""The ``diff`` step: which keys and columns a plan's replacement changes, per partition, the
+approved stage (stage A) against the target or against stage B, as the spec's build engine
+compares them (exactly, on the canonical text forms the fingerprint hashes: docs/fingerprint.md).
+Read-only on the tables."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
-import psycopg
-
-from backfill_assets.core.context import Context
-from backfill_assets.core.errors import ApprovalError, SpecError
-from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import business_key_order
-from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read
-from backfill_assets.core.resolve import resolve
+from backfill_assets.core.build import open_build_engine, refuse_unless_supported
+from backfill_assets.core.differences import DEFAULT_LIMIT, Against, DiffResult
+from backfill_assets.core.errors import SpecError
+from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.stages import stage_partitions_changed
 from backfill_assets.core.store.plans import find_plan
-from backfill_assets.core.vocabulary import PartitionRequest, TableRef, partition_label
-
-Against = Literal["target", "stage_b"]
-KINDS = ("added", "removed", "changed", "unchanged")
-DEFAULT_LIMIT = 10
-
-
-@dataclass(frozen=True)
-class Example:
-    """One differing key: its kind, the columns whose text forms differ, and both values of
-    each (``[approved stage, other side]``; None is NULL)."""
-
-    key: dict[str, str | None]
-    kind: str
-    columns: list[str]
-    values: dict[str, list[str | None]]
-
-    def as_json(self) -> dict[str, Any]:
-        return {"key": self.key, "kind": self.kind, "columns": self.columns, "values": self.values}
-
-
-def example_text(example: Example, *, values: bool = False) -> str:
-    """One line: the key, and which side has it or the columns that differ (with their two
-    values only when asked: what is stored, in plans, ledgers and run metadata, names keys
-    and columns but copies no other value out of the tables)."""
-    key = ", ".join(f"{k}={v}" for k, v in example.key.items())
-    if example.kind != "changed":
-        return f"({key}) {'only in the first' if example.kind == 'added' else 'only in the second'}"
-    if not values:
-        return f"({key}) differs in {', '.join(example.columns)}"
-    return f"({key}) " + ", ".join(f"{c} {example.values[c][0]!r} vs {example.values[c][1]!r}" for c in example.columns)
-
-
-@dataclass(frozen=True)
-class PartitionDiff:
-    partition: str
-    added: int = 0
-    removed: int = 0
-    changed: int = 0
-    unchanged: int = 0
-    examples: list[Example] = field(default_factory=list)
-
-    @property
-    def differs(self) -> bool:
-        return bool(self.added or self.removed or self.changed)
-
-    def as_json(self) -> dict[str, Any]:
-        return {"partition": self.partition, "added": self.added, "removed": self.removed,
-                "changed": self.changed, "unchanged": self.unchanged,
-                "examples": [e.as_json() for e in self.examples]}
-
-
-@dataclass(frozen=True)
-class DiffResult:
-    plan_id: str
-    against: Against
-    partitions: list[PartitionDiff]
-
-    def as_json(self) -> dict[str, Any]:
-        return {"plan_id": self.plan_id, "against": self.against,
-                "partitions": [p.as_json() for p in self.partitions]}
-
-
-def diff_partition(conn: psycopg.Connection, ctx: Context, left: TableRef, right: TableRef, label: str,
-                   limit: int = DEFAULT_LIMIT, *, right_as_text: bool = False) -> PartitionDiff:
-    """One partition of ``left`` (the rows a replacement writes) against ``right``, in the
-    caller's transaction, which must be open (see the module docstring)."""
-    spec = ctx.spec
-    columns = list(spec.columns)
-    counts = dict.fromkeys(KINDS, 0)
-    examples = []
-    order = business_key_order(ctx.target_columns, spec.business_key)
-    conn.execute(sqlbuild.prefer_parallel())
-    rows = conn.execute(*sqlbuild.partition_diff(
-        left, right, spec.partition_key, order, columns, ctx.value_of(label), limit,
-        right_as_text=label if right_as_text else None))
-    for row, kind, n, key, a, b in rows:
-        if row == "count":
-            counts[kind] = int(n)
-            continue
-        differing = [c for i, c in enumerate(columns) if a is None or b is None or a[i] != b[i]]
-        if kind != "changed":  # a whole row on one side: its values, against nothing
-            differing = columns
-        examples.append(Example(
-            key=dict(zip(spec.business_key, key)), kind=kind, columns=differing,
-            values={c: [None if a is None else a[columns.index(c)], None if b is None else b[columns.index(c)]]
-                    for c in differing},
-        ))
-    return PartitionDiff(label, **counts, examples=examples)
-
-
-def rows_per_partition(conn: psycopg.Connection, ctx: Context, rel: TableRef, labels: list[str]) -> dict[str, int]:
-    """How many rows ``rel`` (a table of the data database) holds in each of ``labels`` (0 where
-    none), from one statement."""
-    values = {ctx.value_of(label): label for label in labels}
-    found = dict.fromkeys(labels, 0)
-    if labels:
-        for value, n in conn.execute(*sqlbuild.partition_counts(rel, ctx.spec.partition_key, list(values))):
-            if value in values:
-                found[values[value]] = int(n)
-    return found
-
-
-def diff_counts(conn: psycopg.Connection, ctx: Context, left: TableRef, right: TableRef,
-                labels: list[str]) -> list[PartitionDiff]:
-    """The counts of :func:`diff_partition` (no examples) for each of ``labels``, two tables of
-    the data database, from one keyed join over all of them, in the caller's transaction,
-    which must be open."""
-    spec = ctx.spec
-    values = {ctx.value_of(label): label for label in labels}
-    counts: dict[str, dict[str, int]] = {label: dict.fromkeys(KINDS, 0) for label in labels}
-    if labels:
-        conn.execute(sqlbuild.prefer_parallel())
-        for value, kind, n in conn.execute(*sqlbuild.partitions_diff_counts(
-                left, right, spec.partition_key, spec.business_key, spec.columns, list(values))):
-            if value in values:
-                counts[values[value]][kind] = int(n)
-    return [PartitionDiff(label, **counts[label]) for label in labels]
-
-
-def first_added(conn: psycopg.Connection, ctx: Context, rel: TableRef, label: str, limit: int) -> list[dict[str, str]]:
-    """The first ``limit`` business keys of one partition of ``rel`` (each as its text forms),
-    in the order :func:`diff_partition` gives its examples: the keys it would name when the
-    other side holds no row of the partition (every key added)."""
-    spec = ctx.spec
-    order = business_key_order(ctx.target_columns, spec.business_key)
-    rows = conn.execute(*sqlbuild.first_keys(rel, spec.partition_key, order, ctx.value_of(label), limit))
-    return [dict(zip(spec.business_key, key)) for (key,) in rows]
+from backfill_assets.core.vocabulary import PartitionRequest, partition_label
 
 
 def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against: Against = "target",
@@ -175,37 +22,16 @@ def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against:
         SpecError: a partition not in the plan; a negative limit.
         ApprovalError: no such plan, or stage A no longer holds the plan's rows (plan again).
     """
-    if spec.on_duckdb or spec.on_spark:
-        raise SpecError(f"`diff` reads a PostgreSQL source and stages; it does not support engine {spec.engine.type} "
-                        "yet (plan, approve, apply, status and inspect do; approve shows each partition's changes)")
+    refuse_unless_supported(spec, "diff")
     if limit < 0:
         raise SpecError("--limit must be 0 or more")
-    with factory() as conn:
-        with factory.control(conn) as store:
-            stored = find_plan(store, spec, plan_ref)
-        ctx = resolve(conn, spec, stored.labels)
+    with factory() as conn, factory.control(conn) as control, \
+            open_build_engine(conn, factory, spec, control) as engine:
+        stored = find_plan(control, spec, plan_ref)
+        ctx = engine.resolve(stored.labels)
         wanted = stored.labels if request is None else [partition_label(v) for v in request.resolve(ctx.kind)]
         missing = [label for label in wanted if label not in stored.labels]
         if missing:
             raise SpecError(f"partition(s) {', '.join(missing)} are not in plan {stored.plan_id[:16]}")
-        # A target partition may be loaded into a temporary table (TargetEngine.compared).
-        with repeatable_read(conn, read_only=against != "target" or ctx.engine.compares_read_only):
-            changed = stage_partitions_changed(conn, ctx, "a", {label: stored.approved(label) for label in wanted})
-            if changed:
-                raise ApprovalError(
-                    f"stage {ctx.stage('a')} no longer holds plan {stored.plan_id[:16]}'s rows in partition(s) "
-                    f"{', '.join(changed)}; plan again", plan_id=stored.plan_id,
-                )
-            parts = [diff_against(conn, ctx, label, against, limit) for label in wanted]
+        parts = engine.diff(ctx, stored, wanted, against, limit)
     return DiffResult(stored.plan_id, against, parts)
-
-
-def diff_against(conn: psycopg.Connection, ctx: Context, label: str, against: Against = "target",
-                 limit: int = DEFAULT_LIMIT, *, version: str | None = None) -> PartitionDiff:
-    """Stage A's partition against the target's (a PostgreSQL table, or a lake partition, at
-    ``version`` if given, loaded for the caller's transaction, which must be a writable one)
-    or stage B's."""
-    if against == "stage_b":
-        return diff_partition(conn, ctx, ctx.stage("a"), ctx.stage("b"), label, limit)
-    right, as_text = ctx.engine.compared(conn, ctx, label, version)
-    return diff_partition(conn, ctx, ctx.stage("a"), right, label, limit, right_as_text=as_text)

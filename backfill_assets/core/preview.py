@@ -27,7 +27,8 @@ from backfill_assets.core.coverage import is_expired, short_list, utc_text
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.store import control, ledger, previews
+from backfill_assets.core.store import control as store
+from backfill_assets.core.store import ledger, previews
 from backfill_assets.core.store.plan_document import Plan
 
 # How many differing keys per partition a preview names.
@@ -61,9 +62,9 @@ def make_preview(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spe
     """
     made_at = clock()  # before the target is read: a run that replaces a partition meanwhile marks it stale
     checked = review(conn, factory, spec, plan, first=first)
-    with factory.control(conn) as store, store.transaction():
-        before = previews.of_plan(store, spec.control_schema, checked.plan_id)
-        previews.record(store, spec.control_schema, plan_id=checked.plan_id, spec_name=spec.name,
+    with factory.control(conn) as control, control.transaction():
+        before = previews.of_plan(control, spec.control_schema, checked.plan_id)
+        previews.record(control, spec.control_schema, plan_id=checked.plan_id, spec_name=spec.name,
                         review_id=checked.review_id, target_readings=checked.target, changes=checked.changes,
                         made_at=made_at)
     if before is None:
@@ -91,9 +92,9 @@ def approve_previewed(conn: psycopg.Connection, factory: ConnectionFactory, spec
     if not approved_by.strip():
         raise ApprovalError("an approval needs the approver's name (approved_by)")
     wanted = review_id.strip().lower()
-    with factory.control(conn) as store:
-        shown = previews.by_review(store, spec.control_schema, wanted) if control.control_ready(
-            store, spec.control_schema) else None
+    with factory.control(conn) as control:
+        shown = previews.by_review(control, spec.control_schema, wanted) if store.control_ready(
+            control, spec.control_schema) else None
     if shown is None:
         raise ApprovalError(
             f"there is no current change preview {wanted[:16]} of spec {spec.name}: a newer preview of its plan "
@@ -115,8 +116,8 @@ def approve_previewed(conn: psycopg.Connection, factory: ConnectionFactory, spec
         )
     # The same target and stage give the same changes: record the counts that were shown.
     checked = dataclasses.replace(checked, changes=shown["changes"])
-    with factory.control(conn) as store:
-        approval_id = confirm(store, checked, approved_by, clock=clock, previewed_at=shown["made_at"])
+    with factory.control(conn) as control:
+        approval_id = confirm(control, checked, approved_by, clock=clock, previewed_at=shown["made_at"])
     return Approved(approval_id, checked, shown["made_at"])
 
 
@@ -153,26 +154,26 @@ class Waiting:
     approvals: list[WaitingApproval]
 
 
-def waiting(store: psycopg.Connection, spec: Spec, *, now: dt.datetime | None = None,
+def waiting(control: psycopg.Connection, spec: Spec, *, now: dt.datetime | None = None,
             limit: int = WAITING_LIMIT) -> Waiting:
     """What waits for a person or a run: ready plans not approved, made or previewed within the
     spec's ``approval_expires_after`` (newest first, at most ``limit``; an older one can still
     be approved, but nobody is waiting on it), and approvals not yet applied (oldest first).
-    Reads only the control store (``store``); a preview is stale in the partitions a verified
+    Reads only the control store (``control``); a preview is stale in the partitions a verified
     run replaced since."""
-    if not control.control_ready(store, spec.control_schema):
+    if not store.control_ready(control, spec.control_schema):
         return Waiting([], [])
     now = now or utc_now()
     schema = spec.control_schema
     plans = [
         WaitingPlan(row["plan_id"], list(row["partitions"]), row["created_at"], row["review_id"], row["changes"],
                     row["previewed_at"], list(row["replaced"]))
-        for row in previews.waiting_plans(store, schema, spec.name, spec.target_name,
+        for row in previews.waiting_plans(control, schema, spec.name, spec.target_name,
                                           now - spec.approval_expires_after, limit)
     ]
     approvals = [
         WaitingApproval(int(r["approval_id"]), r["plan_id"], r["approved_by"], r["approved_at"], list(r["partitions"]),
                         list(r["verified"]), is_expired(spec, r["approved_at"], now))
-        for r in ledger.open_approvals(store, schema, spec.name)
+        for r in ledger.open_approvals(control, schema, spec.name)
     ]
     return Waiting(plans, approvals)

@@ -1,57 +1,21 @@
-"""Step 1: inspect read-only, and resolve a spec into the :class:`Context` every later step
-works from: its target's engine (chosen here, once, by ``target.format``), the catalog
-checked against the spec, the partitions, and the validated transform.
-"""
+"""Step 1: inspect source and target read-only, as the spec's build engine reads them (its
+``resolve`` then checks the spec against what it found, before anything is written)."""
 
 from __future__ import annotations
 
-import psycopg
-
-from backfill_assets.core.context import Context
-from backfill_assets.core.guard.transform import validate_transform_text
+from backfill_assets.core.build import open_build_engine
 from backfill_assets.core.pg.catalog import Inspection
+from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.targets import engine_for
-from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
 
 
-def resolve(
-    conn: psycopg.Connection, spec: Spec, request: PartitionRequest | list[str],
-) -> Context:
-    """Inspect read-only and validate everything about the spec before any write.
-
-    ``request`` is the command line's partitions, or the labels stored in a plan.
-
-    Raises:
-        SpecError: the catalog disagrees with the spec, the partitions are malformed, or
-            the transform is refused.
-    """
-    if spec.transform_sql is not None:
-        transform = validate_transform_text(spec.transform_sql)  # the parser first: no I/O
-    else:
-        transform = None
-    engine = engine_for(spec)
-    inspection = engine.inspect(conn, transform)
-    kind = inspection.require_plannable()
-    if isinstance(request, PartitionRequest):
-        partitions = request.resolve(kind)
-    else:
-        partitions = parse_labels(request, kind)
-    engine.check(conn, inspection, partitions, transform)
-    return Context(spec, engine, inspection, partitions, transform)
-
-
-def inspect(conn: psycopg.Connection, spec: Spec) -> Inspection:
-    """Inspect read-only, as the spec's target engine does (``inspect``): the source, the
-    target, and every problem with them.
+def inspect(spec: Spec, factory: ConnectionFactory) -> Inspection:
+    """Inspect read-only, as the spec's build engine does: the source, the target, and every
+    problem with them.
 
     Raises:
         TransformError: the spec's transform is refused.
     """
-    if spec.on_spark:
-        from backfill_assets.core.spark.flow import inspect_spark
-        return inspect_spark(conn, spec)
-    if spec.on_duckdb:
-        from backfill_assets.core.duck.flow import inspect_duck
-        return inspect_duck(conn, spec)
-    return engine_for(spec).inspect(conn, None)
+    # Inspection reads the data's database only: it needs no control store (nor its variable).
+    with factory() as conn, open_build_engine(conn, factory, spec, control=conn) as engine:
+        return engine.inspect()

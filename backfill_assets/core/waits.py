@@ -60,8 +60,8 @@ def held_locks(conn: psycopg.Connection, spec: Spec, *, control_only: bool = Fal
     """The locks other sessions hold now on the spec's relations in ``conn``'s database,
     strongest first. ``control_only``: the control schema alone (a control store of its own)."""
     target_tables, catalog_tables = ([], []) if control_only else engine_for(spec).held_elsewhere()
-    # A lake or JDBC source is not a table of this database.
-    source = [] if control_only or spec.on_duckdb or spec.on_spark else [spec.source_ref]
+    # A lake, JDBC or catalog source is not a table of this database.
+    source = [] if control_only or spec.source.format != "postgres" else [spec.source_ref]
     tables = [*source, *([] if control_only else target_tables)]
     rows = conn.execute(_HELD, {
         "control": spec.control_schema, "schemas": [t.schema for t in tables],

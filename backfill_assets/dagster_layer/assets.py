@@ -32,20 +32,19 @@ import psycopg
 
 from backfill_assets.core.apply import apply_plan, approved_plan_for
 from backfill_assets.core.errors import ApprovalError, BackfillError, SpecError, StageError, VerificationError
-from backfill_assets.core.plan import snapshot_step, stages_step
+from backfill_assets.core.plan import snapshot_covering, snapshot_step, stages_step
 from backfill_assets.core.preview import make_preview
 from backfill_assets.core.progress import Progress, ProgressEvent
-from backfill_assets.core.snapshot import snapshot_covering
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.stages import read_stages
 from backfill_assets.dagster_layer import events
 from backfill_assets.dagster_layer.names import PLAN_TAG, Keys, build_pool, replace_pool
 from backfill_assets.dagster_layer.partitions import partitions_def
 from backfill_assets.dagster_layer.resources import (
-    SPARK_RESOURCE,
     PostgresResource,
+    engine_keys,
     resource_key,
-    spark_keys,
+    start_engine,
     transient_retry,
 )
 
@@ -91,8 +90,7 @@ def _progress(context: dg.AssetExecutionContext, interval: float = PROGRESS_INTE
 
 
 def _factory(context: dg.AssetExecutionContext, spec: Spec):
-    if spec.on_spark:  # the run's Spark session, from its resource, before any step uses it
-        getattr(context.resources, SPARK_RESOURCE).start()
+    start_engine(context.resources, spec)
     resource: PostgresResource = getattr(context.resources, resource_key(spec))
     return resource.factory(spec, f"backfill_assets:{spec.name}:dagster")
 
@@ -144,7 +142,7 @@ class _Shape:
         return dg.multi_asset(
             name=f"{self.spec.name}__{step}", partitions_def=self.parts, backfill_policy=policy,
             pool=None if parallel is None else pool,
-            can_subset=True, required_resource_keys={resource_key(self.spec), *spark_keys(self.spec)}, **kwargs,
+            can_subset=True, required_resource_keys={resource_key(self.spec), *engine_keys(self.spec)}, **kwargs,
         )
 
     def check(self, name: str, key: dg.AssetKey, description: str, blocking: bool = False) -> dg.AssetCheckSpec:
@@ -226,7 +224,7 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
         With only the stage checks selected, the checks run again on the stages as they are."""
         chosen = context.selected_asset_keys & {keys.stage_a, keys.stage_b}
         if not chosen:
-            yield from stage_checks_again(context)
+            yield from _stage_checks_again(context, shape)
             return
         if chosen != {keys.stage_a, keys.stage_b}:
             raise StageError(
@@ -251,47 +249,51 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
         yield from events.stage_materializations(keys, parts, snapshot_id, columns, plan, spec.parallel)
         yield from checks
         if dg.AssetCheckKey(keys.stage_a, events.PREVIEW_CHECK) in context.selected_asset_check_keys:
-            yield from _previews(context, factory, plan.plan_id, plan.labels)
-
-    def stage_checks_again(context: dg.AssetExecutionContext):
-        """Only the stage checks selected (a check-only re-execution): evaluate them on both
-        stages as they are now, against each other, their builds and the plans; build nothing."""
-        if not (context.has_partition_key or context.has_partition_key_range):
-            raise StageError("checking the stages again needs the partitions to check; pick them when launching")
-        factory = _factory(context, spec)
-        with transient_retry(factory, spec):
-            found = read_stages(spec, list(context.partition_keys), factory)
-        yield from events.stage_checks_as_they_are(keys, found, context.selected_asset_check_keys)
-        if dg.AssetCheckKey(keys.stage_a, events.PREVIEW_CHECK) in context.selected_asset_check_keys:
-            by_plan: dict[str | None, list[str]] = {}
-            for state in found:
-                by_plan.setdefault(state.plan_id, []).append(state.partition)
-            for plan_id, labels in by_plan.items():
-                if plan_id is None:
-                    yield from events.no_preview(keys, labels, "no plan covers this partition: build the stages")
-                    continue
-                yield from _previews(context, factory, plan_id, labels)
-
-    def _previews(context: dg.AssetExecutionContext, factory, plan_id: str, labels: list[str]) -> Iterator[dg.AssetCheckEvaluation]:
-        """The change preview of a ready plan, on every partition of the plan (a new preview
-        replaces the plan's previous one, and its link approves them all, so none may go on
-        showing the old one); a warning on ``labels`` naming why where none could be made (the
-        plan was refused or changed since, a wait ran out): the stages stand either way, and
-        executing the check again retries it."""
-        try:
-            with factory() as conn:
-                preview = make_preview(conn, factory, spec, plan_id)
-        except Exception as err:  # noqa: BLE001 - the stages stand; only the preview is missing
-            # Our errors and the driver's carry no credential; of a library's, only its class.
-            reason = (" ".join(str(err).split()) if isinstance(err, (BackfillError, psycopg.Error))
-                      else f"unexpected {err.__class__.__name__}; see the run's logs")
-            context.log.warning(f"no change preview of plan {plan_id[:16]}: {reason}")
-            yield from events.no_preview(keys, [label for label in labels if parts.has_partition_key(label)],
-                                         reason, plan_id=plan_id)
-            return
-        yield from events.preview_checks(keys, parts, preview)
+            yield from _previews(context, shape, factory, plan.plan_id, plan.labels)
 
     return stages
+
+
+def _stage_checks_again(context: dg.AssetExecutionContext, shape: _Shape) -> Iterator[Any]:
+    """Only the stage checks selected (a check-only re-execution): evaluate them on both
+    stages as they are now, against each other, their builds and the plans; build nothing."""
+    spec, keys = shape.spec, shape.keys
+    if not (context.has_partition_key or context.has_partition_key_range):
+        raise StageError("checking the stages again needs the partitions to check; pick them when launching")
+    factory = _factory(context, spec)
+    with transient_retry(factory, spec):
+        found = read_stages(spec, list(context.partition_keys), factory)
+    yield from events.stage_checks_as_they_are(keys, found, context.selected_asset_check_keys)
+    if dg.AssetCheckKey(keys.stage_a, events.PREVIEW_CHECK) in context.selected_asset_check_keys:
+        by_plan: dict[str | None, list[str]] = {}
+        for state in found:
+            by_plan.setdefault(state.plan_id, []).append(state.partition)
+        for plan_id, labels in by_plan.items():
+            if plan_id is None:
+                yield from events.no_preview(keys, labels, "no plan covers this partition: build the stages")
+                continue
+            yield from _previews(context, shape, factory, plan_id, labels)
+
+def _previews(context: dg.AssetExecutionContext, shape: _Shape, factory: Any, plan_id: str,
+              labels: list[str]) -> Iterator[dg.AssetCheckEvaluation]:
+    """The change preview of a ready plan, on every partition of the plan (a new preview
+    replaces the plan's previous one, and its link approves them all, so none may go on
+    showing the old one); a warning on ``labels`` naming why where none could be made (the
+    plan was refused or changed since, a wait ran out): the stages stand either way, and
+    executing the check again retries it."""
+    spec, keys, parts = shape.spec, shape.keys, shape.parts
+    try:
+        with factory() as conn:
+            preview = make_preview(conn, factory, spec, plan_id)
+    except Exception as err:  # noqa: BLE001 - the stages stand; only the preview is missing
+        # Our errors and the driver's carry no credential; of a library's, only its class.
+        reason = (" ".join(str(err).split()) if isinstance(err, (BackfillError, psycopg.Error))
+                  else f"unexpected {err.__class__.__name__}; see the run's logs")
+        context.log.warning(f"no change preview of plan {plan_id[:16]}: {reason}")
+        yield from events.no_preview(keys, [label for label in labels if parts.has_partition_key(label)],
+                                     reason, plan_id=plan_id)
+        return
+    yield from events.preview_checks(keys, parts, preview)
 
 
 def _target_asset(shape: _Shape) -> dg.AssetsDefinition:

@@ -14,7 +14,7 @@ import dagster as dg
 from backfill_assets.core.coverage import utc_text
 from backfill_assets.core.errors import ApprovalOutdatedError, BackfillError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.plan import differing_keys_prefix
+from backfill_assets.core.planning import differing_keys_prefix
 from backfill_assets.core.preview import Preview, Waiting
 from backfill_assets.core.spec import ParallelSpec
 from backfill_assets.core.store.plan_document import PartitionEntry, Plan

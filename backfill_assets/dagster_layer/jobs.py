@@ -18,10 +18,10 @@ from backfill_assets.dagster_layer.names import (
     target_job_name,
 )
 from backfill_assets.dagster_layer.resources import (
-    SPARK_RESOURCE,
     PostgresResource,
+    engine_keys,
     resource_key,
-    spark_keys,
+    start_engine,
     transient_retry,
 )
 from backfill_assets.render import plan_markdown, render_review
@@ -55,7 +55,7 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
     records the approval with the review shown."""
     by_name = {s.name: s for s in specs}
 
-    needs = {resource_key(s) for s in specs} | {k for s in specs for k in spark_keys(s)}
+    needs = {resource_key(s) for s in specs} | {k for s in specs for k in engine_keys(s)}
 
     @dg.op(name=APPROVE_OP, required_resource_keys=needs, out=dg.Out(int))
     def approve_plan_gate(context: dg.OpExecutionContext, config: ApproveConfig) -> int:
@@ -67,8 +67,7 @@ def approval_job(specs: list[Spec]) -> dg.JobDefinition:
             spec = specs[0]
         else:
             raise SpecError(f"several specs are loaded ({', '.join(by_name)}); set `spec` in the config")
-        if spec.on_spark:  # the review resolves the spec in Spark: the location's session
-            getattr(context.resources, SPARK_RESOURCE).start()
+        start_engine(context.resources, spec)  # the review resolves the spec in the engine
         resource: PostgresResource = getattr(context.resources, resource_key(spec))
         factory = resource.factory(spec, f"backfill_assets:{spec.name}:approve")
         with transient_retry(factory, spec), factory() as conn:

@@ -58,14 +58,26 @@ class SparkResource(dg.ConfigurableResource):
         start_session(self.master, dict(self.conf))
 
 
-def spark_keys(spec: Spec) -> set[str]:
-    """The resources a spec's steps need beyond its PostgreSQL one."""
-    return {SPARK_RESOURCE} if spec.on_spark else set()
+# engine.type -> the resource whose session its steps start before they use the engine.
+ENGINE_RESOURCES = {"spark": SPARK_RESOURCE}
+
+
+def engine_keys(spec: Spec) -> set[str]:
+    """The resources a spec's steps need beyond its PostgreSQL one (its engine's session)."""
+    key = ENGINE_RESOURCES.get(spec.engine.type)
+    return set() if key is None else {key}
+
+
+def start_engine(resources: object, spec: Spec) -> None:
+    """Start (or find) the session of the spec's engine from the run's resources, before any
+    step uses it: the code location's settings, not only the spec's."""
+    for key in engine_keys(spec):
+        getattr(resources, key).start()
 
 
 def spark_resource(specs: list[Spec]) -> dict[str, SparkResource]:
     """The Spark resource, from the first Spark spec's engine settings (none without one)."""
-    spark = [s for s in specs if s.on_spark]
+    spark = [s for s in specs if SPARK_RESOURCE in engine_keys(s)]
     if not spark:
         return {}
     engine = spark[0].engine

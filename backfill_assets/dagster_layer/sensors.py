@@ -9,14 +9,15 @@ import time
 
 import dagster as dg
 
+from backfill_assets.core.build import open_build_engine
 from backfill_assets.core.context import Clock, utc_now
 from backfill_assets.core.coverage import duration_text, expiry, is_expired, utc_text
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.preview import waiting
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.store import control, ledger
+from backfill_assets.core.store import control as store
+from backfill_assets.core.store import ledger
 from backfill_assets.core.waits import explained_waits
-from backfill_assets.core.watch import WatchState, watch_tick
 from backfill_assets.dagster_layer import events
 from backfill_assets.dagster_layer.names import (
     APPROVAL_TAG,
@@ -129,10 +130,10 @@ def approval_sensor(
             since = now - spec.approval_expires_after if fresh else None
             factory = _factory(context, spec)
             # A timeout fails the tick (the next one tries again), naming what it waited for.
-            with explained_waits(factory, spec), factory() as conn, factory.control(conn) as store:
-                if not control.control_ready(store, spec.control_schema):
+            with explained_waits(factory, spec), factory() as conn, factory.control(conn) as control:
+                if not store.control_ready(control, spec.control_schema):
                     continue
-                new = ledger.approvals_since(store, spec.control_schema, spec.name, cursor.get(spec.name, 0),
+                new = ledger.approvals_since(control, spec.control_schema, spec.name, cursor.get(spec.name, 0),
                                              limit=per_tick, approved_after=since)
             if since is not None:
                 context.log.info(f"{spec.name}: no cursor yet: reading only approvals given after {utc_text(since)} "
@@ -187,7 +188,8 @@ def source_snapshot_sensor(
     their newest snapshot (a copy that is out of date, or an immutable source that moved).
 
     A tick reads the source's change counters first and stops there when the table did not
-    move; see :mod:`backfill_assets.core.watch` for the gates. The cursor keeps, per
+    move; see the build engine's ``source_moves`` (core.engines.postgres.watch for the gates). The
+    cursor keeps, per
     spec, what the last tick read (resetting it in the UI makes the next tick check every
     partition in full).
     """
@@ -204,20 +206,15 @@ def source_snapshot_sensor(
         for spec in specs:  # the budget is the tick's, shared by its specs
             factory = _factory(context, spec)
             budget = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if spec.on_duckdb or spec.on_spark:  # files keep their versions: no state between ticks (core.duck.watch)
-                from backfill_assets.core.duck.watch import lake_changes
-                with explained_waits(factory, spec), factory() as conn, factory.control(conn) as store:
-                    changed = lake_changes(store, spec)
-                context.log.info(f"{spec.name}: {len(changed)} partition(s) changed since their snapshot")
-                requests.extend(source_requests(spec, changed))
-                continue
-            with explained_waits(factory, spec), factory() as conn:
-                tick = watch_tick(conn, spec, WatchState.from_json(before.get(spec.name)), budget_s=budget)
-            context.log.info(f"{spec.name}: {tick.summary()}")
-            for note in tick.notes:
+            with explained_waits(factory, spec), factory() as conn, factory.control(conn) as control, \
+                    open_build_engine(conn, factory, spec, control) as engine:
+                moves = engine.source_moves(before.get(spec.name), budget)
+            context.log.info(f"{spec.name}: {moves.summary}")
+            for note in moves.notes:
                 context.log.warning(f"{spec.name}: {note}")
-            kept[spec.name] = tick.state.as_json()
-            requests.extend(source_requests(spec, tick.changed))
+            if moves.state is not None:  # an engine whose source keeps its versions keeps no state
+                kept[spec.name] = moves.state
+            requests.extend(source_requests(spec, moves.changed))
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(kept, sort_keys=True, separators=(",", ":")))
 
     return _sensor
@@ -253,8 +250,8 @@ def approvals_board(specs: list[Spec], *, clock: Clock = utc_now) -> dg.SensorDe
         for spec in specs:
             keys, before = Keys.of(spec), cursor.get(spec.name, {})
             factory = _factory(context, spec)
-            with explained_waits(factory, spec), factory() as conn, factory.control(conn) as store:
-                found = waiting(store, spec, now=now)
+            with explained_waits(factory, spec), factory() as conn, factory.control(conn) as control:
+                found = waiting(control, spec, now=now)
             marked = set(before.get("stale", []))
             still = set()
             parts = partitions_def(spec)

@@ -286,7 +286,7 @@ def test_status_shows_what_each_open_approval_still_covers_and_why_not(demo_db, 
 def test_approve_renders_the_core_review_and_checks_the_data_once(demo_db, url_env, tmp_path, capsys, monkeypatch):
     """One approval flow: the core's review runs every check once; the CLI renders what it
     returns (the plan, the target now, what will be replaced) and confirms it."""
-    from backfill_assets.core import approve as approve_module
+    from backfill_assets.core.engines.postgres import review as approve_module
 
     spec = str(write_spec(tmp_path))
     code, out, _ = run(capsys, "plan", "--spec", spec, "--partitions", "2024-01-01..2024-01-07", "--json")

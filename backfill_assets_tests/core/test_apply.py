@@ -112,7 +112,7 @@ def test_changed_stage_after_approval_is_refused_with_nothing_written(demo_db, f
 
 def test_stage_checks_read_the_seal_and_hash_only_partitions_whose_rows_were_rewritten(demo_db, factory, monkeypatch):
     from backfill_assets.core import context as context_module
-    from backfill_assets.core.approve import check_data_unchanged, check_spec_unchanged
+    from backfill_assets.core.engines.postgres.review import check_data_unchanged, check_spec_unchanged
 
     spec = make_spec()
     plan = make_plan(spec, ALL_DAYS, factory)
@@ -126,7 +126,7 @@ def test_stage_checks_read_the_seal_and_hash_only_partitions_whose_rows_were_rew
         return real(self, conn, rel, partition)
 
     monkeypatch.setattr(context_module.Context, "readings", counting)
-    ctx = check_spec_unchanged(demo_db, factory, spec, stored)
+    ctx = check_spec_unchanged(demo_db, spec, stored)
     demo_db.execute(b"VACUUM FREEZE backfill_control.orders_daily__stage_a")  # not a change
     check_data_unchanged(demo_db, ctx, stored)
     assert hashed == []  # every partition still sealed by its build
@@ -155,7 +155,7 @@ def test_stage_checks_read_the_seal_and_hash_only_partitions_whose_rows_were_rew
 ])
 def test_a_stage_seal_past_the_horizon_or_of_unknown_age_is_not_trusted(demo_db, factory, monkeypatch, change):
     from backfill_assets.core import context as context_module
-    from backfill_assets.core.approve import check_data_unchanged, check_spec_unchanged
+    from backfill_assets.core.engines.postgres.review import check_data_unchanged, check_spec_unchanged
 
     spec = make_spec()
     plan = make_plan(spec, ALL_DAYS, factory)
@@ -164,7 +164,7 @@ def test_a_stage_seal_past_the_horizon_or_of_unknown_age_is_not_trusted(demo_db,
     seals = demo_db.execute("SELECT writer_xid::bigint, writer_txid FROM backfill_control.stage_builds "
                             "WHERE writer_xid IS NOT NULL").fetchall()
     assert len(seals) == 2 * 7 and all(txid % 2**32 == xid for xid, txid in seals)
-    ctx = check_spec_unchanged(demo_db, factory, spec, stored)
+    ctx = check_spec_unchanged(demo_db, spec, stored)
     hashed: list[object] = []
     real = context_module.Context.readings
 

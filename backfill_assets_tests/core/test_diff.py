@@ -7,12 +7,13 @@ import json
 
 import pytest
 
-from backfill_assets.core.approve import changes_of
-from backfill_assets.core.diff import diff_against, diff_plan
+from backfill_assets.core.diff import diff_plan
+from backfill_assets.core.engines.postgres.diff import diff_against
+from backfill_assets.core.engines.postgres.resolve import resolve
+from backfill_assets.core.engines.postgres.review import changes_of
 from backfill_assets.core.errors import ApprovalError, SpecError
 from backfill_assets.core.pg.db import repeatable_read
 from backfill_assets.core.plan import make_plan
-from backfill_assets.core.resolve import resolve
 from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.flows import approved, run

@@ -153,8 +153,8 @@ def test_a_later_plan_reuses_an_intact_copy_and_copies_again_when_its_seal_broke
     "ALTER TABLE {copy} ALTER COLUMN amount TYPE numeric(14,4)",
 ])
 def test_any_change_to_a_copy_breaks_its_seal(demo_db, factory, change):
-    from backfill_assets.core.resolve import resolve
-    from backfill_assets.core.snapshot import copy_intact
+    from backfill_assets.core.engines.postgres.resolve import resolve
+    from backfill_assets.core.engines.postgres.snapshot import copy_intact
 
     plan = make_plan(make_spec(), ALL_DAYS, factory)
     copy = TableRef("backfill_control", f"snap_{plan.as_json()['snapshot']['fingerprint'][:16]}")
@@ -375,7 +375,7 @@ def test_the_stages_step_refuses_a_snapshot_that_does_not_exist(unmoved_db, fact
 
 
 def test_source_changes_name_the_partitions_whose_source_moved_on(unmoved_db, factory, conn):
-    from backfill_assets.core.snapshot import source_changes
+    from backfill_assets.core.engines.postgres.snapshot import source_changes
 
     assert source_changes(conn, STATIC) == {}
     make_plan(STATIC, PartitionRequest("2024-01-01..2024-01-03"), factory)
@@ -387,8 +387,8 @@ def test_source_changes_name_the_partitions_whose_source_moved_on(unmoved_db, fa
 def test_a_source_that_comes_back_to_an_earlier_state_is_snapshotted_as_the_newest(unmoved_db, factory, conn):
     """A -> B -> A: the third snapshot has the first one's id (content-addressed) and is the
     newest, so the sensor sees no change and the stages step builds from it, not from B."""
+    from backfill_assets.core.engines.postgres.snapshot import source_changes
     from backfill_assets.core.plan import snapshot_step
-    from backfill_assets.core.snapshot import source_changes
     from backfill_assets.core.store import control
 
     day = PartitionRequest("2024-01-02")

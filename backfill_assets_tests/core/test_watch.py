@@ -9,11 +9,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from backfill_assets.core.engines.postgres.watch import TableReading, WatchState, compare_tables, watch_tick
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.plan import snapshot_step
 from backfill_assets.core.vocabulary import PartitionRequest, TableRef
-from backfill_assets.core.watch import TableReading, WatchState, compare_tables, watch_tick
 from backfill_assets_tests.support.source_writes import INDEX, NEXT_SEQ, settle, source_reads, write
 from backfill_assets_tests.support.specs import DEMO_SPEC, make_spec
 
@@ -280,7 +280,7 @@ def test_gate_1_without_an_earlier_reading_checks_everything():
 
 
 def test_a_partitioned_source_is_read_per_leaf_and_a_view_is_not_watchable(conn, factory):
-    from backfill_assets.core.watch import read_table
+    from backfill_assets.core.engines.postgres.watch import read_table
     conn.execute(b"CREATE TABLE public.p (d date, v int) PARTITION BY RANGE (d)")
     conn.execute(b"CREATE TABLE public.p1 PARTITION OF public.p FOR VALUES FROM ('2024-01-01') TO ('2024-02-01')")
     conn.execute(b"CREATE TABLE public.p2 PARTITION OF public.p FOR VALUES FROM ('2024-02-01') TO ('2024-03-01')")

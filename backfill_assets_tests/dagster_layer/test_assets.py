@@ -11,8 +11,8 @@ from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import PLAN_TAG, RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import PostgresResource, transient_retry
-from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.flows import DAYS8, target_day_hashes
+from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.specs import make_spec
 
 SPEC = make_spec()
@@ -150,7 +150,7 @@ def test_approval_gate_then_sensor_launches_exactly_the_approved_partitions(dags
 
 
 def test_the_approval_gate_logs_the_core_review_and_checks_the_data_once(dagster_env, demo_db, monkeypatch):
-    from backfill_assets.core import approve as approve_module
+    from backfill_assets.core.engines.postgres import review as approve_module
 
     defs, resources, instance = dagster_env
     result = stage_week(defs, resources, instance)

@@ -12,7 +12,7 @@ written through the same writers and the same apply protocol as for a PostgreSQL
   A stage's partitions are replaced and fingerprinted (format 3) in one DuckDB transaction,
   which also records each partition's readings and seal (:func:`seals_hold`) in the same
   database; the readings are recorded as the build in the control store too.
-- Approval and apply (:class:`DuckBuilds`, core.approve.Builds): the pin must still be
+- Approval and apply (:class:`DuckBuildEngine`, core.build.BuildEngine): the pin must still be
   readable (a vacuumed Delta version, an expired Iceberg snapshot, a changed Parquet file:
   "plan again"), and stage A must carry the approved readings, by its seals or fingerprinted
   again. Under each partition's lock apply reads stage A's rows into Arrow and fingerprints
@@ -34,28 +34,20 @@ from typing import Any, Literal
 import psycopg
 import pyarrow as pa
 
-from backfill_assets.core.approve import require_ready, spec_document_drift
-from backfill_assets.core.context import (
-    Checkpoint,
-    Clock,
-    Context,
-    Target,
-    build_lock,
-    no_checkpoint,
-    spec_lock,
-    utc_now,
-)
+from backfill_assets.core.build import SourceMoves, StagesNow
+from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.duck import statements
 from backfill_assets.core.duck.database import cursor, database
-from backfill_assets.core.duck.inspect import described, resolve, source_types
+from backfill_assets.core.duck.inspect import described, inspect, resolve, source_types
 from backfill_assets.core.duck.source import SOURCE_ROWS, LakeSource, lake_source
-from backfill_assets.core.errors import ApprovalError, SourceDataError, StageError, VerificationError
+from backfill_assets.core.duck.watch import lake_changes
+from backfill_assets.core.errors import ApprovalError, SourceDataError, SpecError, StageError, VerificationError
 from backfill_assets.core.fingerprint import duck, rows
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.moves import close_scope_with
-from backfill_assets.core.pg.catalog import ColumnInfo
+from backfill_assets.core.pg.catalog import ColumnInfo, Inspection
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned import (
     LakeSnapshot,
@@ -68,10 +60,10 @@ from backfill_assets.core.pinned import (
     require_pin,
     require_plan_pin,
 )
-from backfill_assets.core.plan import assemble
-from backfill_assets.core.progress import Progress, ProgressEvent, quiet
+from backfill_assets.core.planning import assemble, compare_readings, require_ready, spec_document_drift
+from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.stages import compare_readings
+from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.targets.lake import LakeEngine, StagedLakeTarget, refuse_keys_in_several_partitions
 from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, partition_label
@@ -123,7 +115,7 @@ def _input(ctx: Context, source_names: Sequence[str]) -> Any:
 
 def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
     """Refuse source data newest-wins cannot rebuild exactly, as the PostgreSQL engine does
-    (core.snapshot.check_source); return each partition's (rows read, rows with a NULL key).
+    (core.engines.postgres.snapshot.check_source); return each partition's (rows read, rows with a NULL key).
 
     Raises:
         SourceDataError: NULLs in an ordering column without declared NULL placement, ties on
@@ -412,45 +404,6 @@ def _reports(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSource) 
     return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in found}
 
 
-def make_plan(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, *, clock: Clock = utc_now,
-              progress: Progress = quiet) -> Plan:
-    """core.plan.make_plan for a DuckDB spec: pin, check, build both stages, compare, store."""
-    with factory() as conn, factory.control(conn) as control, spec_lock(control, spec), \
-            opened(spec, control) as (source, db):
-        progress(ProgressEvent("inspect", f"{spec.source_name} -> {spec.target_name}"))
-        with contextlib.closing(cursor(db)) as con:
-            ctx = resolve(control, spec, request, source, con)
-        snapshot, ctx = take_snapshot(control, ctx, source, db, clock, progress)
-        a, b = build_both(control, ctx, snapshot, source, db, clock, progress)
-        assert snapshot.reports is not None
-        return finish_plan(control, ctx, snapshot, db, snapshot.reports, a, b, clock, progress)
-
-
-def snapshot_step(spec: Spec, request: PartitionRequest | list[str], factory: ConnectionFactory, *,
-                  clock: Clock = utc_now, progress: Progress = quiet) -> LakeSnapshot:
-    """core.plan.snapshot_step for a DuckDB spec."""
-    with factory() as conn, factory.control(conn) as control, build_lock(control, spec), \
-            opened(spec, control) as (source, db):
-        with contextlib.closing(cursor(db)) as con:
-            ctx = resolve(control, spec, request, source, con)
-        return take_snapshot(control, ctx, source, db, clock, progress)[0]
-
-
-def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clock: Clock = utc_now,
-                progress: Progress = quiet) -> tuple[Context, Plan, dict[str, Fingerprint], dict[str, Fingerprint]]:
-    """core.plan.stages_step for a DuckDB spec."""
-    with factory() as conn, factory.control(conn) as control, build_lock(control, spec), \
-            opened(spec, control) as (source, db):
-        def ctx_of(labels: list[str]) -> Context:
-            with contextlib.closing(cursor(db)) as con:
-                return resolve(control, spec, labels, source, con)
-        snapshot, ctx = load_snapshot(control, ctx_of, spec, snapshot_id)
-        require_pin(source, spec, snapshot, ctx)
-        a, b = build_both(control, ctx, snapshot, source, db, clock, progress)
-        plan = finish_plan(control, ctx, snapshot, db, _reports(db, ctx, snapshot, source), a, b, clock, progress)
-        return ctx, plan, a, b
-
-
 class DuckLakeTarget(StagedLakeTarget):
     """A lake target whose approved rows come from stage A in DuckDB (targets.lake.StagedLakeTarget)."""
 
@@ -469,28 +422,85 @@ class DuckLakeTarget(StagedLakeTarget):
         return data.cast(lake_schema(self.ctx.target_columns))
 
 
-class DuckBuilds:
-    """The snapshot and stages of a DuckDB spec (core.approve.Builds)."""
+class DuckBuildEngine:
+    """The DuckDB build engine (core.build.BuildEngine): the lake source pinned at its version,
+    both stages in the spec's DuckDB database; plans, approvals and the ledger in the control
+    store (``control``)."""
 
-    def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, source: LakeSource, db: Any) -> None:
-        self.conn, self.factory, self.spec, self.source, self.db = conn, factory, spec, source, db
+    REFUSES = {
+        "diff": "`diff` reads a PostgreSQL source and stages; it does not support engine duckdb yet (plan, approve, "
+                "apply, status and inspect do; approve shows each partition's changes)",
+        "profile": "`profile` reads a PostgreSQL source and stages; it does not support engine duckdb yet (plan, "
+                   "approve, apply, status and inspect do)",
+    }
+
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
+                 source: LakeSource, db: Any) -> None:
+        self.conn, self.control, self.factory, self.spec, self.source, self.db = conn, control, factory, spec, source, db
         self._target: DuckLakeTarget | None = None  # the target apply opened (its recheck reads the stage)
 
     @classmethod
     @contextlib.contextmanager
-    def opened(cls, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
-               control: psycopg.Connection | None = None) -> Iterator[DuckBuilds]:
-        """Open the spec's source and DuckDB database for the block; ``control``: the caller's
-        connection to the control store (else one is opened)."""
-        with contextlib.ExitStack() as stack:
-            store = control if control is not None else stack.enter_context(factory.control(conn))
-            source, db = stack.enter_context(opened(spec, store))
-            yield cls(store, factory, spec, source, db)
+    def opened(cls, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory,
+               spec: Spec) -> Iterator[DuckBuildEngine]:
+        """The spec's source and DuckDB database, open for the block."""
+        with opened(spec, control) as (source, db):
+            yield cls(conn, control, factory, spec, source, db)
 
+    # -- the plan side ----------------------------------------------------------------------
+    def inspect(self) -> Inspection:
+        with contextlib.closing(cursor(self.db)) as con:
+            return inspect(self.control, self.spec, self.source, con)[0]
+
+    def resolve(self, request: PartitionRequest | list[str]) -> Context:
+        with contextlib.closing(cursor(self.db)) as con:
+            return resolve(self.control, self.spec, request, self.source, con)
+
+    def take_snapshot(self, ctx: Context, clock: Clock, progress: Progress) -> tuple[LakeSnapshot, Context]:
+        return take_snapshot(self.control, ctx, self.source, self.db, clock, progress)
+
+    def load_snapshot(self, snapshot_id: str) -> tuple[LakeSnapshot, Context]:
+        snapshot, ctx = load_snapshot(self.control, self.resolve, self.spec, snapshot_id)
+        require_pin(self.source, self.spec, snapshot, ctx)
+        return snapshot, ctx
+
+    def build_both(self, ctx: Context, snapshot: LakeSnapshot, clock: Clock,
+                   progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
+        return build_both(self.control, ctx, snapshot, self.source, self.db, clock, progress)
+
+    def finish_plan(self, ctx: Context, snapshot: LakeSnapshot, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
+                    clock: Clock, progress: Progress) -> Plan:
+        reports = snapshot.reports if snapshot.reports is not None else _reports(self.db, ctx, snapshot, self.source)
+        return finish_plan(self.control, ctx, snapshot, self.db, reports, a, b, clock, progress)
+
+    def stages_now(self, labels: list[str]) -> StagesNow:
+        spec = self.spec
+        if not store.control_ready(self.control, spec.control_schema):
+            raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
+        ctx = self.resolve(labels)
+        now = {}
+        with contextlib.closing(cursor(self.db)) as con:
+            for v in ("a", "b"):
+                stage = stage_name(spec, v)
+                if not con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
+                    raise StageError(f"stage {stage} has never been built; materialize both stages first")
+                found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+                                    ctx.partitions)
+                now[v] = dict(zip(ctx.labels, found))
+        built = {v: store.builds(self.control, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
+        return StagesNow(ctx, now, built)
+
+    def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
+        changed = lake_changes(self.control, self.spec)
+        return SourceMoves(changed, None, f"{len(changed)} partition(s) changed since their snapshot")
+
+    def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Any, limit: int) -> list[Any]:
+        raise SpecError(self.REFUSES["diff"])
+
+    # -- approval and apply ---------------------------------------------------------------
     def unchanged_spec(self, stored: Plan) -> Context:
         require_ready(stored)
-        with contextlib.closing(cursor(self.db)) as con:
-            ctx = resolve(self.conn, self.spec, stored.labels, self.source, con)
+        ctx = self.resolve(stored.labels)
         spec_document_drift(ctx, stored)
         return ctx
 
@@ -517,16 +527,20 @@ class DuckBuilds:
     def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
         spec = self.spec
         wanted = stored.labels if partitions is None else partitions
-        require_plan_pin(self.conn, self.source, spec, stored, ctx)
+        require_plan_pin(self.control, self.source, spec, stored, ctx)
         changed = self._stage_changed(ctx, {label: stored.approved(label) for label in stored.labels})
         if changed:
             raise ApprovalError(f"stage {stage_name(spec, 'a')} no longer has the planned fingerprint in partition(s) "
                                 f"{', '.join(changed)}; plan again")
-        return target_readings_duck(self.conn, ctx, self.db, wanted)
+        target = DuckLakeTarget(self.control, self.control, ctx, self.db)
+        try:
+            return target.readings(wanted)
+        finally:
+            target.close()
 
     def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
         spec = self.spec
-        target = DuckLakeTarget(self.conn, self.conn, ctx, self.db)
+        target = DuckLakeTarget(self.control, self.control, ctx, self.db)
         out: dict[str, dict[str, Any]] = {}
         fields = _fields(ctx.target_columns)
         try:
@@ -584,35 +598,3 @@ class DuckBuilds:
             return err
         detail = "first differing key(s), approved stage against the target: " + keys_detail(spec.business_key, keys)
         return VerificationError(err.partition, err.step, err.expected, err.actual, detail)
-
-
-def target_readings_duck(conn: psycopg.Connection, ctx: Context, db: Any, labels: list[str]) -> dict[str, dict[str, Any]]:
-    """The lake target's readings of ``labels`` as they are now."""
-    target = DuckLakeTarget(conn, conn, ctx, db)
-    try:
-        return target.readings(labels)
-    finally:
-        target.close()
-
-
-def stages_now(control: psycopg.Connection, spec: Spec, labels: list[str]) -> tuple[Context, dict[str, dict[str, Fingerprint]]]:
-    """Both stages' partitions ``labels`` as they are now, read in DuckDB without building
-    anything (core.stages.read_stages)."""
-    with opened(spec, control) as (source, db), contextlib.closing(cursor(db)) as con:
-        ctx = resolve(control, spec, labels, source, con)
-        now = {}
-        for v in ("a", "b"):
-            stage = stage_name(spec, v)
-            if not con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
-                raise StageError(f"stage {stage} has never been built; materialize both stages first")
-            found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
-                                ctx.partitions)
-            now[v] = dict(zip(ctx.labels, found))
-    return ctx, now
-
-
-def inspect_duck(conn: psycopg.Connection, spec: Spec) -> Any:
-    """core.resolve.inspect for a DuckDB spec: the lake source and target, read-only."""
-    from backfill_assets.core.duck.inspect import inspect
-    with opened(spec, conn) as (source, db), contextlib.closing(cursor(db)) as con:
-        return inspect(conn, spec, source, con)[0]

@@ -16,7 +16,7 @@ from backfill_assets.core.duck.inspect import column_info, source_types
 from backfill_assets.core.duck.source import LakeSource, Pin, lake_source
 from backfill_assets.core.pg.catalog import partition_kind_of
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.store import control
+from backfill_assets.core.store import control as store
 from backfill_assets.core.vocabulary import PartitionKind, parse_labels
 
 
@@ -25,12 +25,12 @@ def lake_changes(conn: psycopg.Connection, spec: Spec) -> dict[str, str]:
     its files now (what a run key names the change by), in label order (``conn``: the control
     store)."""
     schema = spec.control_schema
-    if spec.source.format in ("jdbc", "spark_table") or not control.control_ready(conn, schema):
+    if spec.source.format in ("jdbc", "spark_table") or not store.control_ready(conn, schema):
         return {}  # a JDBC or catalog source (engine spark) is not watched: plan again to restage it
-    labels = sorted(control.latest_snapshotted(conn, schema, spec.source_name))
+    labels = sorted(store.latest_snapshotted(conn, schema, spec.source_name))
     if not labels:
         return {}
-    newest = control.newest_snapshots(conn, schema, spec.source_name, spec.partition_key, labels)
+    newest = store.newest_snapshots(conn, schema, spec.source_name, spec.partition_key, labels)
     by_snapshot: dict[str, list[str]] = {}
     for label, (snapshot_id, _) in newest.items():
         by_snapshot.setdefault(snapshot_id, []).append(label)
@@ -41,7 +41,7 @@ def lake_changes(conn: psycopg.Connection, spec: Spec) -> dict[str, str]:
         all_values = parse_labels(labels, kind)
         _, now = source.signature(spec.partition_key, all_values)
         for snapshot_id, members in by_snapshot.items():
-            found = control.find_snapshot(conn, schema, snapshot_id)
+            found = store.find_snapshot(conn, schema, snapshot_id)
             if found is None or not (found["scope"] or {}).get("pin"):
                 changed.extend(members)
                 continue

@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 
+from backfill_assets.core.build import refuse_unless_supported
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import ColumnInfo, table_columns
@@ -134,9 +135,7 @@ def profile_source(conn: psycopg.Connection, spec: Spec, partitions: list[Partit
     Raises:
         SpecError: the source or its partition key does not exist.
     """
-    if spec.on_duckdb or spec.on_spark:
-        raise SpecError(f"`profile` reads a PostgreSQL source and stages; it does not support engine "
-                        f"{spec.engine.type} yet (plan, approve, apply, status and inspect do)")
+    refuse_unless_supported(spec, "profile")
     src = spec.source_ref
     cols = table_columns(conn, src)
     if not cols:

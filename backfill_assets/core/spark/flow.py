@@ -13,7 +13,7 @@ swap (core.targets.parquet) through the same apply protocol as every other targe
   read back and fingerprinted in Spark (format 3, equal to PostgreSQL's and DuckDB's for the
   same rows), and sealed: the readings and the digest of each partition's files (sizes and
   SHA-256) go to ``seals_<stage>.json``.
-- Approval and apply (:class:`SparkBuilds`, core.approve.Builds): the pin must still hold its
+- Approval and apply (:class:`SparkBuildEngine`, core.build.BuildEngine): the pin must still hold its
   files; stage A must carry the approved readings, by its seals or fingerprinted again in
   Spark. Under each partition's lock apply reads stage A's partition into Arrow and
   fingerprints it (the recheck), writes exactly those rows beside the target partition and
@@ -37,19 +37,11 @@ import psycopg
 import pyarrow as pa
 import pyarrow.dataset as pads
 
-from backfill_assets.core.approve import require_ready, spec_document_drift
-from backfill_assets.core.context import (
-    Checkpoint,
-    Clock,
-    Context,
-    Target,
-    build_lock,
-    no_checkpoint,
-    spec_lock,
-    utc_now,
-)
+from backfill_assets.core.build import SourceMoves, StagesNow
+from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.duck import statements
 from backfill_assets.core.duck.source import files_digest, sha256_file
+from backfill_assets.core.duck.watch import lake_changes
 from backfill_assets.core.errors import ApprovalError, SourceDataError, SpecError, StageError, VerificationError
 from backfill_assets.core.fingerprint import rows
 from backfill_assets.core.fingerprint import spark as spark_fp
@@ -68,12 +60,12 @@ from backfill_assets.core.pinned import (
     require_pin,
     require_plan_pin,
 )
-from backfill_assets.core.plan import assemble
-from backfill_assets.core.progress import Progress, ProgressEvent, quiet
+from backfill_assets.core.planning import assemble, compare_readings, require_ready, spec_document_drift
+from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spark.session import column_info, schema_ddl, session_for, staging_dir, unsupported
 from backfill_assets.core.spark.source import SparkSource, spark_source
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.stages import compare_readings
+from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.targets.lake import LakeEngine, StagedLakeTarget
@@ -503,16 +495,6 @@ def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapsho
 
 # -- the steps -------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def opened(spec: Spec) -> Iterator[tuple[SparkSource, Any]]:
-    """The spec's source and a Spark session of its own, for the block."""
-    source = spark_source(spec)
-    try:
-        yield source, session_for(spec)
-    finally:
-        source.close()
-
-
 def _reports(session: Any, ctx: Context, snapshot: LakeSnapshot, source: SparkSource) -> dict[str, tuple[int, int]]:
     F = _F()  # noqa: N806
     spec = ctx.spec
@@ -522,42 +504,6 @@ def _reports(session: Any, ctx: Context, snapshot: LakeSnapshot, source: SparkSo
         null_key = null_key | F.col(k).isNull()
     found = inp.groupBy(spec.partition_key).agg(F.count(F.lit(1)), F.sum(null_key.cast("long"))).collect()
     return {partition_label(r[0]): (int(r[1]), int(r[2] or 0)) for r in found}
-
-
-def make_plan(spec: Spec, request: PartitionRequest, factory: ConnectionFactory, *, clock: Clock = utc_now,
-              progress: Progress = quiet) -> Plan:
-    """core.plan.make_plan for a Spark spec: pin, check, build both stages, compare, store."""
-    with factory() as conn, factory.control(conn) as control, spec_lock(control, spec), \
-            opened(spec) as (source, session):
-        progress(ProgressEvent("inspect", f"{spec.source_name} -> {spec.target_name}"))
-        ctx = resolve(control, spec, request, source, session)
-        snapshot, ctx = take_snapshot(control, ctx, source, session, clock, progress)
-        a, b = build_both(control, ctx, snapshot, source, session, clock, progress)
-        assert snapshot.reports is not None
-        return finish_plan(control, ctx, snapshot, session, snapshot.reports, a, b, clock, progress)
-
-
-def snapshot_step(spec: Spec, request: PartitionRequest | list[str], factory: ConnectionFactory, *,
-                  clock: Clock = utc_now, progress: Progress = quiet) -> LakeSnapshot:
-    """core.plan.snapshot_step for a Spark spec."""
-    with factory() as conn, factory.control(conn) as control, build_lock(control, spec), \
-            opened(spec) as (source, session):
-        ctx = resolve(control, spec, request, source, session)
-        return take_snapshot(control, ctx, source, session, clock, progress)[0]
-
-
-def stages_step(spec: Spec, snapshot_id: str, factory: ConnectionFactory, *, clock: Clock = utc_now,
-                progress: Progress = quiet) -> tuple[Context, Plan, dict[str, Fingerprint], dict[str, Fingerprint]]:
-    """core.plan.stages_step for a Spark spec."""
-    with factory() as conn, factory.control(conn) as control, build_lock(control, spec), \
-            opened(spec) as (source, session):
-        snapshot, ctx = load_snapshot(control, lambda labels: resolve(control, spec, labels, source, session),
-                                      spec, snapshot_id)
-        require_pin(source, spec, snapshot, ctx)
-        a, b = build_both(control, ctx, snapshot, source, session, clock, progress)
-        plan = finish_plan(control, ctx, snapshot, session, _reports(session, ctx, snapshot, source), a, b, clock,
-                           progress)
-        return ctx, plan, a, b
 
 
 # -- approval and apply ----------------------------------------------------------------------
@@ -576,24 +522,35 @@ class SparkTarget(StagedLakeTarget):
         return _arrow_stage(self.ctx, "a", label)
 
 
-class SparkBuilds:
-    """The snapshot and stages of a Spark spec (core.approve.Builds). Spark is started only
-    where a seal does not hold (the stage is then fingerprinted again)."""
+class SparkBuildEngine:
+    """The Spark build engine (core.build.BuildEngine): the source pinned, both stages built
+    in Spark; plans, approvals and the ledger in the control store (``control``). For approval
+    and apply, Spark is started only where a seal does not hold (the stage is then
+    fingerprinted again)."""
 
-    def __init__(self, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec, source: SparkSource) -> None:
-        self.conn, self.factory, self.spec, self.source = conn, factory, spec, source
+    REFUSES = {
+        "diff": "`diff` reads a PostgreSQL source and stages; it does not support engine spark yet (plan, approve, "
+                "apply, status and inspect do; approve shows each partition's changes)",
+        "profile": "`profile` reads a PostgreSQL source and stages; it does not support engine spark yet (plan, "
+                   "approve, apply, status and inspect do)",
+    }
+
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
+                 source: SparkSource) -> None:
+        self.conn, self.control, self.factory, self.spec, self.source = conn, control, factory, spec, source
         self._target: SparkTarget | None = None
         self._session: Any | None = None
 
     @classmethod
     @contextlib.contextmanager
-    def opened(cls, conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
-               control: psycopg.Connection | None = None) -> Iterator[SparkBuilds]:
-        with contextlib.ExitStack() as stack:
-            store_conn = control if control is not None else stack.enter_context(factory.control(conn))
-            source = spark_source(spec)
-            stack.callback(source.close)
-            yield cls(store_conn, factory, spec, source)
+    def opened(cls, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory,
+               spec: Spec) -> Iterator[SparkBuildEngine]:
+        """The spec's source, open for the block; the session is started when first asked for."""
+        source = spark_source(spec)
+        try:
+            yield cls(conn, control, factory, spec, source)
+        finally:
+            source.close()
 
     @property
     def session(self) -> Any:
@@ -601,23 +558,69 @@ class SparkBuilds:
             self._session = session_for(self.spec)
         return self._session
 
+    # -- the plan side ----------------------------------------------------------------------
+    def inspect(self) -> Inspection:
+        return inspect(self.control, self.spec, self.source, self.session)[0]
+
+    def resolve(self, request: PartitionRequest | list[str]) -> Context:
+        return resolve(self.control, self.spec, request, self.source, self.session)
+
+    def take_snapshot(self, ctx: Context, clock: Clock, progress: Progress) -> tuple[LakeSnapshot, Context]:
+        return take_snapshot(self.control, ctx, self.source, self.session, clock, progress)
+
+    def load_snapshot(self, snapshot_id: str) -> tuple[LakeSnapshot, Context]:
+        snapshot, ctx = load_snapshot(self.control, self.resolve, self.spec, snapshot_id)
+        require_pin(self.source, self.spec, snapshot, ctx)
+        return snapshot, ctx
+
+    def build_both(self, ctx: Context, snapshot: LakeSnapshot, clock: Clock,
+                   progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
+        return build_both(self.control, ctx, snapshot, self.source, self.session, clock, progress)
+
+    def finish_plan(self, ctx: Context, snapshot: LakeSnapshot, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
+                    clock: Clock, progress: Progress) -> Plan:
+        reports = snapshot.reports if snapshot.reports is not None else _reports(self.session, ctx, snapshot, self.source)
+        return finish_plan(self.control, ctx, snapshot, self.session, reports, a, b, clock, progress)
+
+    def stages_now(self, labels: list[str]) -> StagesNow:
+        spec = self.spec
+        if not store.control_ready(self.control, spec.control_schema):
+            raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
+        ctx = self.resolve(labels)
+        now = {}
+        for v in ("a", "b"):
+            if not stage_dir(spec, v).is_dir():
+                raise StageError(f"stage {v.upper()} of spec {spec.name} has never been built; materialize both "
+                                 "stages first")
+            now[v] = dict(zip(ctx.labels, stage_readings(self.session, ctx, v, ctx.partitions)))
+        built = {v: store.builds(self.control, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
+        return StagesNow(ctx, now, built)
+
+    def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
+        changed = lake_changes(self.control, self.spec)
+        return SourceMoves(changed, None, f"{len(changed)} partition(s) changed since their snapshot")
+
+    def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Any, limit: int) -> list[Any]:
+        raise SpecError(self.REFUSES["diff"])
+
+    # -- approval and apply ---------------------------------------------------------------
     def unchanged_spec(self, stored: Plan) -> Context:
         require_ready(stored)
-        ctx = resolve(self.conn, self.spec, stored.labels, self.source, self.session)
+        ctx = self.resolve(stored.labels)
         spec_document_drift(ctx, stored)
         return ctx
 
     def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
         spec = self.spec
         wanted = stored.labels if partitions is None else partitions
-        require_plan_pin(self.conn, self.source, spec, stored, ctx)
+        require_plan_pin(self.control, self.source, spec, stored, ctx)
         if not stage_dir(spec, "a").is_dir():
             raise ApprovalError(f"stage A of spec {spec.name} does not exist in {staging_dir(spec)}; plan again")
         changed = seals_hold(self._session, ctx, "a", {label: stored.approved(label) for label in stored.labels})
         if changed:
             raise ApprovalError(f"stage A of spec {spec.name} no longer has the planned fingerprint in partition(s) "
                                 f"{', '.join(changed)}; plan again")
-        target = SparkTarget(self.conn, self.conn, ctx)
+        target = SparkTarget(self.control, self.control, ctx)
         try:
             return target.readings(wanted)
         finally:
@@ -625,7 +628,7 @@ class SparkBuilds:
 
     def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
         spec = self.spec
-        target = SparkTarget(self.conn, self.conn, ctx)
+        target = SparkTarget(self.control, self.control, ctx)
         out: dict[str, dict[str, Any]] = {}
         fields = _fields(ctx.target_columns)
         try:
@@ -656,7 +659,7 @@ class SparkBuilds:
         compare_readings({label: stored.approved(label) for label in labels}, now, "recheck of the approved stage")
 
     def _stage_now(self, ctx: Context, label: str) -> dict[str, Any]:
-        target = SparkTarget(self.conn, self.conn, ctx)
+        target = SparkTarget(self.control, self.control, ctx)
         try:
             return target.readings_of(_arrow_stage(ctx, "a", label))
         finally:
@@ -682,23 +685,3 @@ class SparkBuilds:
             return err
         detail = "first differing key(s), approved stage against the target: " + keys_detail(spec.business_key, keys)
         return VerificationError(err.partition, err.step, err.expected, err.actual, detail)
-
-
-def stages_now(control: psycopg.Connection, spec: Spec, labels: list[str]) -> tuple[Context, dict[str, dict[str, Fingerprint]]]:
-    """Both stages' partitions ``labels`` as they are now, fingerprinted in Spark without
-    building anything (core.stages.read_stages)."""
-    with opened(spec) as (source, session):
-        ctx = resolve(control, spec, labels, source, session)
-        now = {}
-        for v in ("a", "b"):
-            if not stage_dir(spec, v).is_dir():
-                raise StageError(f"stage {v.upper()} of spec {spec.name} has never been built; materialize both "
-                                 "stages first")
-            now[v] = dict(zip(ctx.labels, stage_readings(session, ctx, v, ctx.partitions)))
-    return ctx, now
-
-
-def inspect_spark(conn: psycopg.Connection, spec: Spec) -> Any:
-    """core.resolve.inspect for a Spark spec: the source and the target, read-only."""
-    with opened(spec) as (source, session):
-        return inspect(conn, spec, source, session)[0]

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from backfill_assets.core.errors import ApprovalError, PlanReferenceError
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.store import control
+from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
 
 MIN_PREFIX = 8
@@ -26,9 +26,9 @@ def find_plan(conn: psycopg.Connection, spec: Spec, plan_ref: str) -> Plan:
     ref = plan_ref.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{%d,64}" % MIN_PREFIX, ref):
         raise PlanReferenceError(plan_ref, MIN_PREFIX)
-    if not control.control_ready(conn, spec.control_schema):
+    if not store.control_ready(conn, spec.control_schema):
         raise ApprovalError(f"no plans exist in schema {spec.control_schema}; run plan first")
-    found = control.plans_by_prefix(conn, spec.control_schema, ref)
+    found = store.plans_by_prefix(conn, spec.control_schema, ref)
     if not found:
         raise ApprovalError(f"there is no plan {ref}; run plan and use the plan_id it prints")
     if len(found) > 1:

@@ -1,6 +1,6 @@
 """The engines a spec's target can name, by ``target.format``: each a module of its own.
 
-:func:`engine_for` chooses one when a spec is resolved (core.resolve); the steps ask it what
+:func:`engine_for` chooses one when a spec is resolved (core.engines.postgres.resolve and each engine's resolve); the steps ask it what
 they need of the target (core.context.TargetEngine). A new engine is its module, its
 variant of ``TargetSpec`` (core.spec) and one line in :data:`ENGINES`.
 """

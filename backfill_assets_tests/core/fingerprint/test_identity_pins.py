@@ -107,8 +107,9 @@ def test_plans_say_their_fingerprint_format_and_an_older_plan_is_refused_plan_ag
 def test_a_snapshot_taken_before_format_3_is_neither_found_nor_used(demo_db, factory):
     from psycopg import sql
 
+    from backfill_assets.core.engines.postgres.snapshot import load_snapshot
     from backfill_assets.core.errors import SnapshotError
-    from backfill_assets.core.snapshot import load_snapshot, snapshot_covering
+    from backfill_assets.core.plan import snapshot_covering
 
     spec = make_spec()
     plan = make_plan(spec, WEEK, factory)

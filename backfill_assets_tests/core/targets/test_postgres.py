@@ -113,7 +113,7 @@ def test_a_target_that_reads_back_other_rows_after_its_commit_stops_the_run(unmo
 def test_the_committed_read_survives_its_connection_dropped_while_idle(unmoved_db, factory):
     """Apply reads committed partitions on one second connection; if the server dropped it
     between two partitions (idle_session_timeout, a proxy), the read opens a new one."""
-    from backfill_assets.core.resolve import resolve
+    from backfill_assets.core.engines.postgres.resolve import resolve
 
     spec = make_spec(records_can_move=False)
     with factory() as conn:

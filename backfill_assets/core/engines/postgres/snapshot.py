@@ -18,6 +18,7 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core.context import Clock, Context
+from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
 from backfill_assets.core.fingerprint.partition import partitions_digest, rows_digest
@@ -27,9 +28,8 @@ from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns, table_kind
 from backfill_assets.core.pg.db import repeatable_read, transient_errors
 from backfill_assets.core.progress import Progress, ProgressEvent
-from backfill_assets.core.resolve import resolve
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.store import control
+from backfill_assets.core.store import control as store
 from backfill_assets.core.vocabulary import TableRef, parse_table_name, partition_label
 
 
@@ -192,8 +192,8 @@ def take_snapshot(
                 progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))
         # Created (under a lock held to the commit) only by a first run: builds of a spec with
         # `parallel` that snapshot at once would otherwise wait on each other here.
-        if not control.control_ready(conn, spec.control_schema):
-            control.ensure_control_schema(conn, spec.control_schema)
+        if not store.control_ready(conn, spec.control_schema):
+            store.ensure_control_schema(conn, spec.control_schema)
         relation, filtered, fingerprinted, copied = src, True, src, 0
         if spec.source.snapshot != "immutable":
             # Copy first, then fingerprint the copy: one read of the source for every
@@ -207,7 +207,7 @@ def take_snapshot(
         if spec.source.snapshot != "immutable":
             relation = _name_copy(conn, ctx, fingerprinted, copied, fingerprint, snapshot_id, clock, progress)
         check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
-        control.record_snapshot(
+        store.record_snapshot(
             conn, spec.control_schema, snapshot_id=snapshot_id, source_table=str(src),
             mode=spec.source.snapshot, snapshot_table=None if filtered else str(relation),
             partition_key=spec.partition_key,
@@ -225,7 +225,7 @@ def load_snapshot(conn: psycopg.Connection, spec: Spec, snapshot_id: str) -> tup
         SnapshotError: no such snapshot, or one taken with an older fingerprint format.
         SpecError: the spec no longer matches the catalog.
     """
-    found = control.find_snapshot(conn, spec.control_schema, snapshot_id) if control.control_ready(conn, spec.control_schema) else None
+    found = store.find_snapshot(conn, spec.control_schema, snapshot_id) if store.control_ready(conn, spec.control_schema) else None
     if found is None:
         raise SnapshotError(f"snapshot {snapshot_id} does not exist; take a snapshot first")
     if found["fingerprint_format"] != FINGERPRINT_FORMAT:
@@ -293,7 +293,7 @@ def _name_copy(
     conn.execute(sqlbuild.rename_table(pending, relation.name))
     # One statement filled the new table, so every row carries that statement's xmin.
     writer = conn.execute(sqlbuild.copy_writer(relation)).fetchone()
-    control.record_copy(
+    store.record_copy(
         conn, spec.control_schema, snapshot_table=str(relation), fingerprint=fingerprint,
         writer_xid=writer[0] if writer else None, row_count=rows,
         columns=[[c.name, c.type_name] for c in table_columns(conn, relation)], copied_at=clock(),
@@ -304,34 +304,6 @@ def _name_copy(
 # A 32-bit transaction id comes round again after 2^32 more; trust a seal for half of that.
 SEAL_HORIZON = 2**31
 
-
-
-def snapshot_covering(conn: psycopg.Connection, spec: Spec, labels: list[str], *,
-                      take_hint: str = "take a snapshot of them first") -> str:
-    """The snapshot the partitions were last snapshotted in (for building their stages in a
-    separate step), read in the control schema: the
-    newest snapshot of each, when that is one snapshot; else the newest snapshot holding them
-    all with the source content of each one's newest snapshot (they were snapshotted together
-    again since, with the same data).
-
-    Raises:
-        SnapshotError: a partition has no snapshot; or their newest snapshots differ in data
-            and no one snapshot holds them all as they are (snapshotted separately).
-    """
-    schema, source, by = spec.control_schema, spec.source_name, spec.partition_key
-    newest = control.newest_snapshots(conn, schema, source, by, labels) if control.control_ready(conn, schema) else {}
-    missing = [label for label in labels if label not in newest]
-    if missing:
-        raise SnapshotError(f"partition {missing[0]} has no snapshot yet; {take_hint}")
-    ids = sorted({newest[label][0] for label in labels})
-    together = ids[0] if len(ids) == 1 else control.snapshot_with(
-        conn, schema, source, by, {label: newest[label][1] for label in labels})
-    if together is None:
-        raise SnapshotError(
-            f"partitions {', '.join(labels)} were snapshotted separately ({', '.join(ids)}); "
-            "snapshot them together, in one run, before building their stages"
-        )
-    return together
 
 
 def copy_problem(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str) -> str | None:
@@ -347,7 +319,7 @@ def copy_problem(conn: psycopg.Connection, ctx: Context, relation: TableRef, fin
         return "is gone"
     if kind != "r":
         return "is no longer a plain table"
-    seal = control.copy_seal(conn, ctx.spec.control_schema, str(relation))
+    seal = store.copy_seal(conn, ctx.spec.control_schema, str(relation))
     if seal is None or seal["transactions_since"] is None:
         return "has no seal (an earlier version made it)"
     if seal["fingerprint"] != fingerprint:
@@ -374,9 +346,9 @@ def source_changes(conn: psycopg.Connection, spec: Spec, labels: list[str] | Non
     Only partitions that were snapshotted before are looked at (that is what a rerun of the
     stages would rebuild), and of those only ``labels`` when given.
     """
-    if not control.control_ready(conn, spec.control_schema):
+    if not store.control_ready(conn, spec.control_schema):
         return {}
-    known = control.latest_snapshotted(conn, spec.control_schema, str(spec.source_ref))
+    known = store.latest_snapshotted(conn, spec.control_schema, str(spec.source_ref))
     if labels is not None:
         known = {k: known[k] for k in known.keys() & set(labels)}
     if not known:

@@ -17,7 +17,7 @@ before it let through:
    sequence value or a timestamp is taken when the row is written, not when it commits, so
    "the newest value moved" alone would miss a long transaction that commits after a newer
    one). Without a change column, or without the index, every partition goes to gate 3.
-3. **The fingerprint** (:func:`backfill_assets.core.snapshot.source_changes`), the full
+3. **The fingerprint** (:func:`backfill_assets.core.engines.postgres.snapshot.source_changes`), the full
    comparison with the partition's newest snapshot, for the partitions gate 2 flagged, those
    never checked before and those snapshotted again since, within a time budget; what the
    budget leaves is carried to the next tick (``pending``), never dropped.
@@ -59,14 +59,14 @@ from typing import Any, Literal
 
 import psycopg
 
+from backfill_assets.core.engines.postgres.resolve import resolve
+from backfill_assets.core.engines.postgres.snapshot import changes_against
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import has_ordered_index, table_columns, table_kind
 from backfill_assets.core.pg.db import repeatable_read, transient_errors
-from backfill_assets.core.resolve import resolve
-from backfill_assets.core.snapshot import changes_against
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.store import control
+from backfill_assets.core.store import control as store
 
 STATE_FORMAT = 1
 # Hashes are kept as their first 16 hex digits (64 bits): the state only tells whether a
@@ -413,11 +413,11 @@ def watch_tick(
     """
     before = before or WatchState()
     schema = spec.control_schema
-    if not control.control_ready(conn, schema):
+    if not store.control_ready(conn, schema):
         return Tick({}, WatchState(), "quiet", "has no control schema yet", 0, [], [])
     with transient_errors("reading the source's counters"), repeatable_read(conn, read_only=True):
         table = read_table(conn, spec)  # first: everything after it is at least as new
-        known = control.latest_snapshotted(conn, schema, str(spec.source_ref))
+        known = store.latest_snapshotted(conn, schema, str(spec.source_ref))
     mode, reason = compare_tables(before.table, table)
     labels = sorted(known)
     if not labels:

@@ -1,0 +1,40 @@
+"""Resolve a PostgreSQL spec into the :class:`Context` every later step works from: its
+target's engine (chosen here, once, by ``target.format``), the catalog checked against the
+spec, the partitions, and the validated transform. Read-only.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from backfill_assets.core.context import Context
+from backfill_assets.core.guard.transform import validate_transform_text
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.targets import engine_for
+from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
+
+
+def resolve(
+    conn: psycopg.Connection, spec: Spec, request: PartitionRequest | list[str],
+) -> Context:
+    """Inspect read-only and validate everything about the spec before any write.
+
+    ``request`` is the command line's partitions, or the labels stored in a plan.
+
+    Raises:
+        SpecError: the catalog disagrees with the spec, the partitions are malformed, or
+            the transform is refused.
+    """
+    if spec.transform_sql is not None:
+        transform = validate_transform_text(spec.transform_sql)  # the parser first: no I/O
+    else:
+        transform = None
+    engine = engine_for(spec)
+    inspection = engine.inspect(conn, transform)
+    kind = inspection.require_plannable()
+    if isinstance(request, PartitionRequest):
+        partitions = request.resolve(kind)
+    else:
+        partitions = parse_labels(request, kind)
+    engine.check(conn, inspection, partitions, transform)
+    return Context(spec, engine, inspection, partitions, transform)

@@ -1,8 +1,14 @@
 # The two commands of the README: `make demo` and `make test`. Both set up .venv first.
+# The test ladder: `make check` (lint and the server-free tests, seconds, no root),
+# `make test-core` (the core on the embedded PostgreSQL, in parallel, about two minutes),
+# `make test` (everything, in parallel: what .ci/run calls).
 PYTHON ?= python3
 VENV ?= .venv
+# pytest-xdist workers: one per core (each starts its own PostgreSQL and, for Spark tests, JVM).
+WORKERS ?= auto
+PYTEST = $(VENV)/bin/pytest -p no:cacheprovider
 
-.PHONY: demo test ui bench browser server java clean
+.PHONY: demo test test-core check lint ui bench browser server java clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +32,19 @@ java:
 	@command -v java >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
 	@test -f /usr/share/java/postgresql.jar || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; }
 
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check backfill_assets backfill_assets_tests benchmarks
+
+check: lint
+	$(PYTEST) -q -m "not postgres and not spark"
+
+test-core: $(VENV)/.installed
+	$(PYTEST) -q -n $(WORKERS) --dist worksteal backfill_assets_tests/core backfill_assets_tests/cli \
+		-m "not spark and not slow" --durations=10
+
+# --durations prints the slowest tests at the end; worksteal keeps both workers busy to the end.
 test: $(VENV)/.installed browser server java
-	$(VENV)/bin/pytest
+	$(PYTEST) -n $(WORKERS) --dist worksteal --durations=15
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/bench.py

@@ -8,6 +8,8 @@ to run the suite against another server instead. Each test gets its own fresh da
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,29 +37,56 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The project's local state (DuckDB files, Spark staging, the demo's lake) goes to a
+    folder of this test process, never to the working directory or the user's own."""
+    config._bfa_home = tempfile.mkdtemp(prefix="bfa-home-")  # type: ignore[attr-defined]
+    os.environ[embedded.HOME_ENV] = config._bfa_home  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(getattr(config, "_bfa_home", ""), ignore_errors=True)
+
+
 # Markers applied from what a test uses, so that nobody has to remember them: `postgres` for a
 # test that needs a PostgreSQL server (the admin_url fixture, directly or through another),
-# `dagster` for the Dagster layer's tests, `lake` for those of Delta and Iceberg targets.
-# `pytest -m "not postgres"` runs the tests that need no server, in seconds.
+# `dagster` for the Dagster layer's tests, `lake` for those of Delta and Iceberg targets,
+# `duckdb` and `spark` for those engines' tests (`spark` starts a JVM), `browser` for the test
+# that drives Chromium. `pytest -m "not postgres and not spark"` runs the tests that need no
+# server, in seconds (`make check`).
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = item.nodeid.split("::", 1)[0]
-        if "admin_url" in getattr(item, "fixturenames", ()):
+        name = path.rsplit("/", 1)[-1]
+        fixtures = getattr(item, "fixturenames", ())
+        if "admin_url" in fixtures:
             item.add_marker(pytest.mark.postgres)
         if "/dagster_layer/" in path:
             item.add_marker(pytest.mark.dagster)
-        if "lake" in path.rsplit("/", 1)[-1] or "lake" in item.name:
+        if "lake" in name or "lake" in item.name:
             item.add_marker(pytest.mark.lake)
-        if "spark" in getattr(item, "fixturenames", ()) or "/spark/" in path:
+        if "spark" in fixtures or "/spark/" in path or "spark" in name:
             item.add_marker(pytest.mark.spark)
+        if "/duck/" in path or "duck" in name:
+            item.add_marker(pytest.mark.duckdb)
 
 
 @pytest.fixture(scope="session")
-def admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """An admin URL of a running PostgreSQL server."""
+def admin_url() -> Iterator[str]:
+    """An admin URL of a running PostgreSQL server: one per test process (a pytest-xdist
+    worker has its own).
+
+    The embedded server's folder is not under pytest's temporary root: as root, the server
+    runs as a user of its own, and pytest makes that root private again whenever another
+    pytest starts, which would cut the server off from its own files."""
     if os.environ.get(ADMIN_URL_ENV):
-        return os.environ[ADMIN_URL_ENV]
-    return embedded.server_url(tmp_path_factory.mktemp("pg") / "pgdata")
+        yield os.environ[ADMIN_URL_ENV]
+        return
+    folder = Path(tempfile.mkdtemp(prefix="bfa-pg-"))
+    folder.chmod(0o755)
+    yield embedded.server_url(folder / "pgdata")
+    embedded.stop(folder / "pgdata")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _fresh_database(admin_url: str, source: str) -> Iterator[DatabaseUrl]:
@@ -101,10 +130,6 @@ def url_env(db_url: DatabaseUrl, monkeypatch: pytest.MonkeyPatch) -> str:
     return URL_ENV
 
 
-
-
-
-
 @pytest.fixture
 def demo_db(conn: psycopg.Connection) -> psycopg.Connection:
     """The test database loaded with the demo source (moved records included) and stale target."""
@@ -121,8 +146,6 @@ def unmoved_db(conn: psycopg.Connection) -> psycopg.Connection:
 
     demo.load(conn, moved=False)
     return conn
-
-
 
 
 @pytest.fixture

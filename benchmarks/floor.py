@@ -12,12 +12,13 @@ the replace, the target's fingerprints), in server time only, against the naive 
 import collections
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psycopg
-
 import shapes
+
 from backfill_assets.core.pg import embedded
 
 if len(sys.argv) != 2 or sys.argv[1] not in ("current", "wide", "small"):
@@ -27,12 +28,14 @@ shape = {"current": lambda: shapes.current(2_000_000), "wide": shapes.wide, "sma
 url = embedded.database_url("floor")
 LOG = embedded.home() / "pgdata" / "log"
 with psycopg.connect(url.reveal(), autocommit=True) as conn:
-    shapes.load(conn, shape); shapes.reset(conn, shape)
-    t = time.perf_counter(); shapes.naive_backfill(conn, shape); naive = time.perf_counter() - t
+    shapes.load(conn, shape)
+    shapes.reset(conn, shape)
+    t = time.perf_counter()
+    shapes.naive_backfill(conn, shape)
+    naive = time.perf_counter() - t
     shapes.reset(conn, shape)
     conn.execute(b"ALTER DATABASE floor SET log_min_duration_statement = 0")
 start = len(LOG.read_text(errors="replace").split("\n"))
-import tempfile
 with tempfile.TemporaryDirectory(prefix="bench-floor-") as folder:
     run = shapes.run_cli(shape, url.reveal(), Path(folder))
 with psycopg.connect(url.reveal(), autocommit=True) as conn:
@@ -54,23 +57,30 @@ cats = [
     ("target fingerprints", r"__backfill_bits.*\"tgt\" AS t"),
     ("commits", r"^COMMIT"),
 ]
-agg = collections.Counter(); cnt = collections.Counter(); total = 0.0; n = 0
+agg: collections.Counter = collections.Counter()
+cnt: collections.Counter = collections.Counter()
+total, n = 0.0, 0
 for line in lines:
     m = re.search(r"duration: ([\d.]+) ms\s+(?:statement|execute [^:]*): (.*)", line)
-    if not m: continue
+    if not m:
+        continue
     ms, text = float(m.group(1)), m.group(2)
-    total += ms; n += 1
-    for name, pat in cats:
-        if re.search(pat, text):
-            agg[name] += ms; cnt[name] += 1; break
-    else:
-        agg["everything else"] += ms; cnt["everything else"] += 1
+    total += ms
+    n += 1
+    name = next((name for name, pat in cats if re.search(pat, text)), "everything else")
+    agg[name] += ms
+    cnt[name] += 1
 wall = run.seconds
 print(f"{which}: naive {naive:.2f} s; ours (3 processes) {wall:.2f} s = {wall/naive:.2f}x; "
       f"{n} statements, server time {total/1000:.2f} s")
 for name, _ in cats + [("everything else", "")]:
     print(f"   {name:38s} {agg[name]/1000:6.2f} s  {cnt[name]:6d} statements")
-s = lambda k: agg[k] / 1000
+
+
+def s(k: str) -> float:
+    return agg[k] / 1000
+
+
 floor_par = (s("snapshot: copy + index") + s("snapshot: hash") + s("source checks (ties, NULLs, report)")
              + max(s("build A, hashed as written") + s("stage A fingerprints"),
                    s("build B, hashed as written") + s("stage B fingerprints"))

@@ -23,9 +23,8 @@ import psycopg
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.dataset as pads
-from psycopg import sql
-
 import shapes  # benchmarks/shapes.py
+from psycopg import sql
 
 SCHEMA = pa.schema([
     ("d", pa.date32()), ("k", pa.int64()), ("updated_at", pa.timestamp("us", tz="UTC")), ("seq", pa.int64()),
@@ -103,8 +102,8 @@ def catalog_for(conn: psycopg.Connection, folder: Path) -> Any:
     """A pyiceberg SQL catalog in the bench's database, for the naive Iceberg table."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from backfill_assets.core.targets.iceberg import catalog_url
     from backfill_assets.core.spec import spec_from_mapping
+    from backfill_assets.core.targets.iceberg import catalog_url
     (folder / "warehouse").mkdir(parents=True, exist_ok=True)
     # The catalog the spec's own table is in (its name), so that both tables are dropped.
     iceberg = spec_from_mapping(spec("iceberg", folder))

@@ -20,7 +20,6 @@ from typing import Any
 
 import psycopg
 import pyarrow.dataset as pads
-
 from duck_lake import source_rows  # benchmarks/duck_lake.py: the same source, as Arrow
 
 

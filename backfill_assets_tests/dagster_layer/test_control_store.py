@@ -12,8 +12,8 @@ from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import resource_for
-from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.flows import control_rows
+from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.specs import CONTROL_URL_ENV, URL_ENV, make_spec
 
 DAYS = {RANGE_START: "2024-01-02", RANGE_END: "2024-01-03"}

@@ -12,8 +12,8 @@ from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
 from backfill_assets.dagster_layer.resources import PostgresResource
-from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.duck_lakes import COLUMNS, delta_rows, duck_spec, newest, source_table, write_delta
+from backfill_assets_tests.support.gate import approve_config, previewed
 
 DAYS = {RANGE_START: "2024-01-01", RANGE_END: "2024-01-03"}
 

@@ -26,9 +26,9 @@ from backfill_assets.dagster_layer.names import (
 )
 from backfill_assets.dagster_layer.resources import PostgresResource
 from backfill_assets.render import render_plan
-from backfill_assets_tests.support.gate import approve_config
 from backfill_assets_tests.support.dagster_server import RUN_DONE, dagster_deployment
 from backfill_assets_tests.support.flows import target_day_hashes
+from backfill_assets_tests.support.gate import approve_config
 from backfill_assets_tests.support.specs import DEMO_SPEC
 
 PARALLEL_SPEC = {**{k: v for k, v in DEMO_SPEC.items() if k != "records_can_move"},

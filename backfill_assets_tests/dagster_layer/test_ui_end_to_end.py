@@ -24,7 +24,7 @@ from backfill_assets_tests.support.dagster_server import LOCATION, dagster_deplo
 from backfill_assets_tests.support.flows import target_day_hashes
 from backfill_assets_tests.support.specs import DEMO_SPEC, REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 CHROMIUM_FLAGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -51,7 +51,7 @@ from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import APPROVE_JOB, APPROVE_OP, RANGE_END, RANGE_START, UNLAUNCHABLE_JOB
 from backfill_assets.dagster_layer.resources import PostgresResource, resource_key
-from backfill_assets_tests.support.servers import default_settings_server
+from backfill_assets_tests.support.servers import default_settings_server, server_folder
 from backfill_assets_tests.support.specs import DEMO_SPEC
 
 LOCK_MS = 200
@@ -191,9 +191,9 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def default_server_url(tmp_path_factory) -> Iterator[str]:
+def default_server_url() -> Iterator[str]:
     """The machine's PostgreSQL (Debian's), started with its default settings."""
-    with default_settings_server(tmp_path_factory.mktemp("pgdefault")) as url:
+    with server_folder("pgdefault") as folder, default_settings_server(folder / "server") as url:
         yield url
 
 

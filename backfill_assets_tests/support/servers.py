@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,18 @@ def _traversable(folder: Path) -> None:
         mode = part.stat().st_mode
         if not mode & stat.S_IXOTH:
             part.chmod(mode | stat.S_IXOTH)
+
+
+@contextlib.contextmanager
+def server_folder(prefix: str) -> Iterator[Path]:
+    """A folder for a server the tests start, outside pytest's temporary root: the server runs
+    as a user of its own, and pytest makes that root private again whenever another pytest
+    starts on the machine, which would cut a running server off from its files."""
+    folder = Path(tempfile.mkdtemp(prefix=f"bfa-{prefix}-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -45,6 +45,14 @@ def server_url(pgdata: Path | None = None) -> str:
         return _servers[pgdata].get_uri()  # type: ignore[attr-defined]
 
 
+def stop(pgdata: Path) -> None:
+    """Stop the embedded server of ``pgdata`` if this process started it (tests; otherwise it
+    stops when the last process using it exits)."""
+    server = _servers.pop(pgdata.resolve(), None)
+    if server is not None:
+        server._cleanup()  # type: ignore[attr-defined]  # pgserver's own stop of its last handle
+
+
 def database_url(database: str = DEFAULT_DATABASE, pgdata: Path | None = None) -> DatabaseUrl:
     """The URL of a database on the embedded server, created if missing."""
     admin = server_url(pgdata)

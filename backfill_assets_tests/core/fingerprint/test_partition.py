@@ -26,7 +26,7 @@ from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.pg.db import pin_session
 from backfill_assets.core.vocabulary import TableRef
 from backfill_assets_tests.core.fingerprint import golden
-from backfill_assets_tests.support.servers import default_settings_server
+from backfill_assets_tests.support.servers import default_settings_server, server_folder
 
 FILE = golden.load()
 PORTABLE = TableRef("public", "golden_portable")
@@ -82,8 +82,8 @@ def test_the_golden_vectors_in_the_embedded_postgresql(golden_db):
 
 
 @pytest.fixture(scope="module")
-def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with default_settings_server(tmp_path_factory.mktemp("pg_default")) as url:
+def default_server() -> Iterator[str]:
+    with server_folder("pgdefault") as folder, default_settings_server(folder / "server") as url:
         yield url
 
 

@@ -47,7 +47,7 @@ def export_source(conn: psycopg.Connection, folder: Path) -> int:
 
 def session() -> Any:
     """The bench's Spark session (local[2], as the tool starts it)."""
-    from backfill_assets.core.spark.session import DEFAULT_MASTER, start_session
+    from backfill_assets.core.engines.spark.session import DEFAULT_MASTER, start_session
     return start_session(DEFAULT_MASTER, {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "8"},
                          "backfill_assets:bench")
 

@@ -31,7 +31,7 @@ Every step is recorded in the ledger.
 
 The protocol is written once against core.context.Target (locks, one atomic write,
 reads under it, committed reads), which the spec's engine opens; the PostgreSQL specifics of
-steps 1, 4 and 6 live in core.targets.postgres, so another engine adds a Target, not a
+steps 1, 4 and 6 live in core.engines.postgres.target, so another engine adds a Target, not a
 second apply.
 """
 

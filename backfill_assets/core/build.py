@@ -22,12 +22,12 @@ from typing import Any, Protocol
 
 import psycopg
 
+from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.registry import SUPPORTS
 from backfill_assets.core.errors import SpecError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.pg.catalog import Inspection
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec

@@ -27,11 +27,11 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
+from backfill_assets.core.catalog import ColumnInfo, Inspection
 from backfill_assets.core.fingerprint.partition import fingerprint_partitions
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.moves import Scope
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import ColumnInfo, Inspection
 from backfill_assets.core.pg.db import ConnectionFactory, advisory_session_lock
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, TableRef, partition_label

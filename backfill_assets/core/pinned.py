@@ -16,13 +16,13 @@ from typing import Any, Literal, Protocol
 
 import psycopg
 
+from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.errors import ApprovalError, SnapshotError
 from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.moves import Scope
-from backfill_assets.core.pg.catalog import ColumnInfo
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from backfill_assets.core.build import open_build_engine
-from backfill_assets.core.pg.catalog import Inspection
+from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
 

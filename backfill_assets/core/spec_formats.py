@@ -239,7 +239,7 @@ class JdbcSourceSpec(Strict):
 
 class ParquetTargetSpec(Strict):
     """A folder of Parquet files, Hive-partitioned by the partition key, each partition
-    replaced by an atomic directory swap (``engine: {type: spark}``; core.targets.parquet)."""
+    replaced by an atomic directory swap (``engine: {type: spark}``; core.engines.spark.parquet)."""
 
     format: Literal["parquet"]
     location: str

@@ -45,7 +45,7 @@ SPARK_RESOURCE = "spark"
 class SparkResource(dg.ConfigurableResource):
     """The Spark session of the code location's Spark specs (one per process, as Spark allows):
     started from ``master`` and ``conf`` the first time a step needs it, then used by every
-    step of the run (core.spark.session takes the active session as it is). ``master`` may be
+    step of the run (core.engines.spark.session takes the active session as it is). ``master`` may be
     ``local[N]``, ``spark://host:port``, or ``sc://host:port`` for a remote cluster through
     Spark Connect. Configure it in the launchpad or the Definitions to point at a cluster."""
 
@@ -54,7 +54,7 @@ class SparkResource(dg.ConfigurableResource):
 
     def start(self) -> None:
         """Start (or find) the process's session."""
-        from backfill_assets.core.spark.session import start_session
+        from backfill_assets.core.engines.spark.session import start_session
         start_session(self.master, dict(self.conf))
 
 

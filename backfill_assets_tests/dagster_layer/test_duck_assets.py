@@ -69,7 +69,7 @@ def _source_tick(defs, resources):
 def test_the_source_sensor_restages_the_partitions_whose_lake_files_changed(db_url, tmp_path):
     from deltalake import DeltaTable, write_deltalake
 
-    from backfill_assets.core.targets.delta import delta_predicate
+    from backfill_assets.core.lake.delta import delta_predicate
     write_delta(tmp_path / "orders_raw", source_table())
     spec = duck_spec(tmp_path, {"format": "delta", "location": str(tmp_path / "orders_raw")})
     defs = build_definitions([spec])

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from backfill_assets.core.targets.delta import delta_predicate
+from backfill_assets.core.lake.delta import delta_predicate
 from backfill_assets_tests.support.flows import newest_wins
 from backfill_assets_tests.support.specs import make_spec
 

@@ -15,10 +15,10 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
+from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.fingerprint import rows
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import ColumnInfo
 from backfill_assets.core.vocabulary import TableRef
 
 # From this many rows a digest statement is planned as a parallel aggregate whatever the

@@ -11,7 +11,7 @@ The byte format, and why it loses nothing that matters, is docs/fingerprint.md. 
   aggregate, without a sort and without sending a row to the client.
 
 This module is the specification in plain Python (:func:`reference_readings`): the engines'
-SQL (core.pg.sqlbuild.digest for PostgreSQL, core.fingerprint.duck for DuckDB) must agree with
+SQL (core.pg.sqlbuild.digest for PostgreSQL, core.lake.digest for DuckDB) must agree with
 it on the golden vectors (backfill_assets_tests/core/fingerprint/golden_rows.json).
 """
 
@@ -24,7 +24,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-from backfill_assets.core.pg.catalog import ColumnInfo
+from backfill_assets.core.catalog import ColumnInfo
 
 FORMAT = 3
 TAG = "backfill-assets/fingerprint/v3"

@@ -7,13 +7,11 @@ uses it exists.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.errors import SpecError
+from backfill_assets.core.catalog import PARTITION_KINDS, ColumnInfo, Inspection, ServerInfo, check_total
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionKind, TableRef
@@ -62,77 +60,8 @@ _INDEX_KEYS = sql.SQL(
     "GROUP BY i.indexrelid"
 )
 
-_PARTITION_KINDS: dict[str, PartitionKind] = {
-    "date": "date", "int2": "integer", "int4": "integer", "int8": "integer",
-    "text": "text", "varchar": "text", "bpchar": "text",
-}
-_EXACT_NUMERIC = {"int2", "int4", "int8", "numeric"}
 _TABLE_KINDS = {"r": "table", "p": "partitioned table"}
 _READABLE_KINDS = {"r", "p", "v", "m", "f"}
-
-
-@dataclass(frozen=True)
-class ColumnInfo:
-    """A column as the catalog describes it."""
-
-    name: str
-    type_name: str  # format_type(): the exact type, with modifiers
-    category: str  # pg_type.typcategory
-    collatable: bool
-    base_type: str  # pg_type.typname of the base type (domains resolved)
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    engine: str
-    version: str
-    version_num: int
-    encoding: str
-
-
-@dataclass
-class Inspection:
-    """What the catalog says about a spec's tables, and every problem found."""
-
-    server: ServerInfo
-    source_columns: list[ColumnInfo]
-    target_columns: list[ColumnInfo]
-    target_unique_keys: list[tuple[str, list[str]]]
-    partition_kind: PartitionKind | None
-    grain_columns: list[str]
-    grain_ddl: str | None
-    problems: list[str] = field(default_factory=list)
-    # What the target's engine found of its table beyond the columns (a lake table: whether it
-    # exists, and the schema the stage maps to; core.targets.lake.LakeState), shown by
-    # ``inspect`` through its ``as_dict``. None for a PostgreSQL target.
-    target_table: Any = None
-
-    def column(self, name: str) -> ColumnInfo:
-        """A target column by name."""
-        return next(c for c in self.target_columns if c.name == name)
-
-    def spec_target_columns(self, spec: Spec) -> list[ColumnInfo]:
-        """The spec's columns, in the spec's order, with the target's types."""
-        return [self.column(c) for c in spec.columns]
-
-    def require_plannable(self) -> PartitionKind:
-        """Raise SpecError naming every problem; return the partition kind."""
-        if self.problems:
-            raise SpecError("; ".join(self.problems))
-        assert self.partition_kind is not None
-        return self.partition_kind
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "engine": self.server.engine, "version": self.server.version,
-            "encoding": self.server.encoding,
-            "source_columns": [[c.name, c.type_name] for c in self.source_columns],
-            "target_columns": [[c.name, c.type_name] for c in self.target_columns],
-            "target_unique_keys": [{"name": n, "columns": cols} for n, cols in self.target_unique_keys],
-            "partition_kind": self.partition_kind, "grain_columns": self.grain_columns,
-            "grain_ddl": self.grain_ddl, "problems": self.problems,
-            **({} if self.target_table is None else self.target_table.as_dict()),
-        }
 
 
 def server_info(conn: psycopg.Connection) -> ServerInfo:
@@ -212,13 +141,13 @@ def _partition_kind(
     if spec.partition_key not in tnames:
         return None
     target_type = tnames[spec.partition_key]
-    kind = _PARTITION_KINDS.get(target_type.base_type)
+    kind = PARTITION_KINDS.get(target_type.base_type)
     if kind is None:
         problems.append(
             f"partition_key {spec.partition_key} has type {target_type.type_name}; "
             "use a date, integer or text partition key"
         )
-    elif spec.partition_key in snames and _PARTITION_KINDS.get(snames[spec.partition_key].base_type) != kind:
+    elif spec.partition_key in snames and PARTITION_KINDS.get(snames[spec.partition_key].base_type) != kind:
         problems.append(
             f"partition_key {spec.partition_key} is {snames[spec.partition_key].type_name} "
             f"in the source but {target_type.type_name} in the target"
@@ -240,25 +169,6 @@ def _check_source_columns(spec: Spec, snames: dict[str, ColumnInfo], source_kind
     clash = [c for c in spec.input_columns if c.startswith("__backfill") or c.startswith("__v")]
     if clash:
         problems.append(f"column names starting with '__backfill' or '__v' are reserved: {clash}")
-
-
-def check_total(spec: Spec, columns: dict[str, ColumnInfo], problems: list[str]) -> None:
-    """An additive total must be exact."""
-    if spec.total is not None and spec.total in columns and columns[spec.total].base_type not in _EXACT_NUMERIC:
-        problems.append(
-            f"total {spec.total} has type {columns[spec.total].type_name}; an additive total must "
-            "be exact (integer or numeric)"
-        )
-
-
-def partition_kind_of(column: ColumnInfo, problems: list[str]) -> PartitionKind | None:
-    """The kind of a partition key column (None, with a problem, when it cannot be one)."""
-    kind = _PARTITION_KINDS.get(column.base_type)
-    if kind is None:
-        problems.append(
-            f"partition_key {column.name} has type {column.type_name}; use a date, integer or text partition key"
-        )
-    return kind
 
 
 _DESCRIBE_TYPES = sql.SQL(
@@ -303,7 +213,7 @@ def _inspect_source(conn: psycopg.Connection, spec: Spec,
 
 def inspect_source(conn: psycopg.Connection, spec: Spec) -> Inspection:
     """Inspect the source alone, for a target outside the database: the target's columns and
-    partition kind are left for its engine to fill in (core.targets.lake)."""
+    partition kind are left for its engine to fill in (core.lake.target)."""
     problems: list[str] = []
     server, source_kind, source_cols = _inspect_source(conn, spec, problems)
     _check_source_columns(spec, {c.name: c for c in source_cols}, source_kind, problems)

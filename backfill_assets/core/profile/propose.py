@@ -18,9 +18,10 @@ from typing import Any
 import psycopg
 
 from backfill_assets.core.build import refuse_unless_supported
+from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import ColumnInfo, table_columns
+from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.profile.keyrule import KeyCandidate, choose
 from backfill_assets.core.profile.keysearch import KEY_SAMPLE_ROWS, KeySearch, confirm, judge, search_keys, verify
 from backfill_assets.core.spec import Spec

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import psycopg
 
+from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Context
 from backfill_assets.core.guard.transform import validate_transform_in_catalog
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import Inspection
 from backfill_assets.core.pg.db import transient_errors
 from backfill_assets.core.spec import Spec
 

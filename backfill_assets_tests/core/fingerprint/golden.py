@@ -19,8 +19,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.fingerprint import rows
-from backfill_assets.core.pg.catalog import ColumnInfo
 
 FILE = Path(__file__).with_name("golden_rows.json")
 UTC = dt.timezone.utc

@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from backfill_assets.core.fingerprint import duck, rows
-from backfill_assets.core.fingerprint.arrow import arrow_readings
-from backfill_assets.core.fingerprint.kinds import lake_schema
+from backfill_assets.core.fingerprint import rows
+from backfill_assets.core.lake import digest
+from backfill_assets.core.lake.arrow import arrow_readings
+from backfill_assets.core.lake.kinds import lake_schema
 from backfill_assets_tests.core.fingerprint import golden
 
 # Pinned: any change of the format must change these on purpose, with a new format number.
@@ -65,7 +66,7 @@ def test_duckdb_gives_the_golden_texts_and_readings_from_arrow():
     fields = [(c.name, rows.kind_of(c)) for c in cols]
     with duckdb.connect() as con:
         con.register("t", table)
-        text = sql.SQL(duck.row_text(fields))
+        text = sql.SQL(digest.row_text(fields))
         query = sql.SQL("SELECT {}, sha256({}) FROM t AS t").format(text, text).as_string(None)
         texts, hashes = map(list, zip(*con.execute(query).fetchall()))
     assert texts == [r["text"] for r in FILE["portable"]["rows"]]

@@ -12,11 +12,11 @@ import yaml
 
 from backfill_assets.core.approve import approve_plan
 from backfill_assets.core.errors import ApprovalOutdatedError, SpecError, TransientDatabaseError
+from backfill_assets.core.lake.delta import DeltaLakeTable, delta_predicate
+from backfill_assets.core.lake.iceberg import IcebergLakeTable
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.store import ledger
 from backfill_assets.core.store.plans import find_plan
-from backfill_assets.core.targets.delta import DeltaLakeTable, delta_predicate
-from backfill_assets.core.targets.iceberg import IcebergLakeTable
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.flows import ALL_DAYS, approved, run
 from backfill_assets_tests.support.lakes import COLUMNS, Lake, expected_rows, lake_spec
@@ -347,7 +347,7 @@ def test_iceberg_rows_outside_the_partition_are_refused_before_anything_is_commi
 
 def test_a_delta_commit_that_is_not_our_overwrite_of_our_partition_fails_the_log_check(unmoved_db, tmp_path):
     from backfill_assets.core.errors import VerificationError
-    from backfill_assets.core.targets.lake_tables import META_PREFIX
+    from backfill_assets.core.lake.tables import META_PREFIX
     spec = lake_spec("delta", tmp_path)
     lake = Lake("delta", spec, unmoved_db)
     lake.table.create(LAKE_SCHEMA, "order_date")
@@ -626,7 +626,7 @@ def test_an_engine_that_rebased_our_commit_all_the_same_is_caught_after_the_comm
 def test_the_key_check_reads_keys_in_a_null_partition_and_every_key_column(tmp_path, fmt):
     from sqlalchemy.engine import make_url
 
-    from backfill_assets.core.targets.lake_tables import keys_found
+    from backfill_assets.core.lake.tables import keys_found
     table = (DeltaLakeTable(str(tmp_path / "t")) if fmt == "delta" else
              IcebergLakeTable("s.t", "default", str(tmp_path / "w"), make_url(f"sqlite:///{tmp_path / 'c.db'}")))
     schema = pa.schema([("p", pa.string()), ("a", pa.int64()), ("b", pa.string())])

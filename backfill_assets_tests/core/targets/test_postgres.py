@@ -13,10 +13,10 @@ import pytest
 
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.engines.postgres.target import PostgresTarget
 from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.store.plans import find_plan
-from backfill_assets.core.targets.postgres import PostgresTarget
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.flows import target_hashes
 from backfill_assets_tests.support.specs import REPO, make_spec

@@ -7,7 +7,7 @@ from backfill_assets.core.engines.supports import Supports, refused, supported
 
 SUPPORTS = Supports(
     engine="duckdb",
-    builds="backfill_assets.core.duck.flow:DuckBuildEngine",
+    builds="backfill_assets.core.engines.duckdb.engine:DuckBuildEngine",
     sources=("delta", "iceberg", "parquet"),
     targets=("delta", "iceberg"),
     reads="a lake source",

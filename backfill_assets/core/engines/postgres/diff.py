@@ -12,7 +12,7 @@ back, with both sides' values, looked up by key.
 
 Across engines (a Delta or Iceberg target), the lake partition's rows are rendered to the same
 text forms from Arrow and loaded, as text, into a temporary table
-(TargetEngine.compared, core.targets.lake), then compared by the same SQL with the stage's text
+(TargetEngine.compared, core.lake.target), then compared by the same SQL with the stage's text
 forms, keyed by the keys' text: exact, each side read once, no per-row Python; a key the lake
 holds more than once counts once, as changed.
 

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 
 from backfill_assets.core.build import SourceMoves, StagesNow
+from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.postgres import planned, review, snapshot, stages
@@ -20,7 +21,7 @@ from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.watch import WatchState, watch_tick
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.pg.catalog import Inspection, table_kind
+from backfill_assets.core.pg.catalog import table_kind
 from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read, transient_errors
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec

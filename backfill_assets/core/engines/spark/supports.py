@@ -12,7 +12,7 @@ _JARS = "Delta and Iceberg through Spark need the cluster's own jars: see docs/e
 
 SUPPORTS = Supports(
     engine="spark",
-    builds="backfill_assets.core.spark.flow:SparkBuildEngine",
+    builds="backfill_assets.core.engines.spark.engine:SparkBuildEngine",
     sources=("parquet", "jdbc", "spark_table"),
     targets=("parquet", "spark_table"),
     reads="a Parquet folder, a PostgreSQL table over JDBC or a table of its catalog",

@@ -1,7 +1,7 @@
 """A table of the Spark session's catalog as the target (``target: {format: spark_table}``,
 engine spark): a partition is replaced by writing it in full at a new location under the
 table's ``_backfill_versions/`` and moving the partition there in one catalog update
-(core.spark.catalog). Readers that resolve the table through the catalog see the old files or
+(core.engines.spark.catalog). Readers that resolve the table through the catalog see the old files or
 the new ones, never an empty or half-written partition, on any file system; the old location is
 kept for REPLACED_GRACE and then deleted by a later write.
 
@@ -29,11 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from backfill_assets.core.engines.spark.parquet import _fsync_dir, partition_dir
 from backfill_assets.core.errors import SpecError, TransientDatabaseError
-from backfill_assets.core.fingerprint.kinds import lake_type
-from backfill_assets.core.targets.lake import LakeEngine
-from backfill_assets.core.targets.lake_tables import LakeTable, TableShape
-from backfill_assets.core.targets.parquet import _fsync_dir, partition_dir
+from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.kinds import lake_type
+from backfill_assets.core.lake.tables import LakeTable, TableShape
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 VERSIONS = "_backfill_versions"  # new partitions, each at a location of its own
@@ -81,13 +81,13 @@ class SparkCatalogTable(LakeTable):
     """One catalog table (see the module docstring). A handle is a :class:`Seen`."""
 
     def __init__(self, session: Any, name: str, partition_key: str) -> None:
-        from backfill_assets.core.spark.catalog import CatalogTable
+        from backfill_assets.core.engines.spark.catalog import CatalogTable
         self.catalog = CatalogTable(session, name, partition_key)
         self.partition_key = partition_key
         self.name = f"spark_table:{name}"
 
     def shape(self) -> TableShape | None:
-        from backfill_assets.core.spark.session import column_info
+        from backfill_assets.core.engines.spark.session import column_info
         if not self.catalog.exists():
             return None
         if self.catalog.provider() != "parquet":
@@ -214,6 +214,6 @@ class SparkTableEngine(LakeEngine):
                 "(CREATE TABLE ... USING parquet PARTITIONED BY (...))")
 
     def table(self, conn: psycopg.Connection | None) -> LakeTable:
-        from backfill_assets.core.spark.session import session_for
+        from backfill_assets.core.engines.spark.session import session_for
         target = self.spec.target
         return SparkCatalogTable(session_for(self.spec), target.table, self.spec.partition_key)  # type: ignore[union-attr]

@@ -13,9 +13,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Context, Readings, Target, TargetWrite, no_checkpoint
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import Inspection, business_key_order, inspect_tables
+from backfill_assets.core.pg.catalog import business_key_order, inspect_tables
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets.common import AdvisoryLocked, check_transform

@@ -19,16 +19,16 @@ import re
 from pathlib import Path
 from typing import Any
 
+from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.errors import SpecError
+from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pg import embedded
-from backfill_assets.core.pg.catalog import ColumnInfo
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.targets.lake_tables import local_path
 
 # What every session of ours sets, whatever else it carries: Parquet time stamps as
 # microseconds (INT96, Spark's old default, is not what other readers expect).
 REQUIRED_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-                 # The string literals core.spark.catalog writes are escaped for Spark's default reading.
+                 # The string literals core.engines.spark.catalog writes are escaped for Spark's default reading.
                  "spark.sql.parser.escapedStringLiterals": "false"}
 DEFAULT_MASTER = "local[2]"
 # Where Debian's libpostgresql-jdbc-java puts the PostgreSQL driver: a session started here for a

@@ -5,7 +5,7 @@ loaded at the version the partition was read at. delta-rs refuses rows outside t
 predicate, and fails the commit (``CommitFailedError``) when another writer changed the same
 partition since that version. The predicate is built here from typed, validated values only,
 and compared with the one the table's history records for our version. See
-core.targets.lake_tables for what every lake table promises.
+core.lake.tables for what every lake table promises.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from backfill_assets.core.errors import SpecError, TransientDatabaseError, VerificationError
-from backfill_assets.core.spec import DeltaTargetSpec
-from backfill_assets.core.targets.lake import LakeEngine
-from backfill_assets.core.targets.lake_tables import (
+from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.tables import (
     META_PREFIX,
     LakeTable,
     TableShape,
@@ -31,6 +30,7 @@ from backfill_assets.core.targets.lake_tables import (
     key_bounds,
     local_path,
 )
+from backfill_assets.core.spec import DeltaTargetSpec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 

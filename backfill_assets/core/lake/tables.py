@@ -1,6 +1,6 @@
 """Lake tables a backfill can replace partitions of, behind one small interface
-(:class:`LakeTable`): Delta Lake (``deltalake``, core.targets.delta) and Apache Iceberg
-(``pyiceberg``, core.targets.iceberg).
+(:class:`LakeTable`): Delta Lake (``deltalake``, core.lake.delta) and Apache Iceberg
+(``pyiceberg``, core.lake.iceberg).
 
 Each is written with its engine's native partition overwrite, in one commit per partition
 (or group of partitions):
@@ -19,7 +19,7 @@ Each is written with its engine's native partition overwrite, in one commit per 
 Both read a partition at an exact version (Delta) or snapshot (Iceberg), so the check after
 our commit reads what we committed, whatever was committed since; both carry our plan id and
 content hash in the commit's own metadata. The stages, the control schema and the ledger
-stay in PostgreSQL (core.targets.lake.LakeTarget ties the two together).
+stay in PostgreSQL (core.lake.target.LakeTarget ties the two together).
 
 Both engines REBASE a commit over another writer's commit to other partitions (delta-rs's
 conflict checker and pyiceberg's retries test only the overwrite's own partitions): right for

@@ -2,7 +2,7 @@
 the same rows.
 
 - Parquet (``format: parquet``): a Hive-partitioned folder, pinned as the DuckDB engine pins
-  it (core.duck.source.ParquetSource): the planned partitions' files with each file's size
+  it (core.lake.sources.ParquetSource): the planned partitions' files with each file's size
   and SHA-256; Spark reads exactly those files.
 - JDBC (``format: jdbc``): a PostgreSQL table, copied once, when the snapshot is taken, into
   ``<staging>/snapshots/<copy>/`` as Parquet, and pinned as that copy's files. The copy is one
@@ -28,11 +28,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from backfill_assets.core.duck.source import ParquetSource as _Folder
-from backfill_assets.core.duck.source import files_digest, sha256_file
+from backfill_assets.core.engines.spark.session import staging_dir
 from backfill_assets.core.errors import SnapshotError, SpecError
+from backfill_assets.core.lake.sources import ParquetSource as _Folder
+from backfill_assets.core.lake.sources import files_digest, sha256_file
 from backfill_assets.core.pinned import Pin
-from backfill_assets.core.spark.session import staging_dir
 from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, SparkTableSpec, Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
@@ -235,7 +235,7 @@ class CatalogSource(SparkSource):
         self.table, self.name, self.partition_key = source.table, source.display_name, spec.partition_key
 
     def _catalog(self, session: Any) -> Any:
-        from backfill_assets.core.spark.catalog import CatalogTable
+        from backfill_assets.core.engines.spark.catalog import CatalogTable
         catalog = CatalogTable(session, self.table, self.partition_key)
         if not catalog.exists():
             raise SpecError(f"source {self.name} does not exist in the Spark session's catalog; check source.table "

@@ -1,6 +1,6 @@
 """The column types a lake table can hold exactly, and the Arrow type of each (one
 :class:`Kind` per PostgreSQL type): what a stage's column becomes in Delta or Iceberg, and how
-the canonical text of its values is rendered from Arrow (core.fingerprint.texts)."""
+the canonical text of its values is rendered from Arrow (core.lake.texts)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.pg.catalog import ColumnInfo
 
 if TYPE_CHECKING:
     pass

@@ -6,7 +6,7 @@ validated against writers since. pyiceberg does not refuse rows outside the filt
 would land in other partitions), so every row's partition is checked here first. Never
 ``dynamic_partition_overwrite``: with an empty stage it leaves the stale rows. The catalog
 lives in the spec's own database unless ``catalog.uri_env`` names another; its connections
-carry the spec's limits like every other. See core.targets.lake_tables for what every lake
+carry the spec's limits like every other. See core.lake.tables for what every lake
 table promises.
 """
 
@@ -23,10 +23,8 @@ import pyarrow as pa
 from psycopg.conninfo import conninfo_to_dict
 
 from backfill_assets.core.errors import ConnectionConfigError, SpecError, TransientDatabaseError, VerificationError
-from backfill_assets.core.pg.db import url_from_env
-from backfill_assets.core.spec import IcebergCatalogSpec, IcebergTargetSpec, Spec
-from backfill_assets.core.targets.lake import LakeEngine
-from backfill_assets.core.targets.lake_tables import (
+from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.tables import (
     META_PREFIX,
     LakeTable,
     TableShape,
@@ -36,6 +34,8 @@ from backfill_assets.core.targets.lake_tables import (
     key_bounds,
     local_path,
 )
+from backfill_assets.core.pg.db import url_from_env
+from backfill_assets.core.spec import IcebergCatalogSpec, IcebergTargetSpec, Spec
 from backfill_assets.core.vocabulary import PartitionValue, TableRef, partition_label
 
 # The tables of a pyiceberg SQL catalog, when it lives in the spec's own database.

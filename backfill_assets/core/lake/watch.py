@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import psycopg
 
-from backfill_assets.core.duck.inspect import column_info, source_types
-from backfill_assets.core.duck.source import LakeSource, Pin, lake_source
-from backfill_assets.core.pg.catalog import partition_kind_of
+from backfill_assets.core.catalog import partition_kind_of
+from backfill_assets.core.engines.duckdb.inspect import column_info, source_types
+from backfill_assets.core.lake.sources import LakeSource, Pin, lake_source
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
 from backfill_assets.core.vocabulary import PartitionKind, parse_labels

@@ -31,9 +31,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from backfill_assets.core.errors import SnapshotError, SpecError
+from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pinned import Pin
 from backfill_assets.core.spec import DeltaSourceSpec, IcebergSourceSpec, LakeSourceSpec, ParquetSourceSpec, Spec
-from backfill_assets.core.targets.lake_tables import local_path
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 # The relation the pinned rows are visible as, on the connection that reads them.
@@ -201,7 +201,7 @@ def _task_files(task: Any) -> list[str]:
 
 class IcebergSource(LakeSource):
     def __init__(self, spec: IcebergSourceSpec, catalog_url: Any) -> None:
-        from backfill_assets.core.targets.iceberg import IcebergLakeTable
+        from backfill_assets.core.lake.iceberg import IcebergLakeTable
         self.table = IcebergLakeTable(spec.table, spec.catalog.name, spec.catalog.warehouse, catalog_url,
                                       "the spec's database" if spec.catalog.uri_env is None else spec.catalog.uri_env)
         self.name = f"iceberg:{spec.catalog.name}:{spec.table}"
@@ -376,7 +376,7 @@ def lake_source(spec: Spec, conn: psycopg.Connection | None) -> LakeSource:
         return DeltaSource(source)
     if isinstance(source, ParquetSourceSpec):
         return ParquetSource(source)
-    from backfill_assets.core.targets.iceberg import catalog_url
+    from backfill_assets.core.lake.iceberg import catalog_url
     assert conn is not None, "an Iceberg source's catalog is reached through the control store's connection"
     return IcebergSource(source, catalog_url(conn, spec, source.catalog))
 

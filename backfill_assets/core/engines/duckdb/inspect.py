@@ -17,14 +17,14 @@ from typing import Any
 
 import psycopg
 
+from backfill_assets.core.catalog import ColumnInfo, Inspection, ServerInfo
 from backfill_assets.core.context import Context
-from backfill_assets.core.duck import statements
-from backfill_assets.core.duck.source import LakeSource
+from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.pg.catalog import ColumnInfo, Inspection, ServerInfo
+from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.sources import LakeSource
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
-from backfill_assets.core.targets.lake import LakeEngine
 from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
 
 # DuckDB type -> (PostgreSQL type name, category, collatable, base type).

@@ -22,7 +22,7 @@ from backfill_assets.cli.crash_hook import PAUSE_ENV, PAUSE_FILE_ENV
 from backfill_assets.core import plan as plan_module
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.targets.parquet import STAGING, ParquetFolderTable, partition_dir
+from backfill_assets.core.engines.spark.parquet import STAGING, ParquetFolderTable, partition_dir
 from backfill_assets_tests.support.duck_lakes import DAYS, LABELS, source_table
 from backfill_assets_tests.support.spark_lakes import spark_mapping, spark_spec, write_parquet_source
 from backfill_assets_tests.support.specs import REPO, URL_ENV
@@ -60,9 +60,9 @@ def _hashes(plan) -> dict[str, tuple[int, str]]:
 
 def _now(spec, labels=LABELS) -> dict[str, tuple[int, str]]:
     """Each partition's (rows, content hash) as the target holds it now."""
-    from backfill_assets.core.fingerprint.arrow import arrow_readings
-    from backfill_assets.core.fingerprint.kinds import lake_schema
-    from backfill_assets.core.pg.catalog import ColumnInfo
+    from backfill_assets.core.catalog import ColumnInfo
+    from backfill_assets.core.lake.arrow import arrow_readings
+    from backfill_assets.core.lake.kinds import lake_schema
     table = ParquetFolderTable(spec.target.location, spec.partition_key)
     columns = [ColumnInfo("order_date", "date", "D", False, "date"), ColumnInfo("order_id", "bigint", "N", False, "int8"),
                ColumnInfo("customer_id", "bigint", "N", False, "int8"),
@@ -166,8 +166,8 @@ def test_the_switch_is_a_compare_and_swap_and_never_replaces_what_appeared(tmp_p
     """A writer that changes the partition while ours is written, or creates it (even empty),
     makes our switch fail with nothing of ours in place; a replaced partition's grace starts at
     the switch."""
+    from backfill_assets.core.engines.spark.parquet import REPLACED, _files
     from backfill_assets.core.errors import TransientDatabaseError
-    from backfill_assets.core.targets.parquet import REPLACED, _files
     table = ParquetFolderTable(str(tmp_path / "t"), "order_date")
     old = tmp_path / "t" / "order_date=2024-01-01"
     old.mkdir(parents=True)

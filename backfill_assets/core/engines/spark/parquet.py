@@ -50,8 +50,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from backfill_assets.core.errors import SpecError, TransientDatabaseError
-from backfill_assets.core.targets.lake import LakeEngine
-from backfill_assets.core.targets.lake_tables import LakeTable, TableShape, local_path
+from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.tables import LakeTable, TableShape, local_path
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 STAGING = "_backfill_staging"  # new partitions being written, and what a killed run left

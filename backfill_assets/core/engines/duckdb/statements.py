@@ -2,7 +2,7 @@
 quoting is DuckDB's too) and rendered to text without a PostgreSQL connection. Values are
 never put in the text: they are DuckDB's named parameters (``$partition``, ``$partitions``).
 
-The input is the pinned source rows (core.duck.source.SOURCE_ROWS) as the relation ``source``,
+The input is the pinned source rows (core.lake.sources.SOURCE_ROWS) as the relation ``source``,
 through the validated ``transform_sql`` if there is one, reduced to the columns newest-wins
 reads. Stage A keeps each key's newest row by ``DISTINCT ON``, stage B by ``row_number()``
 over a window: two formulations that agree only if the order is total, which the checks
@@ -15,22 +15,16 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.duck.source import SOURCE_ROWS
-from backfill_assets.core.fingerprint import duck
 from backfill_assets.core.guard.duck import type_sql
+from backfill_assets.core.lake import digest
+from backfill_assets.core.lake.compare import identifiers as _ids
+from backfill_assets.core.lake.compare import text_of as _text
+from backfill_assets.core.lake.sources import SOURCE_ROWS
 from backfill_assets.core.spec import OrderingColumn
 
 _PARTITIONS = sql.SQL("(SELECT unnest($partitions))")
 # The columns of the pinned source rows, as DuckDB binds them.
 DESCRIBE_SOURCE = sql.SQL("DESCRIBE {}").format(sql.Identifier(SOURCE_ROWS)).as_string(None)
-
-
-def _text(composed: sql.Composable) -> str:
-    return composed.as_string(None)
-
-
-def _ids(names: Sequence[str], alias: str | None = None) -> sql.Composed:
-    return sql.SQL(", ").join(sql.Identifier(alias, n) if alias else sql.Identifier(n) for n in names)
 
 
 def input_relation(source_columns: Sequence[str], input_columns: Sequence[str], transform: str | None) -> sql.Composed:
@@ -133,7 +127,7 @@ def ordering_nulls(relation: sql.Composed, business_key: Sequence[str], ordering
 def tied_groups(relation: sql.Composed, partition_key: str | None, business_key: Sequence[str],
                 ordering: Sequence[str], fields: Sequence[tuple[str, str]]) -> str:
     """Up to 3 groups of keyed rows equal on the partition, the key and every ordering column
-    whose output rows differ (their canonical texts, core.fingerprint.duck): newest-wins
+    whose output rows differ (their canonical texts, core.lake.digest): newest-wins
     would pick one of them by chance."""
     scope = [partition_key] if partition_key is not None else []  # None: per key across partitions
     group = [*scope, *business_key, *ordering]
@@ -148,7 +142,7 @@ def tied_groups(relation: sql.Composed, partition_key: str | None, business_key:
         "WITH g AS (SELECT {group} FROM {input} AS t WHERE {keyed} GROUP BY {group} HAVING count(*) > 1) "
         "SELECT {shown}, count(DISTINCT {row}) FROM {input} AS t JOIN g ON {same} GROUP BY {tgroup} "
         "HAVING count(DISTINCT {row}) > 1 LIMIT 3"
-    ).format(shown=shown, row=sql.SQL(duck.row_text(fields)), input=relation, keyed=keyed,
+    ).format(shown=shown, row=sql.SQL(digest.row_text(fields)), input=relation, keyed=keyed,
              group=_ids(group, "t"), tgroup=_ids(group, "t"), same=same))
 
 
@@ -167,76 +161,6 @@ def unholdable(stage: str, partition_key: str, columns: Sequence[str]) -> str:
     )
     return _text(sql.SQL("SELECT {pk}, {counts} FROM {stage} WHERE {pk} IN {parts} GROUP BY {pk}").format(
         pk=sql.Identifier(partition_key), counts=counts, stage=sql.Identifier(stage), parts=_PARTITIONS))
-
-
-def _compared(left: str, right: str, partition_key: str, business_key: Sequence[str],
-              fields: Sequence[tuple[str, str]]) -> sql.Composed:
-    """One partition (``$partition``) of two relations joined on the business key, each side's
-    row as its canonical text (NULL where the side has no row)."""
-    def side(rel: str) -> sql.Composed:
-        return sql.SQL("(SELECT {keys}, {text} AS row_text FROM {rel} AS t WHERE t.{pk} = $partition)").format(
-            keys=_ids(business_key, "t"), text=sql.SQL(duck.row_text(fields)), rel=sql.Identifier(rel),
-            pk=sql.Identifier(partition_key))
-    on = sql.SQL(" AND ").join(sql.SQL("l.{k} IS NOT DISTINCT FROM r.{k}").format(k=sql.Identifier(k))
-                               for k in business_key)
-    return sql.SQL("{l} AS l FULL JOIN {r} AS r ON {on}").format(l=side(left), r=side(right), on=on)
-
-
-def differing_keys(left: str, right: str, partition_key: str, business_key: Sequence[str],
-                   fields: Sequence[tuple[str, str]], most: int = 3) -> str:
-    """The first ``most`` business keys (in key order) whose rows differ between two relations
-    in partition ``$partition``."""
-    keys = sql.SQL(", ").join(sql.SQL("CAST(coalesce(l.{k}, r.{k}) AS VARCHAR)").format(k=sql.Identifier(k))
-                              for k in business_key)
-    order = sql.SQL(", ").join(sql.SQL("coalesce(l.{k}, r.{k})").format(k=sql.Identifier(k)) for k in business_key)
-    return _text(sql.SQL("SELECT {keys} FROM {joined} WHERE l.row_text IS DISTINCT FROM r.row_text "
-                         "ORDER BY {order} LIMIT {most}").format(
-        keys=keys, joined=_compared(left, right, partition_key, business_key, fields), order=order,
-        most=sql.Literal(most)))
-
-
-def first_changes(stage: str, target: str, partition_key: str, business_key: Sequence[str],
-                  fields: Sequence[tuple[str, str]], most: int) -> str:
-    """For partition ``$partition``: the first ``most`` keys (in key order) that replacing
-    ``target`` with ``stage`` adds, removes or changes, each with its key as text, its kind
-    and the columns whose canonical text differs (none for a key added or removed)."""
-    def side(rel: str) -> sql.Composed:
-        columns = sql.SQL(", ").join(sql.SQL("{} AS {}").format(sql.SQL(duck.field_text(n, k)), sql.Identifier(f"c{i}"))
-                                     for i, (n, k) in enumerate(fields))
-        return sql.SQL("(SELECT {keys}, {text} AS row_text, {columns} FROM {rel} AS t WHERE t.{pk} = $partition)").format(
-            keys=_ids(business_key, "t"), text=sql.SQL(duck.row_text(fields)), columns=columns,
-            rel=sql.Identifier(rel), pk=sql.Identifier(partition_key))
-    on = sql.SQL(" AND ").join(sql.SQL("l.{k} IS NOT DISTINCT FROM r.{k}").format(k=sql.Identifier(k))
-                               for k in business_key)
-    keys = sql.SQL(", ").join(sql.SQL("CAST(coalesce(l.{k}, r.{k}) AS VARCHAR)").format(k=sql.Identifier(k))
-                              for k in business_key)
-    order = sql.SQL(", ").join(sql.SQL("coalesce(l.{k}, r.{k})").format(k=sql.Identifier(k)) for k in business_key)
-    differ = sql.SQL(", ").join(
-        sql.SQL("CASE WHEN l.{c} IS DISTINCT FROM r.{c} THEN {name} END").format(
-            c=sql.Identifier(f"c{i}"), name=sql.Literal(n)) for i, (n, _) in enumerate(fields))
-    return _text(sql.SQL(
-        "SELECT {keys}, CASE WHEN r.row_text IS NULL THEN 'added' WHEN l.row_text IS NULL THEN 'removed' "
-        "ELSE 'changed' END, CASE WHEN l.row_text IS NULL OR r.row_text IS NULL THEN []::VARCHAR[] "
-        "ELSE list_filter([{differ}], lambda x: x IS NOT NULL) END "
-        "FROM {l} AS l FULL JOIN {r} AS r ON {on} WHERE l.row_text IS DISTINCT FROM r.row_text "
-        "ORDER BY {order} LIMIT {most}").format(
-        keys=keys, differ=differ, l=side(stage), r=side(target), on=on, order=order, most=sql.Literal(most)))
-
-
-def first_changes_json(rows: Sequence[tuple], business_key: Sequence[str]) -> list[dict]:
-    """:func:`first_changes`'s rows as core.approve.changes_of gives them (keys, kind, columns)."""
-    n = len(business_key)
-    return [{"key": dict(zip(business_key, r[:n])), "kind": r[n], "columns": list(r[n + 1])} for r in rows]
-
-
-def change_counts(stage: str, target: str, partition_key: str, business_key: Sequence[str],
-                  fields: Sequence[tuple[str, str]]) -> str:
-    """For partition ``$partition``: the keys replacing ``target`` with ``stage`` adds,
-    removes, changes and keeps."""
-    return _text(sql.SQL(
-        "SELECT count(*) FILTER (WHERE r.row_text IS NULL), count(*) FILTER (WHERE l.row_text IS NULL), "
-        "count(*) FILTER (WHERE l.row_text <> r.row_text), count(*) FILTER (WHERE l.row_text = r.row_text) "
-        "FROM {joined}").format(joined=_compared(stage, target, partition_key, business_key, fields)))
 
 
 def create_builds(table: str) -> str:

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from backfill_assets.core.errors import TransientDatabaseError
+from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.targets.lake_tables import local_path
 
 _RETRY_SECONDS = 0.1
 

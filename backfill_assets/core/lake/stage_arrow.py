@@ -1,5 +1,5 @@
 """A stage partition read from PostgreSQL into Arrow: one CSV COPY in business-key order,
-parsed by pyarrow a batch at a time, with the lake types of core.fingerprint.kinds."""
+parsed by pyarrow a batch at a time, with the lake types of core.lake.kinds."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
+from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.errors import LakeValueError, SessionNotPinnedError
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import ColumnInfo, business_key_order
+from backfill_assets.core.pg.catalog import business_key_order
 from backfill_assets.core.vocabulary import TableRef
 
 if TYPE_CHECKING:
     import psycopg
 
-from backfill_assets.core.fingerprint.kinds import kind_of, require_key
-from backfill_assets.core.fingerprint.texts import hex_to_binary
+from backfill_assets.core.lake.kinds import kind_of, require_key
+from backfill_assets.core.lake.texts import hex_to_binary
 
 # ---------------------------------------------------------------------------------------------
 # Reading a stage partition from PostgreSQL

@@ -204,8 +204,8 @@ def test_spec_shape_errors_name_the_engine(tmp_path):
 def test_the_lake_sensor_finds_the_partitions_whose_files_changed(tmp_path, factory, url_env, delta_source):
     from deltalake import DeltaTable, write_deltalake
 
-    from backfill_assets.core.duck.watch import lake_changes
-    from backfill_assets.core.targets.delta import delta_predicate
+    from backfill_assets.core.lake.delta import delta_predicate
+    from backfill_assets.core.lake.watch import lake_changes
     spec = duck_spec(tmp_path, delta_source)
     plan_module.make_plan(spec, DAYS, factory)
     with factory() as conn:

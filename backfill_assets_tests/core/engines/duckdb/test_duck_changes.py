@@ -1,4 +1,4 @@
-"""What a replacement changes, compared in DuckDB by canonical text (core.duck.statements):
+"""What a replacement changes, compared in DuckDB by canonical text (core.lake.compare):
 the counts and the first differing keys with their columns, on adversarial values."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 
-from backfill_assets.core.duck import statements
+from backfill_assets.core.lake import compare
 
 FIELDS = [("day", "text"), ("id", "integer"), ("amount", "double"), ("note", "text")]  # kinds
 
@@ -23,12 +23,12 @@ def test_counts_and_first_keys_name_the_columns_that_differ_and_no_values():
     con = duckdb.connect()
     con.register("stage_rows", stage)
     con.register("target_rows", target)
-    counts = con.execute(statements.change_counts("stage_rows", "target_rows", "day", ["id"], FIELDS),
+    counts = con.execute(compare.change_counts("stage_rows", "target_rows", "day", ["id"], FIELDS),
                          {"partition": "d"}).fetchall()[0]
     assert counts == (1, 1, 2, 1)  # 5 added; 4 removed; 2 (-0 vs 0) and 3 (NULL vs '') changed; 1 kept
-    rows = con.execute(statements.first_changes("stage_rows", "target_rows", "day", ["id"], FIELDS, 3),
+    rows = con.execute(compare.first_changes("stage_rows", "target_rows", "day", ["id"], FIELDS, 3),
                        {"partition": "d"}).fetchall()
-    first = statements.first_changes_json(rows, ["id"])
+    first = compare.first_changes_json(rows, ["id"])
     assert first == [
         {"key": {"id": "2"}, "kind": "changed", "columns": ["amount"]},
         {"key": {"id": "3"}, "kind": "changed", "columns": ["note"]},

@@ -1,0 +1,102 @@
+"""The catalog model every engine speaks: a column as a catalog describes it (PostgreSQL's type
+names, whatever the engine), the server, and an inspection of a spec's source and target with
+every problem found; with the rules on a partition key's and a total's types that every
+engine's inspection applies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from backfill_assets.core.errors import SpecError
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.vocabulary import PartitionKind
+
+PARTITION_KINDS: dict[str, PartitionKind] = {
+    "date": "date", "int2": "integer", "int4": "integer", "int8": "integer",
+    "text": "text", "varchar": "text", "bpchar": "text",
+}
+EXACT_NUMERIC = {"int2", "int4", "int8", "numeric"}
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    """A column as the catalog describes it."""
+
+    name: str
+    type_name: str  # format_type(): the exact type, with modifiers
+    category: str  # pg_type.typcategory
+    collatable: bool
+    base_type: str  # pg_type.typname of the base type (domains resolved)
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    engine: str
+    version: str
+    version_num: int
+    encoding: str
+
+
+@dataclass
+class Inspection:
+    """What the catalog says about a spec's tables, and every problem found."""
+
+    server: ServerInfo
+    source_columns: list[ColumnInfo]
+    target_columns: list[ColumnInfo]
+    target_unique_keys: list[tuple[str, list[str]]]
+    partition_kind: PartitionKind | None
+    grain_columns: list[str]
+    grain_ddl: str | None
+    problems: list[str] = field(default_factory=list)
+    # What the target's engine found of its table beyond the columns (a lake table: whether it
+    # exists, and the schema the stage maps to; core.lake.target.LakeState), shown by
+    # ``inspect`` through its ``as_dict``. None for a PostgreSQL target.
+    target_table: Any = None
+
+    def column(self, name: str) -> ColumnInfo:
+        """A target column by name."""
+        return next(c for c in self.target_columns if c.name == name)
+
+    def spec_target_columns(self, spec: Spec) -> list[ColumnInfo]:
+        """The spec's columns, in the spec's order, with the target's types."""
+        return [self.column(c) for c in spec.columns]
+
+    def require_plannable(self) -> PartitionKind:
+        """Raise SpecError naming every problem; return the partition kind."""
+        if self.problems:
+            raise SpecError("; ".join(self.problems))
+        assert self.partition_kind is not None
+        return self.partition_kind
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "engine": self.server.engine, "version": self.server.version,
+            "encoding": self.server.encoding,
+            "source_columns": [[c.name, c.type_name] for c in self.source_columns],
+            "target_columns": [[c.name, c.type_name] for c in self.target_columns],
+            "target_unique_keys": [{"name": n, "columns": cols} for n, cols in self.target_unique_keys],
+            "partition_kind": self.partition_kind, "grain_columns": self.grain_columns,
+            "grain_ddl": self.grain_ddl, "problems": self.problems,
+            **({} if self.target_table is None else self.target_table.as_dict()),
+        }
+
+
+def check_total(spec: Spec, columns: dict[str, ColumnInfo], problems: list[str]) -> None:
+    """An additive total must be exact."""
+    if spec.total is not None and spec.total in columns and columns[spec.total].base_type not in EXACT_NUMERIC:
+        problems.append(
+            f"total {spec.total} has type {columns[spec.total].type_name}; an additive total must "
+            "be exact (integer or numeric)"
+        )
+
+
+def partition_kind_of(column: ColumnInfo, problems: list[str]) -> PartitionKind | None:
+    """The kind of a partition key column (None, with a problem, when it cannot be one)."""
+    kind = PARTITION_KINDS.get(column.base_type)
+    if kind is None:
+        problems.append(
+            f"partition_key {column.name} has type {column.type_name}; use a date, integer or text partition key"
+        )
+    return kind

@@ -1,0 +1,271 @@
+"""The whole process on DuckDB, for a spec with ``engine: {type: duckdb}``: the lake source
+pinned to its own version (core.lake.sources), both builds in DuckDB, and the lake target
+written through the same writers and the same apply protocol as for a PostgreSQL source.
+
+- Snapshot (:func:`take_snapshot`): the newest version of the source is pinned; the declared
+  partitions are counted and checked at it (NULL ordering values, ties, keyless partitions,
+  rows a transform moves out) and named by the digest of their files at the pin (the version
+  cannot change; the rows are fingerprinted in the stages). The record goes to the control
+  store with the pin, like a PostgreSQL snapshot.
+- Stages (:func:`build_both`): stage A by ``DISTINCT ON``, stage B by ``row_number()``, each on
+  its own connection of the spec's DuckDB database, each reading the pinned version itself.
+  A stage's partitions are replaced and fingerprinted (format 3) in one DuckDB transaction,
+  which also records each partition's readings and seal (:func:`seals_hold`) in the same
+  database; the readings are recorded as the build in the control store too.
+- Approval and apply (:class:`DuckBuildEngine`, core.build.BuildEngine): the pin must still be
+  readable (a vacuumed Delta version, an expired Iceberg snapshot, a changed Parquet file:
+  "plan again"), and stage A must carry the approved readings, by its seals or fingerprinted
+  again. Under each partition's lock apply reads stage A's rows into Arrow and fingerprints
+  them (the recheck), writes exactly those rows, and the lake target fingerprints the
+  committed version again (:class:`DuckLakeTarget`).
+
+Plans, approvals, the ledger and the locks stay in the control store (PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+
+from backfill_assets.core.build import SourceMoves, StagesNow
+from backfill_assets.core.catalog import Inspection
+from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
+from backfill_assets.core.engines.duckdb import statements
+from backfill_assets.core.engines.duckdb.database import cursor, database
+from backfill_assets.core.engines.duckdb.inspect import inspect, resolve
+from backfill_assets.core.engines.duckdb.snapshot import input_reports, take_snapshot
+from backfill_assets.core.engines.duckdb.stages import (
+    build_both,
+    fields_of,
+    finish_plan,
+    readings_of,
+    seals_hold,
+    stage_name,
+)
+from backfill_assets.core.errors import ApprovalError, SpecError, StageError, VerificationError
+from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.lake import compare
+from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.kinds import lake_schema
+from backfill_assets.core.lake.sources import LakeSource, lake_source
+from backfill_assets.core.lake.target import StagedLakeTarget
+from backfill_assets.core.lake.watch import lake_changes
+from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.pinned import LakeSnapshot, keys_detail, load_snapshot, require_pin, require_plan_pin
+from backfill_assets.core.planning import compare_readings, require_ready, spec_document_drift
+from backfill_assets.core.progress import Progress
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.store import control as store
+from backfill_assets.core.store.plan_document import Plan
+from backfill_assets.core.vocabulary import PartitionRequest
+
+
+@contextlib.contextmanager
+def opened(spec: Spec, control: psycopg.Connection) -> Iterator[tuple[LakeSource, Any]]:
+    """The spec's lake source and DuckDB database, for the block."""
+    source = lake_source(spec, control)
+    try:
+        with database(spec) as db:
+            yield source, db
+    finally:
+        source.close()
+
+
+class DuckLakeTarget(StagedLakeTarget):
+    """A lake target whose approved rows come from stage A in DuckDB (targets.lake.StagedLakeTarget)."""
+
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, db: Any,
+                 checkpoint: Checkpoint = no_checkpoint) -> None:
+        engine = ctx.engine
+        assert isinstance(engine, LakeEngine)
+        super().__init__(conn, control, ctx, engine.table(control), checkpoint)
+        self.db = db
+
+    def read_stage(self, label: str) -> pa.Table:
+        spec = self.ctx.spec
+        query = statements.stage_rows(stage_name(spec, "a"), spec.columns, spec.partition_key, spec.business_key)
+        with contextlib.closing(cursor(self.db)) as con:
+            data = con.sql(query, params={"partition": self.ctx.value_of(label)}).to_arrow_table()
+        return data.cast(lake_schema(self.ctx.target_columns))
+
+
+class DuckBuildEngine:
+    """The DuckDB build engine (core.build.BuildEngine): the lake source pinned at its version,
+    both stages in the spec's DuckDB database; plans, approvals and the ledger in the control
+    store (``control``)."""
+
+    REFUSES = {
+        "diff": "`diff` reads a PostgreSQL source and stages; it does not support engine duckdb yet (plan, approve, "
+                "apply, status and inspect do; approve shows each partition's changes)",
+        "profile": "`profile` reads a PostgreSQL source and stages; it does not support engine duckdb yet (plan, "
+                   "approve, apply, status and inspect do)",
+    }
+
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
+                 source: LakeSource, db: Any) -> None:
+        self.conn, self.control, self.factory, self.spec, self.source, self.db = conn, control, factory, spec, source, db
+        self._target: DuckLakeTarget | None = None  # the target apply opened (its recheck reads the stage)
+
+    @classmethod
+    @contextlib.contextmanager
+    def opened(cls, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory,
+               spec: Spec) -> Iterator[DuckBuildEngine]:
+        """The spec's source and DuckDB database, open for the block."""
+        with opened(spec, control) as (source, db):
+            yield cls(conn, control, factory, spec, source, db)
+
+    # -- the plan side ----------------------------------------------------------------------
+    def inspect(self) -> Inspection:
+        with contextlib.closing(cursor(self.db)) as con:
+            return inspect(self.control, self.spec, self.source, con)[0]
+
+    def resolve(self, request: PartitionRequest | list[str]) -> Context:
+        with contextlib.closing(cursor(self.db)) as con:
+            return resolve(self.control, self.spec, request, self.source, con)
+
+    def take_snapshot(self, ctx: Context, clock: Clock, progress: Progress) -> tuple[LakeSnapshot, Context]:
+        return take_snapshot(self.control, ctx, self.source, self.db, clock, progress)
+
+    def load_snapshot(self, snapshot_id: str) -> tuple[LakeSnapshot, Context]:
+        snapshot, ctx = load_snapshot(self.control, self.resolve, self.spec, snapshot_id)
+        require_pin(self.source, self.spec, snapshot, ctx)
+        return snapshot, ctx
+
+    def build_both(self, ctx: Context, snapshot: LakeSnapshot, clock: Clock,
+                   progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
+        return build_both(self.control, ctx, snapshot, self.source, self.db, clock, progress)
+
+    def finish_plan(self, ctx: Context, snapshot: LakeSnapshot, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
+                    clock: Clock, progress: Progress) -> Plan:
+        reports = snapshot.reports if snapshot.reports is not None else input_reports(self.db, ctx, snapshot, self.source)
+        return finish_plan(self.control, ctx, snapshot, self.db, reports, a, b, clock, progress)
+
+    def stages_now(self, labels: list[str]) -> StagesNow:
+        spec = self.spec
+        if not store.control_ready(self.control, spec.control_schema):
+            raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
+        ctx = self.resolve(labels)
+        now = {}
+        with contextlib.closing(cursor(self.db)) as con:
+            for v in ("a", "b"):
+                stage = stage_name(spec, v)
+                if not con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
+                    raise StageError(f"stage {stage} has never been built; materialize both stages first")
+                found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+                                    ctx.partitions)
+                now[v] = dict(zip(ctx.labels, found))
+        built = {v: store.builds(self.control, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
+        return StagesNow(ctx, now, built)
+
+    def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
+        changed = lake_changes(self.control, self.spec)
+        return SourceMoves(changed, None, f"{len(changed)} partition(s) changed since their snapshot")
+
+    def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Any, limit: int) -> list[Any]:
+        raise SpecError(self.REFUSES["diff"])
+
+    # -- approval and apply ---------------------------------------------------------------
+    def unchanged_spec(self, stored: Plan) -> Context:
+        require_ready(stored)
+        ctx = self.resolve(stored.labels)
+        spec_document_drift(ctx, stored)
+        return ctx
+
+    def _stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
+        """The partitions of stage A that no longer carry ``expected`` (by their seals, or
+        fingerprinted in full where a seal does not hold: :func:`seals_hold`)."""
+        spec = self.spec
+        with contextlib.closing(cursor(self.db)) as con:
+            if not con.execute(statements.TABLE_COLUMNS, {'table': stage_name(spec, "a")}).fetchall():
+                raise ApprovalError(f"stage {stage_name(spec, 'a')} of spec {spec.name} does not exist in "
+                                    f"{spec.engine.database or 'its DuckDB database'}; plan again")
+            return seals_hold(con, ctx, "a", expected)
+
+    def _stage_now(self, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
+        spec = self.spec
+        stage = stage_name(spec, "a")
+        with contextlib.closing(cursor(self.db)) as con:
+            if not con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
+                raise StageError(f"stage {stage} of spec {spec.name} does not exist in {spec.engine.database or 'its DuckDB database'}; plan again")
+            found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+                                [ctx.value_of(label) for label in labels])
+        return {label: fp.as_dict() for label, fp in zip(labels, found)}
+
+    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        spec = self.spec
+        wanted = stored.labels if partitions is None else partitions
+        require_plan_pin(self.control, self.source, spec, stored, ctx)
+        changed = self._stage_changed(ctx, {label: stored.approved(label) for label in stored.labels})
+        if changed:
+            raise ApprovalError(f"stage {stage_name(spec, 'a')} no longer has the planned fingerprint in partition(s) "
+                                f"{', '.join(changed)}; plan again")
+        target = DuckLakeTarget(self.control, self.control, ctx, self.db)
+        try:
+            return target.readings(wanted)
+        finally:
+            target.close()
+
+    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
+        spec = self.spec
+        target = DuckLakeTarget(self.control, self.control, ctx, self.db)
+        out: dict[str, dict[str, Any]] = {}
+        fields = fields_of(ctx.target_columns)
+        try:
+            handle = target.table.open()
+            with contextlib.closing(cursor(self.db)) as con:
+                built = {label: stored.approved(label)["row_count"] for label in stored.labels}
+                for label in stored.labels:
+                    value = ctx.value_of(label)
+                    rows_now = (target.schema.empty_table() if handle is None
+                                else target.table.read(handle, spec.partition_key, [value]))
+                    con.register("target_rows", rows_now.select(list(spec.columns)))
+                    if rows_now.num_rows == 0:  # an empty (or new) partition: every approved key is added
+                        out[label] = {"added": built[label], "removed": 0, "changed": 0, "unchanged": 0}
+                    else:
+                        query = compare.change_counts(stage_name(spec, "a"), "target_rows", spec.partition_key,
+                                                         spec.business_key, fields)
+                        added, removed, changed, unchanged = con.execute(query, {"partition": value}).fetchall()[0]
+                        out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
+                                      "unchanged": int(unchanged)}
+                    if first:
+                        rows = con.execute(compare.first_changes(
+                            stage_name(spec, "a"), "target_rows", spec.partition_key, spec.business_key, fields, first),
+                            {"partition": value}).fetchall()
+                        out[label]["first"] = compare.first_changes_json(rows, spec.business_key)
+        finally:
+            target.close()
+        return out
+
+    def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
+        now = self._target.recheck(labels) if self._target is not None else self._stage_now(ctx, labels)
+        compare_readings({label: stored.approved(label) for label in labels}, now, "recheck of the approved stage")
+
+    def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+                    ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        self._target = DuckLakeTarget(conn, control, ctx, self.db, checkpoint)
+        return self._target
+
+    def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:
+        """The failure, naming the first keys where the committed version differs from stage A
+        (compared in DuckDB by their canonical text); as it was if they cannot be read."""
+        spec = self.spec
+        if self._target is None or version is None:
+            return err
+        try:
+            value = ctx.value_of(err.partition)
+            data = self._target.table.read_version(version, spec.partition_key, [value])
+            with contextlib.closing(cursor(self.db)) as con:
+                con.register("committed_rows", data.select(list(spec.columns)))
+                keys = con.execute(compare.differing_keys(
+                    stage_name(spec, "a"), "committed_rows", spec.partition_key, spec.business_key,
+                    fields_of(ctx.target_columns)), {"partition": value}).fetchall()
+        except Exception:  # noqa: BLE001 - only an explanation failed; the verification error stands
+            return err
+        if not keys:
+            return err
+        detail = "first differing key(s), approved stage against the target: " + keys_detail(spec.business_key, keys)
+        return VerificationError(err.partition, err.step, err.expected, err.actual, detail)

@@ -1,0 +1,160 @@
+"""The DuckDB engine's snapshot: the newest version of the lake source pinned, its declared
+partitions (and, with records_can_move, those moved keys add) counted and checked at it, and
+named by the digest of their files at the pin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from backfill_assets.core.context import Clock, Context
+from backfill_assets.core.engines.duckdb import statements
+from backfill_assets.core.engines.duckdb.database import cursor
+from backfill_assets.core.engines.duckdb.inspect import source_types
+from backfill_assets.core.engines.duckdb.stages import fields_of
+from backfill_assets.core.errors import SourceDataError
+from backfill_assets.core.lake.engine import LakeEngine, refuse_keys_in_several_partitions
+from backfill_assets.core.lake.kinds import lake_schema
+from backfill_assets.core.lake.sources import SOURCE_ROWS, LakeSource
+from backfill_assets.core.moves import close_scope_with
+from backfill_assets.core.pinned import LakeSnapshot, Pin, record_snapshot
+from backfill_assets.core.progress import Progress, ProgressEvent
+from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+TARGET_KEYS = "target_keys"  # the lake target's keys, registered for the moved keys' homes
+
+
+def input_of(ctx: Context, source_names: Sequence[str]) -> Any:
+    return statements.input_relation(source_names, ctx.spec.input_columns, ctx.transform)
+
+
+def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
+    """Refuse source data newest-wins cannot rebuild exactly, as the PostgreSQL engine does
+    (core.engines.postgres.snapshot.check_source); return each partition's (rows read, rows with a NULL key).
+
+    Raises:
+        SourceDataError: NULLs in an ordering column without declared NULL placement, ties on
+            every ordering column between rows that differ, a partition whose every row has a
+            NULL key, rows a transform moves outside the declared partitions.
+    """
+    spec = ctx.spec
+    relation = input_of(ctx, [name for name, _ in source_types(con)])
+    params = {"partitions": list(ctx.partitions)}
+    outside = con.execute(statements.outside_partitions(relation, spec.partition_key), params).fetchall()
+    if outside:
+        raise SourceDataError(
+            "the input has rows outside the declared partitions (the transform moves them, or they have a "
+            "NULL partition key)", "Keep the partition key as the source has it in transform_sql",
+            [f"partition {value}: {n} row(s)" for value, n in outside],
+        )
+    ordering = [o.column for o in spec.ordering]
+    counts = con.execute(statements.ordering_nulls(relation, spec.business_key, ordering)).fetchall()[0]
+    undeclared = [f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, counts) if n and o.nulls is None]
+    if undeclared:
+        raise SourceDataError(
+            "ordering columns have NULL values and no declared NULL placement",
+            "Declare where NULLs sort with `nulls: first` or `nulls: last` on that ordering column, or fix the source",
+            undeclared,
+        )
+    reports = {partition_label(p): (int(n), int(nulls))
+               for p, n, nulls in con.execute(statements.input_report(relation, spec.partition_key, spec.business_key)).fetchall()}
+    keyless = [f"partition {label}: {n} row(s)" for label, (n, nulls) in reports.items() if n and nulls == n]
+    if keyless:
+        raise SourceDataError(
+            "every source row of some partitions has a NULL business key "
+            f"({', '.join(spec.business_key)}), so the rebuild would empty them",
+            "Check business_key against the source (run `backfill-assets profile`)", keyless[:3],
+        )
+    fields = fields_of(ctx.target_columns)  # the output rows decide whether tied rows differ
+    # A key that can move has one newest version across partitions, so ties are per key.
+    scope_key = None if spec.records_can_move else spec.partition_key
+    tied = con.execute(statements.tied_groups(relation, scope_key, spec.business_key, ordering, fields)).fetchall()
+    if tied:
+        raise SourceDataError(
+            f"rows tie on every ordering column ({', '.join(ordering)}) within a key but differ, so newest-wins would "
+            "pick one of them by chance", "Add a final tiebreak column to ordering (an ingest sequence, a unique id)",
+            [", ".join(f"{k}={v}" for k, v in zip([*([scope_key] if scope_key else []), *spec.business_key], row[:-1]))
+             + f" ({row[-1]} different rows)" for row in tied],
+        )
+    return reports
+
+
+def _target_keys(con: Any, control: psycopg.Connection, ctx: Context) -> str:
+    """The lake target's distinct (partition key, business key) pairs at its current version,
+    registered on ``con`` (records_can_move: where a key lives now).
+
+    Raises:
+        SourceDataError: a business key lies in more than one partition of the target.
+    """
+    spec, engine = ctx.spec, ctx.engine
+    assert isinstance(engine, LakeEngine)
+    names = [spec.partition_key, *spec.business_key]
+    table = engine.table(control)
+    try:
+        handle = table.open()
+        data = lake_schema(ctx.target_columns).empty_table().select(names) if handle is None \
+            else table.read_columns(handle, names)
+    finally:
+        table.close()
+    con.register(TARGET_KEYS, data.group_by(names).aggregate([]).select(names))
+    refuse_keys_in_several_partitions(
+        spec, con.execute(statements.keys_in_several_partitions(TARGET_KEYS, spec.business_key)).fetchall())
+    return TARGET_KEYS
+
+
+def _moved_scope(control: psycopg.Connection, ctx: Context, source: LakeSource, db: Any, pin: Pin,
+                 progress: Progress) -> Context:
+    """records_can_move: the context with every partition a moved key leaves or enters added,
+    to a fixed point, read at ``pin`` (every partition of it) and the target as it is now."""
+    spec = ctx.spec
+    with contextlib.closing(cursor(db)) as con:
+        source.attach_all(con, pin)
+        keys = _target_keys(con, control, ctx)
+        query = statements.key_homes(keys, spec.partition_key, spec.business_key, spec.ordering)
+
+        def homes(partitions: list[PartitionValue]) -> list[tuple]:
+            return [tuple(r) for r in con.execute(query, {"partitions": partitions}).fetchall()]
+
+        scope = close_scope_with(spec, ctx.kind, ctx.partitions, homes)
+    ctx.engine.check_partitions(scope.partitions)
+    if scope.added:
+        progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))
+    return dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
+
+
+def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource, db: Any, clock: Clock,
+                  progress: Progress) -> tuple[LakeSnapshot, Context]:
+    """Pin the source's newest version, count and check the declared partitions at it (with
+    records_can_move, the partitions moved keys add too), and record the snapshot in the
+    control store. Returns the snapshot and the context, widened by moved keys."""
+    spec = ctx.spec
+    requested = list(ctx.labels)
+    pin = source.latest(spec.partition_key, ctx.partitions)
+    progress(ProgressEvent("snapshot", f"pinned {spec.source_name} at version {pin.version[:16]}"))
+    if spec.records_can_move:
+        ctx = _moved_scope(control, ctx, source, db, pin, progress)
+    with contextlib.closing(cursor(db)) as con:
+        source.attach(con, pin, spec.partition_key, ctx.partitions)
+        names = set([name for name, _ in source_types(con)])
+        columns = [c for c in ctx.inspection.source_columns if c.name in names]
+        counts = {partition_label(p): int(n) for p, n in con.execute(
+            statements.partition_counts(SOURCE_ROWS, spec.partition_key), {"partitions": list(ctx.partitions)}).fetchall()}
+        reports = check_source(con, ctx)
+    # The pinned version cannot change, so its files name each partition's rows: their digest
+    # is the partition's hash here (the rows themselves are fingerprinted in the stages).
+    files = source.signature_at(pin, spec.partition_key, ctx.partitions)
+    parts = {label: {"row_count": counts.get(label, 0), "content_hash": files[label]} for label in ctx.labels}
+    return record_snapshot(control, ctx, pin, columns, parts, requested, reports, clock), ctx
+
+
+def input_reports(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSource) -> dict[str, tuple[int, int]]:
+    with contextlib.closing(cursor(db)) as con:
+        source.attach(con, snapshot.pin, ctx.spec.partition_key, ctx.partitions)
+        relation = input_of(ctx, [name for name, _ in source_types(con)])
+        found = con.execute(statements.input_report(relation, ctx.spec.partition_key, ctx.spec.business_key)).fetchall()
+    return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in found}

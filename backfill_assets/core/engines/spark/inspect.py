@@ -1,0 +1,99 @@
+"""The Spark engine's inspection: the source's newest columns (no row read) through the
+transform, as PostgreSQL's types, and the target checked against them; the spec resolved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from backfill_assets.core.catalog import ColumnInfo, Inspection, ServerInfo
+from backfill_assets.core.context import Context
+from backfill_assets.core.engines.spark.session import column_info, unsupported
+from backfill_assets.core.engines.spark.source import SparkSource
+from backfill_assets.core.errors import SpecError
+from backfill_assets.core.fingerprint import rows
+from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.targets import engine_for
+from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
+
+SOURCE_VIEW = "source"  # what transform_sql reads, in the step's own session
+
+
+def functions() -> Any:  # noqa: N802 - pyspark.sql.functions, imported where Spark is used
+    from pyspark.sql import functions
+    return functions
+
+
+def fields_of(columns: Sequence[ColumnInfo]) -> list[tuple[str, str]]:
+    return [(c.name, rows.kind_of(c)) for c in columns]
+
+
+def types_of(frame: Any) -> list[tuple[str, str]]:
+    return [(f.name, f.dataType.simpleString()) for f in frame.schema.fields]
+
+
+def input_of(session: Any, frame: Any, spec: Spec, transform: str | None) -> Any:
+    """The input of newest-wins: the source (``frame``) through the transform, as the spec's
+    input columns."""
+    if transform is None:
+        return frame.select(*spec.input_columns)
+    frame.createOrReplaceTempView(SOURCE_VIEW)
+    return session.sql(transform).select(*spec.input_columns)
+
+
+def inspect(conn: psycopg.Connection | None, spec: Spec, source: SparkSource, session: Any) -> tuple[Inspection, str | None]:
+    """Inspect the source (its newest columns, no row read) and the Parquet target, collecting
+    every problem; return the inspection and the validated transform.
+
+    Raises:
+        SpecError, TransformError: the source cannot be read, or the transform is refused.
+    """
+    import pyspark
+    frame = source.schema_frame(session)
+    types = types_of(frame)
+    inspection = Inspection(ServerInfo("spark", pyspark.__version__, 0, "UTF8"),
+                            [c for c in (column_info(n, t) for n, t in types) if c is not None], [], [], None, [], None)
+    problems = inspection.problems
+    transform = None
+    if spec.transform_sql is not None:
+        from backfill_assets.core.guard.spark import check_spark_transform
+        transform = check_spark_transform(spec.transform_sql, types)
+    else:
+        missing = [c for c in spec.input_columns if c not in dict(types)]
+        if missing:
+            problems.append(f"source {spec.source_name} has no column(s) {', '.join(missing)}; check columns and "
+                            "ordering against the source")
+            return inspection, transform
+    try:
+        found = types_of(input_of(session, frame, spec, transform))
+    except Exception as err:  # noqa: BLE001 - Spark's analysis errors, reported as the spec's
+        raise SpecError(f"the input of spec {spec.name} cannot be read in Spark: "
+                        f"{' '.join(str(err).split())[:300]}") from None
+    by_name: dict[str, ColumnInfo] = {}
+    for name, spark_type in found:
+        info = column_info(name, spark_type)
+        if info is None:
+            problems.append(unsupported(name, spark_type))
+        else:
+            by_name[name] = info
+    if problems:
+        return inspection, transform
+    engine = engine_for(spec)
+    assert isinstance(engine, LakeEngine)
+    engine.inspect_table(conn, inspection, by_name)  # type: ignore[arg-type]
+    return inspection, transform
+
+
+def resolve(conn: psycopg.Connection | None, spec: Spec, request: PartitionRequest | list[str], source: SparkSource,
+            session: Any) -> Context:
+    """Inspect read-only and validate everything about a Spark spec before any write."""
+    inspection, transform = inspect(conn, spec, source, session)
+    kind = inspection.require_plannable()
+    partitions = request.resolve(kind) if isinstance(request, PartitionRequest) else parse_labels(request, kind)
+    engine = engine_for(spec)
+    engine.check_partitions(partitions)
+    return Context(spec, engine, inspection, partitions, transform)

@@ -1,0 +1,128 @@
+"""The Spark engine's snapshot: the declared partitions pinned (a Parquet folder's files, or a
+JDBC table's one copy), counted and checked in Spark, and named by the digest of their files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from backfill_assets.core.context import Clock, Context
+from backfill_assets.core.engines.spark import fingerprint as spark_fp
+from backfill_assets.core.engines.spark.inspect import fields_of, functions, input_of, types_of
+from backfill_assets.core.engines.spark.source import SparkSource
+from backfill_assets.core.errors import SourceDataError
+from backfill_assets.core.pinned import LakeSnapshot, record_snapshot
+from backfill_assets.core.progress import Progress, ProgressEvent
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+
+def in_scope(spec: Spec, partitions: Sequence[PartitionValue]) -> Any:
+    F = functions()  # noqa: N806
+    cond = F.col(spec.partition_key).isin(list(partitions))
+    for k in spec.business_key:
+        cond = cond & F.col(k).isNotNull()
+    return cond
+
+
+def check_source(inp: Any, ctx: Context) -> dict[str, tuple[int, int]]:
+    """Refuse source data newest-wins cannot rebuild exactly, as the other engines do; return
+    each partition's (rows read, rows with a NULL key).
+
+    Raises:
+        SourceDataError: rows outside the declared partitions, NULLs in an ordering column
+            without declared NULL placement, ties on every ordering column between rows that
+            differ, a partition whose every row has a NULL key.
+    """
+    F = functions()  # noqa: N806
+    spec = ctx.spec
+    pk = F.col(spec.partition_key)
+    null_key = F.lit(False)
+    for k in spec.business_key:
+        null_key = null_key | F.col(k).isNull()
+    # One aggregate over the input: per partition value, its rows, those with a NULL key, and
+    # those with a NULL in each ordering column; values outside the declared ones are refused.
+    everything = inp.groupBy(pk.alias("p")).agg(
+        F.count(F.lit(1)), F.sum(null_key.cast("long")),
+        *[F.sum((F.col(o.column).isNull() & ~null_key).cast("long")) for o in spec.ordering]).collect()
+    declared = set(ctx.labels)
+    outside = sorted(((("NULL" if r[0] is None else partition_label(r[0])), int(r[1])) for r in everything
+                      if r[0] is None or partition_label(r[0]) not in declared), key=lambda o: (-o[1], o[0]))[:3]
+    if outside:
+        raise SourceDataError(
+            "the input has rows outside the declared partitions (the transform moves them, or they have a "
+            "NULL partition key)", "Keep the partition key as the source has it in transform_sql",
+            [f"partition {label}: {n} row(s)" for label, n in outside],
+        )
+    found = everything
+    reports = {partition_label(r[0]): (int(r[1]), int(r[2] or 0)) for r in found}
+    nulls = [sum(int(r[3 + i] or 0) for r in found) for i in range(len(spec.ordering))]
+    undeclared = [f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, nulls) if n and o.nulls is None]
+    if undeclared:
+        raise SourceDataError(
+            "ordering columns have NULL values and no declared NULL placement",
+            "Declare where NULLs sort with `nulls: first` or `nulls: last` on that ordering column, or fix the source",
+            undeclared,
+        )
+    keyless = [f"partition {label}: {n} row(s)" for label, (n, k) in reports.items() if n and k == n]
+    if keyless:
+        raise SourceDataError(
+            "every source row of some partitions has a NULL business key "
+            f"({', '.join(spec.business_key)}), so the rebuild would empty them",
+            "Check business_key against the source (run `backfill-assets profile`)", keyless[:3],
+        )
+    ordering = [o.column for o in spec.ordering]
+    group = [spec.partition_key, *spec.business_key, *ordering]
+    keyed = inp.where(in_scope(spec, ctx.partitions))
+    # Groups of one row (nearly all) are found by a plain GROUP BY; only the rows of the others
+    # are rendered and compared, by their canonical text (the output rows decide).
+    several = keyed.groupBy(*group).count().where(F.col("count") > 1).drop("count")
+    left, right = keyed.alias("l"), several.alias("r")
+    same = None
+    for c in group:
+        cond = F.col(f"l.`{c}`").eqNullSafe(F.col(f"r.`{c}`"))
+        same = cond if same is None else same & cond
+    text = spark_fp.row_text(fields_of(ctx.target_columns))
+    tied = (left.join(right, same, "left_semi").groupBy(*[F.col(c) for c in [spec.partition_key, *spec.business_key]])
+            .agg(F.count_distinct(text).alias("n")).where(F.col("n") > 1).limit(3).collect())
+    if tied:
+        raise SourceDataError(
+            f"rows tie on every ordering column ({', '.join(ordering)}) within a key but differ, so newest-wins would "
+            "pick one of them by chance", "Add a final tiebreak column to ordering (an ingest sequence, a unique id)",
+            [", ".join(f"{k}={v}" for k, v in zip([spec.partition_key, *spec.business_key], r[:-1]))
+             + f" ({r[-1]} different rows)" for r in tied],
+        )
+    return reports
+
+
+def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource, session: Any, clock: Clock,
+                  progress: Progress) -> tuple[LakeSnapshot, Context]:
+    """Pin the declared partitions, count and check them, and record the snapshot in the
+    control store."""
+    spec = ctx.spec
+    requested = list(ctx.labels)
+    pin = source.latest(session, spec.partition_key, ctx.partitions)
+    progress(ProgressEvent("snapshot", f"pinned {spec.source_name} at {pin.version[:16]}"))
+    frame = source.frame(session, pin)
+    names = {n for n, _ in types_of(frame)}
+    columns = [c for c in ctx.inspection.source_columns if c.name in names]
+    reports = check_source(input_of(session, frame, spec, ctx.transform), ctx)
+    counts = ({label: n for label, (n, _) in reports.items()} if ctx.transform is None  # the input is the source
+              else {partition_label(r[0]): int(r[1]) for r in frame.groupBy(spec.partition_key).count().collect()})
+    files = source.signature_at(pin, spec.partition_key, ctx.partitions)
+    parts = {label: {"row_count": counts.get(label, 0), "content_hash": files[label]} for label in ctx.labels}
+    return record_snapshot(control, ctx, pin, columns, parts, requested, reports, clock), ctx
+
+
+def input_reports(session: Any, ctx: Context, snapshot: LakeSnapshot, source: SparkSource) -> dict[str, tuple[int, int]]:
+    F = functions()  # noqa: N806
+    spec = ctx.spec
+    inp = input_of(session, source.frame(session, snapshot.pin), spec, ctx.transform)
+    null_key = F.lit(False)
+    for k in spec.business_key:
+        null_key = null_key | F.col(k).isNull()
+    found = inp.groupBy(spec.partition_key).agg(F.count(F.lit(1)), F.sum(null_key.cast("long"))).collect()
+    return {partition_label(r[0]): (int(r[1]), int(r[2] or 0)) for r in found}

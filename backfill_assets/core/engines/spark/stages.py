@@ -1,0 +1,277 @@
+"""The Spark engine's two builds: stage A keeps each key's newest row by a window
+(``row_number``), stage B by an aggregate; each written as Parquet under the staging folder,
+read back and fingerprinted in Spark (format 3), and sealed by the digest of its files; and
+the plan finished from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import psycopg
+import pyarrow as pa
+import pyarrow.dataset as pads
+
+from backfill_assets.core.context import Clock, Context
+from backfill_assets.core.engines.spark import fingerprint as spark_fp
+from backfill_assets.core.engines.spark.inspect import fields_of, functions, input_of
+from backfill_assets.core.engines.spark.parquet import partition_dir
+from backfill_assets.core.engines.spark.session import schema_ddl, session_for, staging_dir
+from backfill_assets.core.engines.spark.snapshot import in_scope
+from backfill_assets.core.engines.spark.source import SparkSource
+from backfill_assets.core.fingerprint.partition import empty
+from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.lake import compare
+from backfill_assets.core.lake.kinds import lake_schema
+from backfill_assets.core.lake.sources import files_digest, sha256_file
+from backfill_assets.core.pinned import LakeSnapshot, keys_detail, record_builds, record_plan
+from backfill_assets.core.planning import assemble
+from backfill_assets.core.progress import Progress, ProgressEvent
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.store.plan_document import Plan
+from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+
+def stage_dir(spec: Spec, variant: str) -> Path:
+    return staging_dir(spec) / f"stage_{variant}"
+
+
+def _seals_path(spec: Spec, variant: str) -> Path:
+    return staging_dir(spec) / f"seals_{variant}.json"
+
+
+def newest(inp: Any, spec: Spec, variant: Literal["a", "b"], partitions: Sequence[PartitionValue]) -> Any:
+    """Each key's newest row of the partitions: stage A by a window, stage B by aggregates."""
+    from pyspark.sql import Window
+    F = functions()  # noqa: N806
+    grain = [spec.partition_key, *spec.business_key]
+    keyed = inp.where(in_scope(spec, partitions))
+    if variant == "a":
+        order = [getattr(F.col(o.column), f"{o.direction}_nulls_{o.nulls or 'last'}")() for o in spec.ordering]
+        ranked = keyed.withColumn("__backfill_rank", F.row_number().over(Window.partitionBy(*grain).orderBy(*order)))
+        return ranked.where(F.col("__backfill_rank") == 1).select(*spec.columns)
+    types = {f.name: f.dataType.simpleString() for f in keyed.schema.fields}
+    rest = [c for c in spec.columns if c not in grain]
+    newest_first = [_newest_first(F, o, types[o.column]) for o in spec.ordering]
+    if all(key is not None for key in newest_first):
+        # One aggregate: the greatest struct of (ordering keys turned newest-first, then the
+        # row). What ties on every key was found equal by the tie check.
+        fields = [part.alias(f"__backfill_o{i}_{j}") for i, key in enumerate(newest_first) for j, part in enumerate(key)]
+        best = F.max(F.struct(*fields, *[F.col(c).alias(c) for c in rest])).alias("__backfill_best")
+        return keyed.groupBy(*grain).agg(best).select(
+            *[F.col(c) if c in grain else F.col(f"__backfill_best.`{c}`").alias(c) for c in spec.columns])
+    # A text, binary, boolean or double column ordered ascending has no newest-first form: per ordering
+    # column in turn, each key's newest value is joined back to its rows.
+    found = keyed
+    for o in spec.ordering:
+        c = F.col(o.column)
+        value = F.max(c) if o.direction == "desc" else F.min(c)
+        if o.nulls == "first":  # a NULL sorts first: it is the newest wherever the key has one
+            value = F.when(F.max(c.isNull().cast("int")) == 1, F.lit(None)).otherwise(value)
+        winners = found.groupBy(*grain).agg(value.alias("__backfill_best"))
+        found = (found.join(winners, on=grain).where(c.eqNullSafe(F.col("__backfill_best")))
+                 .drop("__backfill_best"))
+    return found.groupBy(*grain).agg(*[F.max(c).alias(c) for c in rest]).select(*spec.columns)
+
+
+_NEGATED = {"int": "decimal(38,0)", "bigint": "decimal(38,0)"}  # a double: NaN sorts last either way
+
+
+def _newest_first(F: Any, o: Any, spark_type: str) -> tuple[Any, Any] | None:  # noqa: N803
+    """(NULL placement flag, value), both greatest for the newest row, or None where the
+    value cannot be turned (an ascending text, binary, boolean or double column)."""
+    c = F.col(o.column)
+    flag = c.isNull() if o.nulls == "first" else c.isNotNull()
+    if o.direction == "desc":
+        return flag, c
+    if spark_type in _NEGATED:
+        return flag, -c.cast(_NEGATED[spark_type])
+    if spark_type.startswith("decimal("):
+        return flag, -c
+    if spark_type == "date":
+        return flag, -F.unix_date(c)
+    if spark_type == "timestamp":
+        return flag, -F.unix_micros(c)
+    return None
+
+
+def stage_frame(session: Any, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> Any | None:
+    """The stage's partitions ``values`` as a DataFrame (None: none of them has rows)."""
+    base = stage_dir(ctx.spec, variant)
+    dirs = [base / partition_dir(ctx.spec.partition_key, v) for v in values]
+    found = [str(d) for d in dirs if d.is_dir() and any(p.suffix == ".parquet" for p in d.iterdir())]
+    if not found:
+        return None
+    return session.read.schema(schema_ddl(ctx.target_columns)).option("basePath", str(base)).parquet(*found)
+
+
+def stage_readings(session: Any, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> list[Fingerprint]:
+    """The readings of the stage's partitions ``values``, in that order (format 3, in Spark)."""
+    spec = ctx.spec
+    frame = stage_frame(session, ctx, variant, values)
+    found = {} if frame is None else {partition_label(v): fp for v, fp in spark_fp.readings(
+        frame, ctx.target_columns, spec.business_key, spec.partition_key, spec.total).items()}
+    return [found.get(partition_label(v)) or empty(ctx.target_columns, spec.total) for v in values]
+
+
+def _files_of(directory: Path) -> str:
+    """The seal of a stage partition: the digest of its files' names, sizes and SHA-256."""
+    if not directory.is_dir():
+        return files_digest([])
+    return files_digest([(p.name, str(p.stat().st_size), sha256_file(p))
+                         for p in sorted(directory.iterdir()) if p.is_file() and not p.name.startswith(("_", "."))])
+
+
+def _recorded(spec: Spec, variant: str) -> dict[str, Any]:
+    path = _seals_path(spec, variant)
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _record(spec: Spec, variant: str, seals: dict[str, Any]) -> None:
+    path = _seals_path(spec, variant)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(seals, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def build_stage(session: Any, ctx: Context, snapshot: LakeSnapshot, source: SparkSource,
+                variant: Literal["a", "b"], progress: Progress) -> dict[str, Fingerprint]:
+    """Build, write, fingerprint and seal every partition of one stage."""
+    spec = ctx.spec
+    step, total = f"stage {variant}", len(ctx.partitions)
+    progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
+    base = stage_dir(spec, variant)
+    seals = _recorded(spec, variant)
+    for label in ctx.labels:  # unsealed until rebuilt: a failed build leaves nothing that passes as built
+        seals.pop(label, None)
+    base.mkdir(parents=True, exist_ok=True)
+    _record(spec, variant, seals)
+    for value in ctx.partitions:
+        shutil.rmtree(base / partition_dir(spec.partition_key, value), ignore_errors=True)
+    shutil.rmtree(base / "_temporary", ignore_errors=True)  # a killed build's task output: never merged in
+    inp = input_of(session, source.frame(session, snapshot.pin), spec, ctx.transform)
+    newest(inp, spec, variant, ctx.partitions).write.mode("append").partitionBy(spec.partition_key).parquet(str(base))
+    found = stage_readings(session, ctx, variant, ctx.partitions)
+    out = dict(zip(ctx.labels, found))
+    for label, value in zip(ctx.labels, ctx.partitions):
+        seals[label] = {"snapshot_id": snapshot.snapshot_id, "readings": out[label].as_dict(),
+                        "files": _files_of(base / partition_dir(spec.partition_key, value))}
+    _record(spec, variant, seals)
+    for n, (label, fp) in enumerate(out.items(), 1):
+        progress(ProgressEvent(step, f"{fp.row_count} row(s)", partition=label, done=n, total=total,
+                               rows=fp.row_count, status="built"))
+    return out
+
+
+def seals_hold(session: Any | None, ctx: Context, variant: str, expected: dict[str, dict[str, Any]]) -> list[str]:
+    """The partitions of ``expected`` (label -> readings) whose stage no longer carries them:
+    those whose seal recorded exactly those readings and whose files still have the sealed
+    names, sizes and SHA-256 are unchanged (Parquet files are immutable: a change is a new
+    file or a rewritten one: changed, whatever it holds); one whose seal recorded other
+    readings is fingerprinted again in Spark."""
+    spec = ctx.spec
+    recorded = _recorded(spec, variant)
+    base = stage_dir(spec, variant)
+    # A stage's files are written once: other bytes than the sealed ones are another stage.
+    changed = [label for label in expected if label in recorded and recorded[label]["files"] != _files_of(
+        base / partition_dir(spec.partition_key, ctx.value_of(label)))]
+    doubtful = [label for label in expected
+                if label not in changed and recorded.get(label, {}).get("readings") != expected[label]]
+    if not doubtful:
+        return changed
+    if session is None:
+        session = session_for(spec)
+    found = stage_readings(session, ctx, variant, [ctx.value_of(label) for label in doubtful])
+    return changed + [label for label, fp in zip(doubtful, found) if fp.as_dict() != expected[label]]
+
+
+def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: SparkSource, session: Any,
+               clock: Clock, progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """Build stages A and B (one after the other: each is a Spark job over every executor),
+    and record each build in the control store."""
+    a = build_stage(session, ctx, snapshot, source, "a", progress)
+    b = build_stage(session, ctx, snapshot, source, "b", progress)
+    record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock)
+    return a, b
+
+
+def unholdable(session: Any, ctx: Context) -> list[str]:
+    """Stage A's dates and time stamps outside the years 1 to 9999, per partition and column."""
+    F = functions()  # noqa: N806
+    spec = ctx.spec
+    checked = [c.name for c in ctx.target_columns if c.base_type in ("date", "timestamptz")]
+    frame = stage_frame(session, ctx, "a", ctx.partitions) if checked else None
+    if frame is None:
+        return []
+    found = frame.groupBy(spec.partition_key).agg(
+        *[F.sum(((F.year(c) < 1) | (F.year(c) > 9999)).cast("long")) for c in checked]).collect()
+    return [
+        f"partition {partition_label(r[0])}: column {name} has {n} value(s) outside the years 1 to 9999; fix them "
+        "in the source or transform"
+        for r in found for name, n in zip(checked, r[1:]) if n
+    ]
+
+
+def arrow_stage(ctx: Context, variant: str, label: str) -> pa.Table:
+    """One stage partition's rows in Arrow, in the target's schema and business-key order."""
+    spec = ctx.spec
+    schema = lake_schema(ctx.target_columns)
+    directory = stage_dir(spec, variant) / partition_dir(spec.partition_key, ctx.value_of(label))
+    files = [str(p) for p in sorted(directory.glob("*.parquet"))] if directory.is_dir() else []
+    if not files:
+        return schema.empty_table()
+    data = pads.dataset(files, format="parquet").to_table()
+    value = ctx.value_of(label)
+    data = data.append_column(spec.partition_key, pa.array([value] * data.num_rows, schema.field(spec.partition_key).type))
+    return data.select(list(spec.columns)).cast(schema).sort_by([(k, "ascending") for k in spec.business_key])
+
+
+@contextlib.contextmanager
+def compared(ctx: Context, left: pa.Table, right: pa.Table) -> Iterator[Any]:
+    """An in-memory DuckDB connection with ``left`` as stage_rows and ``right`` as
+    target_rows (core.lake.compare compares them by canonical text)."""
+    import duckdb
+    con = duckdb.connect()
+    try:
+        con.register("stage_rows", left.select(list(ctx.spec.columns)))
+        con.register("target_rows", right.select(list(ctx.spec.columns)) if right.num_rows else
+                     lake_schema(ctx.target_columns).empty_table())
+        yield con
+    finally:
+        con.close()
+
+
+def differing_keys(ctx: Context, label: str, left: pa.Table, right: pa.Table) -> list[tuple]:
+    spec = ctx.spec
+    with compared(ctx, left, right) as con:
+        return con.execute(compare.differing_keys("stage_rows", "target_rows", spec.partition_key,
+                                                     spec.business_key, fields_of(ctx.target_columns)),
+                           {"partition": ctx.value_of(label)}).fetchall()
+
+
+def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, session: Any,
+                reports: dict[str, tuple[int, int]], a: dict[str, Fingerprint], b: dict[str, Fingerprint],
+                clock: Clock, progress: Progress) -> Plan:
+    """Compare the stages, store the plan; a refused plan's differing stage partitions are
+    deleted so that nothing can apply them."""
+    spec = ctx.spec
+    problems = unholdable(session, ctx)
+    for label in ctx.labels:
+        if a[label] != b[label]:
+            keys = differing_keys(ctx, label, arrow_stage(ctx, "a", label), arrow_stage(ctx, "b", label))
+            problems.append(f"partition {label}: first differing key(s), stage A against stage B: "
+                            + keys_detail(spec.business_key, keys))
+    plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)  # type: ignore[arg-type]
+    if plan.status == "refused":
+        for entry in plan.document.partitions:
+            if not entry.match:
+                for v in ("a", "b"):
+                    shutil.rmtree(stage_dir(spec, v) / partition_dir(spec.partition_key, ctx.value_of(entry.partition)),
+                                  ignore_errors=True)
+    return record_plan(control, spec, plan, snapshot.snapshot_id, clock, progress)

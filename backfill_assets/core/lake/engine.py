@@ -1,0 +1,270 @@
+"""A lake table as the target, as the steps ask of it (core.context.TargetEngine): the stage
+lives in PostgreSQL or in the build engine, the target is a Delta or Iceberg table
+(core.lake.tables; each format's engine in its own module), and one fingerprint
+(core.lake.arrow) says whether they hold the same rows.
+
+:class:`LakeEngine`: the stage's types come from the source or transform, the table's keys
+and partitions are loaded into temporary tables for the SQL that reads them, and the plan
+records the schema the stage maps to and whether apply creates the table. What apply writes
+through is its :class:`~backfill_assets.core.lake.target.LakeTarget`.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pcsv
+from psycopg import sql
+
+from backfill_assets.core.catalog import ColumnInfo, Inspection, check_total, partition_kind_of
+from backfill_assets.core.context import Checkpoint, Context, Target, no_checkpoint
+from backfill_assets.core.errors import SourceDataError, SpecError
+from backfill_assets.core.guard.transform import validate_transform_text
+from backfill_assets.core.lake.arrow import canonical_texts
+from backfill_assets.core.lake.kinds import lake_type
+from backfill_assets.core.lake.tables import LakeTable, lake_errors, shape_problems, type_text
+from backfill_assets.core.lake.target import LakeTarget
+from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.pg.catalog import describe_query, inspect_source
+from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.targets.common import check_transform
+from backfill_assets.core.vocabulary import PartitionValue, TableRef
+
+_ROWS_PER_SLICE = 65_536  # rows written as CSV at a time by _copy_csv
+
+
+def _copy_csv(conn: psycopg.Connection, rel: TableRef, data: pa.Table) -> None:
+    """``COPY rel FROM STDIN`` of an Arrow table's columns as CSV written by Arrow (strings
+    quoted, NULL an empty field), a slice at a time: no Python object per value."""
+    with conn.cursor() as cur, cur.copy(sqlbuild.copy_keys_in(rel, data.column_names)) as copy:
+        for batch in data.to_batches(max_chunksize=_ROWS_PER_SLICE):
+            buffer = io.BytesIO()
+            pcsv.write_csv(batch, buffer, pcsv.WriteOptions(include_header=False))
+            copy.write(buffer.getvalue())
+
+
+@dataclass(frozen=True)
+class LakeState:
+    """What inspection found of a lake target: the table's name, whether it exists (apply
+    creates it otherwise, and the plan says so), and the schema the stage maps to."""
+
+    table: str
+    exists: bool
+    columns: list[tuple[str, str]]
+    partitioned_by: list[str]
+    catalog: str | None = None  # an Iceberg table's catalog (IcebergLakeTable.identity)
+
+    def as_dict(self) -> dict[str, Any]:
+        """How ``inspect`` shows it, under ``lake_table``."""
+        return {"lake_table": {"table": self.table, "exists": self.exists, "columns": [list(c) for c in self.columns],
+                               "partitioned_by": self.partitioned_by, "catalog": self.catalog}}
+
+
+def refuse_keys_in_several_partitions(spec: Spec, found: list[tuple]) -> None:
+    """records_can_move over a lake target: each business key must have one home there.
+
+    Raises:
+        SourceDataError: naming up to 5 keys (``found``: rows of key values, then a count).
+    """
+    if found:
+        raise SourceDataError(
+            f"{len(found)}+ business key(s) lie in more than one partition of {spec.target_name}, so the "
+            "partition a moved key leaves cannot be told",
+            "Replace those partitions with records_can_move off first, so that each key has one home",
+            [", ".join(f"{k}={v}" for k, v in zip(spec.business_key, row[:-1])) for row in found],
+        )
+
+
+class LakeEngine:
+    """A lake target (core.context.TargetEngine). A format supplies :meth:`table`; the
+    rest is the same for Delta and Iceberg."""
+
+    relation: TableRef | None = None  # not a table of the data database
+    compares_read_only = False  # a partition is compared through a temporary table
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+
+    def table(self, conn: psycopg.Connection) -> LakeTable:
+        """The lake table of the spec's target (close it when done)."""
+        raise NotImplementedError
+
+    def catalog_of(self, table: LakeTable) -> str | None:
+        """The catalog a plan names the table by (without a password); None: its location
+        names it."""
+        return None
+
+    def inspect(self, conn: psycopg.Connection, transform: str | None) -> Inspection:
+        """The source, then the stage's types as the source or the validated transform gives
+        them, and the lake table (:meth:`_inspect_table`)."""
+        spec = self.spec
+        inspection = inspect_source(conn, spec)
+        if not inspection.problems:
+            if transform is None and spec.transform_sql is not None:
+                transform = validate_transform_text(spec.transform_sql)
+            check_transform(conn, spec, inspection, transform)
+            self._inspect_table(conn, inspection, transform)
+        return inspection
+
+    def _inspect_table(self, conn: psycopg.Connection, inspection: Inspection, transform: str | None) -> None:
+        """Fill in the inspection: the stage's column types, the partition kind, and every
+        problem with the lake table (a type that cannot round-trip, an existing table whose
+        schema or partitioning disagrees). Reads only; a missing table is no problem (apply
+        creates it)."""
+        spec = self.spec
+        input_rel = sqlbuild.input_relation(
+            spec.source_ref, [c.name for c in inspection.source_columns], spec.partition_key, spec.input_columns,
+            transform, filtered=False, escape_percent=False,
+        )
+        described = {c.name: c for c in describe_query(conn, sqlbuild.describe_input(input_rel, spec.columns))}
+        self.inspect_table(conn, inspection, described)
+
+    def inspect_table(self, conn: psycopg.Connection, inspection: Inspection, described: dict[str, ColumnInfo]) -> None:
+        """The stage's columns as the input describes them (``described``: by name, at least
+        the spec's columns), the partition kind, and the lake table: its problems and its
+        :class:`LakeState`. The DuckDB engine (core.duck) describes its input in DuckDB and
+        shares the rest."""
+        spec = self.spec
+        columns = [described[c] for c in spec.columns]
+        inspection.target_columns = columns
+        problems = inspection.problems
+        inspection.partition_kind = partition_kind_of(described[spec.partition_key], problems)
+        check_total(spec, described, problems)
+        wanted: list[tuple[str, pa.DataType]] = []
+        for c in columns:
+            try:
+                wanted.append((c.name, lake_type(c)))
+            except SpecError as err:
+                problems.append(str(err))
+        if spec.records_can_move:
+            binary = [c.name for c in columns if c.name in spec.business_key and c.base_type == "bytea"]
+            if binary:
+                problems.append(
+                    f"business key column(s) {', '.join(binary)} are bytea: with records_can_move the lake's "
+                    "keys are loaded into PostgreSQL as CSV, which cannot carry arbitrary bytes; use a text key"
+                )
+        if len(wanted) < len(columns):
+            return
+        table = self.table(conn)
+        try:
+            with lake_errors(table, "inspecting"):
+                shape = table.shape()
+            catalog = self.catalog_of(table)
+        finally:
+            table.close()
+        if shape is not None:
+            problems.extend(shape_problems(table.name, shape, wanted, spec.partition_key))
+        inspection.target_table = LakeState(table.name, shape is not None, [(n, type_text(t)) for n, t in wanted],
+                                            [spec.partition_key], catalog)
+
+    def check(self, conn: psycopg.Connection, inspection: Inspection, partitions: list[PartitionValue],
+              transform: str | None) -> None:
+        self.check_partitions(partitions)  # the transform was checked by inspect
+
+    def check_partitions(self, partitions: list[PartitionValue]) -> None:
+        """Any partition value can be written (a format whose writes cannot says otherwise)."""
+
+    def stage_table(self, ctx: Context, stage: TableRef) -> sql.Composed:
+        """No PostgreSQL table to copy the types from: the types the source or transform gives."""
+        spec = self.spec
+        input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
+                                            spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
+        return sqlbuild.create_stage_from_input(stage, input_rel, spec.columns)
+
+    def with_target_keys(self, conn: psycopg.Connection, ctx: Context) -> Context:
+        """The lake table's distinct (partition key, business key) pairs, read at its current
+        version, in a temporary table dropped when the caller's transaction (the snapshot's)
+        ends: what core.moves reads where a PostgreSQL target is read in place.
+
+        Raises:
+            SourceDataError: a business key lies in more than one partition of the lake table
+                (a PostgreSQL target rules that out with UNIQUE (business_key)).
+        """
+        spec = self.spec
+        names = [spec.partition_key, *spec.business_key]
+        keys = TableRef("pg_temp", f"{spec.name}__target_keys")
+        input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
+                                            spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
+        conn.execute(sqlbuild.create_temp_table(keys.name, input_rel, names))
+        table = self.table(conn)
+        try:
+            with lake_errors(table, "reading the keys of"):
+                handle = table.open()
+                data = None if handle is None else table.read_columns(handle, names)
+        finally:
+            table.close()
+        if data is not None and data.num_rows:
+            _copy_csv(conn, keys, data.group_by(names).aggregate([]).select(names))  # distinct pairs
+        refuse_keys_in_several_partitions(spec, conn.execute(
+            sqlbuild.keys_in_several_partitions(keys, spec.business_key)).fetchall())
+        return ctx.with_keys(keys)
+
+    def _state(self, ctx: Context) -> LakeState:
+        state = ctx.inspection.target_table
+        assert isinstance(state, LakeState)
+        return state
+
+    def plan_fields(self, ctx: Context) -> dict[str, Any]:
+        """The schema the stage maps to, which an existing table must have; an Iceberg
+        table's catalog too, so that a plan made against one catalog is refused against
+        another (absent for other tables: their plan ids unchanged)."""
+        state = self._state(ctx)
+        catalog = {} if state.catalog is None else {"target_catalog": state.catalog}
+        return {**catalog, "target_table_columns": [list(c) for c in state.columns]}
+
+    def creates_target(self, ctx: Context) -> bool | None:
+        return not self._state(ctx).exists
+
+    def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
+        """Stage A's values the lake table could not hold (an infinite or BC date or time stamp,
+        a year after 9999, NaN in a numeric(p,s)), one per partition and column: one pass over
+        the stage for every such column, before approval."""
+        spec = self.spec
+        checked = [(c.name, c.base_type) for c in ctx.target_columns if c.base_type in sqlbuild.unholdable_kinds()]
+        if not checked:
+            return []
+        rows = conn.execute(*sqlbuild.unholdable_values(ctx.stage("a"), spec.partition_key, checked, ctx.partitions))
+        return [
+            f"partition {label}: column {name} has {n} value(s) a {spec.target.format} column cannot hold "
+            "(an infinite or BC date or time stamp, a year after 9999, or NaN in a decimal); fix them in the "
+            "source or transform, or keep the target in PostgreSQL"
+            for label, *counts in rows for (name, _), n in zip(checked, counts) if n
+        ]
+
+    def compared(self, conn: psycopg.Connection, ctx: Context, label: str,
+                 version: str | None = None) -> tuple[TableRef, bool]:
+        """One partition of the lake table (at its current version, or at ``version``) as its
+        canonical text forms rendered from Arrow, in a temporary table of text columns dropped
+        when the caller's transaction ends, for core.diff to compare key by key in SQL with the
+        stage's text forms. The text travels in CSV slices: no Python object per value, and
+        nothing is parsed back into a type that could trim, round or refuse it."""
+        spec = self.spec
+        rows = TableRef("pg_temp", f"{spec.name}__lake_rows")
+        conn.execute(sqlbuild.drop_table(rows))
+        conn.execute(sqlbuild.create_text_table(rows.name, spec.columns))
+        table = self.table(conn)
+        values = [ctx.value_of(label)]
+        try:
+            with lake_errors(table, f"reading partition {label} of"):
+                if version is not None:
+                    data = table.read_version(version, spec.partition_key, values)
+                else:
+                    handle = table.open()
+                    data = None if handle is None else table.read(handle, spec.partition_key, values)
+        finally:
+            table.close()
+        if data is not None and data.num_rows:
+            _copy_csv(conn, rows, canonical_texts(data, ctx.target_columns))
+        return rows, True
+
+    def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
+        return [], []  # files: no lock of the data database holds them
+
+    def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+             ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        return LakeTarget(conn, control, ctx, self.table(conn), checkpoint)

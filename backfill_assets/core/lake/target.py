@@ -1,0 +1,235 @@
+"""The lake as apply's target (core.context.Target), for a Delta or Iceberg table whose
+engine is core.lake.engine's :class:`LakeEngine`.
+
+The protocol of core.apply, for a lake table:
+
+- ``locked``: the same advisory locks as a PostgreSQL target keep other backfills of the
+  partitions out; writers outside this tool are caught by the lake's own conflict check.
+- ``writing``: a READ COMMITTED transaction on apply's connection (the stage recheck, with the
+  stage held in SHARE mode until the lake commit is done), and the lake table loaded at its
+  current version. ``readings`` reads the partition at that version; ``replace`` reads the
+  approved stage into Arrow; the readings after it are those of the rows about to be
+  written, so a conversion that changed a value is caught before the commit. On a clean exit
+  the partition is overwritten in one commit based on that version: a writer since then
+  makes it fail (TransientDatabaseError, safe to retry). A missing table is created first,
+  empty and partitioned by the partition key (the plan said it would be).
+  With ``records_can_move`` a business key has one home across the table, which the plan
+  checked when it loaded the lake's keys. Right before the commit, the keys of the rows
+  being written are looked for outside the partitions being replaced, at exactly the version
+  the commit is based on: one found there (a writer put it there since the plan) refuses the
+  write (KeysElsewhereError, nothing committed, plan again). The commit is then exclusive
+  (core.lake.tables): the very next version after that one, or none, so no commit to another
+  partition can slip in between the check and ours (TransientDatabaseError, safe to retry).
+  Should an engine rebase it all the same (LakeTable.follows says so), the keys are checked
+  again at our committed version, and a key found elsewhere fails the partition loudly
+  (VerificationError: committed, recorded as failed, the run stops).
+- ``committed_readings``: the partition at exactly the version we committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+
+from backfill_assets.core.context import Checkpoint, Context, Readings, no_checkpoint
+from backfill_assets.core.errors import KeysElsewhereError, TransientDatabaseError, VerificationError
+from backfill_assets.core.lake.arrow import arrow_readings
+from backfill_assets.core.lake.kinds import lake_schema
+from backfill_assets.core.lake.stage_arrow import read_stage_partition
+from backfill_assets.core.lake.tables import META_PREFIX, KeysFound, LakeTable, keys_found, lake_errors
+from backfill_assets.core.pg.db import read_committed, transient_errors
+from backfill_assets.core.targets.common import AdvisoryLocked
+from backfill_assets.core.vocabulary import PartitionValue
+
+
+class LakeTarget(AdvisoryLocked):
+    """A Delta or Iceberg table whose partitions apply replaces (see the module docstring)."""
+
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, table: LakeTable,
+                 checkpoint: Checkpoint = no_checkpoint) -> None:
+        self.conn, self.control, self.ctx, self.table, self.checkpoint = conn, control, ctx, table, checkpoint
+        self.schema = lake_schema(ctx.target_columns)  # the stage's columns, in the spec's order
+        self._committed: dict[str, str | None] = {}
+
+    def readings_of(self, data: pa.Table) -> Readings:
+        """The readings of one partition's rows in Arrow (the canonical fingerprint)."""
+        spec = self.ctx.spec
+        return arrow_readings(data, self.ctx.target_columns, spec.business_key, spec.total).as_dict()
+
+    def _read(self, handle: Any, labels: list[str]) -> dict[str, Readings]:
+        """Each partition as the handle's version holds it, read on its own (partition pruning
+        reads only its files)."""
+        if handle is None:  # no table yet: every partition is empty
+            return {label: self.readings_of(self.schema.empty_table()) for label in labels}
+        pk = self.ctx.spec.partition_key
+        return {label: self.readings_of(self.table.read(handle, pk, [self.ctx.value_of(label)])) for label in labels}
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        with lake_errors(self.table, "reading"):
+            return self._read(self.table.open(), labels)
+
+    def stage_rows(self, label: str) -> pa.Table:
+        """Stage A's rows of one partition, in the lake schema and business-key order."""
+        ctx, spec = self.ctx, self.ctx.spec
+        return read_stage_partition(self.conn, ctx.stage("a"), ctx.target_columns, spec.partition_key,
+                                    ctx.value_of(label), spec.business_key).cast(self.schema)
+
+    def data_transaction(self) -> contextlib.AbstractContextManager[None]:
+        """What the write holds in the stage's database: a READ COMMITTED transaction on apply's
+        connection, in which the stage is rechecked and held until the lake commit is done."""
+        return read_committed(self.conn)
+
+    @contextlib.contextmanager
+    def writing(self, labels: list[str]) -> Iterator[_LakeWrite]:
+        spec = self.ctx.spec
+        with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
+                lake_errors(self.table, f"replacing partition(s) {', '.join(labels)} of"), self.data_transaction():
+            write = _LakeWrite(self, self.table.open())
+            yield write
+            # Our commit's version; for partitions found already carrying the approved rows
+            # (nothing written), the version they were read at.
+            version = write.commit(labels) if write.pending is not None else self.table.version(write.handle)
+            self._committed.update(dict.fromkeys(labels, version))
+
+    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+        version, pk = self._committed[labels[0]], self.ctx.spec.partition_key
+        with lake_errors(self.table, f"reading back version {version} of"):
+            return {label: self.readings_of(self.table.read_version(version, pk, [self.ctx.value_of(label)]))
+                    for label in labels}
+
+    def committed_version(self, labels: list[str]) -> str | None:
+        """The version our write of ``labels`` committed, or that a skip found them at."""
+        return self._committed.get(labels[0])
+
+    def close(self) -> None:
+        self.table.close()
+
+
+class StagedLakeTarget(LakeTarget):
+    """A lake target whose approved rows are read from a stage outside PostgreSQL (a DuckDB
+    table, Spark's Parquet files) by :meth:`read_stage`.
+
+    The recheck under the partition lock (:meth:`recheck`) reads stage A's rows into Arrow and
+    fingerprints them; the replace then writes exactly those rows, and the verification before
+    the commit finds their readings already computed: one read and one fingerprint of the stage
+    serve both, and what is checked is what is written."""
+
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, table: LakeTable,
+                 checkpoint: Checkpoint = no_checkpoint) -> None:
+        super().__init__(conn, control, ctx, table, checkpoint)
+        self._rechecked: dict[str, pa.Table] = {}  # label -> stage A's rows read by the recheck
+        self._known: dict[int, tuple[pa.Table, Readings]] = {}  # id(rows) -> (rows, their readings)
+
+    def read_stage(self, label: str) -> pa.Table:
+        """Stage A's rows of one partition, in the lake schema."""
+        raise NotImplementedError
+
+    def recheck(self, labels: list[str]) -> dict[str, Readings]:
+        """Stage A's readings of ``labels`` now, from its rows read into Arrow, which the
+        replace that follows in this write then writes."""
+        out = {}
+        for label in labels:
+            rows = self._rechecked[label] = self.read_stage(label)
+            out[label] = self.readings_of(rows)
+        return out
+
+    def stage_rows(self, label: str) -> pa.Table:
+        rows = self._rechecked.pop(label, None)
+        return self.read_stage(label) if rows is None else rows
+
+    def readings_of(self, data: pa.Table) -> Readings:
+        known = self._known.get(id(data))
+        if known is not None and known[0] is data:
+            return known[1]
+        readings = super().readings_of(data if data.num_rows else self.schema.empty_table())
+        self._known[id(data)] = (data, readings)
+        return readings
+
+    @contextlib.contextmanager
+    def writing(self, labels: list[str]) -> Iterator[_LakeWrite]:
+        try:
+            with super().writing(labels) as write:
+                yield write
+        finally:
+            self._rechecked.clear()
+            self._known.clear()
+
+    @contextlib.contextmanager
+    def data_transaction(self) -> Iterator[None]:
+        yield  # stage A is rechecked outside PostgreSQL under the partition lock; nothing to hold there
+
+
+class _LakeWrite:
+    def __init__(self, target: LakeTarget, handle: Any) -> None:
+        self.target, self.handle = target, handle
+        self.pending: dict[str, pa.Table] | None = None  # each partition's rows to commit
+        self.note: dict[str, str] = {}  # plan_id, approval_id, ... (core.apply)
+        self.metadata: dict[str, str] = {}
+
+    def readings(self, labels: list[str]) -> dict[str, Readings]:
+        if self.pending is None:
+            return self.target._read(self.handle, labels)
+        return {label: self.target.readings_of(self.pending[label]) for label in labels}
+
+    def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
+        t = self.target
+        self.pending = {label: t.stage_rows(label) for label in labels}
+        self.note = dict(note or {})
+        self.metadata = {META_PREFIX + k: v for k, v in self.note.items()}
+        t.checkpoint("inserted", labels)
+
+    def commit(self, labels: list[str]) -> str | None:
+        """One commit of every pending partition (creating the table first if it is missing)."""
+        t = self.target
+        assert self.pending is not None
+        handle = self.handle
+        if handle is None:
+            created = t.table.create(t.schema, t.ctx.spec.partition_key)
+            handle = t.table.open()
+            # Our commit is based on this handle: it must be the table as created, or the rows
+            # of a writer that came in between would be overwritten without a conflict.
+            if t.table.version(handle) != created:
+                raise TransientDatabaseError(
+                    f"another writer wrote to {t.table.name} right after this run created it; nothing "
+                    "of ours was committed"
+                )
+        spec = t.ctx.spec
+        data = pa.concat_tables([self.pending[label] for label in labels])
+        values = [t.ctx.value_of(label) for label in labels]
+        # With records_can_move: the keys written here, in no other partition at the version
+        # our commit is based on, and nothing committed between that version and ours.
+        guarded = spec.records_can_move and data.num_rows > 0
+        keys = data.select(list(spec.business_key))
+        base = t.table.version(handle)
+        if guarded:
+            found = self._keys_elsewhere(handle, values, keys)
+            if found is not None:
+                raise KeysElsewhereError(
+                    int(self.note.get("approval_id", "0")), self.note.get("plan_id", ""), spec.target_name, base,
+                    labels, found.partitions, found.count, found.examples,
+                )
+        version = t.table.overwrite(handle, spec.partition_key, values, data, self.metadata, exclusive=guarded)
+        if guarded and not t.table.follows(handle, base, self.metadata):
+            # The engine based our commit on a later version than the one checked: check the
+            # version we committed (the handle reads it now). Committed already: say so loudly.
+            found = self._keys_elsewhere(handle, values, keys)
+            if found is not None:
+                raise VerificationError(
+                    labels[0], f"business key check after the commit of partition(s) {', '.join(labels)}",
+                    f"their keys in no other partition of {spec.target_name}",
+                    f"{found.count} key(s) also in partition(s) {', '.join(found.partitions)} at our version {version}",
+                    f"our commit was based on a later version than {base}, where the keys were checked; for "
+                    f"example {'; '.join(found.examples)}. Plan again, so that those keys are replaced with "
+                    "their partitions",
+                )
+        return version
+
+    def _keys_elsewhere(self, handle: Any, values: list[PartitionValue], keys: pa.Table) -> KeysFound | None:
+        t = self.target
+        spec = t.ctx.spec
+        return keys_found(t.table.keys_elsewhere(handle, spec.partition_key, values, keys), spec.partition_key,
+                          spec.business_key)

@@ -1,5 +1,5 @@
 """A source pinned at one version that cannot change, as the DuckDB and Spark engines keep it
-(core.duck, core.spark): the snapshot that names the pin, its record in the control store, the
+(core.engines.duckdb, core.engines.spark): the snapshot that names the pin, its record in the control store, the
 check that the pin still holds exactly its files, and the records of the builds and the plan.
 
 What a pinned source must answer (``PinnedSource``): why a pin can no longer be read, and

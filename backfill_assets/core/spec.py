@@ -107,7 +107,7 @@ class Spec(BaseModel):
     parallel: ParallelSpec | None = None
     lock_timeout_ms: Annotated[int, Field(gt=0, le=3_600_000)] = 5_000
     statement_timeout_ms: Annotated[int, Field(gt=0, le=86_400_000)] = 600_000
-    # Functions outside pg_catalog that transform_sql may call (core.guard.transform).
+    # Functions outside pg_catalog that transform_sql may call (core.engines.postgres.guard.transform).
     trusted_functions: list[TrustedFunction] = []
     # An approval not applied within this long is expired: apply refuses it, status and the
     # approval sensor say so.
@@ -212,16 +212,6 @@ class Spec(BaseModel):
     def source_name(self) -> str:
         """The source as plans and messages name it (``schema.table``, ``delta:<path>``, ...)."""
         return self.source.display_name
-
-    @property
-    def on_duckdb(self) -> bool:
-        """Whether the source is read and the builds run in DuckDB (core.duck)."""
-        return self.engine.type == "duckdb"
-
-    @property
-    def on_spark(self) -> bool:
-        """Whether the source is read and the builds run in Apache Spark (core.spark)."""
-        return self.engine.type == "spark"
 
     @property
     def target_ref(self) -> TableRef:

@@ -29,8 +29,8 @@ def _known_engine(value: str) -> str:
 
 class EngineSpec(BaseModel):
     """Where the source is read and both builds run: ``postgres`` (the default: the spec's
-    database), ``duckdb`` (an embedded DuckDB over a lake source; core.duck) or ``spark``
-    (Apache Spark; core.spark). Plans, approvals, the ledger and the locks stay in the
+    database), ``duckdb`` (an embedded DuckDB over a lake source; core.engines.duckdb) or ``spark``
+    (Apache Spark; core.engines.spark). Plans, approvals, the ledger and the locks stay in the
     control store either way."""
 
     model_config = STRICT

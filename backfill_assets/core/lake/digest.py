@@ -124,7 +124,7 @@ def partition_digest_sql(relation: str, fields: Sequence[tuple[str, str]], busin
     """Per partition among ``$partitions`` (a list parameter) that has rows: the partition
     value, count, NULL-key count, duplicate-key count, slice sums and the exact sum of
     ``total`` (NULL without one), over ``relation`` in one grouped aggregate: what the DuckDB
-    engine reads of its stages (core.duck)."""
+    engine reads of its stages (core.engines.duckdb)."""
     return _text(_PARTITION_DIGEST.format(
         relation=sql.Identifier(relation), partition=sql.Identifier(partition_key),
         total=sql.SQL("sum(tv)") if total else sql.SQL("NULL"),

@@ -22,8 +22,8 @@ from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo, Inspection, check_total, partition_kind_of
 from backfill_assets.core.context import Checkpoint, Context, Target, no_checkpoint
+from backfill_assets.core.engines.postgres.guard.transform import validate_transform_text
 from backfill_assets.core.errors import SourceDataError, SpecError
-from backfill_assets.core.guard.transform import validate_transform_text
 from backfill_assets.core.lake.arrow import canonical_texts
 from backfill_assets.core.lake.kinds import lake_type
 from backfill_assets.core.lake.tables import LakeTable, lake_errors, shape_problems, type_text
@@ -127,7 +127,7 @@ class LakeEngine:
     def inspect_table(self, conn: psycopg.Connection, inspection: Inspection, described: dict[str, ColumnInfo]) -> None:
         """The stage's columns as the input describes them (``described``: by name, at least
         the spec's columns), the partition kind, and the lake table: its problems and its
-        :class:`LakeState`. The DuckDB engine (core.duck) describes its input in DuckDB and
+        :class:`LakeState`. The DuckDB engine (core.engines.duckdb) describes its input in DuckDB and
         shares the rest."""
         spec = self.spec
         columns = [described[c] for c in spec.columns]

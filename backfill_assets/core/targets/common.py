@@ -12,7 +12,7 @@ import psycopg
 
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Context
-from backfill_assets.core.guard.transform import validate_transform_in_catalog
+from backfill_assets.core.engines.postgres.guard.transform import validate_transform_in_catalog
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.db import transient_errors
 from backfill_assets.core.spec import Spec
@@ -54,7 +54,7 @@ class AdvisoryLocked:
 
 def check_transform(conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:
     """The (parsed) transform_sql against the catalog: the columns, relations and functions it
-    reads (core.guard.transform). Raises TransformError."""
+    reads (core.engines.postgres.guard.transform). Raises TransformError."""
     if transform is not None:
         validate_transform_in_catalog(
             conn, spec.source_ref, [c.name for c in inspection.source_columns],

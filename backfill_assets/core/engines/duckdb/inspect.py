@@ -94,7 +94,7 @@ def inspect(conn: psycopg.Connection | None, spec: Spec, source: LakeSource, con
     names = {n for n, _ in types}
     transform = None
     if spec.transform_sql is not None:
-        from backfill_assets.core.guard.duck import check_duck_transform
+        from backfill_assets.core.engines.duckdb.guard import check_duck_transform
         transform = check_duck_transform(spec.transform_sql, types)
     else:
         missing = [c for c in spec.input_columns if c not in names]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.guard.duck import type_sql
+from backfill_assets.core.engines.duckdb.guard import type_sql
 from backfill_assets.core.lake import digest
 from backfill_assets.core.lake.compare import identifiers as _ids
 from backfill_assets.core.lake.compare import text_of as _text
@@ -192,7 +192,7 @@ def builds_of(table: str) -> str:
 def seals(stage: str, partition_key: str, fields: Sequence[tuple[str, str]]) -> str:
     """Per partition among ``$partitions`` that has rows: its value, row count and seal, the
     exact sum of DuckDB's 64-bit hash of every row (a double by its hexadecimal form, which
-    tells -0 from 0; DuckDB's hash does not). One fast pass, no SHA-256: see core.duck.flow."""
+    tells -0 from 0; DuckDB's hash does not). One fast pass, no SHA-256: see core.engines.duckdb."""
     values = sql.SQL(", ").join(
         sql.SQL("printf('%a', {})").format(sql.Identifier(n)) if kind == "double" else sql.Identifier(n)
         for n, kind in fields

@@ -1,5 +1,5 @@
 """What the duckdb engine supports: a lake source read where it lies, both builds in an
-embedded DuckDB (core.duck), a lake target."""
+embedded DuckDB (core.engines.duckdb), a lake target."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import psycopg
 
 from backfill_assets.core.context import Context
-from backfill_assets.core.guard.transform import validate_transform_text
+from backfill_assets.core.engines.postgres.guard.transform import validate_transform_text
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest, parse_labels

@@ -54,13 +54,21 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, replace
 
 import psycopg
 
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.snapshot import changes_against
+from backfill_assets.core.engines.postgres.watch_state import (
+    SHORT_DIGITS,
+    Mode,
+    PartitionWatch,
+    Signal,
+    TableReading,
+    Tick,
+    WatchState,
+)
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import has_ordered_index, table_columns, table_kind
@@ -68,134 +76,14 @@ from backfill_assets.core.pg.db import repeatable_read, transient_errors
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
 
-STATE_FORMAT = 1
-# Hashes are kept as their first 16 hex digits (64 bits): the state only tells whether a
-# snapshot is the one a partition was last compared with; the comparison itself is in full.
-_SHORT = 16
 # Base types (domains resolved) a change column may have: ordered, and exact.
 CHANGE_COLUMN_TYPES = ("int2", "int4", "int8", "numeric", "date", "timestamp", "timestamptz")
 _KEY_TYPES = ("date", "int2", "int4", "int8", "text", "varchar", "bpchar")
 _COUNTED_KINDS = ("r", "m")  # relations whose writes the statistics system counts
 
-Mode = Literal["quiet", "newer", "counted", "full"]
-
-
-@dataclass(frozen=True)
-class TableReading:
-    """Gate 1: the source as the catalog and the statistics system show it."""
-
-    relations: tuple[tuple[int, str, int, int, int, int], ...]  # oid, relkind, filenode, ins, upd, del
-    resets: tuple[str | None, str | None]  # the database's and the shared counters' reset times
-    columns: str  # a digest of the source's columns (a column added or dropped changes every hash)
-    blind: str | None = None  # why the counters cannot be trusted, or None
-
-    def as_json(self) -> dict[str, Any]:
-        return {"relations": [list(r) for r in self.relations], "resets": list(self.resets),
-                "columns": self.columns, "blind": self.blind}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TableReading:
-        return cls(tuple(tuple(r) for r in data["relations"]), tuple(data["resets"]),  # type: ignore[arg-type]
-                   data["columns"], data["blind"])
-
-
-@dataclass(frozen=True)
-class Signal:
-    """Gate 2 for one partition: its row count, the newest change value (as text), the NULL
-    count and the sum of the change values' hashes (as text)."""
-
-    count: int | None
-    newest: str | None
-    nulls: int
-    digest: str | None = None
-
-
-@dataclass(frozen=True)
-class PartitionWatch:
-    """What the sensor knows of one snapshotted partition.
-
-    ``snapshot``: the newest snapshot's hash when last compared; ``seen``: the source's hash
-    then, when it differed (the change was reported); ``signal``: gate 2's last reading.
-    """
-
-    snapshot: str
-    seen: str | None = None
-    signal: Signal | None = None
-
-    def as_json(self) -> list[Any]:
-        s = self.signal
-        return [self.snapshot, self.seen, *((s.count, s.newest, s.nulls, s.digest) if s else (None,) * 4)]
-
-    @classmethod
-    def from_json(cls, data: list[Any]) -> PartitionWatch:
-        snapshot, seen, count, newest, nulls, digest = data
-        return cls(snapshot, seen, None if nulls is None else Signal(count, newest, nulls, digest))
-
-
-@dataclass(frozen=True)
-class WatchState:
-    """What a tick leaves for the next: the table reading it started from, each watched
-    partition, and the partitions still to fingerprint (oldest first)."""
-
-    table: TableReading | None = None
-    partitions: dict[str, PartitionWatch] = field(default_factory=dict)
-    pending: tuple[str, ...] = ()
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "format": STATE_FORMAT, "table": None if self.table is None else self.table.as_json(),
-            "partitions": {k: v.as_json() for k, v in sorted(self.partitions.items())},
-            "pending": list(self.pending),
-        }
-
-    @classmethod
-    def from_json(cls, data: object) -> WatchState | None:
-        """The state, or None (start again with a full check) when it is of another format or
-        not of this shape (a cursor edited by hand in the UI, say)."""
-        if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
-            return None
-        try:
-            table = data["table"]
-            return cls(
-                None if table is None else TableReading.from_json(table),
-                {str(k): PartitionWatch.from_json(v) for k, v in data["partitions"].items()},
-                tuple(str(p) for p in data["pending"]),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None
-
-
-@dataclass(frozen=True)
-class Tick:
-    """One tick of one spec: what changed, what each gate read, and the state to keep."""
-
-    changed: dict[str, str]  # label -> the source hash that differs from the newest snapshot
-    state: WatchState
-    mode: Mode  # gate 1's verdict
-    reason: str  # gate 1's verdict in words
-    signalled: int  # partitions read at gate 2
-    flagged: list[str]  # partitions gate 2 sent to gate 3
-    fingerprinted: list[str]
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def pending(self) -> tuple[str, ...]:
-        return self.state.pending
-
-    def summary(self) -> str:
-        """One line for the sensor's log."""
-        parts = [f"source {self.reason}", f"{len(self.state.partitions)} partition(s) watched"]
-        if self.signalled:
-            parts.append(f"{self.signalled} read at gate 2 ({len(self.flagged)} flagged)")
-        parts.append(f"{len(self.fingerprinted)} fingerprinted")
-        parts.append(f"{len(self.changed)} changed" + (f": {', '.join(sorted(self.changed))}" if self.changed else ""))
-        if self.pending:
-            parts.append(f"{len(self.pending)} left for the next tick")
-        return "; ".join(parts)
-
 
 def _short(digest: str) -> str:
-    return digest[:_SHORT]
+    return digest[:SHORT_DIGITS]
 
 
 def read_table(conn: psycopg.Connection, spec: Spec) -> TableReading:

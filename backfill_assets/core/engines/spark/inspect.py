@@ -60,7 +60,7 @@ def inspect(conn: psycopg.Connection | None, spec: Spec, source: SparkSource, se
     problems = inspection.problems
     transform = None
     if spec.transform_sql is not None:
-        from backfill_assets.core.guard.spark import check_spark_transform
+        from backfill_assets.core.engines.spark.guard import check_spark_transform
         transform = check_spark_transform(spec.transform_sql, types)
     else:
         missing = [c for c in spec.input_columns if c not in dict(types)]

@@ -1,6 +1,6 @@
 """A folder of Parquet files as the target, Hive-partitioned by the partition key
 (``<key>=<value>/part-....parquet``), as Spark, DuckDB and PyArrow read it: the target of
-``engine: {type: spark}`` (core.spark).
+``engine: {type: spark}`` (core.engines.spark).
 
 A folder has no commit log, so a partition is replaced by a switch the file system makes
 atomic: the new partition is written in full under ``_backfill_staging/`` (a name every

@@ -1,5 +1,5 @@
 """What the spark engine supports: a Parquet folder, a PostgreSQL table over JDBC or a table of
-the session's catalog, both builds in Spark (core.spark), a Parquet folder or catalog table
+the session's catalog, both builds in Spark (core.engines.spark), a Parquet folder or catalog table
 written."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def input_relation(
     holds only the snapshot's partitions already.
 
     ``transform_sql`` must be the validated, re-printed statement from
-    :func:`backfill_assets.core.guard.transform.validate_transform_text`. psycopg reads ``%`` as a
+    :func:`backfill_assets.core.engines.postgres.guard.transform.validate_transform_text`. psycopg reads ``%`` as a
     placeholder marker when parameters are passed, so the transform's own ``%`` signs are
     doubled unless ``escape_percent`` is false (a statement executed without parameters).
     """

@@ -126,7 +126,7 @@ def test_spec_shapes_name_the_engine(tmp_path):
     with pytest.raises(SpecError, match="settings of `type: spark`"):
         spec_from_mapping({**base, "engine": {"type": "duckdb", "master": "local[2]"}})
     from backfill_assets.core.spec import load_spec
-    assert load_spec(REPO / "deploy/examples/orders_spark.yaml").on_spark
+    assert load_spec(REPO / "deploy/examples/orders_spark.yaml").engine.type == "spark"
 
 
 def test_a_jdbc_failure_never_shows_the_password(tmp_path, spark, factory, url_env, db_url, monkeypatch):

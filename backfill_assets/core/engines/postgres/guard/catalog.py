@@ -1,8 +1,8 @@
 """What the determinism guard asks pg_catalog and what it reports.
 
 ``referenced`` lists the function, operator and type OIDs of an analysed query tree;
-``core.guard.transform`` reads those from the catalog into a ``Catalog``; the rules of
-``core.guard.determinism`` and ``core.guard.roworder`` judge the tree against it and report each
+``core.engines.postgres.guard.transform`` reads those from the catalog into a ``Catalog``; the rules of
+``core.engines.postgres.guard.determinism`` and ``core.engines.postgres.guard.roworder`` judge the tree against it and report each
 construct that can change the rows between runs as a ``Finding``.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from backfill_assets.core.guard.querytree import as_int, expr_type, nodes
+from backfill_assets.core.engines.postgres.guard.querytree import as_int, expr_type, nodes
 
 PG_CATALOG = "pg_catalog"
 
@@ -44,7 +44,7 @@ class Function:
 
 @dataclass(frozen=True)
 class Catalog:
-    """What the rules need from pg_catalog, read once per check (see core.guard.transform)."""
+    """What the rules need from pg_catalog, read once per check (see core.engines.postgres.guard.transform)."""
 
     functions: dict[int, Function]
     operator_functions: dict[int, int]  # operator OID -> its function OID

@@ -1,5 +1,5 @@
 """transform_sql in DuckDB's dialect: one SELECT reading only ``source``, whose rows cannot
-change between runs (core.guard.duck).
+change between runs (core.engines.duckdb.guard).
 
 Everything runs against a real DuckDB: the guard's own private database, and, to compare
 rows, a database holding a ``source`` table with data.
@@ -15,8 +15,11 @@ import duckdb
 import pytest
 from psycopg import sql
 
+from backfill_assets.core.engines.duckdb.guard import check_duck_transform
+from backfill_assets.core.engines.duckdb.guard.catalog import _Catalog
+from backfill_assets.core.engines.duckdb.guard.findings import _Locator
+from backfill_assets.core.engines.duckdb.guard.rules import _Rules
 from backfill_assets.core.errors import SpecError, TransformError, TransformProblem
-from backfill_assets.core.guard.duck import _Catalog, _Locator, _Rules, check_duck_transform
 
 COLUMNS = [
     ("order_id", "BIGINT"),

@@ -1,6 +1,6 @@
 """The row-order rules of the determinism guard, and equal values that print differently.
 
-The **order** and **equal but different** classes of ``core.guard.determinism``: constructs whose
+The **order** and **equal but different** classes of ``core.engines.postgres.guard.determinism``: constructs whose
 result depends on the order rows arrive in, checked per query level (``query_order``).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from backfill_assets.core.guard.catalog import Catalog, Finding
-from backfill_assets.core.guard.querytree import Node, as_int, expr_type, is_node, location, nodes
+from backfill_assets.core.engines.postgres.guard.catalog import Catalog, Finding
+from backfill_assets.core.engines.postgres.guard.querytree import Node, as_int, expr_type, is_node, location, nodes
 
 # Window functions whose value for a row depends only on its peers' ORDER BY values.
 PEER_WINDOW_FUNCTIONS = {"rank", "dense_rank", "percent_rank", "cume_dist"}

@@ -3,7 +3,7 @@
 The server analyses a statement once and stores the result, for a view, in
 ``pg_rewrite.ev_action``: every function, aggregate, window, operator and cast it chose, by
 OID, with the types, typmods and collations it resolved and the byte offset (``location``)
-of each construct in the statement. The transform guard (``core.guard.determinism``) reads that
+of each construct in the statement. The transform guard (``core.engines.postgres.guard.determinism``) reads that
 tree instead of guessing from words.
 
 Format (``src/backend/nodes/outfuncs.c`` and ``read.c``): a node is

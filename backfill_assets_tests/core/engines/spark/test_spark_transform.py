@@ -1,5 +1,5 @@
 """transform_sql in Spark SQL's dialect: one query reading only ``source``, whose rows cannot
-change between runs (core.guard.spark).
+change between runs (core.engines.spark.guard).
 
 The guard itself runs no Spark (it reads the statement with sqlglot). The tests that take the
 ``spark`` fixture run accepted transforms, and the text the guard returns, in a local Spark
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from backfill_assets.core.engines.spark.guard import check_spark_transform
 from backfill_assets.core.errors import SpecError, TransformError, TransformProblem
-from backfill_assets.core.guard.spark import check_spark_transform
 
 COLUMNS = [
     ("order_id", "bigint"),

@@ -1,7 +1,7 @@
 """What the transform guard reads of the functions outside ``pg_catalog`` that a transform calls.
 
 PostgreSQL does not check a volatility label: a function labelled IMMUTABLE may read a
-table, the clock or a setting. So ``core.guard.transform`` judges every function outside
+table, the clock or a setting. So ``core.engines.postgres.guard.transform`` judges every function outside
 ``pg_catalog`` (extensions' functions included) that the spec does not trust, by what it
 can read of it here:
 
@@ -30,9 +30,9 @@ from pglast.stream import RawStream
 from pglast.visitors import Visitor
 from psycopg import sql
 
-from backfill_assets.core.guard.catalog import Catalog, Finding, Function
-from backfill_assets.core.guard.querytree import Node, as_int, is_node, nodes, parse_node_tree
-from backfill_assets.core.guard.roworder import sorted_totally
+from backfill_assets.core.engines.postgres.guard.catalog import Catalog, Finding, Function
+from backfill_assets.core.engines.postgres.guard.querytree import Node, as_int, is_node, nodes, parse_node_tree
+from backfill_assets.core.engines.postgres.guard.roworder import sorted_totally
 
 _FUNCTIONS = sql.SQL(
     "SELECT p.oid::bigint, p.oid::regprocedure::text, p.proname, n.nspname, p.prokind, "

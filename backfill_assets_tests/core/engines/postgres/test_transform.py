@@ -16,10 +16,11 @@ import yaml
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from backfill_assets.core.engines.postgres.guard.catalog import referenced
+from backfill_assets.core.engines.postgres.guard.querytree import expr_type, parse_node_tree
+from backfill_assets.core.engines.postgres.guard.reading import _is_exact
+from backfill_assets.core.engines.postgres.guard.transform import validate_transform_in_catalog, validate_transform_text
 from backfill_assets.core.errors import SpecError, TransformError, TransientDatabaseError
-from backfill_assets.core.guard.catalog import referenced
-from backfill_assets.core.guard.querytree import expr_type, parse_node_tree
-from backfill_assets.core.guard.transform import _is_exact, validate_transform_in_catalog, validate_transform_text
 from backfill_assets.core.pg.db import DatabaseUrl, as_transient, connect
 from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 from backfill_assets_tests.support.specs import make_spec
@@ -385,7 +386,7 @@ def test_a_body_is_read_under_the_search_path_its_function_sets(source_db):
 
 
 def test_sql_functions_are_read_to_a_bounded_depth(source_db):
-    from backfill_assets.core.guard.transform import MAX_FUNCTION_DEPTH
+    from backfill_assets.core.engines.postgres.guard.transform import MAX_FUNCTION_DEPTH
 
     assert (CHAIN, MAX_FUNCTION_DEPTH) == (10, 8)
     err = refused(source_db, transform_with("chain0(1)"))  # 10 deep
@@ -466,7 +467,7 @@ def test_a_lock_timeout_is_left_to_the_caller_not_made_a_refusal(source_url, sou
 
 
 def test_only_a_failure_to_finish_is_left_to_the_caller():
-    from backfill_assets.core.guard.userfunctions import not_the_statement
+    from backfill_assets.core.engines.postgres.guard.userfunctions import not_the_statement
 
     for cls in (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled, psycopg.errors.SerializationFailure,
                 psycopg.errors.DeadlockDetected, psycopg.errors.AdminShutdown, psycopg.errors.OutOfMemory,

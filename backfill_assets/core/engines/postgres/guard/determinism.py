@@ -4,7 +4,7 @@ A transform must give the same rows from the same snapshot on every run: after a
 under another plan, on another server, as another role. Both builds read one snapshot in
 one physical order, so building twice cannot catch a result that depends on that order or
 on the session; these rules refuse such constructs before anything is built. They read the
-tree the server resolved (``core.guard.querytree``), so every function, aggregate, window, type
+tree the server resolved (``core.engines.postgres.guard.querytree``), so every function, aggregate, window, type
 and collation is the one the server chose, at every level: CTEs, subqueries in FROM,
 scalar and ARRAY subqueries, set operations.
 
@@ -35,8 +35,8 @@ Classes (docs/reliability.md lists the cases tested for each):
   domains over them.
 
 The volatility and session rules are here; the order and equal-but-different rules are in
-``core.guard.roworder``; the catalog facts they read and the ``Finding`` they report are in
-``core.guard.catalog`` (re-exported here, where ``core.guard.transform`` imports them).
+``core.engines.postgres.guard.roworder``; the catalog facts they read and the ``Finding`` they report are in
+``core.engines.postgres.guard.catalog`` (re-exported here, where ``core.engines.postgres.guard.transform`` imports them).
 
 Set-returning functions are allowed: an IMMUTABLE one returns the same rows in the same
 order for the same arguments, and the volatility rule refuses the others.
@@ -47,9 +47,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from backfill_assets.core.guard.catalog import FUNCTION_FIELDS, OPERATOR_NODES, SORT_GROUP_OPERATORS, Catalog, Finding
-from backfill_assets.core.guard.querytree import Node, as_int, expr_type, location, nodes
-from backfill_assets.core.guard.roworder import query_order
+from backfill_assets.core.engines.postgres.guard.catalog import (
+    FUNCTION_FIELDS,
+    OPERATOR_NODES,
+    SORT_GROUP_OPERATORS,
+    Catalog,
+    Finding,
+)
+from backfill_assets.core.engines.postgres.guard.querytree import Node, as_int, expr_type, location, nodes
+from backfill_assets.core.engines.postgres.guard.roworder import query_order
 
 REG_TYPES = {2205, 2206, 2202, 2203, 2204, 4089, 4096, 3734, 3769, 4191, 24}
 CLOCK_WORDS = ("now", "today", "tomorrow", "yesterday")

@@ -14,12 +14,13 @@ The steps, in process order (each a module here), each written once:
 5. the ledger records every run; ``diff`` compares a stage with the target.
 
 Where a step needs the source, the snapshot or the stages, it asks the spec's build engine
-(``build``: chosen once by ``engine.type``; the engines live in ``engines``, ``duck`` and
-``spark``); where it needs the target, the target engine its ``context`` holds (``targets``).
-What the engines share sits below them: ``planning`` (the plan's rules), ``differences``,
-``pinned`` (a source pinned at a version), ``moves``; ``errors``, ``progress`` and ``waits``
-serve every step. The other families sit in folders: ``fingerprint`` (a partition's readings,
-and the plan and snapshot ids), ``store`` (the control store: plans, approvals, ledger),
-``guard`` (the transform's determinism guard), ``profile`` (proposing a key and a tiebreak)
+(``build``: chosen once by ``engine.type``, each engine one folder of ``engines``, what each
+supports read by ``supports``); where it needs the target, the target engine its ``context``
+holds (``targets``). What the engines share sits below them: ``planning`` (the plan's rules),
+``catalog`` (the catalog model), ``differences``, ``pinned`` (a source pinned at a version),
+``moves``, and the ``lake`` folder (Delta and Iceberg targets, lake sources, Arrow readings);
+``errors``, ``progress`` and ``waits`` serve every step. The other families sit in folders:
+``fingerprint`` (format 3, PostgreSQL's readings, and the plan and snapshot ids), ``store``
+(the control store: plans, approvals, ledger), ``profile`` (proposing a key and a tiebreak)
 and ``pg`` (PostgreSQL: connections, the catalog, the SQL builders, the embedded server).
 """

@@ -6,10 +6,10 @@ where it needs the source, the snapshot or the stages, it asks the :class:`Build
 :func:`open_build_engine` opens for it. The target is the other half of a spec's engine, the
 :class:`~backfill_assets.core.context.TargetEngine` a resolved context holds.
 
-An engine is a class its allow-list names by import path (``Supports.builds``, gathered in
-core.engines.registry), imported only when a spec names the engine: a PostgreSQL spec never
+An engine is a class its allow-list names by import path (``Supports.builds``, read by
+core.supports), imported only when a spec names the engine: a PostgreSQL spec never
 loads DuckDB or pyspark. A new build engine is one folder under core/engines/ and one line in
-the registry (docs/engines.md).
+core.supports.ENGINE_TYPES (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import psycopg
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff
-from backfill_assets.core.engines.registry import SUPPORTS
 from backfill_assets.core.errors import SpecError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store.plan_document import Plan
+from backfill_assets.core.supports import SUPPORTS
 from backfill_assets.core.vocabulary import PartitionRequest
 
 Readings = dict[str, dict[str, Any]]

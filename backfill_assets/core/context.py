@@ -142,17 +142,13 @@ class Target(Protocol):
 class TargetEngine(Protocol):
     """What the steps ask of a spec's target: every step is written once, and where it needs
     the target it asks this. One per resolved spec, chosen by ``target.format``
-    (core.targets.engine_for): how inspection reads the target, what types the stage takes,
-    which keys a moved record may leave, what the plan records of the table, how diff and
-    review read a partition of it, and the Target apply writes through."""
+    (core.targets.engine_for): how inspection reads the target, which partitions it can be
+    written with, what the plan records of the table, where a lock may hold it up, and the
+    Target apply writes through. What a build engine asks beyond this is that engine's own
+    question (the PostgreSQL engine's stage: core.engines.postgres.staged; a lake table:
+    core.lake.engine.lake_engine_for)."""
 
     spec: Spec
-    # The target as a table of the data database, where it is one (PostgreSQL), else None:
-    # read in place by the moved-records scope and the readings' index check.
-    relation: TableRef | None
-    # Whether a comparison with the target (diff, a review's preview) may run in a read-only
-    # transaction (False where a partition is loaded into a temporary table first).
-    compares_read_only: bool
 
     def inspect(self, conn: psycopg.Connection, transform: str | None) -> Inspection:
         """Inspect source and target read-only, collecting every problem (a build engine's resolve).
@@ -169,15 +165,6 @@ class TargetEngine(Protocol):
         """Partitions the moved-records scope adds must be writable too. Raises SpecError."""
         ...
 
-    def stage_table(self, ctx: Context, stage: TableRef) -> sql.Composed:
-        """The statement that creates an empty stage with the target's column types."""
-        ...
-
-    def with_target_keys(self, conn: psycopg.Connection, ctx: Context) -> Context:
-        """``ctx`` with the target's (partition key, business key) pairs readable in SQL in the
-        caller's transaction (core.moves), for records_can_move."""
-        ...
-
     def plan_fields(self, ctx: Context) -> dict[str, Any]:
         """What the plan records of the target table: ``target_table_columns`` (every column
         it has or will have) and any field that names it further (an Iceberg catalog)."""
@@ -189,12 +176,6 @@ class TargetEngine(Protocol):
 
     def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
         """Problems with stage A's values that the target could not hold, before approval."""
-        ...
-
-    def compared(self, conn: psycopg.Connection, ctx: Context, label: str,
-                 version: str | None = None) -> tuple[TableRef, bool]:
-        """One partition of the target as a relation for core.diff, and whether its columns
-        are the canonical text forms (a lake partition loaded at ``version``)."""
         ...
 
     def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
@@ -221,17 +202,8 @@ class Context:
     transform: str | None  # the re-printed, validated transform_sql
     scope: Scope | None = None  # records_can_move: the added partitions and moves
     # records_can_move with a target outside the database: its keys, loaded into a temporary
-    # table for the snapshot's transaction (TargetEngine.with_target_keys).
+    # table for the snapshot's transaction (core.engines.postgres.staged).
     target_keys: TableRef | None = None
-
-    @property
-    def keys_relation(self) -> TableRef:
-        """Where the target's (partition key, business key) pairs are read in SQL: the
-        target's own table, or its keys loaded for the snapshot."""
-        if self.target_keys is not None:
-            return self.target_keys
-        assert self.engine.relation is not None, "the engine loads the keys (with_target_keys) first"
-        return self.engine.relation
 
     def with_keys(self, keys: TableRef) -> Context:
         """This context, reading the target's keys from ``keys``."""

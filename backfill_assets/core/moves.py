@@ -68,7 +68,7 @@ def close_scope(
     ordering: list[sqlbuild.OrderKey], target: TableRef,
 ) -> Scope:
     """Add to ``requested`` every partition a moved key leaves or enters, to a fixed point.
-    ``target``: where the target's keys are read (context.Context.keys_relation).
+    ``target``: where the target's keys are read (core.engines.postgres.staged.keys_relation).
 
     Raises:
         SourceDataError: a key's newest version, or the target row holding it, has a NULL

@@ -2,8 +2,8 @@
 
 Nothing here touches a database. Identifiers are checked for shape only (core.vocabulary);
 core.pg.catalog checks that they exist. The source and target formats are core.spec_formats',
-the other parts core.spec_settings'; what each engine supports, core.engines.supports' (each engine's, gathered in core.engines.registry). Every
-name is importable from here.
+the other parts core.spec_settings'; what each engine supports, core.supports' (each engine
+declares its own, as data, in its folder). Every name is importable from here.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import pydantic
 import yaml
 from pydantic import BaseModel, Field
 
-from backfill_assets.core.engines.registry import SUPPORTS
-from backfill_assets.core.engines.supports import OPTIONS, engine_problems
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec_formats import (
     SOURCE_TAGS,
@@ -49,6 +47,7 @@ from backfill_assets.core.spec_settings import (
     PartitionsSpec,
     TrustedFunction,
 )
+from backfill_assets.core.supports import OPTIONS, SUPPORTS, engine_problems
 from backfill_assets.core.vocabulary import MAX_SPEC_NAME, Identifier, Limits, TableRef
 
 __all__ = [

@@ -3,7 +3,7 @@ apart, and the pieces every part of the spec shares (the strict base model, the 
 environment variable, a lake location).
 
 Nothing here touches a database or knows the engines: which engine reads or writes a format is
-core.engines.supports'.
+core.supports'.
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ def format_of(given: object) -> str:
 
 # What the builds read, told apart by ``format``: a PostgreSQL table of the spec's database, a
 # lake table or Parquet folder read where it lies, a PostgreSQL table over JDBC, or a table of
-# Spark's catalog. Which engine reads which is core.engines.supports'.
+# Spark's catalog. Which engine reads which is core.supports'.
 AnySourceSpec = Annotated[
     Annotated[SourceSpec, pydantic.Tag("postgres")]
     | Annotated[DeltaSourceSpec, pydantic.Tag("delta")]

@@ -2,7 +2,7 @@
 runs the builds, the newest-wins ordering, the Dagster partitions and parallel runs, the
 functions a transform may trust, and how long an approval lasts.
 
-Which settings each engine takes is core.engines.supports'.
+Which settings each engine takes is core.supports'.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from typing import Annotated, Literal
 import pydantic
 from pydantic import AfterValidator, BaseModel, Field
 
-from backfill_assets.core.engines.registry import SUPPORTS
-from backfill_assets.core.engines.supports import DEFAULT_ENGINE, setting_problems
 from backfill_assets.core.spec_formats import STRICT, Strict, check_location
+from backfill_assets.core.supports import DEFAULT_ENGINE, SUPPORTS, setting_problems
 from backfill_assets.core.vocabulary import Identifier, check_identifier
 
 
@@ -35,7 +34,7 @@ class EngineSpec(BaseModel):
 
     model_config = STRICT
 
-    # The engines are core.engines.registry.SUPPORTS' keys.
+    # The engines are core.supports.SUPPORTS' keys.
     type: Annotated[str, AfterValidator(_known_engine)] = DEFAULT_ENGINE
     # spark: the session's master (local[N], spark://host:port, or sc://host:port for Spark
     # Connect) and its settings; a session already active in the process (a Dagster resource's)

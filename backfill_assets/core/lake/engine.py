@@ -11,6 +11,7 @@ through is its :class:`~backfill_assets.core.lake.target.LakeTarget`.
 
 from __future__ import annotations
 
+import importlib
 import io
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import describe_query, inspect_source
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.targets import ENGINES
 from backfill_assets.core.targets.common import check_transform
 from backfill_assets.core.vocabulary import PartitionValue, TableRef
 
@@ -268,3 +270,18 @@ class LakeEngine:
     def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
              ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
         return LakeTarget(conn, control, ctx, self.table(conn), checkpoint)
+
+
+def lake_engine_for(spec: Spec) -> LakeEngine:
+    """The target engine of a spec whose build engine writes lake tables only (the DuckDB and
+    Spark engines: their allow-lists name no other target), as the lake engine it is: what
+    they ask of it (its table, the target's side of inspection) only a lake table answers.
+
+    Raises:
+        SpecError: the spec's target is not a lake table (the spec's allow-list refuses that first).
+    """
+    module, name = ENGINES[spec.target.format].split(":")
+    engine = getattr(importlib.import_module(module), name)
+    if not issubclass(engine, LakeEngine):
+        raise SpecError(f"engine {spec.engine.type} writes lake tables; a {spec.target.format} target is not one")
+    return engine(spec)

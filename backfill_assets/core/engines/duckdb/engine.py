@@ -31,7 +31,6 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from backfill_assets.core.build import SourceMoves, StagesNow
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.engines.duckdb import statements
@@ -46,20 +45,19 @@ from backfill_assets.core.engines.duckdb.stages import (
     seals_hold,
     stage_name,
 )
-from backfill_assets.core.errors import ApprovalError, SpecError, StageError, VerificationError
+from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare
-from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.kinds import lake_schema
+from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
 from backfill_assets.core.lake.sources import LakeSource, lake_source
 from backfill_assets.core.lake.target import StagedLakeTarget
-from backfill_assets.core.lake.watch import lake_changes
 from backfill_assets.core.pg.db import ConnectionFactory
-from backfill_assets.core.pinned import LakeSnapshot, keys_detail, load_snapshot, require_pin, require_plan_pin
-from backfill_assets.core.planning import compare_readings, require_ready, spec_document_drift
+from backfill_assets.core.pinned import LakeSnapshot, keys_detail, require_plan_pin
+from backfill_assets.core.planning import compare_readings
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionRequest
 
@@ -80,9 +78,7 @@ class DuckLakeTarget(StagedLakeTarget):
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, db: Any,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
-        engine = ctx.engine
-        assert isinstance(engine, LakeEngine)
-        super().__init__(conn, control, ctx, engine.table(control), checkpoint)
+        super().__init__(conn, control, ctx, lake_engine_for(ctx.spec).table(control), checkpoint)
         self.db = db
 
     def read_stage(self, label: str) -> pa.Table:
@@ -93,7 +89,7 @@ class DuckLakeTarget(StagedLakeTarget):
         return data.cast(lake_schema(self.ctx.target_columns))
 
 
-class DuckBuildEngine:
+class DuckBuildEngine(PinnedBuildEngine):
     """The DuckDB build engine (core.build.BuildEngine): the lake source pinned at its version,
     both stages in the spec's DuckDB database; plans, approvals and the ledger in the control
     store (``control``)."""
@@ -107,7 +103,8 @@ class DuckBuildEngine:
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
                  source: LakeSource, db: Any) -> None:
-        self.conn, self.control, self.factory, self.spec, self.source, self.db = conn, control, factory, spec, source, db
+        super().__init__(conn, control, factory, spec, source)
+        self.db = db
         self._target: DuckLakeTarget | None = None  # the target apply opened (its recheck reads the stage)
 
     @classmethod
@@ -130,10 +127,13 @@ class DuckBuildEngine:
     def take_snapshot(self, ctx: Context, clock: Clock, progress: Progress) -> tuple[LakeSnapshot, Context]:
         return take_snapshot(self.control, ctx, self.source, self.db, clock, progress)
 
-    def load_snapshot(self, snapshot_id: str) -> tuple[LakeSnapshot, Context]:
-        snapshot, ctx = load_snapshot(self.control, self.resolve, self.spec, snapshot_id)
-        require_pin(self.source, self.spec, snapshot, ctx)
-        return snapshot, ctx
+    def stage_now(self, ctx: Context, variant: str) -> list[Fingerprint]:
+        spec, stage = self.spec, stage_name(self.spec, variant)
+        with contextlib.closing(cursor(self.db)) as con:
+            if not con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
+                raise StageError(f"stage {stage} has never been built; materialize both stages first")
+            return readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+                               ctx.partitions)
 
     def build_both(self, ctx: Context, snapshot: LakeSnapshot, clock: Clock,
                    progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
@@ -144,37 +144,7 @@ class DuckBuildEngine:
         reports = snapshot.reports if snapshot.reports is not None else input_reports(self.db, ctx, snapshot, self.source)
         return finish_plan(self.control, ctx, snapshot, self.db, reports, a, b, clock, progress)
 
-    def stages_now(self, labels: list[str]) -> StagesNow:
-        spec = self.spec
-        if not store.control_ready(self.control, spec.control_schema):
-            raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
-        ctx = self.resolve(labels)
-        now = {}
-        with contextlib.closing(cursor(self.db)) as con:
-            for v in ("a", "b"):
-                stage = stage_name(spec, v)
-                if not con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
-                    raise StageError(f"stage {stage} has never been built; materialize both stages first")
-                found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
-                                    ctx.partitions)
-                now[v] = dict(zip(ctx.labels, found))
-        built = {v: store.builds(self.control, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
-        return StagesNow(ctx, now, built)
-
-    def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
-        changed = lake_changes(self.control, self.spec)
-        return SourceMoves(changed, None, f"{len(changed)} partition(s) changed since their snapshot")
-
-    def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Any, limit: int) -> list[Any]:
-        raise SpecError(self.REFUSES["diff"])
-
     # -- approval and apply ---------------------------------------------------------------
-    def unchanged_spec(self, stored: Plan) -> Context:
-        require_ready(stored)
-        ctx = self.resolve(stored.labels)
-        spec_document_drift(ctx, stored)
-        return ctx
-
     def _stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
         """The partitions of stage A that no longer carry ``expected`` (by their seals, or
         fingerprinted in full where a seal does not hold: :func:`seals_hold`)."""

@@ -21,7 +21,7 @@ from backfill_assets.core.catalog import ColumnInfo, Inspection, ServerInfo
 from backfill_assets.core.context import Context
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.sources import LakeSource
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
@@ -116,9 +116,7 @@ def inspect(conn: psycopg.Connection | None, spec: Spec, source: LakeSource, con
             by_name[name] = info
     if problems:
         return inspection, transform
-    engine = engine_for(spec)
-    assert isinstance(engine, LakeEngine)
-    engine.inspect_table(conn, inspection, by_name)  # type: ignore[arg-type]
+    lake_engine_for(spec).inspect_table(conn, inspection, by_name)  # type: ignore[arg-type]
     return inspection, transform
 
 

@@ -18,7 +18,7 @@ from backfill_assets.core.engines.duckdb.database import cursor
 from backfill_assets.core.engines.duckdb.inspect import source_types
 from backfill_assets.core.engines.duckdb.stages import fields_of
 from backfill_assets.core.errors import SourceDataError
-from backfill_assets.core.lake.engine import LakeEngine, refuse_keys_in_several_partitions
+from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
 from backfill_assets.core.lake.kinds import lake_schema
 from backfill_assets.core.lake.sources import SOURCE_ROWS, LakeSource
 from backfill_assets.core.moves import close_scope_with
@@ -91,10 +91,9 @@ def _target_keys(con: Any, control: psycopg.Connection, ctx: Context) -> str:
     Raises:
         SourceDataError: a business key lies in more than one partition of the target.
     """
-    spec, engine = ctx.spec, ctx.engine
-    assert isinstance(engine, LakeEngine)
+    spec = ctx.spec
     names = [spec.partition_key, *spec.business_key]
-    table = engine.table(control)
+    table = lake_engine_for(spec).table(control)
     try:
         handle = table.open()
         data = lake_schema(ctx.target_columns).empty_table().select(names) if handle is None \

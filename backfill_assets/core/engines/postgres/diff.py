@@ -27,6 +27,7 @@ import psycopg
 
 from backfill_assets.core.context import Context
 from backfill_assets.core.differences import DEFAULT_LIMIT, KINDS, Against, Example, PartitionDiff
+from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import business_key_order
 from backfill_assets.core.vocabulary import TableRef
@@ -106,5 +107,5 @@ def diff_against(conn: psycopg.Connection, ctx: Context, label: str, against: Ag
     or stage B's."""
     if against == "stage_b":
         return diff_partition(conn, ctx, ctx.stage("a"), ctx.stage("b"), label, limit)
-    right, as_text = ctx.engine.compared(conn, ctx, label, version)
+    right, as_text = staged(ctx).compared(conn, ctx, label, version)
     return diff_partition(conn, ctx, ctx.stage("a"), right, label, limit, right_as_text=as_text)

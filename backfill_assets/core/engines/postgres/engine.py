@@ -18,6 +18,7 @@ from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.postgres import planned, review, snapshot, stages
 from backfill_assets.core.engines.postgres.diff import diff_against
 from backfill_assets.core.engines.postgres.resolve import resolve
+from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.engines.postgres.watch import WatchState, watch_tick
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
@@ -94,7 +95,7 @@ class PostgresBuildEngine:
         after checking that stage A still holds the plan's rows (its seal, or a fingerprint)."""
         conn = self.conn
         # A target partition may be loaded into a temporary table (TargetEngine.compared).
-        with repeatable_read(conn, read_only=against != "target" or ctx.engine.compares_read_only):
+        with repeatable_read(conn, read_only=against != "target" or staged(ctx).compares_read_only):
             changed = stages.stage_partitions_changed(conn, ctx, "a", {label: stored.approved(label) for label in labels})
             if changed:
                 raise ApprovalError(

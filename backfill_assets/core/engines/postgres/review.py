@@ -14,6 +14,7 @@ from backfill_assets.core.differences import PartitionDiff, example_text
 from backfill_assets.core.engines.postgres.diff import diff_against, diff_counts, first_added, rows_per_partition
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.snapshot import copy_problem, immutable_source_changes
+from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.engines.postgres.stages import stage_partitions_changed
 from backfill_assets.core.errors import ApprovalError, VerificationError
 from backfill_assets.core.pg.db import repeatable_read
@@ -94,14 +95,14 @@ def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan, first: int 
     removed, changed and unchanged (core.diff), read in one read-only snapshot; with ``first``,
     up to that many differing keys (``"first"``: key, kind and the columns that differ, no
     values)."""
-    with repeatable_read(conn, read_only=ctx.engine.compares_read_only):
-        if ctx.engine.relation is None:  # a lake partition is loaded into a temporary table, one at a time
+    with repeatable_read(conn, read_only=staged(ctx).compares_read_only):
+        if staged(ctx).relation is None:  # a lake partition is loaded into a temporary table, one at a time
             return {d.partition: _change(d, first) for d in
                     (diff_against(conn, ctx, label, "target", first) for label in stored.labels)}
         # The target is a table here. A partition it holds no row of is stage A's rows, all
         # added: counted, not joined. The others: one join over all of them for the counts, or,
         # with first keys asked for, one per partition, which gives both.
-        target, stage = ctx.engine.relation, ctx.stage("a")
+        target, stage = staged(ctx).relation, ctx.stage("a")
         in_target = rows_per_partition(conn, ctx, target, stored.labels)
         out = {}
         for label, n in rows_per_partition(conn, ctx, stage, [lb for lb in stored.labels if not in_target[lb]]).items():

@@ -19,6 +19,7 @@ from psycopg import sql
 
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.postgres.resolve import resolve
+from backfill_assets.core.engines.postgres.staged import keys_relation, staged
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
 from backfill_assets.core.fingerprint.partition import partitions_digest, rows_digest
@@ -62,7 +63,7 @@ def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     """Row count and hash of the versions of the scope's keys that lie outside its partitions
     (records that can move), read from a source-shaped relation."""
     spec = ctx.spec
-    where = sqlbuild.outside_scope(rel, ctx.keys_relation, spec.partition_key, spec.business_key)
+    where = sqlbuild.outside_scope(rel, keys_relation(ctx), spec.partition_key, spec.business_key)
     params = {"partitions": ctx.partitions}
     rows, digest = rows_digest(conn, rel, ctx.inspection.source_columns, where, params, utf8=ctx.utf8)
     return {"row_count": rows, "content_hash": digest}
@@ -184,8 +185,8 @@ def take_snapshot(
     requested = ctx.labels
     with transient_errors("taking the snapshot"), repeatable_read(conn):
         if spec.records_can_move:
-            ctx = ctx.engine.with_target_keys(conn, ctx)  # the target's keys, for this transaction's SQL
-            scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys(), ctx.keys_relation)
+            ctx = staged(ctx).with_target_keys(conn, ctx)  # the target's keys, for this transaction's SQL
+            scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys(), keys_relation(ctx))
             ctx.engine.check_partitions(scope.partitions)  # the partitions moved keys add must be writable too
             ctx = dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
             if scope.added:
@@ -266,7 +267,7 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: Context, progress: Progress) -
     conn.execute(sqlbuild.create_empty_copy(pending, src, names, unlogged=True))
     if spec.records_can_move:
         query, params = sqlbuild.copy_scope(
-            pending, src, ctx.keys_relation, names, spec.partition_key, spec.business_key, ctx.partitions
+            pending, src, keys_relation(ctx), names, spec.partition_key, spec.business_key, ctx.partitions
         )
     else:
         query, params = sqlbuild.copy_partitions(pending, src, names, spec.partition_key, ctx.partitions)

@@ -17,6 +17,7 @@ from backfill_assets.core.engines.postgres.snapshot import (
     copy_problem,
     immutable_source_changes,
 )
+from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.errors import SnapshotError, StageError, VerificationError
 from backfill_assets.core.fingerprint.partition import written
 from backfill_assets.core.fingerprint.rows import Fingerprint
@@ -43,7 +44,7 @@ def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableR
         unique = conn.execute(*sqlbuild.has_unique_index(stage)).fetchone()
         if current != expected or not (unique and unique[0]):
             conn.execute(sqlbuild.drop_table(stage))
-            conn.execute(ctx.engine.stage_table(ctx, stage))
+            conn.execute(staged(ctx).stage_table(ctx, stage))
             made = [(c.name, c.type_name) for c in table_columns(conn, stage)]
             if made != expected:  # the input's types as a table differ from its description
                 raise StageError(

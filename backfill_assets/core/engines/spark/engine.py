@@ -32,7 +32,6 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from backfill_assets.core.build import SourceMoves, StagesNow
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.engines.spark.inspect import fields_of, inspect, resolve
@@ -49,18 +48,17 @@ from backfill_assets.core.engines.spark.stages import (
     stage_dir,
     stage_readings,
 )
-from backfill_assets.core.errors import ApprovalError, SpecError, StageError, VerificationError
+from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare
-from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.engine import lake_engine_for
+from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
 from backfill_assets.core.lake.target import StagedLakeTarget
-from backfill_assets.core.lake.watch import lake_changes
 from backfill_assets.core.pg.db import ConnectionFactory
-from backfill_assets.core.pinned import LakeSnapshot, keys_detail, load_snapshot, require_pin, require_plan_pin
-from backfill_assets.core.planning import compare_readings, require_ready, spec_document_drift
+from backfill_assets.core.pinned import LakeSnapshot, keys_detail, require_plan_pin
+from backfill_assets.core.planning import compare_readings
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionRequest
 
@@ -71,15 +69,13 @@ class SparkTarget(StagedLakeTarget):
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
-        engine = ctx.engine
-        assert isinstance(engine, LakeEngine)
-        super().__init__(conn, control, ctx, engine.table(control), checkpoint)
+        super().__init__(conn, control, ctx, lake_engine_for(ctx.spec).table(control), checkpoint)
 
     def read_stage(self, label: str) -> pa.Table:
         return arrow_stage(self.ctx, "a", label)
 
 
-class SparkBuildEngine:
+class SparkBuildEngine(PinnedBuildEngine):
     """The Spark build engine (core.build.BuildEngine): the source pinned, both stages built
     in Spark; plans, approvals and the ledger in the control store (``control``). For approval
     and apply, Spark is started only where a seal does not hold (the stage is then
@@ -94,7 +90,7 @@ class SparkBuildEngine:
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
                  source: SparkSource) -> None:
-        self.conn, self.control, self.factory, self.spec, self.source = conn, control, factory, spec, source
+        super().__init__(conn, control, factory, spec, source)
         self._target: SparkTarget | None = None
         self._session: Any | None = None
 
@@ -125,10 +121,11 @@ class SparkBuildEngine:
     def take_snapshot(self, ctx: Context, clock: Clock, progress: Progress) -> tuple[LakeSnapshot, Context]:
         return take_snapshot(self.control, ctx, self.source, self.session, clock, progress)
 
-    def load_snapshot(self, snapshot_id: str) -> tuple[LakeSnapshot, Context]:
-        snapshot, ctx = load_snapshot(self.control, self.resolve, self.spec, snapshot_id)
-        require_pin(self.source, self.spec, snapshot, ctx)
-        return snapshot, ctx
+    def stage_now(self, ctx: Context, variant: str) -> list[Fingerprint]:
+        if not stage_dir(self.spec, variant).is_dir():
+            raise StageError(f"stage {variant.upper()} of spec {self.spec.name} has never been built; materialize "
+                             "both stages first")
+        return stage_readings(self.session, ctx, variant, ctx.partitions)
 
     def build_both(self, ctx: Context, snapshot: LakeSnapshot, clock: Clock,
                    progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
@@ -139,34 +136,7 @@ class SparkBuildEngine:
         reports = snapshot.reports if snapshot.reports is not None else input_reports(self.session, ctx, snapshot, self.source)
         return finish_plan(self.control, ctx, snapshot, self.session, reports, a, b, clock, progress)
 
-    def stages_now(self, labels: list[str]) -> StagesNow:
-        spec = self.spec
-        if not store.control_ready(self.control, spec.control_schema):
-            raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
-        ctx = self.resolve(labels)
-        now = {}
-        for v in ("a", "b"):
-            if not stage_dir(spec, v).is_dir():
-                raise StageError(f"stage {v.upper()} of spec {spec.name} has never been built; materialize both "
-                                 "stages first")
-            now[v] = dict(zip(ctx.labels, stage_readings(self.session, ctx, v, ctx.partitions)))
-        built = {v: store.builds(self.control, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
-        return StagesNow(ctx, now, built)
-
-    def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
-        changed = lake_changes(self.control, self.spec)
-        return SourceMoves(changed, None, f"{len(changed)} partition(s) changed since their snapshot")
-
-    def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Any, limit: int) -> list[Any]:
-        raise SpecError(self.REFUSES["diff"])
-
     # -- approval and apply ---------------------------------------------------------------
-    def unchanged_spec(self, stored: Plan) -> Context:
-        require_ready(stored)
-        ctx = self.resolve(stored.labels)
-        spec_document_drift(ctx, stored)
-        return ctx
-
     def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
         spec = self.spec
         wanted = stored.labels if partitions is None else partitions

@@ -15,7 +15,7 @@ from backfill_assets.core.engines.spark.session import column_info, unsupported
 from backfill_assets.core.engines.spark.source import SparkSource
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.fingerprint import rows
-from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
@@ -82,9 +82,7 @@ def inspect(conn: psycopg.Connection | None, spec: Spec, source: SparkSource, se
             by_name[name] = info
     if problems:
         return inspection, transform
-    engine = engine_for(spec)
-    assert isinstance(engine, LakeEngine)
-    engine.inspect_table(conn, inspection, by_name)  # type: ignore[arg-type]
+    lake_engine_for(spec).inspect_table(conn, inspection, by_name)  # type: ignore[arg-type]
     return inspection, transform
 
 

@@ -3,13 +3,15 @@ formats it writes, the spec options and the engine settings it takes.
 
 An allow-list: the spec refuses at load time whatever the engine's :class:`Supports` does not
 name (core.spec), with what the engine does support in the message. Each engine declares its
-own in ``core/engines/<type>/supports.py``, with the class of its build engine; a new engine
-is one more such module and one line in core.engines.registry. Nothing here imports an
-engine's libraries.
+own, as data, in its folder (``core/engines/<type>/supports.toml``), with the class of its
+build engine; :data:`ENGINE_TYPES` names them, one line per engine. Reading them imports no
+engine: a spec never loads an engine's libraries.
 """
 
 from __future__ import annotations
 
+import importlib.resources
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -76,7 +78,7 @@ def engine_problems(supports: Supports, source: str, target: str, options: Itera
     """What ``supports`` refuses of a spec that reads a ``source`` format, writes a ``target``
     format and uses ``options``: each problem names what is refused and what the engine
     supports (an option that needs other sources is not named again when the source itself is
-    refused). ``engines`` (every engine's, core.engines.registry) tell which engine would take
+    refused). ``engines`` (every engine's, core.supports) tell which engine would take
     a refused format."""
     problems = []
     label = _label(supports.engine)
@@ -154,3 +156,32 @@ def _both(items: Sequence[str]) -> str:
 def _joined(items: Sequence[str], word: str) -> str:
     items = list(items)
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {word} {items[-1]}"
+
+
+# The build engines, by ``engine.type``, in the order messages list them. A new engine is one
+# line here and its folder (docs/engines.md).
+ENGINE_TYPES = ("postgres", "duckdb", "spark")
+
+
+def _option(data: Mapping[str, object]) -> Option:
+    if data.get("refused"):
+        return refused(str(data["refused"]), yet=bool(data.get("yet", False)))
+    return supported(*[str(n) for n in data.get("needs", [])], why=str(data.get("why", "")))  # type: ignore[union-attr]
+
+
+def declared(engine: str) -> Supports:
+    """What ``engine`` declares it supports (its ``supports.toml``)."""
+    path = importlib.resources.files("backfill_assets.core.engines").joinpath(engine, "supports.toml")
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    if data.get("engine") != engine:
+        raise ValueError(f"{path} declares engine {data.get('engine')!r}, not {engine!r}")
+    return Supports(
+        engine=engine, builds=data["builds"], sources=tuple(data["sources"]), targets=tuple(data["targets"]),
+        reads=data["reads"], writes=data["writes"], settings=tuple(data.get("settings", ())),
+        options={name: _option(o) for name, o in data.get("options", {}).items()},
+        notes=dict(data.get("notes", {})),
+    )
+
+
+# Every engine's allow-list by its ``engine.type``, read once.
+SUPPORTS: dict[str, Supports] = {engine: declared(engine) for engine in ENGINE_TYPES}

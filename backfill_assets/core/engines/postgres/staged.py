@@ -1,0 +1,57 @@
+"""What the PostgreSQL build engine asks of a target beyond what every step asks
+(core.context.TargetEngine): its stage lives in PostgreSQL, so the target gives the stage
+table its types, the target's keys are read in SQL, and a partition of the target is compared
+with the stage in SQL. Every target the postgres engine's allow-list names answers these
+(core.engines.postgres.target.PostgresEngine, core.lake.engine.LakeEngine)."""
+
+from __future__ import annotations
+
+from typing import Protocol, cast
+
+import psycopg
+from psycopg import sql
+
+from backfill_assets.core.context import Context, TargetEngine
+from backfill_assets.core.vocabulary import TableRef
+
+
+class StagedTarget(TargetEngine, Protocol):
+    """A target as the PostgreSQL build engine asks it."""
+
+    # The target as a table of the data database, where it is one (PostgreSQL), else None:
+    # read in place by the moved-records scope and the readings' index check.
+    relation: TableRef | None
+    # Whether a comparison with the target (diff, a review's preview) may run in a read-only
+    # transaction (False where a partition is loaded into a temporary table first).
+    compares_read_only: bool
+
+    def stage_table(self, ctx: Context, stage: TableRef) -> sql.Composed:
+        """The statement that creates an empty stage with the target's column types."""
+        ...
+
+    def with_target_keys(self, conn: psycopg.Connection, ctx: Context) -> Context:
+        """``ctx`` with the target's (partition key, business key) pairs readable in SQL in the
+        caller's transaction (core.moves), for records_can_move."""
+        ...
+
+    def compared(self, conn: psycopg.Connection, ctx: Context, label: str,
+                 version: str | None = None) -> tuple[TableRef, bool]:
+        """One partition of the target as a relation for core.diff, and whether its columns
+        are the canonical text forms (a lake partition loaded at ``version``)."""
+        ...
+
+
+def staged(ctx: Context) -> StagedTarget:
+    """The context's target engine, as the PostgreSQL build engine asks it (the engine's
+    allow-list names only targets that answer :class:`StagedTarget`)."""
+    return cast(StagedTarget, ctx.engine)
+
+
+def keys_relation(ctx: Context) -> TableRef:
+    """Where the target's (partition key, business key) pairs are read in SQL: the target's
+    own table, or its keys loaded for the snapshot (:meth:`StagedTarget.with_target_keys`)."""
+    if ctx.target_keys is not None:
+        return ctx.target_keys
+    relation = staged(ctx).relation
+    assert relation is not None, "the engine loads the keys (with_target_keys) first"
+    return relation

@@ -1,0 +1,71 @@
+"""What the DuckDB and Spark build engines share (core.build.BuildEngine): a source pinned at
+a version (core.pinned), so a recorded snapshot holds only while its pin can still be read
+exactly, the sensor asks the lake's metadata which partitions moved (core.lake.watch), and
+both stages and the builds' records are read without building anything. Each engine adds its
+own reading of a stage (``stage_now``) and everything that runs in it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from backfill_assets.core.build import SourceMoves, StagesNow
+from backfill_assets.core.context import Context
+from backfill_assets.core.differences import Against, PartitionDiff
+from backfill_assets.core.errors import SpecError, StageError
+from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.lake.watch import lake_changes
+from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.pinned import LakeSnapshot, PinnedSource, load_snapshot, require_pin
+from backfill_assets.core.planning import require_ready, spec_document_drift
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.store import control as store
+from backfill_assets.core.store.plan_document import Plan
+from backfill_assets.core.vocabulary import PartitionRequest
+
+
+class PinnedBuildEngine:
+    """The part of a build engine over a pinned source that does not depend on where the
+    builds run; plans, approvals and the ledger are in the control store (``control``)."""
+
+    REFUSES: dict[str, str] = {}
+
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory,
+                 spec: Spec, source: PinnedSource) -> None:
+        self.conn, self.control, self.factory, self.spec, self.source = conn, control, factory, spec, source
+
+    def resolve(self, request: PartitionRequest | list[str]) -> Context:
+        raise NotImplementedError
+
+    def stage_now(self, ctx: Context, variant: str) -> list[Fingerprint]:
+        """One stage's readings of the context's partitions as they are now (StageError: the
+        stage was never built)."""
+        raise NotImplementedError
+
+    def load_snapshot(self, snapshot_id: str) -> tuple[LakeSnapshot, Context]:
+        snapshot, ctx = load_snapshot(self.control, self.resolve, self.spec, snapshot_id)
+        require_pin(self.source, self.spec, snapshot, ctx)
+        return snapshot, ctx
+
+    def stages_now(self, labels: list[str]) -> StagesNow:
+        spec = self.spec
+        if not store.control_ready(self.control, spec.control_schema):
+            raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
+        ctx = self.resolve(labels)
+        now = {v: dict(zip(ctx.labels, self.stage_now(ctx, v))) for v in ("a", "b")}
+        built = {v: store.builds(self.control, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
+        return StagesNow(ctx, now, built)
+
+    def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
+        changed = lake_changes(self.control, self.spec)
+        return SourceMoves(changed, None, f"{len(changed)} partition(s) changed since their snapshot")
+
+    def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
+        raise SpecError(self.REFUSES["diff"])
+
+    def unchanged_spec(self, stored: Plan) -> Context:
+        require_ready(stored)
+        ctx = self.resolve(stored.labels)
+        spec_document_drift(ctx, stored)
+        return ctx

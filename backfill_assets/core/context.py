@@ -139,6 +139,18 @@ class Target(Protocol):
         ...
 
 
+class TransformGuard(Protocol):
+    """A build engine's guard of ``transform_sql``, as a target's inspection asks it."""
+
+    def parsed(self, text: str) -> str:
+        """The transform re-printed, if the guard's parser accepts it (TransformError)."""
+        ...
+
+    def check(self, conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:
+        """The (parsed) transform against the catalog the source lives in (TransformError)."""
+        ...
+
+
 class TargetEngine(Protocol):
     """What the steps ask of a spec's target: every step is written once, and where it needs
     the target it asks this. One per resolved spec, chosen by ``target.format``
@@ -149,17 +161,6 @@ class TargetEngine(Protocol):
     core.lake.engine.lake_engine_for)."""
 
     spec: Spec
-
-    def inspect(self, conn: psycopg.Connection, transform: str | None) -> Inspection:
-        """Inspect source and target read-only, collecting every problem (a build engine's resolve).
-        ``transform``: the parsed transform_sql (None: the spec's, or none)."""
-        ...
-
-    def check(self, conn: psycopg.Connection, inspection: Inspection, partitions: list[PartitionValue],
-              transform: str | None) -> None:
-        """What resolving must check after the partitions are known (the transform against
-        the catalog; partition values the target can be written with). Raises SpecError."""
-        ...
 
     def check_partitions(self, partitions: list[PartitionValue]) -> None:
         """Partitions the moved-records scope adds must be writable too. Raises SpecError."""

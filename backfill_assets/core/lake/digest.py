@@ -157,9 +157,9 @@ def readings(table: pa.Table, fields: Sequence[tuple[str, str]], business_key: S
     # DuckDB scans an Arrow table in parallel by its record batches: a partition handed over as
     # one batch would be hashed on one core (measured: twice as long on two cores).
     table = pa.Table.from_batches(table.to_batches(max_chunksize=_BATCH_ROWS), schema=table.schema)
-    with _connection() as con:
-        con.register("partition_rows", table)  # a view of this connection only
-        row = con.execute(digest_sql("partition_rows", fields, business_key, float_keys)).fetchone()
+    with _connection() as duck:
+        duck.register("partition_rows", table)  # a view of this connection only
+        row = duck.execute(digest_sql("partition_rows", fields, business_key, float_keys)).fetchone()
     assert row is not None
     count, null_keys, duplicates, *sums = row
     return int(count), int(null_keys), int(duplicates), [int(s or 0) for s in sums]

@@ -22,8 +22,7 @@ import pyarrow.csv as pcsv
 from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo, Inspection, check_total, partition_kind_of
-from backfill_assets.core.context import Checkpoint, Context, Target, no_checkpoint
-from backfill_assets.core.engines.postgres.guard.transform import validate_transform_text
+from backfill_assets.core.context import Checkpoint, Context, Target, TransformGuard, no_checkpoint
 from backfill_assets.core.errors import SourceDataError, SpecError
 from backfill_assets.core.lake.arrow import canonical_texts
 from backfill_assets.core.lake.kinds import lake_type
@@ -34,7 +33,6 @@ from backfill_assets.core.pg.catalog import describe_query, inspect_source
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import ENGINES
-from backfill_assets.core.targets.common import check_transform
 from backfill_assets.core.vocabulary import PartitionValue, TableRef
 
 _ROWS_PER_SLICE = 65_536  # rows written as CSV at a time by _copy_csv
@@ -101,15 +99,15 @@ class LakeEngine:
         names it."""
         return None
 
-    def inspect(self, conn: psycopg.Connection, transform: str | None) -> Inspection:
+    def inspect(self, conn: psycopg.Connection, transform: str | None, guard: TransformGuard) -> Inspection:
         """The source, then the stage's types as the source or the validated transform gives
         them, and the lake table (:meth:`_inspect_table`)."""
         spec = self.spec
         inspection = inspect_source(conn, spec)
         if not inspection.problems:
             if transform is None and spec.transform_sql is not None:
-                transform = validate_transform_text(spec.transform_sql)
-            check_transform(conn, spec, inspection, transform)
+                transform = guard.parsed(spec.transform_sql)
+            guard.check(conn, spec, inspection, transform)
             self._inspect_table(conn, inspection, transform)
         return inspection
 
@@ -165,7 +163,7 @@ class LakeEngine:
                                             [spec.partition_key], catalog)
 
     def check(self, conn: psycopg.Connection, inspection: Inspection, partitions: list[PartitionValue],
-              transform: str | None) -> None:
+              transform: str | None, guard: TransformGuard) -> None:
         self.check_partitions(partitions)  # the transform was checked by inspect
 
     def check_partitions(self, partitions: list[PartitionValue]) -> None:

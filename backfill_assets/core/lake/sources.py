@@ -24,7 +24,7 @@ import json
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
@@ -35,6 +35,9 @@ from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pinned import Pin
 from backfill_assets.core.spec import DeltaSourceSpec, IcebergSourceSpec, LakeSourceSpec, ParquetSourceSpec, Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 # The relation the pinned rows are visible as, on the connection that reads them.
 SOURCE_ROWS = "source_rows"
@@ -71,7 +74,7 @@ class LakeSource:
         listings (a Parquet folder's files are hashed again)."""
         raise NotImplementedError
 
-    def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+    def attach(self, duck: DuckDBPyConnection, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
         """Make the partitions ``values`` of ``pin`` readable as :data:`SOURCE_ROWS` on the
         DuckDB connection ``con`` (its own: each build reads the source on its own).
 
@@ -80,12 +83,12 @@ class LakeSource:
         """
         raise NotImplementedError
 
-    def attach_all(self, con: Any, pin: Pin) -> None:
+    def attach_all(self, duck: DuckDBPyConnection, pin: Pin) -> None:
         """Every partition of ``pin`` as :data:`SOURCE_ROWS` on ``con`` (where moved keys'
         newest versions are looked for; a Parquet pin holds only its partitions' files)."""
         raise SpecError(f"records_can_move needs every partition of the source: {self.name} cannot give them")
 
-    def attach_schema(self, con: Any) -> None:
+    def attach_schema(self, duck: DuckDBPyConnection) -> None:
         """Make the source's newest columns readable as :data:`SOURCE_ROWS` on ``con``, without
         rows (what inspection describes)."""
         raise NotImplementedError
@@ -164,21 +167,21 @@ class DeltaSource(LakeSource):
                     return f"data file {path} is gone (vacuumed?)"
         return None
 
-    def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+    def attach(self, duck: DuckDBPyConnection, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
         table, why = self._at(pin)
         if table is None:
             raise _plan_again(self.name, pin, why or "")
         dataset = _dataset(table, self.name)
-        con.register(SOURCE_ROWS, dataset.filter(pads.field(partition_key).isin(list(values))))
+        duck.register(SOURCE_ROWS, dataset.filter(pads.field(partition_key).isin(list(values))))
 
-    def attach_schema(self, con: Any) -> None:
-        con.register(SOURCE_ROWS, _dataset(self._table(), self.name).schema.empty_table())
+    def attach_schema(self, duck: DuckDBPyConnection) -> None:
+        duck.register(SOURCE_ROWS, _dataset(self._table(), self.name).schema.empty_table())
 
-    def attach_all(self, con: Any, pin: Pin) -> None:
+    def attach_all(self, duck: DuckDBPyConnection, pin: Pin) -> None:
         table, why = self._at(pin)
         if table is None:
             raise _plan_again(self.name, pin, why or "")
-        con.register(SOURCE_ROWS, _dataset(table, self.name))
+        duck.register(SOURCE_ROWS, _dataset(table, self.name))
 
     def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
         table, why = self._at(pin)
@@ -238,7 +241,7 @@ class IcebergSource(LakeSource):
                 return f"file {path} is gone"
         return None
 
-    def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+    def attach(self, duck: DuckDBPyConnection, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
         # The step checked the pin's files (unreadable); only an expiry since then is looked for here.
         handle = self._handle()
         if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
@@ -247,18 +250,18 @@ class IcebergSource(LakeSource):
             data = handle.schema().as_arrow().empty_table()
         else:
             data = handle.scan(snapshot_id=int(pin.version), row_filter=self._filter(partition_key, values)).to_arrow()
-        con.register(SOURCE_ROWS, data)
+        duck.register(SOURCE_ROWS, data)
 
-    def attach_schema(self, con: Any) -> None:
-        con.register(SOURCE_ROWS, self._handle().schema().as_arrow().empty_table())
+    def attach_schema(self, duck: DuckDBPyConnection) -> None:
+        duck.register(SOURCE_ROWS, self._handle().schema().as_arrow().empty_table())
 
-    def attach_all(self, con: Any, pin: Pin) -> None:
+    def attach_all(self, duck: DuckDBPyConnection, pin: Pin) -> None:
         handle = self._handle()
         if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
             raise _plan_again(self.name, pin, "the snapshot was expired")
         data = (handle.schema().as_arrow().empty_table() if pin.version == "none"
                 else handle.scan(snapshot_id=int(pin.version)).to_arrow())
-        con.register(SOURCE_ROWS, data)
+        duck.register(SOURCE_ROWS, data)
 
     def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
         pin = self.latest(partition_key, values)
@@ -331,7 +334,7 @@ class ParquetSource(LakeSource):
                 return f"file {path} was rewritten"
         return "its files changed"
 
-    def attach(self, con: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+    def attach(self, duck: DuckDBPyConnection, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
         # The files were hashed against the pin by the step (unreadable) before any attach;
         # approval hashes them again before anything is written.
         if any(not (self.root / f[0]).is_file() for f in pin.files):
@@ -341,15 +344,15 @@ class ParquetSource(LakeSource):
             raise SnapshotError(f"source {self.name} has no Parquet file in partition(s) "
                                 f"{', '.join(partition_label(v) for v in values)}; check the partitions and the folder")
         # hive_partitioning: the partition key comes from the folder names, typed by DuckDB.
-        con.register(SOURCE_ROWS, con.read_parquet(files, hive_partitioning=True))  # this connection's only
+        duck.register(SOURCE_ROWS, duck.read_parquet(files, hive_partitioning=True))  # this connection's only
 
-    def attach_schema(self, con: Any) -> None:
+    def attach_schema(self, duck: DuckDBPyConnection) -> None:
         if not self.root.is_dir():
             raise SpecError(f"source {self.name} is not a folder; check source.location")
         first = next((p for p in sorted(self.root.rglob("*.parquet")) if p.is_file()), None)
         if first is None:
             raise SpecError(f"source {self.name} holds no Parquet file; check source.location")
-        con.register(SOURCE_ROWS, con.read_parquet(str(first), hive_partitioning=True).limit(0))
+        duck.register(SOURCE_ROWS, duck.read_parquet(str(first), hive_partitioning=True).limit(0))
 
     def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
         """Per partition, a digest of its files' paths and sizes (no file is read: a file

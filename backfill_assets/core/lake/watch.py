@@ -13,7 +13,7 @@ from __future__ import annotations
 import psycopg
 
 from backfill_assets.core.catalog import partition_kind_of
-from backfill_assets.core.engines.duckdb.inspect import column_info, source_types
+from backfill_assets.core.lake.duck_types import column_info, source_types
 from backfill_assets.core.lake.sources import LakeSource, Pin, lake_source
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
@@ -55,9 +55,9 @@ def lake_changes(conn: psycopg.Connection, spec: Spec) -> dict[str, str]:
 def _kind(spec: Spec, source: LakeSource) -> PartitionKind:
     """The partition key's kind, from the source's schema (metadata only)."""
     import duckdb
-    with duckdb.connect() as con:
-        source.attach_schema(con)
-        types = dict(source_types(con))
+    with duckdb.connect() as duck:
+        source.attach_schema(duck)
+        types = dict(source_types(duck))
     info = column_info(spec.partition_key, types.get(spec.partition_key, ""))
     kind = None if info is None else partition_kind_of(info, [])
     return kind or "text"

@@ -1,7 +1,6 @@
 """What every engine shares: the locks that keep other backfills of a target's partitions
 out (session advisory locks in the control store, the PostgreSQL that keeps plans, approvals
-and the ledger, whatever the target's engine), and the transform's check against the
-catalog."""
+and the ledger, whatever the target's engine)."""
 
 from __future__ import annotations
 
@@ -10,12 +9,9 @@ from collections.abc import Iterator
 
 import psycopg
 
-from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Context
-from backfill_assets.core.engines.postgres.guard.transform import validate_transform_in_catalog
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.db import transient_errors
-from backfill_assets.core.spec import Spec
 
 
 @contextlib.contextmanager
@@ -50,14 +46,3 @@ class AdvisoryLocked:
     def locked(self, labels: list[str]) -> Iterator[None]:
         with partition_advisory_locks(self.control, self.ctx, labels):
             yield
-
-
-def check_transform(conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:
-    """The (parsed) transform_sql against the catalog: the columns, relations and functions it
-    reads (core.engines.postgres.guard.transform). Raises TransformError."""
-    if transform is not None:
-        validate_transform_in_catalog(
-            conn, spec.source_ref, [c.name for c in inspection.source_columns],
-            spec.partition_key, spec.input_columns, transform, original=spec.transform_sql,
-            trusted_functions=spec.trusted_functions,
-        )

@@ -21,12 +21,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.errors import TransientDatabaseError
 from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.spec import Spec
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 _RETRY_SECONDS = 0.1
 
@@ -101,6 +104,6 @@ def database(spec: Spec) -> Iterator[Any]:
                 entry[0].close()
 
 
-def cursor(db: Any) -> Any:
+def cursor(db: DuckDBPyConnection) -> Any:
     """A connection of its own to ``db`` (a DuckDB cursor: one per thread)."""
     return db.cursor()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
@@ -61,6 +61,9 @@ from backfill_assets.core.spec import Spec
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionRequest
 
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
 
 @contextlib.contextmanager
 def opened(spec: Spec, control: psycopg.Connection) -> Iterator[tuple[LakeSource, Any]]:
@@ -76,7 +79,7 @@ def opened(spec: Spec, control: psycopg.Connection) -> Iterator[tuple[LakeSource
 class DuckLakeTarget(StagedLakeTarget):
     """A lake target whose approved rows come from stage A in DuckDB (targets.lake.StagedLakeTarget)."""
 
-    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, db: Any,
+    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, db: DuckDBPyConnection,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
         super().__init__(conn, control, ctx, lake_engine_for(ctx.spec).table(control), checkpoint)
         self.db = db
@@ -84,8 +87,8 @@ class DuckLakeTarget(StagedLakeTarget):
     def read_stage(self, label: str) -> pa.Table:
         spec = self.ctx.spec
         query = statements.stage_rows(stage_name(spec, "a"), spec.columns, spec.partition_key, spec.business_key)
-        with contextlib.closing(cursor(self.db)) as con:
-            data = con.sql(query, params={"partition": self.ctx.value_of(label)}).to_arrow_table()
+        with contextlib.closing(cursor(self.db)) as duck:
+            data = duck.sql(query, params={"partition": self.ctx.value_of(label)}).to_arrow_table()
         return data.cast(lake_schema(self.ctx.target_columns))
 
 
@@ -102,7 +105,7 @@ class DuckBuildEngine(PinnedBuildEngine):
     }
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
-                 source: LakeSource, db: Any) -> None:
+                 source: LakeSource, db: DuckDBPyConnection) -> None:
         super().__init__(conn, control, factory, spec, source)
         self.db = db
         self._target: DuckLakeTarget | None = None  # the target apply opened (its recheck reads the stage)
@@ -117,22 +120,22 @@ class DuckBuildEngine(PinnedBuildEngine):
 
     # -- the plan side ----------------------------------------------------------------------
     def inspect(self) -> Inspection:
-        with contextlib.closing(cursor(self.db)) as con:
-            return inspect(self.control, self.spec, self.source, con)[0]
+        with contextlib.closing(cursor(self.db)) as duck:
+            return inspect(self.control, self.spec, self.source, duck)[0]
 
     def resolve(self, request: PartitionRequest | list[str]) -> Context:
-        with contextlib.closing(cursor(self.db)) as con:
-            return resolve(self.control, self.spec, request, self.source, con)
+        with contextlib.closing(cursor(self.db)) as duck:
+            return resolve(self.control, self.spec, request, self.source, duck)
 
     def take_snapshot(self, ctx: Context, clock: Clock, progress: Progress) -> tuple[LakeSnapshot, Context]:
         return take_snapshot(self.control, ctx, self.source, self.db, clock, progress)
 
     def stage_now(self, ctx: Context, variant: str) -> list[Fingerprint]:
         spec, stage = self.spec, stage_name(self.spec, variant)
-        with contextlib.closing(cursor(self.db)) as con:
-            if not con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
+        with contextlib.closing(cursor(self.db)) as duck:
+            if not duck.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
                 raise StageError(f"stage {stage} has never been built; materialize both stages first")
-            return readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+            return readings_of(duck, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
                                ctx.partitions)
 
     def build_both(self, ctx: Context, snapshot: LakeSnapshot, clock: Clock,
@@ -149,19 +152,19 @@ class DuckBuildEngine(PinnedBuildEngine):
         """The partitions of stage A that no longer carry ``expected`` (by their seals, or
         fingerprinted in full where a seal does not hold: :func:`seals_hold`)."""
         spec = self.spec
-        with contextlib.closing(cursor(self.db)) as con:
-            if not con.execute(statements.TABLE_COLUMNS, {'table': stage_name(spec, "a")}).fetchall():
+        with contextlib.closing(cursor(self.db)) as duck:
+            if not duck.execute(statements.TABLE_COLUMNS, {'table': stage_name(spec, "a")}).fetchall():
                 raise ApprovalError(f"stage {stage_name(spec, 'a')} of spec {spec.name} does not exist in "
                                     f"{spec.engine.database or 'its DuckDB database'}; plan again")
-            return seals_hold(con, ctx, "a", expected)
+            return seals_hold(duck, ctx, "a", expected)
 
     def _stage_now(self, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
         spec = self.spec
         stage = stage_name(spec, "a")
-        with contextlib.closing(cursor(self.db)) as con:
-            if not con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
+        with contextlib.closing(cursor(self.db)) as duck:
+            if not duck.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
                 raise StageError(f"stage {stage} of spec {spec.name} does not exist in {spec.engine.database or 'its DuckDB database'}; plan again")
-            found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+            found = readings_of(duck, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
                                 [ctx.value_of(label) for label in labels])
         return {label: fp.as_dict() for label, fp in zip(labels, found)}
 
@@ -186,23 +189,23 @@ class DuckBuildEngine(PinnedBuildEngine):
         fields = fields_of(ctx.target_columns)
         try:
             handle = target.table.open()
-            with contextlib.closing(cursor(self.db)) as con:
+            with contextlib.closing(cursor(self.db)) as duck:
                 built = {label: stored.approved(label)["row_count"] for label in stored.labels}
                 for label in stored.labels:
                     value = ctx.value_of(label)
                     rows_now = (target.schema.empty_table() if handle is None
                                 else target.table.read(handle, spec.partition_key, [value]))
-                    con.register("target_rows", rows_now.select(list(spec.columns)))
+                    duck.register("target_rows", rows_now.select(list(spec.columns)))
                     if rows_now.num_rows == 0:  # an empty (or new) partition: every approved key is added
                         out[label] = {"added": built[label], "removed": 0, "changed": 0, "unchanged": 0}
                     else:
                         query = compare.change_counts(stage_name(spec, "a"), "target_rows", spec.partition_key,
                                                          spec.business_key, fields)
-                        added, removed, changed, unchanged = con.execute(query, {"partition": value}).fetchall()[0]
+                        added, removed, changed, unchanged = duck.execute(query, {"partition": value}).fetchall()[0]
                         out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
                                       "unchanged": int(unchanged)}
                     if first:
-                        rows = con.execute(compare.first_changes(
+                        rows = duck.execute(compare.first_changes(
                             stage_name(spec, "a"), "target_rows", spec.partition_key, spec.business_key, fields, first),
                             {"partition": value}).fetchall()
                         out[label]["first"] = compare.first_changes_json(rows, spec.business_key)
@@ -228,9 +231,9 @@ class DuckBuildEngine(PinnedBuildEngine):
         try:
             value = ctx.value_of(err.partition)
             data = self._target.table.read_version(version, spec.partition_key, [value])
-            with contextlib.closing(cursor(self.db)) as con:
-                con.register("committed_rows", data.select(list(spec.columns)))
-                keys = con.execute(compare.differing_keys(
+            with contextlib.closing(cursor(self.db)) as duck:
+                duck.register("committed_rows", data.select(list(spec.columns)))
+                keys = duck.execute(compare.differing_keys(
                     stage_name(spec, "a"), "committed_rows", spec.partition_key, spec.business_key,
                     fields_of(ctx.target_columns)), {"partition": value}).fetchall()
         except Exception:  # noqa: BLE001 - only an explanation failed; the verification error stands

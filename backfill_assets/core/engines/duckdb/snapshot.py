@@ -8,16 +8,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor
-from backfill_assets.core.engines.duckdb.inspect import source_types
 from backfill_assets.core.engines.duckdb.stages import fields_of
 from backfill_assets.core.errors import SourceDataError
+from backfill_assets.core.lake.duck_types import source_types
 from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
 from backfill_assets.core.lake.kinds import lake_schema
 from backfill_assets.core.lake.sources import SOURCE_ROWS, LakeSource
@@ -26,6 +26,9 @@ from backfill_assets.core.pinned import LakeSnapshot, Pin, record_snapshot
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
 TARGET_KEYS = "target_keys"  # the lake target's keys, registered for the moved keys' homes
 
 
@@ -33,7 +36,7 @@ def input_of(ctx: Context, source_names: Sequence[str]) -> Any:
     return statements.input_relation(source_names, ctx.spec.input_columns, ctx.transform)
 
 
-def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
+def check_source(duck: DuckDBPyConnection, ctx: Context) -> dict[str, tuple[int, int]]:
     """Refuse source data newest-wins cannot rebuild exactly, as the PostgreSQL engine does
     (core.engines.postgres.snapshot.check_source); return each partition's (rows read, rows with a NULL key).
 
@@ -43,9 +46,9 @@ def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
             NULL key, rows a transform moves outside the declared partitions.
     """
     spec = ctx.spec
-    relation = input_of(ctx, [name for name, _ in source_types(con)])
+    relation = input_of(ctx, [name for name, _ in source_types(duck)])
     params = {"partitions": list(ctx.partitions)}
-    outside = con.execute(statements.outside_partitions(relation, spec.partition_key), params).fetchall()
+    outside = duck.execute(statements.outside_partitions(relation, spec.partition_key), params).fetchall()
     if outside:
         raise SourceDataError(
             "the input has rows outside the declared partitions (the transform moves them, or they have a "
@@ -53,7 +56,7 @@ def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
             [f"partition {value}: {n} row(s)" for value, n in outside],
         )
     ordering = [o.column for o in spec.ordering]
-    counts = con.execute(statements.ordering_nulls(relation, spec.business_key, ordering)).fetchall()[0]
+    counts = duck.execute(statements.ordering_nulls(relation, spec.business_key, ordering)).fetchall()[0]
     undeclared = [f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, counts) if n and o.nulls is None]
     if undeclared:
         raise SourceDataError(
@@ -62,7 +65,7 @@ def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
             undeclared,
         )
     reports = {partition_label(p): (int(n), int(nulls))
-               for p, n, nulls in con.execute(statements.input_report(relation, spec.partition_key, spec.business_key)).fetchall()}
+               for p, n, nulls in duck.execute(statements.input_report(relation, spec.partition_key, spec.business_key)).fetchall()}
     keyless = [f"partition {label}: {n} row(s)" for label, (n, nulls) in reports.items() if n and nulls == n]
     if keyless:
         raise SourceDataError(
@@ -73,7 +76,7 @@ def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
     fields = fields_of(ctx.target_columns)  # the output rows decide whether tied rows differ
     # A key that can move has one newest version across partitions, so ties are per key.
     scope_key = None if spec.records_can_move else spec.partition_key
-    tied = con.execute(statements.tied_groups(relation, scope_key, spec.business_key, ordering, fields)).fetchall()
+    tied = duck.execute(statements.tied_groups(relation, scope_key, spec.business_key, ordering, fields)).fetchall()
     if tied:
         raise SourceDataError(
             f"rows tie on every ordering column ({', '.join(ordering)}) within a key but differ, so newest-wins would "
@@ -84,7 +87,7 @@ def check_source(con: Any, ctx: Context) -> dict[str, tuple[int, int]]:
     return reports
 
 
-def _target_keys(con: Any, control: psycopg.Connection, ctx: Context) -> str:
+def _target_keys(duck: DuckDBPyConnection, control: psycopg.Connection, ctx: Context) -> str:
     """The lake target's distinct (partition key, business key) pairs at its current version,
     registered on ``con`` (records_can_move: where a key lives now).
 
@@ -100,24 +103,24 @@ def _target_keys(con: Any, control: psycopg.Connection, ctx: Context) -> str:
             else table.read_columns(handle, names)
     finally:
         table.close()
-    con.register(TARGET_KEYS, data.group_by(names).aggregate([]).select(names))
+    duck.register(TARGET_KEYS, data.group_by(names).aggregate([]).select(names))
     refuse_keys_in_several_partitions(
-        spec, con.execute(statements.keys_in_several_partitions(TARGET_KEYS, spec.business_key)).fetchall())
+        spec, duck.execute(statements.keys_in_several_partitions(TARGET_KEYS, spec.business_key)).fetchall())
     return TARGET_KEYS
 
 
-def _moved_scope(control: psycopg.Connection, ctx: Context, source: LakeSource, db: Any, pin: Pin,
+def _moved_scope(control: psycopg.Connection, ctx: Context, source: LakeSource, db: DuckDBPyConnection, pin: Pin,
                  progress: Progress) -> Context:
     """records_can_move: the context with every partition a moved key leaves or enters added,
     to a fixed point, read at ``pin`` (every partition of it) and the target as it is now."""
     spec = ctx.spec
-    with contextlib.closing(cursor(db)) as con:
-        source.attach_all(con, pin)
-        keys = _target_keys(con, control, ctx)
+    with contextlib.closing(cursor(db)) as duck:
+        source.attach_all(duck, pin)
+        keys = _target_keys(duck, control, ctx)
         query = statements.key_homes(keys, spec.partition_key, spec.business_key, spec.ordering)
 
         def homes(partitions: list[PartitionValue]) -> list[tuple]:
-            return [tuple(r) for r in con.execute(query, {"partitions": partitions}).fetchall()]
+            return [tuple(r) for r in duck.execute(query, {"partitions": partitions}).fetchall()]
 
         scope = close_scope_with(spec, ctx.kind, ctx.partitions, homes)
     ctx.engine.check_partitions(scope.partitions)
@@ -126,7 +129,7 @@ def _moved_scope(control: psycopg.Connection, ctx: Context, source: LakeSource, 
     return dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
 
 
-def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource, db: Any, clock: Clock,
+def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource, db: DuckDBPyConnection, clock: Clock,
                   progress: Progress) -> tuple[LakeSnapshot, Context]:
     """Pin the source's newest version, count and check the declared partitions at it (with
     records_can_move, the partitions moved keys add too), and record the snapshot in the
@@ -137,13 +140,13 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
     progress(ProgressEvent("snapshot", f"pinned {spec.source_name} at version {pin.version[:16]}"))
     if spec.records_can_move:
         ctx = _moved_scope(control, ctx, source, db, pin, progress)
-    with contextlib.closing(cursor(db)) as con:
-        source.attach(con, pin, spec.partition_key, ctx.partitions)
-        names = set([name for name, _ in source_types(con)])
+    with contextlib.closing(cursor(db)) as duck:
+        source.attach(duck, pin, spec.partition_key, ctx.partitions)
+        names = set([name for name, _ in source_types(duck)])
         columns = [c for c in ctx.inspection.source_columns if c.name in names]
-        counts = {partition_label(p): int(n) for p, n in con.execute(
+        counts = {partition_label(p): int(n) for p, n in duck.execute(
             statements.partition_counts(SOURCE_ROWS, spec.partition_key), {"partitions": list(ctx.partitions)}).fetchall()}
-        reports = check_source(con, ctx)
+        reports = check_source(duck, ctx)
     # The pinned version cannot change, so its files name each partition's rows: their digest
     # is the partition's hash here (the rows themselves are fingerprinted in the stages).
     files = source.signature_at(pin, spec.partition_key, ctx.partitions)
@@ -151,9 +154,9 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
     return record_snapshot(control, ctx, pin, columns, parts, requested, reports, clock), ctx
 
 
-def input_reports(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSource) -> dict[str, tuple[int, int]]:
-    with contextlib.closing(cursor(db)) as con:
-        source.attach(con, snapshot.pin, ctx.spec.partition_key, ctx.partitions)
-        relation = input_of(ctx, [name for name, _ in source_types(con)])
-        found = con.execute(statements.input_report(relation, ctx.spec.partition_key, ctx.spec.business_key)).fetchall()
+def input_reports(db: DuckDBPyConnection, ctx: Context, snapshot: LakeSnapshot, source: LakeSource) -> dict[str, tuple[int, int]]:
+    with contextlib.closing(cursor(db)) as duck:
+        source.attach(duck, snapshot.pin, ctx.spec.partition_key, ctx.partitions)
+        relation = input_of(ctx, [name for name, _ in source_types(duck)])
+        found = duck.execute(statements.input_report(relation, ctx.spec.partition_key, ctx.spec.business_key)).fetchall()
     return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in found}

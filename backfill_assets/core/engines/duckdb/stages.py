@@ -9,7 +9,7 @@ import contextlib
 import json
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 
@@ -17,11 +17,12 @@ from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor
-from backfill_assets.core.engines.duckdb.inspect import described, source_types
+from backfill_assets.core.engines.duckdb.inspect import described
 from backfill_assets.core.fingerprint import rows
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare, digest
+from backfill_assets.core.lake.duck_types import source_types
 from backfill_assets.core.lake.sources import LakeSource
 from backfill_assets.core.pinned import LakeSnapshot, keys_detail, record_builds, record_plan
 from backfill_assets.core.planning import assemble
@@ -29,6 +30,9 @@ from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 
 def stage_name(spec: Spec, variant: str) -> str:
@@ -49,13 +53,13 @@ def _float_keys(columns: Sequence[ColumnInfo], business_key: Sequence[str]) -> l
     return [c.name for c in columns if c.name in business_key and rows.kind_of(c) == "double"]
 
 
-def readings_of(con: Any, relation: str, columns: Sequence[ColumnInfo], partition_key: str,
+def readings_of(duck: DuckDBPyConnection, relation: str, columns: Sequence[ColumnInfo], partition_key: str,
                 business_key: Sequence[str], total: str | None, values: Sequence[PartitionValue]) -> list[Fingerprint]:
     """The readings of each of ``values`` of a relation on ``con``, in that order, from one
     grouped aggregate (format 3, equal to PostgreSQL's for the same rows)."""
     query = digest.partition_digest_sql(relation, fields_of(columns), business_key, partition_key, total,
                                       _float_keys(columns, business_key))
-    found = {partition_label(r[0]): r for r in con.execute(query, {"partitions": list(values)}).fetchall()}
+    found = {partition_label(r[0]): r for r in duck.execute(query, {"partitions": list(values)}).fetchall()}
     out = []
     for value in values:
         row = found.get(partition_label(value))
@@ -69,44 +73,44 @@ def readings_of(con: Any, relation: str, columns: Sequence[ColumnInfo], partitio
     return out
 
 
-def _ensure_stage(con: Any, ctx: Context, variant: str, types: list[tuple[str, str]]) -> str:
+def _ensure_stage(duck: DuckDBPyConnection, ctx: Context, variant: str, types: list[tuple[str, str]]) -> str:
     """The stage table with the input's DuckDB types, (re)created when its columns differ."""
     stage = stage_name(ctx.spec, variant)
     wanted = [(n, t) for n, t in types if n in ctx.spec.columns]
     wanted.sort(key=lambda c: ctx.spec.columns.index(c[0]))
-    if [tuple(r) for r in con.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall()] != wanted:
-        con.execute(statements.create_stage(stage, wanted))
+    if [tuple(r) for r in duck.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall()] != wanted:
+        duck.execute(statements.create_stage(stage, wanted))
     return stage
 
 
-def build_stage(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSource, variant: Literal["a", "b"],
+def build_stage(db: DuckDBPyConnection, ctx: Context, snapshot: LakeSnapshot, source: LakeSource, variant: Literal["a", "b"],
                 progress: Progress) -> dict[str, Fingerprint]:
     """Build every partition of one stage on a connection of its own, reading the pinned
     source on its own; the partitions are replaced and fingerprinted in one transaction."""
     spec = ctx.spec
     out: dict[str, Fingerprint] = {}
     step, total = f"stage {variant}", len(ctx.partitions)
-    with contextlib.closing(cursor(db)) as con:
-        source.attach(con, snapshot.pin, spec.partition_key, ctx.partitions)
-        names = [name for name, _ in source_types(con)]
+    with contextlib.closing(cursor(db)) as duck:
+        source.attach(duck, snapshot.pin, spec.partition_key, ctx.partitions)
+        names = [name for name, _ in source_types(duck)]
         relation = statements.input_relation(names, spec.input_columns, ctx.transform)
-        stage = _ensure_stage(con, ctx, variant, described(con, relation, spec.input_columns))
+        stage = _ensure_stage(duck, ctx, variant, described(duck, relation, spec.input_columns))
         insert = statements.build_stage(variant, stage, relation, spec.columns, spec.partition_key, spec.business_key,
                                         spec.ordering, moving=spec.records_can_move)
         progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
         # Every partition in one transaction and three statements: DuckDB parallelises each one
         # over all the partitions, where a statement per partition would pay its start each time.
         params = {"partitions": list(ctx.partitions)}
-        con.begin()
+        duck.begin()
         try:
-            con.execute(statements.delete_partitions(stage, spec.partition_key), params)
-            con.execute(insert, params)
-            found = readings_of(con, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+            duck.execute(statements.delete_partitions(stage, spec.partition_key), params)
+            duck.execute(insert, params)
+            found = readings_of(duck, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
                                 ctx.partitions)
-            record_seals(con, ctx, variant, snapshot.snapshot_id, dict(zip(ctx.labels, found)))
-            con.commit()
+            record_seals(duck, ctx, variant, snapshot.snapshot_id, dict(zip(ctx.labels, found)))
+            duck.commit()
         except BaseException:
-            con.rollback()
+            duck.rollback()
             raise
         for n, (label, fp) in enumerate(zip(ctx.labels, found), 1):
             out[label] = fp
@@ -115,27 +119,27 @@ def build_stage(db: Any, ctx: Context, snapshot: LakeSnapshot, source: LakeSourc
     return out
 
 
-def _seals_now(con: Any, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> dict[str, tuple[int, str]]:
+def _seals_now(duck: DuckDBPyConnection, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> dict[str, tuple[int, str]]:
     spec = ctx.spec
     query = statements.seals(stage_name(spec, variant), spec.partition_key, fields_of(ctx.target_columns))
-    found = con.execute(query, {"partitions": list(values)}).fetchall()
+    found = duck.execute(query, {"partitions": list(values)}).fetchall()
     return {partition_label(value): (int(n), str(seal)) for value, n, seal in found}
 
 
-def record_seals(con: Any, ctx: Context, variant: str, snapshot_id: str, built: dict[str, Fingerprint]) -> None:
+def record_seals(duck: DuckDBPyConnection, ctx: Context, variant: str, snapshot_id: str, built: dict[str, Fingerprint]) -> None:
     """Record, in the build's transaction, each partition's readings and seal (:func:`seals_hold`)."""
     table = builds_table(ctx.spec)
-    seals = _seals_now(con, ctx, variant, [ctx.value_of(label) for label in built])
-    con.execute(statements.delete_builds(table), {"variant": variant, "labels": list(built)})
+    seals = _seals_now(duck, ctx, variant, [ctx.value_of(label) for label in built])
+    duck.execute(statements.delete_builds(table), {"variant": variant, "labels": list(built)})
     for label, fp in built.items():
         rows, seal = seals.get(label, (0, "0"))
-        con.execute(statements.insert_build(table), {
+        duck.execute(statements.insert_build(table), {
             "variant": variant, "partition": label, "snapshot_id": snapshot_id,
             "readings": json.dumps(fp.as_dict(), sort_keys=True), "row_count": rows, "seal": seal,
         })
 
 
-def seals_hold(con: Any, ctx: Context, variant: str, expected: dict[str, dict[str, Any]]) -> list[str]:
+def seals_hold(duck: DuckDBPyConnection, ctx: Context, variant: str, expected: dict[str, dict[str, Any]]) -> list[str]:
     """The partitions of ``expected`` (label -> readings) whose stage no longer carries them
     without being fingerprinted again: those whose build recorded exactly those readings
     and whose rows still give the build's seal (row count and the exact sum of DuckDB's 64-bit
@@ -147,26 +151,26 @@ def seals_hold(con: Any, ctx: Context, variant: str, expected: dict[str, dict[st
     fingerprinted in full (SHA-256) before the commit whatever the seal says."""
     spec = ctx.spec
     labels = list(expected)
-    sealed = bool(con.execute(statements.TABLE_COLUMNS, {"table": builds_table(spec)}).fetchall())
-    recorded = {row[0]: (json.loads(row[1]), int(row[2]), str(row[3])) for row in con.execute(
+    sealed = bool(duck.execute(statements.TABLE_COLUMNS, {"table": builds_table(spec)}).fetchall())
+    recorded = {row[0]: (json.loads(row[1]), int(row[2]), str(row[3])) for row in duck.execute(
         statements.builds_of(builds_table(spec)), {"variant": variant, "labels": labels}).fetchall()} if sealed else {}
-    now = _seals_now(con, ctx, variant, [ctx.value_of(label) for label in labels])
+    now = _seals_now(duck, ctx, variant, [ctx.value_of(label) for label in labels])
     doubtful = [label for label in labels
                 if label not in recorded or recorded[label][0] != expected[label]
                 or now.get(label, (0, "0")) != recorded[label][1:]]
     if not doubtful:
         return []
-    found = readings_of(con, stage_name(spec, variant), ctx.target_columns, spec.partition_key, spec.business_key,
+    found = readings_of(duck, stage_name(spec, variant), ctx.target_columns, spec.partition_key, spec.business_key,
                         spec.total, [ctx.value_of(label) for label in doubtful])
     return [label for label, fp in zip(doubtful, found) if fp.as_dict() != expected[label]]
 
 
-def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: LakeSource, db: Any,
+def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: LakeSource, db: DuckDBPyConnection,
                clock: Clock, progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
     """Build stages A and B at once, each on its own DuckDB connection, and record each build
     in the control store."""
-    with contextlib.closing(cursor(db)) as con:  # once, before the two builds record in it
-        con.execute(statements.create_builds(builds_table(ctx.spec)))
+    with contextlib.closing(cursor(db)) as duck:  # once, before the two builds record in it
+        duck.execute(statements.create_builds(builds_table(ctx.spec)))
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
         fa = pool.submit(build_stage, db, ctx, snapshot, source, "a", progress)
         fb = pool.submit(build_stage, db, ctx, snapshot, source, "b", progress)
@@ -175,7 +179,7 @@ def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot
     return a, b
 
 
-def unholdable(con: Any, ctx: Context) -> list[str]:
+def unholdable(duck: DuckDBPyConnection, ctx: Context) -> list[str]:
     """Stage A's dates and time stamps a lake column cannot hold (infinite, or outside the
     years 1 to 9999), per partition and column."""
     spec = ctx.spec
@@ -183,7 +187,7 @@ def unholdable(con: Any, ctx: Context) -> list[str]:
     if not checked:
         return []
     query = statements.unholdable(stage_name(spec, "a"), spec.partition_key, checked)
-    found = con.execute(query, {"partitions": list(ctx.partitions)}).fetchall()
+    found = duck.execute(query, {"partitions": list(ctx.partitions)}).fetchall()
     return [
         f"partition {partition_label(row[0])}: column {name} has {n} value(s) a {spec.target.format} column cannot hold "
         "(an infinite date or time stamp, or a year outside 1 to 9999); fix them in the source or transform"
@@ -191,7 +195,7 @@ def unholdable(con: Any, ctx: Context) -> list[str]:
     ]
 
 
-def differing_keys(con: Any, ctx: Context, a: dict[str, Fingerprint], b: dict[str, Fingerprint]) -> list[str]:
+def differing_keys(duck: DuckDBPyConnection, ctx: Context, a: dict[str, Fingerprint], b: dict[str, Fingerprint]) -> list[str]:
     spec = ctx.spec
     out = []
     query = compare.differing_keys(stage_name(spec, "a"), stage_name(spec, "b"), spec.partition_key,
@@ -199,24 +203,24 @@ def differing_keys(con: Any, ctx: Context, a: dict[str, Fingerprint], b: dict[st
     for value, label in zip(ctx.partitions, ctx.labels):
         if a[label] == b[label]:
             continue
-        keys = con.execute(query, {"partition": value}).fetchall()
+        keys = duck.execute(query, {"partition": value}).fetchall()
         out.append(f"partition {label}: first differing key(s), stage A against stage B: "
                    + keys_detail(spec.business_key, keys))
     return out
 
 
-def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, db: Any, reports: dict[str, tuple[int, int]],
+def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, db: DuckDBPyConnection, reports: dict[str, tuple[int, int]],
                 a: dict[str, Fingerprint], b: dict[str, Fingerprint], clock: Clock, progress: Progress) -> Plan:
     """Compare the stages, store the plan; a refused plan's differing stage partitions are
     deleted so that nothing can apply them."""
     spec = ctx.spec
-    with contextlib.closing(cursor(db)) as con:
-        problems = unholdable(con, ctx) + differing_keys(con, ctx, a, b)
+    with contextlib.closing(cursor(db)) as duck:
+        problems = unholdable(duck, ctx) + differing_keys(duck, ctx, a, b)
         plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)  # type: ignore[arg-type]
         if plan.status == "refused":
             for entry in plan.document.partitions:
                 if not entry.match:
                     for v in ("a", "b"):
-                        con.execute(statements.delete_partition(stage_name(spec, v), spec.partition_key),
+                        duck.execute(statements.delete_partition(stage_name(spec, v), spec.partition_key),
                                     {"partition": ctx.value_of(entry.partition)})
     return record_plan(control, spec, plan, snapshot.snapshot_id, clock, progress)

@@ -23,8 +23,6 @@ from backfill_assets.core.lake.sources import SOURCE_ROWS
 from backfill_assets.core.spec import OrderingColumn
 
 _PARTITIONS = sql.SQL("(SELECT unnest($partitions))")
-# The columns of the pinned source rows, as DuckDB binds them.
-DESCRIBE_SOURCE = sql.SQL("DESCRIBE {}").format(sql.Identifier(SOURCE_ROWS)).as_string(None)
 
 
 def input_relation(source_columns: Sequence[str], input_columns: Sequence[str], transform: str | None) -> sql.Composed:

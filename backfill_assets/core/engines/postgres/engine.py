@@ -17,8 +17,9 @@ from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_
 from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.postgres import planned, review, snapshot, stages
 from backfill_assets.core.engines.postgres.diff import diff_against
+from backfill_assets.core.engines.postgres.guard.transform import GUARD
 from backfill_assets.core.engines.postgres.resolve import resolve
-from backfill_assets.core.engines.postgres.staged import staged
+from backfill_assets.core.engines.postgres.staged import staged, staged_target
 from backfill_assets.core.engines.postgres.watch import WatchState, watch_tick
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
@@ -28,7 +29,6 @@ from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
-from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest
 
 
@@ -52,7 +52,7 @@ class PostgresBuildEngine:
 
     # -- the plan side ----------------------------------------------------------------------
     def inspect(self) -> Inspection:
-        return engine_for(self.spec).inspect(self.conn, None)
+        return staged_target(self.spec).inspect(self.conn, None, GUARD)
 
     def resolve(self, request: PartitionRequest | list[str]) -> Context:
         return resolve(self.conn, self.spec, request)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import psycopg
 
 from backfill_assets.core.context import Context
-from backfill_assets.core.engines.postgres.guard.transform import validate_transform_text
+from backfill_assets.core.engines.postgres.guard.transform import GUARD, validate_transform_text
+from backfill_assets.core.engines.postgres.staged import staged_target
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
 
 
@@ -29,12 +29,12 @@ def resolve(
         transform = validate_transform_text(spec.transform_sql)  # the parser first: no I/O
     else:
         transform = None
-    engine = engine_for(spec)
-    inspection = engine.inspect(conn, transform)
+    engine = staged_target(spec)
+    inspection = engine.inspect(conn, transform, GUARD)
     kind = inspection.require_plannable()
     if isinstance(request, PartitionRequest):
         partitions = request.resolve(kind)
     else:
         partitions = parse_labels(request, kind)
-    engine.check(conn, inspection, partitions, transform)
+    engine.check(conn, inspection, partitions, transform, GUARD)
     return Context(spec, engine, inspection, partitions, transform)

@@ -11,8 +11,11 @@ from typing import Protocol, cast
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.context import Context, TargetEngine
-from backfill_assets.core.vocabulary import TableRef
+from backfill_assets.core.catalog import Inspection
+from backfill_assets.core.context import Context, TargetEngine, TransformGuard
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.targets import engine_for
+from backfill_assets.core.vocabulary import PartitionValue, TableRef
 
 
 class StagedTarget(TargetEngine, Protocol):
@@ -24,6 +27,18 @@ class StagedTarget(TargetEngine, Protocol):
     # Whether a comparison with the target (diff, a review's preview) may run in a read-only
     # transaction (False where a partition is loaded into a temporary table first).
     compares_read_only: bool
+
+    def inspect(self, conn: psycopg.Connection, transform: str | None, guard: TransformGuard) -> Inspection:
+        """Inspect source and target read-only, collecting every problem (the engine's
+        resolve). ``transform``: the parsed transform_sql (None: the spec's, or none);
+        ``guard``: the engine's check of it."""
+        ...
+
+    def check(self, conn: psycopg.Connection, inspection: Inspection, partitions: list[PartitionValue],
+              transform: str | None, guard: TransformGuard) -> None:
+        """What resolving must check after the partitions are known (the transform against
+        the catalog; partition values the target can be written with). Raises SpecError."""
+        ...
 
     def stage_table(self, ctx: Context, stage: TableRef) -> sql.Composed:
         """The statement that creates an empty stage with the target's column types."""
@@ -39,6 +54,11 @@ class StagedTarget(TargetEngine, Protocol):
         """One partition of the target as a relation for core.diff, and whether its columns
         are the canonical text forms (a lake partition loaded at ``version``)."""
         ...
+
+
+def staged_target(spec: Spec) -> StagedTarget:
+    """The spec's target engine, as the PostgreSQL build engine asks it (core.targets.engine_for)."""
+    return cast(StagedTarget, engine_for(spec))
 
 
 def staged(ctx: Context) -> StagedTarget:

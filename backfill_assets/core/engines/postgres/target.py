@@ -14,12 +14,20 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core.catalog import Inspection
-from backfill_assets.core.context import Checkpoint, Context, Readings, Target, TargetWrite, no_checkpoint
+from backfill_assets.core.context import (
+    Checkpoint,
+    Context,
+    Readings,
+    Target,
+    TargetWrite,
+    TransformGuard,
+    no_checkpoint,
+)
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import business_key_order, inspect_tables
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.targets.common import AdvisoryLocked, check_transform
+from backfill_assets.core.targets.common import AdvisoryLocked
 from backfill_assets.core.vocabulary import PartitionValue, TableRef
 
 
@@ -32,12 +40,12 @@ class PostgresEngine:
         self.spec = spec
         self.relation: TableRef | None = spec.target_ref
 
-    def inspect(self, conn: psycopg.Connection, transform: str | None) -> Inspection:
+    def inspect(self, conn: psycopg.Connection, transform: str | None, guard: TransformGuard) -> Inspection:
         return inspect_tables(conn, self.spec)
 
     def check(self, conn: psycopg.Connection, inspection: Inspection, partitions: list[PartitionValue],
-              transform: str | None) -> None:
-        check_transform(conn, self.spec, inspection, transform)
+              transform: str | None, guard: TransformGuard) -> None:
+        guard.check(conn, self.spec, inspection, transform)
 
     def check_partitions(self, partitions: list[PartitionValue]) -> None:
         """Any partition value can be written: nothing to check."""

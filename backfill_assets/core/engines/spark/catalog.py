@@ -19,10 +19,13 @@ import datetime as dt
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def quoted(name: str) -> str:
@@ -53,7 +56,7 @@ def local(location: str) -> Path:
 class CatalogTable:
     """One partitioned table of ``session``'s catalog."""
 
-    def __init__(self, session: Any, name: str, partition_key: str) -> None:
+    def __init__(self, session: SparkSession, name: str, partition_key: str) -> None:
         self.session, self.name, self.partition_key = session, name, partition_key
 
     def _sql(self, text: str) -> Any:

@@ -163,14 +163,14 @@ class SparkBuildEngine(PinnedBuildEngine):
             for label in stored.labels:
                 value = ctx.value_of(label)
                 now = target.table.read(handle, spec.partition_key, [value])
-                with compared(ctx, arrow_stage(ctx, "a", label), now) as con:
-                    added, removed, changed, unchanged = con.execute(compare.change_counts(
+                with compared(ctx, arrow_stage(ctx, "a", label), now) as duck:
+                    added, removed, changed, unchanged = duck.execute(compare.change_counts(
                         "stage_rows", "target_rows", spec.partition_key, spec.business_key, fields),
                         {"partition": value}).fetchall()[0]
                     out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
                                   "unchanged": int(unchanged)}
                     if first:
-                        rows = con.execute(compare.first_changes(
+                        rows = duck.execute(compare.first_changes(
                             "stage_rows", "target_rows", spec.partition_key, spec.business_key, fields, first),
                             {"partition": value}).fetchall()
                         out[label]["first"] = compare.first_changes_json(rows, spec.business_key)

@@ -20,9 +20,12 @@ decimals: ANSI mode makes a ``bigint`` sum overflow an error), and the total.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.fingerprint import rows
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 def _field(F: Any, name: str, kind: str) -> Any:  # noqa: N803 - pyspark.sql.functions, passed in
@@ -52,7 +55,7 @@ def row_text(fields: Sequence[tuple[str, str]]) -> Any:
     return F.concat_ws(rows.SEPARATOR, *(_field(F, n, k) for n, k in fields))
 
 
-def partition_readings(frame: Any, fields: Sequence[tuple[str, str]], business_key: Sequence[str],
+def partition_readings(frame: DataFrame, fields: Sequence[tuple[str, str]], business_key: Sequence[str],
                        partition_key: str, total: str | None, float_keys: Sequence[str] = ()) -> list[tuple]:
     """Per partition of ``frame`` (a Spark DataFrame) that has rows: (partition value, count,
     NULL-key count, duplicate-key count, slice sums..., total or None), from one aggregate."""
@@ -87,7 +90,7 @@ def partition_readings(frame: Any, fields: Sequence[tuple[str, str]], business_k
     return [tuple(r) for r in found]
 
 
-def readings(frame: Any, columns: Sequence[Any], business_key: Sequence[str], partition_key: str,
+def readings(frame: DataFrame, columns: Sequence[Any], business_key: Sequence[str], partition_key: str,
              total: str | None) -> dict[Any, rows.Fingerprint]:
     """Each partition's readings, by partition value: equal to PostgreSQL's and DuckDB's for the
     same rows (``columns``: the ColumnInfo of every column, in order)."""

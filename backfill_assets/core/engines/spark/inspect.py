@@ -5,7 +5,7 @@ transform, as PostgreSQL's types, and the target checked against them; the spec 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -20,6 +20,9 @@ from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 SOURCE_VIEW = "source"  # what transform_sql reads, in the step's own session
 
 
@@ -32,11 +35,11 @@ def fields_of(columns: Sequence[ColumnInfo]) -> list[tuple[str, str]]:
     return [(c.name, rows.kind_of(c)) for c in columns]
 
 
-def types_of(frame: Any) -> list[tuple[str, str]]:
+def types_of(frame: DataFrame) -> list[tuple[str, str]]:
     return [(f.name, f.dataType.simpleString()) for f in frame.schema.fields]
 
 
-def input_of(session: Any, frame: Any, spec: Spec, transform: str | None) -> Any:
+def input_of(session: SparkSession, frame: DataFrame, spec: Spec, transform: str | None) -> Any:
     """The input of newest-wins: the source (``frame``) through the transform, as the spec's
     input columns."""
     if transform is None:
@@ -45,7 +48,7 @@ def input_of(session: Any, frame: Any, spec: Spec, transform: str | None) -> Any
     return session.sql(transform).select(*spec.input_columns)
 
 
-def inspect(conn: psycopg.Connection | None, spec: Spec, source: SparkSource, session: Any) -> tuple[Inspection, str | None]:
+def inspect(conn: psycopg.Connection | None, spec: Spec, source: SparkSource, session: SparkSession) -> tuple[Inspection, str | None]:
     """Inspect the source (its newest columns, no row read) and the Parquet target, collecting
     every problem; return the inspection and the validated transform.
 
@@ -87,7 +90,7 @@ def inspect(conn: psycopg.Connection | None, spec: Spec, source: SparkSource, se
 
 
 def resolve(conn: psycopg.Connection | None, spec: Spec, request: PartitionRequest | list[str], source: SparkSource,
-            session: Any) -> Context:
+            session: SparkSession) -> Context:
     """Inspect read-only and validate everything about a Spark spec before any write."""
     inspection, transform = inspect(conn, spec, source, session)
     kind = inspection.require_plannable()

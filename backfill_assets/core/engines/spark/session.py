@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.spec import Spec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # What every session of ours sets, whatever else it carries: Parquet time stamps as
 # microseconds (INT96, Spark's old default, is not what other readers expect).
@@ -36,7 +39,7 @@ DEFAULT_MASTER = "local[2]"
 DEBIAN_DRIVER_JAR = "/usr/share/java/postgresql.jar"
 
 
-def start_session(master: str, conf: dict[str, str], app: str = "backfill_assets") -> Any:
+def start_session(master: str, conf: dict[str, str], app: str = "backfill_assets") -> SparkSession:
     """The process's session: the one running (started by a Dagster resource, a notebook, or
     in another thread), else one started from ``master`` and ``conf``. The PostgreSQL JDBC
     driver Debian installs is added unless ``conf`` names jars of its own."""
@@ -60,7 +63,7 @@ def start_session(master: str, conf: dict[str, str], app: str = "backfill_assets
     return builder.getOrCreate()
 
 
-def session_for(spec: Spec) -> Any:
+def session_for(spec: Spec) -> SparkSession:
     """A new session (its own temporary views) over the process's Spark context, started
     from the spec's engine settings when none is running."""
     active = start_session(spec.engine.master or DEFAULT_MASTER, dict(spec.engine.conf), f"backfill_assets:{spec.name}")

@@ -5,7 +5,7 @@ JDBC table's one copy), counted and checked in Spark, and named by the digest of
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -19,6 +19,9 @@ from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 
 def in_scope(spec: Spec, partitions: Sequence[PartitionValue]) -> Any:
     F = functions()  # noqa: N806
@@ -28,7 +31,7 @@ def in_scope(spec: Spec, partitions: Sequence[PartitionValue]) -> Any:
     return cond
 
 
-def check_source(inp: Any, ctx: Context) -> dict[str, tuple[int, int]]:
+def check_source(inp: DataFrame, ctx: Context) -> dict[str, tuple[int, int]]:
     """Refuse source data newest-wins cannot rebuild exactly, as the other engines do; return
     each partition's (rows read, rows with a NULL key).
 
@@ -98,7 +101,7 @@ def check_source(inp: Any, ctx: Context) -> dict[str, tuple[int, int]]:
     return reports
 
 
-def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource, session: Any, clock: Clock,
+def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource, session: SparkSession, clock: Clock,
                   progress: Progress) -> tuple[LakeSnapshot, Context]:
     """Pin the declared partitions, count and check them, and record the snapshot in the
     control store."""
@@ -117,7 +120,7 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource
     return record_snapshot(control, ctx, pin, columns, parts, requested, reports, clock), ctx
 
 
-def input_reports(session: Any, ctx: Context, snapshot: LakeSnapshot, source: SparkSource) -> dict[str, tuple[int, int]]:
+def input_reports(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, source: SparkSource) -> dict[str, tuple[int, int]]:
     F = functions()  # noqa: N806
     spec = ctx.spec
     inp = input_of(session, source.frame(session, snapshot.pin), spec, ctx.transform)

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.engines.spark.session import staging_dir
 from backfill_assets.core.errors import SnapshotError, SpecError
@@ -36,6 +36,9 @@ from backfill_assets.core.pinned import Pin
 from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, SparkTableSpec, Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 JDBC_DRIVER = "org.postgresql.Driver"
 
 
@@ -44,11 +47,11 @@ class SparkSource:
 
     name: str
 
-    def schema_frame(self, session: Any) -> Any:
+    def schema_frame(self, session: SparkSession) -> Any:
         """The newest columns of the source, as a DataFrame that reads no row."""
         raise NotImplementedError
 
-    def latest(self, session: Any, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+    def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         """Pin the partitions ``values`` (a JDBC source is copied here)."""
         raise NotImplementedError
 
@@ -56,7 +59,7 @@ class SparkSource:
         """Why ``pin`` no longer holds exactly its files (hashed again), or None."""
         raise NotImplementedError
 
-    def frame(self, session: Any, pin: Pin) -> Any:
+    def frame(self, session: SparkSession, pin: Pin) -> Any:
         """The pinned rows, as a DataFrame of ``session``."""
         raise NotImplementedError
 
@@ -81,7 +84,7 @@ def _label(directory: str) -> str:
     return urllib.parse.unquote(directory.partition("=")[2])
 
 
-def _read_files(session: Any, base: Path, files: Sequence[str]) -> Any:
+def _read_files(session: SparkSession, base: Path, files: Sequence[str]) -> Any:
     # basePath: the partition key comes from the directory names, typed as Spark infers it.
     return session.read.option("basePath", str(base)).parquet(*[str(base / f) for f in files])
 
@@ -91,20 +94,20 @@ class ParquetFolderSource(SparkSource):
         self.folder = _Folder(spec)
         self.root, self.name = self.folder.root, self.folder.name
 
-    def schema_frame(self, session: Any) -> Any:
+    def schema_frame(self, session: SparkSession) -> Any:
         if not self.root.is_dir():
             raise SpecError(f"source {self.name} is not a folder; check source.location")
         if next((p for p in self.root.rglob("*.parquet") if p.is_file()), None) is None:
             raise SpecError(f"source {self.name} holds no Parquet file; check source.location")
         return session.read.parquet(str(self.root)).limit(0)
 
-    def latest(self, session: Any, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+    def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         return self.folder.latest(partition_key, values)
 
     def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
         return self.folder.unreadable(pin, partition_key, values)
 
-    def frame(self, session: Any, pin: Pin) -> Any:
+    def frame(self, session: SparkSession, pin: Pin) -> Any:
         if not pin.files:
             raise SnapshotError(f"source {self.name} has no Parquet file in the planned partitions; check the "
                                 "partitions and the folder")
@@ -155,11 +158,11 @@ class JdbcSource(SparkSource):
             return
         raise SpecError(f"{what} {self.name} over JDBC failed: {text}; check {self.env} and that the table exists")
 
-    def _reader(self, session: Any, url: str, table: str) -> Any:
+    def _reader(self, session: SparkSession, url: str, table: str) -> Any:
         return (session.read.format("jdbc").option("url", url).option("driver", JDBC_DRIVER)
                 .option("dbtable", table).option("fetchsize", "10000"))
 
-    def _unscaled(self, session: Any, url: str) -> list[str]:
+    def _unscaled(self, session: SparkSession, url: str) -> list[str]:
         from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
         columns = self._reader(session, url, "information_schema.columns").load()
         found = columns.where((F.col("table_schema") == self.table.schema) & (F.col("table_name") == self.table.name)
@@ -167,7 +170,7 @@ class JdbcSource(SparkSource):
                                  | (F.col("data_type") == "timestamp without time zone")))
         return [f"{r[0]} ({r[1]})" for r in found.select("column_name", "data_type").collect()]
 
-    def schema_frame(self, session: Any) -> Any:
+    def schema_frame(self, session: SparkSession) -> Any:
         from psycopg import sql
         url = self._url()
         with self._errors("reading the columns of", url):
@@ -181,7 +184,7 @@ class JdbcSource(SparkSource):
             frame = self._reader(session, url, sql.Identifier(self.table.schema, self.table.name).as_string(None))
             return frame.load().limit(0)
 
-    def latest(self, session: Any, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+    def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         """Copy the partitions ``values`` in one SELECT on one connection, and pin the copy."""
         from psycopg import sql
         from pyspark.sql import functions as F  # noqa: N812
@@ -216,7 +219,7 @@ class JdbcSource(SparkSource):
                 return f"the copy's file {path} was rewritten"
         return None
 
-    def frame(self, session: Any, pin: Pin) -> Any:
+    def frame(self, session: SparkSession, pin: Pin) -> Any:
         if not pin.files:
             raise SnapshotError(f"source {self.name} had no row in the planned partitions when it was copied; check "
                                 "the partitions")
@@ -234,7 +237,7 @@ class CatalogSource(SparkSource):
         assert isinstance(source, SparkTableSpec)
         self.table, self.name, self.partition_key = source.table, source.display_name, spec.partition_key
 
-    def _catalog(self, session: Any) -> Any:
+    def _catalog(self, session: SparkSession) -> Any:
         from backfill_assets.core.engines.spark.catalog import CatalogTable
         catalog = CatalogTable(session, self.table, self.partition_key)
         if not catalog.exists():
@@ -242,7 +245,7 @@ class CatalogSource(SparkSource):
                             "and the session's catalog settings (engine.conf)")
         return catalog
 
-    def schema_frame(self, session: Any) -> Any:
+    def schema_frame(self, session: SparkSession) -> Any:
         catalog = self._catalog(session)
         if catalog.provider() != "parquet":
             raise SpecError(f"source {self.name} is a {catalog.provider() or 'non-file'} table; a spark_table source is "
@@ -252,7 +255,7 @@ class CatalogSource(SparkSource):
                             f"not by the partition key ({self.partition_key})")
         return session.table(self.table).limit(0)
 
-    def latest(self, session: Any, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+    def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         files = []
         for label, location in self._catalog(session).locations(values).items():
             if location is None or not location.is_dir():
@@ -279,7 +282,7 @@ class CatalogSource(SparkSource):
                 per[label].append((f"{size}:{digest}",))
         return {label: files_digest(sorted(files)) for label, files in per.items()}
 
-    def frame(self, session: Any, pin: Pin) -> Any:
+    def frame(self, session: SparkSession, pin: Pin) -> Any:
         from pyspark.sql import functions as F  # noqa: N812
         if not pin.files:
             raise SnapshotError(f"source {self.name} has no file in the planned partitions; check the partitions")

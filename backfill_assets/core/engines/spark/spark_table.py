@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
@@ -35,6 +35,9 @@ from backfill_assets.core.lake.engine import LakeEngine
 from backfill_assets.core.lake.kinds import lake_type
 from backfill_assets.core.lake.tables import LakeTable, TableShape
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 VERSIONS = "_backfill_versions"  # new partitions, each at a location of its own
 REPLACED = "_backfill_replaced"  # notes of replaced locations, deleted after the grace
@@ -80,7 +83,7 @@ def _as_spark_reads(data: pa.Table) -> pa.Table:
 class SparkCatalogTable(LakeTable):
     """One catalog table (see the module docstring). A handle is a :class:`Seen`."""
 
-    def __init__(self, session: Any, name: str, partition_key: str) -> None:
+    def __init__(self, session: SparkSession, name: str, partition_key: str) -> None:
         from backfill_assets.core.engines.spark.catalog import CatalogTable
         self.catalog = CatalogTable(session, name, partition_key)
         self.partition_key = partition_key

@@ -12,7 +12,7 @@ import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 import pyarrow as pa
@@ -37,6 +37,9 @@ from backfill_assets.core.spec import Spec
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
 
 def stage_dir(spec: Spec, variant: str) -> Path:
     return staging_dir(spec) / f"stage_{variant}"
@@ -46,7 +49,7 @@ def _seals_path(spec: Spec, variant: str) -> Path:
     return staging_dir(spec) / f"seals_{variant}.json"
 
 
-def newest(inp: Any, spec: Spec, variant: Literal["a", "b"], partitions: Sequence[PartitionValue]) -> Any:
+def newest(inp: DataFrame, spec: Spec, variant: Literal["a", "b"], partitions: Sequence[PartitionValue]) -> Any:
     """Each key's newest row of the partitions: stage A by a window, stage B by aggregates."""
     from pyspark.sql import Window
     F = functions()  # noqa: N806
@@ -101,7 +104,7 @@ def _newest_first(F: Any, o: Any, spark_type: str) -> tuple[Any, Any] | None:  #
     return None
 
 
-def stage_frame(session: Any, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> Any | None:
+def stage_frame(session: SparkSession, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> Any | None:
     """The stage's partitions ``values`` as a DataFrame (None: none of them has rows)."""
     base = stage_dir(ctx.spec, variant)
     dirs = [base / partition_dir(ctx.spec.partition_key, v) for v in values]
@@ -111,7 +114,7 @@ def stage_frame(session: Any, ctx: Context, variant: str, values: Sequence[Parti
     return session.read.schema(schema_ddl(ctx.target_columns)).option("basePath", str(base)).parquet(*found)
 
 
-def stage_readings(session: Any, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> list[Fingerprint]:
+def stage_readings(session: SparkSession, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> list[Fingerprint]:
     """The readings of the stage's partitions ``values``, in that order (format 3, in Spark)."""
     spec = ctx.spec
     frame = stage_frame(session, ctx, variant, values)
@@ -140,7 +143,7 @@ def _record(spec: Spec, variant: str, seals: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def build_stage(session: Any, ctx: Context, snapshot: LakeSnapshot, source: SparkSource,
+def build_stage(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, source: SparkSource,
                 variant: Literal["a", "b"], progress: Progress) -> dict[str, Fingerprint]:
     """Build, write, fingerprint and seal every partition of one stage."""
     spec = ctx.spec
@@ -169,7 +172,7 @@ def build_stage(session: Any, ctx: Context, snapshot: LakeSnapshot, source: Spar
     return out
 
 
-def seals_hold(session: Any | None, ctx: Context, variant: str, expected: dict[str, dict[str, Any]]) -> list[str]:
+def seals_hold(session: SparkSession | None, ctx: Context, variant: str, expected: dict[str, dict[str, Any]]) -> list[str]:
     """The partitions of ``expected`` (label -> readings) whose stage no longer carries them:
     those whose seal recorded exactly those readings and whose files still have the sealed
     names, sizes and SHA-256 are unchanged (Parquet files are immutable: a change is a new
@@ -191,7 +194,7 @@ def seals_hold(session: Any | None, ctx: Context, variant: str, expected: dict[s
     return changed + [label for label, fp in zip(doubtful, found) if fp.as_dict() != expected[label]]
 
 
-def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: SparkSource, session: Any,
+def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: SparkSource, session: SparkSession,
                clock: Clock, progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
     """Build stages A and B (one after the other: each is a Spark job over every executor),
     and record each build in the control store."""
@@ -201,7 +204,7 @@ def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot
     return a, b
 
 
-def unholdable(session: Any, ctx: Context) -> list[str]:
+def unholdable(session: SparkSession, ctx: Context) -> list[str]:
     """Stage A's dates and time stamps outside the years 1 to 9999, per partition and column."""
     F = functions()  # noqa: N806
     spec = ctx.spec
@@ -237,25 +240,25 @@ def compared(ctx: Context, left: pa.Table, right: pa.Table) -> Iterator[Any]:
     """An in-memory DuckDB connection with ``left`` as stage_rows and ``right`` as
     target_rows (core.lake.compare compares them by canonical text)."""
     import duckdb
-    con = duckdb.connect()
+    duck = duckdb.connect()
     try:
-        con.register("stage_rows", left.select(list(ctx.spec.columns)))
-        con.register("target_rows", right.select(list(ctx.spec.columns)) if right.num_rows else
+        duck.register("stage_rows", left.select(list(ctx.spec.columns)))
+        duck.register("target_rows", right.select(list(ctx.spec.columns)) if right.num_rows else
                      lake_schema(ctx.target_columns).empty_table())
-        yield con
+        yield duck
     finally:
-        con.close()
+        duck.close()
 
 
 def differing_keys(ctx: Context, label: str, left: pa.Table, right: pa.Table) -> list[tuple]:
     spec = ctx.spec
-    with compared(ctx, left, right) as con:
-        return con.execute(compare.differing_keys("stage_rows", "target_rows", spec.partition_key,
+    with compared(ctx, left, right) as duck:
+        return duck.execute(compare.differing_keys("stage_rows", "target_rows", spec.partition_key,
                                                      spec.business_key, fields_of(ctx.target_columns)),
                            {"partition": ctx.value_of(label)}).fetchall()
 
 
-def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, session: Any,
+def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, session: SparkSession,
                 reports: dict[str, tuple[int, int]], a: dict[str, Fingerprint], b: dict[str, Fingerprint],
                 clock: Clock, progress: Progress) -> Plan:
     """Compare the stages, store the plan; a refused plan's differing stage partitions are

@@ -32,6 +32,7 @@ from pglast.stream import RawStream
 from pglast.visitors import Visitor
 from psycopg import sql
 
+from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.engines.postgres.guard.catalog import Finding, Function
 from backfill_assets.core.engines.postgres.guard.determinism import called, findings, in_order
 from backfill_assets.core.engines.postgres.guard.querytree import location, nodes, parse_node_tree
@@ -49,7 +50,7 @@ from backfill_assets.core.engines.postgres.guard.userfunctions import (
 )
 from backfill_assets.core.errors import SpecError, TransformError, TransformProblem
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.spec import TrustedFunction
+from backfill_assets.core.spec import Spec, TrustedFunction
 from backfill_assets.core.vocabulary import TableRef
 
 
@@ -321,3 +322,22 @@ def _locator(reprinted: str, original: str):
         return line, column, rest[:40] + ("..." if len(rest) > 40 else "")
 
     return where
+
+
+class PostgresGuard:
+    """The PostgreSQL guard as a target's inspection asks it (core.context.TransformGuard)."""
+
+    def parsed(self, text: str) -> str:
+        return validate_transform_text(text)
+
+    def check(self, conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:
+        """The columns, relations and functions the transform reads, against the catalog."""
+        if transform is not None:
+            validate_transform_in_catalog(
+                conn, spec.source_ref, [c.name for c in inspection.source_columns],
+                spec.partition_key, spec.input_columns, transform, original=spec.transform_sql,
+                trusted_functions=spec.trusted_functions,
+            )
+
+
+GUARD = PostgresGuard()

@@ -42,7 +42,7 @@ test-core: $(VENV)/.installed
 	$(PYTEST) -q -n $(WORKERS) --dist worksteal backfill_assets_tests/core backfill_assets_tests/cli \
 		-m "not spark and not slow" --durations=10
 
-# --durations prints the slowest tests at the end; worksteal keeps both workers busy to the end.
+# --durations prints the slowest tests at the end; worksteal keeps every worker busy to the end.
 test: $(VENV)/.installed browser server java
 	$(PYTEST) -n $(WORKERS) --dist worksteal --durations=15
 

@@ -67,7 +67,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.lake)
         if "spark" in fixtures or "/spark/" in path or "spark" in name:
             item.add_marker(pytest.mark.spark)
-        if "/duck/" in path or "duck" in name:
+        if "/duckdb/" in path or "duck" in name:
             item.add_marker(pytest.mark.duckdb)
 
 

@@ -143,12 +143,12 @@ def cmd_inspect(args: argparse.Namespace, out: Output) -> int:
 def cmd_profile(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     factory = _factory(spec, args)
+    partitions = None
+    if args.partitions:
+        inspection = inspect(spec, factory)
+        kind = inspection.partition_kind or "text"
+        partitions = PartitionRequest(args.partitions).resolve(kind)
     with factory() as conn:
-        partitions = None
-        if args.partitions:
-            inspection = inspect(spec, factory)
-            kind = inspection.partition_kind or "text"
-            partitions = PartitionRequest(args.partitions).resolve(kind)
         profile = profile_source(conn, spec, partitions)
     if out.json_mode:
         out.json(profile.as_dict())

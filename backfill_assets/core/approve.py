@@ -87,11 +87,14 @@ def review(
 
     Raises:
         PlanReferenceError: a malformed plan id.
-        ApprovalError, SpecError: see :func:`find_plan`, :func:`check_spec_unchanged`,
-            :func:`check_data_unchanged`.
+        ApprovalError, SpecError: see :func:`find_plan`, and the build engine's
+            ``unchanged_spec`` and ``unchanged_data`` (core.build.BuildEngine).
     """
-    with factory.control(conn) as control, open_build_engine(conn, factory, spec, control) as engine:
-        stored = plan if isinstance(plan, Plan) else find_plan(control, spec, plan)
+    if not isinstance(plan, Plan):  # refused before anything of the engine is opened
+        with factory.control(conn) as control:
+            plan = find_plan(control, spec, plan)
+    stored = plan
+    with open_build_engine(conn, factory, spec) as engine:
         ctx = engine.unchanged_spec(stored)
         target = engine.unchanged_data(ctx, stored)
         changes = None
@@ -139,7 +142,7 @@ def record_approval(
     and shown (see :func:`review` and :func:`confirm`, which call this). Returns its id.
 
     Args:
-        target: what :func:`check_data_unchanged` returned: every plan partition's target
+        target: what the build engine's ``unchanged_data`` returned: every plan partition's target
             readings, the state the approval is given against.
         review: what the approver was shown (see :func:`confirm`); None: nothing recorded.
 

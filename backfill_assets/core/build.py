@@ -159,8 +159,18 @@ def refuse_unless_supported(spec: Spec, command: str) -> None:
 def open_build_engine(conn: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
                       control: psycopg.Connection | None = None) -> Iterator[BuildEngine]:
     """The spec's build engine, open for the block (``conn``: the spec's database; ``control``:
-    the caller's connection to the control store, else one is opened for the block)."""
+    the caller's connection to the control store). What the engine needs beyond ``conn`` (the
+    control store's connection when the caller has none, a DuckDB file, a Spark session) is
+    opened when first asked for and closed with the block, so a step that never needs it never
+    opens it."""
     with contextlib.ExitStack() as stack:
-        if control is None:
-            control = stack.enter_context(factory.control(conn))
-        yield stack.enter_context(build_engine_class(spec).opened(conn, control, factory, spec))
+        lazy = stack.enter_context(contextlib.ExitStack())  # closed after the engine
+        given = control
+
+        def control_store() -> psycopg.Connection:
+            nonlocal given
+            if given is None:
+                given = lazy.enter_context(factory.control(conn))
+            return given
+
+        yield stack.enter_context(build_engine_class(spec).opened(conn, control_store, factory, spec))

@@ -25,13 +25,14 @@ def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against:
     refuse_unless_supported(spec, "diff")
     if limit < 0:
         raise SpecError("--limit must be 0 or more")
-    with factory() as conn, factory.control(conn) as control, \
-            open_build_engine(conn, factory, spec, control) as engine:
-        stored = find_plan(control, spec, plan_ref)
-        ctx = engine.resolve(stored.labels)
-        wanted = stored.labels if request is None else [partition_label(v) for v in request.resolve(ctx.kind)]
-        missing = [label for label in wanted if label not in stored.labels]
-        if missing:
-            raise SpecError(f"partition(s) {', '.join(missing)} are not in plan {stored.plan_id[:16]}")
-        parts = engine.diff(ctx, stored, wanted, against, limit)
+    with factory() as conn:
+        with factory.control(conn) as control:
+            stored = find_plan(control, spec, plan_ref)
+        with open_build_engine(conn, factory, spec) as engine:
+            ctx = engine.resolve(stored.labels)
+            wanted = stored.labels if request is None else [partition_label(v) for v in request.resolve(ctx.kind)]
+            missing = [label for label in wanted if label not in stored.labels]
+            if missing:
+                raise SpecError(f"partition(s) {', '.join(missing)} are not in plan {stored.plan_id[:16]}")
+            parts = engine.diff(ctx, stored, wanted, against, limit)
     return DiffResult(stored.plan_id, against, parts)

@@ -206,8 +206,7 @@ def source_snapshot_sensor(
         for spec in specs:  # the budget is the tick's, shared by its specs
             factory = _factory(context, spec)
             budget = None if deadline is None else max(0.0, deadline - time.monotonic())
-            with explained_waits(factory, spec), factory() as conn, factory.control(conn) as control, \
-                    open_build_engine(conn, factory, spec, control) as engine:
+            with explained_waits(factory, spec), factory() as conn, open_build_engine(conn, factory, spec) as engine:
                 moves = engine.source_moves(before.get(spec.name), budget)
             context.log.info(f"{spec.name}: {moves.summary}")
             for note in moves.notes:

@@ -6,6 +6,7 @@ own reading of a stage (``stage_now``) and everything that runs in it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -31,9 +32,19 @@ class PinnedBuildEngine:
 
     REFUSES: dict[str, str] = {}
 
-    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory,
-                 spec: Spec, source: PinnedSource) -> None:
-        self.conn, self.control, self.factory, self.spec, self.source = conn, control, factory, spec, source
+    def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
+                 factory: ConnectionFactory, spec: Spec) -> None:
+        self.conn, self._control_store, self.factory, self.spec = conn, control_store, factory, spec
+
+    @property
+    def control(self) -> psycopg.Connection:
+        """The control store's connection, opened when first asked for."""
+        return self._control_store()
+
+    @property
+    def source(self) -> PinnedSource:
+        """The pinned source, opened when first asked for."""
+        raise NotImplementedError
 
     def resolve(self, request: PartitionRequest | list[str]) -> Context:
         raise NotImplementedError

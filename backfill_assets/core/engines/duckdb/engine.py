@@ -25,7 +25,7 @@ Plans, approvals, the ledger and the locks stay in the control store (PostgreSQL
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -65,19 +65,8 @@ if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
 
 
-@contextlib.contextmanager
-def opened(spec: Spec, control: psycopg.Connection) -> Iterator[tuple[LakeSource, Any]]:
-    """The spec's lake source and DuckDB database, for the block."""
-    source = lake_source(spec, control)
-    try:
-        with database(spec) as db:
-            yield source, db
-    finally:
-        source.close()
-
-
 class DuckLakeTarget(StagedLakeTarget):
-    """A lake target whose approved rows come from stage A in DuckDB (targets.lake.StagedLakeTarget)."""
+    """A lake target whose approved rows come from stage A in DuckDB (core.lake.target.StagedLakeTarget)."""
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, db: DuckDBPyConnection,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
@@ -104,19 +93,36 @@ class DuckBuildEngine(PinnedBuildEngine):
                    "approve, apply, status and inspect do)",
     }
 
-    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
-                 source: LakeSource, db: DuckDBPyConnection) -> None:
-        super().__init__(conn, control, factory, spec, source)
-        self.db = db
+    def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
+                 factory: ConnectionFactory, spec: Spec, stack: contextlib.ExitStack) -> None:
+        super().__init__(conn, control_store, factory, spec)
+        self._stack = stack
+        self._source: LakeSource | None = None
+        self._db: DuckDBPyConnection | None = None
         self._target: DuckLakeTarget | None = None  # the target apply opened (its recheck reads the stage)
 
     @classmethod
     @contextlib.contextmanager
-    def opened(cls, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory,
-               spec: Spec) -> Iterator[DuckBuildEngine]:
-        """The spec's source and DuckDB database, open for the block."""
-        with opened(spec, control) as (source, db):
-            yield cls(conn, control, factory, spec, source, db)
+    def opened(cls, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
+               factory: ConnectionFactory, spec: Spec) -> Iterator[DuckBuildEngine]:
+        """The engine for the block; its lake source and DuckDB database are opened when first
+        asked for (the sensor's question needs neither) and closed with the block."""
+        with contextlib.ExitStack() as stack:
+            yield cls(conn, control_store, factory, spec, stack)
+
+    @property
+    def source(self) -> LakeSource:
+        if self._source is None:
+            self._source = lake_source(self.spec, self.control)
+            self._stack.callback(self._source.close)
+        return self._source
+
+    @property
+    def db(self) -> DuckDBPyConnection:
+        """The spec's DuckDB database (one process at a time may hold it)."""
+        if self._db is None:
+            self._db = self._stack.enter_context(database(self.spec))
+        return self._db
 
     # -- the plan side ----------------------------------------------------------------------
     def inspect(self) -> Inspection:

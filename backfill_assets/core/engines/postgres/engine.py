@@ -6,7 +6,7 @@ two connections at once (core.build.BuildEngine).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -39,16 +39,21 @@ class PostgresBuildEngine:
 
     REFUSES: dict[str, str] = {}
 
-    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory,
-                 spec: Spec) -> None:
-        self.conn, self.control, self.factory, self.spec = conn, control, factory, spec
+    def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
+                 factory: ConnectionFactory, spec: Spec) -> None:
+        self.conn, self._control_store, self.factory, self.spec = conn, control_store, factory, spec
 
     @classmethod
     @contextlib.contextmanager
-    def opened(cls, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory,
-               spec: Spec) -> Iterator[PostgresBuildEngine]:
+    def opened(cls, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
+               factory: ConnectionFactory, spec: Spec) -> Iterator[PostgresBuildEngine]:
         """The engine for one step: it opens nothing beyond the step's connections."""
-        yield cls(conn, control, factory, spec)
+        yield cls(conn, control_store, factory, spec)
+
+    @property
+    def control(self) -> psycopg.Connection:
+        """The control store's connection (only the plan's commit asks for it)."""
+        return self._control_store()
 
     # -- the plan side ----------------------------------------------------------------------
     def inspect(self) -> Inspection:

@@ -26,7 +26,7 @@ Plans, approvals, the ledger and the locks stay in the control store (PostgreSQL
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -65,7 +65,7 @@ from backfill_assets.core.vocabulary import PartitionRequest
 
 class SparkTarget(StagedLakeTarget):
     """A Spark spec's target (a Parquet folder or a catalog table), whose approved rows come
-    from stage A's files (targets.lake.StagedLakeTarget)."""
+    from stage A's files (core.lake.target.StagedLakeTarget)."""
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
@@ -88,22 +88,27 @@ class SparkBuildEngine(PinnedBuildEngine):
                    "approve, apply, status and inspect do)",
     }
 
-    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory, spec: Spec,
-                 source: SparkSource) -> None:
-        super().__init__(conn, control, factory, spec, source)
+    def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
+                 factory: ConnectionFactory, spec: Spec, source: SparkSource) -> None:
+        super().__init__(conn, control_store, factory, spec)
+        self._source = source
         self._target: SparkTarget | None = None
         self._session: Any | None = None
 
     @classmethod
     @contextlib.contextmanager
-    def opened(cls, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory,
-               spec: Spec) -> Iterator[SparkBuildEngine]:
+    def opened(cls, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
+               factory: ConnectionFactory, spec: Spec) -> Iterator[SparkBuildEngine]:
         """The spec's source, open for the block; the session is started when first asked for."""
         source = spark_source(spec)
         try:
-            yield cls(conn, control, factory, spec, source)
+            yield cls(conn, control_store, factory, spec, source)
         finally:
             source.close()
+
+    @property
+    def source(self) -> SparkSource:
+        return self._source
 
     @property
     def session(self) -> Any:

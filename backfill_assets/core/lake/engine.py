@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import io
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,3 +284,22 @@ def lake_engine_for(spec: Spec) -> LakeEngine:
     if not issubclass(engine, LakeEngine):
         raise SpecError(f"engine {spec.engine.type} writes lake tables; a {spec.target.format} target is not one")
     return engine(spec)
+
+
+def inspect_input(conn: psycopg.Connection | None, spec: Spec, inspection: Inspection,
+                  found: Sequence[tuple[str, str]], info_of: Callable[[str, str], ColumnInfo | None],
+                  unsupported: Callable[[str, str], str]) -> None:
+    """The input's columns as the DuckDB or Spark engine describes them (``found``: name and
+    the engine's type), as the PostgreSQL types that hold the same values (``info_of``), then
+    the lake target's side of the inspection. A column without a counterpart is a problem of
+    the inspection (``unsupported`` names the cast that gives it one), and the target is not
+    read then."""
+    by_name: dict[str, ColumnInfo] = {}
+    for name, kind in found:
+        info = info_of(name, kind)
+        if info is None:
+            inspection.problems.append(unsupported(name, kind))
+        else:
+            by_name[name] = info
+    if not inspection.problems:
+        lake_engine_for(spec).inspect_table(conn, inspection, by_name)  # type: ignore[arg-type]

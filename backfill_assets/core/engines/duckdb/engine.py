@@ -50,7 +50,7 @@ from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare
 from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.kinds import lake_schema
-from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
+from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine, refusals
 from backfill_assets.core.lake.sources import LakeSource, lake_source
 from backfill_assets.core.lake.target import StagedLakeTarget
 from backfill_assets.core.pg.db import ConnectionFactory
@@ -86,12 +86,7 @@ class DuckBuildEngine(PinnedBuildEngine):
     both stages in the spec's DuckDB database; plans, approvals and the ledger in the control
     store (``control``)."""
 
-    REFUSES = {
-        "diff": "`diff` reads a PostgreSQL source and stages; it does not support engine duckdb yet (plan, approve, "
-                "apply, status and inspect do; approve shows each partition's changes)",
-        "profile": "`profile` reads a PostgreSQL source and stages; it does not support engine duckdb yet (plan, "
-                   "approve, apply, status and inspect do)",
-    }
+    REFUSES = refusals("duckdb")
 
     def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
                  factory: ConnectionFactory, spec: Spec, stack: contextlib.ExitStack) -> None:

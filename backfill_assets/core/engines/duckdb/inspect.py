@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from backfill_assets.core.catalog import ColumnInfo, Inspection, ServerInfo
+from backfill_assets.core.catalog import Inspection, ServerInfo
 from backfill_assets.core.context import Context
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.lake.duck_types import column_info, source_types, unsupported
-from backfill_assets.core.lake.engine import lake_engine_for
+from backfill_assets.core.lake.engine import inspect_input
 from backfill_assets.core.lake.sources import LakeSource
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
@@ -64,16 +64,7 @@ def inspect(conn: psycopg.Connection | None, spec: Spec, source: LakeSource, duc
         found = described(duck, relation, spec.input_columns)
     except duckdb.Error as err:
         raise SpecError(f"the input of spec {spec.name} cannot be read in DuckDB: {' '.join(str(err).split())[:300]}") from None
-    by_name: dict[str, ColumnInfo] = {}
-    for name, duck_type in found:
-        info = column_info(name, duck_type)
-        if info is None:
-            problems.append(unsupported(name, duck_type))
-        else:
-            by_name[name] = info
-    if problems:
-        return inspection, transform
-    lake_engine_for(spec).inspect_table(conn, inspection, by_name)  # type: ignore[arg-type]
+    inspect_input(conn, spec, inspection, found, column_info, unsupported)
     return inspection, transform
 
 

@@ -52,7 +52,7 @@ from backfill_assets.core.errors import ApprovalError, StageError, VerificationE
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare
 from backfill_assets.core.lake.engine import lake_engine_for
-from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
+from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine, refusals
 from backfill_assets.core.lake.target import StagedLakeTarget
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned import LakeSnapshot, keys_detail, require_plan_pin
@@ -81,12 +81,7 @@ class SparkBuildEngine(PinnedBuildEngine):
     and apply, Spark is started only where a seal does not hold (the stage is then
     fingerprinted again)."""
 
-    REFUSES = {
-        "diff": "`diff` reads a PostgreSQL source and stages; it does not support engine spark yet (plan, approve, "
-                "apply, status and inspect do; approve shows each partition's changes)",
-        "profile": "`profile` reads a PostgreSQL source and stages; it does not support engine spark yet (plan, "
-                   "approve, apply, status and inspect do)",
-    }
+    REFUSES = refusals("spark")
 
     def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
                  factory: ConnectionFactory, spec: Spec, source: SparkSource) -> None:

@@ -15,7 +15,7 @@ from backfill_assets.core.engines.spark.session import column_info, unsupported
 from backfill_assets.core.engines.spark.source import SparkSource
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.fingerprint import rows
-from backfill_assets.core.lake.engine import lake_engine_for
+from backfill_assets.core.lake.engine import inspect_input
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
@@ -76,16 +76,7 @@ def inspect(conn: psycopg.Connection | None, spec: Spec, source: SparkSource, se
     except Exception as err:  # noqa: BLE001 - Spark's analysis errors, reported as the spec's
         raise SpecError(f"the input of spec {spec.name} cannot be read in Spark: "
                         f"{' '.join(str(err).split())[:300]}") from None
-    by_name: dict[str, ColumnInfo] = {}
-    for name, spark_type in found:
-        info = column_info(name, spark_type)
-        if info is None:
-            problems.append(unsupported(name, spark_type))
-        else:
-            by_name[name] = info
-    if problems:
-        return inspection, transform
-    lake_engine_for(spec).inspect_table(conn, inspection, by_name)  # type: ignore[arg-type]
+    inspect_input(conn, spec, inspection, found, column_info, unsupported)
     return inspection, transform
 
 

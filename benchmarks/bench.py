@@ -105,11 +105,12 @@ def step_seconds(marks: list[tuple[float, ProgressEvent]], t_plan: float, t_appr
     """Seconds per step, from the progress events' times (seconds since the start) and
     fields: the builds run from the stages' first event (their ``done=0`` announcement) to
     their last partition."""
-    built = [t for t, e in marks if e.step in ("stage a", "stage b")]
+    built = [t for t, e in marks if e.step in ("stage a", "stage b")
+             or (e.step == "snapshot" and e.status == "taken")]  # an exported snapshot is identified after B
     first, last = built[0], built[-1]
     return {
-        "inspect + snapshot (copy the source, fingerprint the copy, check)": first,
-        "build A and B at once, each with its fingerprints": last - first,
+        "inspect + snapshot (exported: check the source in it; copy: copy, fingerprint, check)": first,
+        "build A and B at once, each with its fingerprints (exported: then the source's, after B)": last - first,
         "compare and store the plan": t_plan - last,
         "approve (recheck the stage, read the target it is given against)": t_approve - t_plan,
         "apply (check the stage and the target, then per partition: target and stage under the lock, replace, verify twice)": total - t_approve,

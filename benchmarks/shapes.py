@@ -93,7 +93,7 @@ class Shape:
 CURRENT_COLUMNS = ["d", "k", "updated_at", "seq", "amount", "status", "note"]
 CURRENT_SPEC: dict[str, Any] = {
     "name": "bench", "database_url_env": URL_ENV,
-    "source": {"table": "bench.src", "snapshot": "copy"}, "target": {"table": "bench.tgt"},
+    "source": {"table": "bench.src", }, "target": {"table": "bench.tgt"},
     "partition_key": "d", "business_key": ["k"],
     "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
     "columns": CURRENT_COLUMNS, "total": "amount", "transform_version": "bench-v1",
@@ -138,7 +138,7 @@ WIDE_COLUMNS = ["ingest_day", "event_id", "account_id", "updated_at", "ingest_se
                 "currency", "status", "country", "title", "flags", "note"]
 WIDE_SPEC: dict[str, Any] = {
     "name": "bench_wide", "database_url_env": URL_ENV,
-    "source": {"table": "bench_wide.src", "snapshot": "copy"}, "target": {"table": "bench_wide.tgt"},
+    "source": {"table": "bench_wide.src", }, "target": {"table": "bench_wide.tgt"},
     "partition_key": "ingest_day", "business_key": ["event_id"],
     "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "ingest_seq", "direction": "desc"}],
     "columns": WIDE_COLUMNS, "total": "amount", "transform_version": "bench-wide-v1",
@@ -201,7 +201,7 @@ def wide(rows: int = 650_000, days: int = 6) -> Shape:
 
 SMALL_SPEC: dict[str, Any] = {
     **CURRENT_SPEC, "name": "bench_small", "control_schema": "bench_small_control",
-    "source": {"table": "bench_small.src", "snapshot": "copy"}, "target": {"table": "bench_small.tgt"},
+    "source": {"table": "bench_small.src", }, "target": {"table": "bench_small.tgt"},
     "transform_version": "bench-small-v1",
 }
 _SMALL_DDL = (

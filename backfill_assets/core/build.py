@@ -67,6 +67,13 @@ class BuildEngine(Protocol):
     # What this engine cannot do, by command ("diff", "profile"): the reason, for the refusal.
     REFUSES: dict[str, str]
 
+    @staticmethod
+    def snapshot_with_builds(spec: Spec) -> bool:
+        """Whether the spec's snapshot lives only as long as the step that takes it (a
+        PostgreSQL snapshot exported by the plan's transaction), so that an orchestrator must
+        build the stages in that same step (core.plan.plan_step)."""
+        ...
+
     # -- the plan side ----------------------------------------------------------------------
     def inspect(self) -> Inspection:
         """Source and target, read-only, with every problem found (core.resolve.inspect)."""
@@ -86,8 +93,10 @@ class BuildEngine(Protocol):
         ...
 
     def build_both(self, ctx: Context, snapshot: Any, clock: Clock,
-                   progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
-        """Build stages A and B from the snapshot, fingerprint and record both."""
+                   progress: Progress) -> tuple[Any, dict[str, Fingerprint], dict[str, Fingerprint]]:
+        """Build stages A and B from the snapshot, fingerprint and record both. Returns the
+        snapshot (one that the builds' own reading identifies, as PostgreSQL's exported
+        snapshot, comes back identified) and the readings of A and B."""
         ...
 
     def finish_plan(self, ctx: Context, snapshot: Any, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
@@ -146,6 +155,11 @@ def build_engine_class(spec: Spec) -> Any:
     """The class of the spec's build engine (imported now: only the named engine is loaded)."""
     module, _, name = SUPPORTS[spec.engine.type].builds.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def snapshot_with_builds(spec: Spec) -> bool:
+    """Whether the spec's snapshot and builds must run in one step (BuildEngine.snapshot_with_builds)."""
+    return bool(build_engine_class(spec).snapshot_with_builds(spec))
 
 
 def refuse_unless_supported(spec: Spec, command: str) -> None:

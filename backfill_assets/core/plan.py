@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.build import open_build_engine
+from backfill_assets.core.build import open_build_engine, snapshot_with_builds
 from backfill_assets.core.context import Clock, Context, build_lock, partition_locks, spec_lock, utc_now
 from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.rows import Fingerprint
@@ -47,7 +47,7 @@ def make_plan(
         progress(ProgressEvent("inspect", f"{spec.source_name} -> {spec.target_name}"))
         ctx = engine.resolve(request)
         snapshot, ctx = engine.take_snapshot(ctx, clock, progress)
-        a, b = engine.build_both(ctx, snapshot, clock, progress)
+        snapshot, a, b = engine.build_both(ctx, snapshot, clock, progress)
         return engine.finish_plan(ctx, snapshot, a, b, clock, progress)
 
 
@@ -58,7 +58,17 @@ def snapshot_step(
     """Step 1 on its own (for an orchestrator): inspect, check and snapshot the partitions.
 
     A spec with ``parallel`` snapshots at once with its other builds of other partitions
-    (core.context.build_lock), each holding its own partitions."""
+    (core.context.build_lock), each holding its own partitions.
+
+    Raises:
+        SnapshotError: the spec's snapshot lives only as long as its step (``snapshot:
+            exported``): take it with the builds, :func:`plan_step`.
+    """
+    if snapshot_with_builds(spec):
+        raise SnapshotError(
+            f"spec {spec.name} takes its snapshot with its builds (snapshot: exported): plan, or build the "
+            "stages with the snapshot in one step; declare `snapshot: copy` to take it in a step of its own"
+        )
     with factory() as conn, factory.control(conn) as control, build_lock(control, spec), \
             open_build_engine(conn, factory, spec, control) as engine:
         ctx = engine.resolve(request)
@@ -83,8 +93,27 @@ def stages_step(
             open_build_engine(conn, factory, spec, control) as engine:
         snapshot, ctx = engine.load_snapshot(snapshot_id)
         with partition_locks(control, spec, ctx.labels):
-            a, b = engine.build_both(ctx, snapshot, clock, progress)
+            snapshot, a, b = engine.build_both(ctx, snapshot, clock, progress)
             return ctx, engine.finish_plan(ctx, snapshot, a, b, clock, progress), a, b
+
+
+def plan_step(
+    spec: Spec, labels: list[str], factory: ConnectionFactory, *,
+    clock: Clock = utc_now, progress: Progress = quiet,
+) -> tuple[Any, Context, Plan, dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """Steps 1 to 3 in one step for an orchestrator, when the snapshot lives only as long as
+    the step taking it (core.build.snapshot_with_builds): :func:`make_plan` under the locks
+    of a build step (:func:`snapshot_step`, :func:`stages_step`).
+
+    Returns the snapshot, its context, the plan, and the readings of stages A and B.
+    """
+    with factory() as conn, factory.control(conn) as control, build_lock(control, spec), \
+            open_build_engine(conn, factory, spec, control) as engine:
+        ctx = engine.resolve(labels)
+        with partition_locks(control, spec, ctx.labels):
+            snapshot, ctx = engine.take_snapshot(ctx, clock, progress)
+            snapshot, a, b = engine.build_both(ctx, snapshot, clock, progress)
+            return snapshot, ctx, engine.finish_plan(ctx, snapshot, a, b, clock, progress), a, b
 
 
 def snapshot_covering(conn: psycopg.Connection, spec: Spec, labels: list[str], *,

@@ -46,7 +46,9 @@ class SourceSpec(Strict):
 
     format: Literal["postgres"] = "postgres"
     table: TableName
-    snapshot: Literal["copy", "immutable"]
+    # exported: both builds read one MVCC snapshot the plan holds (core.engines.postgres.snapshot);
+    # copy: the partitions copied into a sealed table; immutable: read in place, pinned by fingerprint.
+    snapshot: Literal["exported", "copy", "immutable"] = "exported"
     # A column every write sets to a value above any the table holds (an ingest sequence, an
     # `updated_at` set on insert and update): the source sensor's cheap per-partition signal.
     # Its type is checked against the catalog by core.engines.postgres.watch (an integer, numeric,

@@ -31,8 +31,9 @@ import dagster as dg
 import psycopg
 
 from backfill_assets.core.apply import apply_plan, approved_plan_for
+from backfill_assets.core.build import snapshot_with_builds
 from backfill_assets.core.errors import ApprovalError, BackfillError, SpecError, StageError, VerificationError
-from backfill_assets.core.plan import snapshot_covering, snapshot_step, stages_step
+from backfill_assets.core.plan import plan_step, snapshot_covering, snapshot_step, stages_step
 from backfill_assets.core.preview import make_preview
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
@@ -163,6 +164,8 @@ def spec_assets(spec: Spec) -> list[Any]:
                      "preview and an approve link, and the approvals not yet applied, each with its age. "
                      "Observed by the approvals_board sensor; not data."),
     )
+    if snapshot_with_builds(spec):  # the snapshot is taken by the step that builds from it
+        return [source, _stages_asset(shape), _target_asset(shape), approvals]
     return [source, _snapshot_asset(shape), _stages_asset(shape), _target_asset(shape), approvals]
 
 
@@ -177,14 +180,20 @@ def _kind(spec: Spec) -> str:
     return spec.engine.type
 
 
+def _snapshot_spec(shape: _Shape) -> dg.AssetSpec:
+    spec = shape.spec
+    held = snapshot_with_builds(spec)
+    return dg.AssetSpec(
+        shape.keys.snapshot, deps=[shape.keys.source], group_name=spec.name, kinds={_kind(spec)},
+        description=("The source partitions as one snapshot the stages step holds while it builds both stages "
+                     "(materialized with them), identified by their fingerprints." if held else
+                     "A fixed copy (or pinned fingerprint) of the source partitions."))
+
+
 def _snapshot_asset(shape: _Shape) -> dg.AssetsDefinition:
     spec, keys, parts = shape.spec, shape.keys, shape.parts
 
-    @shape.multi_asset(
-        "snapshot", build_pool(spec),
-        specs=[dg.AssetSpec(keys.snapshot, deps=[keys.source], group_name=spec.name, kinds={_kind(spec)},
-                            description="A fixed copy (or pinned fingerprint) of the source partitions.")],
-    )
+    @shape.multi_asset("snapshot", build_pool(spec), specs=[_snapshot_spec(shape)])
     def snapshot(context: dg.AssetExecutionContext):
         _require_build_pool(context, spec)
         factory = _factory(context, spec)
@@ -198,9 +207,11 @@ def _snapshot_asset(shape: _Shape) -> dg.AssetsDefinition:
 def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
     spec, keys, parts = shape.spec, shape.keys, shape.parts
 
+    held = snapshot_with_builds(spec)  # the snapshot is taken, and materialized, by this step
     @shape.multi_asset(
         "stages", build_pool(spec),
         specs=[
+            *([_snapshot_spec(shape)] if held else []),
             dg.AssetSpec(keys.stage_a, deps=[keys.snapshot], group_name=spec.name, kinds={_kind(spec)},
                          description="Newest row per business key, built with DISTINCT ON."),
             dg.AssetSpec(keys.stage_b, deps=[keys.snapshot], group_name=spec.name, kinds={_kind(spec)},
@@ -223,6 +234,11 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
         (Two steps would run one after the other and read both stages again to plan.)
         With only the stage checks selected, the checks run again on the stages as they are."""
         chosen = context.selected_asset_keys & {keys.stage_a, keys.stage_b}
+        if held and keys.snapshot in context.selected_asset_keys and chosen != {keys.stage_a, keys.stage_b}:
+            raise StageError(
+                f"{keys.snapshot.to_user_string()} is taken by the step that builds both stages from it "
+                "(snapshot: exported, held only while that step runs); select both stages with it"
+            )
         if not chosen:
             yield from _stage_checks_again(context, shape)
             return
@@ -235,10 +251,17 @@ def _stages_asset(shape: _Shape) -> dg.AssetsDefinition:
         _require_build_pool(context, spec)
         factory = _factory(context, spec)
         with transient_retry(factory, spec), _progress(context) as progress:
-            with factory() as conn:
-                snapshot_id = snapshot_covering(conn, spec, list(context.partition_keys),
-                                                 take_hint=f"materialize {keys.snapshot.to_user_string()} first")
-            ctx, plan, built_a, built_b = stages_step(spec, snapshot_id, factory, progress=progress)
+            if held:
+                snap, ctx, plan, built_a, built_b = plan_step(spec, list(context.partition_keys), factory,
+                                                              progress=progress)
+                snapshot_id = snap.snapshot_id
+            else:
+                with factory() as conn:
+                    snapshot_id = snapshot_covering(conn, spec, list(context.partition_keys),
+                                                     take_hint=f"materialize {keys.snapshot.to_user_string()} first")
+                ctx, plan, built_a, built_b = stages_step(spec, snapshot_id, factory, progress=progress)
+        if held and keys.snapshot in context.selected_asset_keys:
+            yield from events.snapshot_events(keys, parts, snap)
         checks = events.stage_checks(keys, parts, plan, built_a, built_b, spec.parallel)
         if plan.status == "refused":
             # The differing partitions' stages were deleted: record no materialization of any

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import re
 import threading
-from decimal import Decimal
 
 import psycopg
 import pytest
@@ -18,7 +17,7 @@ from backfill_assets.core.plan import make_plan
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest, TableRef
-from backfill_assets_tests.support.flows import ALL_DAYS, expected_hash, newest_wins, target_hashes
+from backfill_assets_tests.support.flows import ALL_DAYS, check_against_newest_wins, expected_hash, target_hashes
 from backfill_assets_tests.support.specs import make_spec
 
 STATIC = make_spec(records_can_move=False)  # keys stay in their partition
@@ -34,20 +33,6 @@ STATIC = make_spec(records_can_move=False)  # keys stay in their partition
 
 def control_schema_exists(conn: psycopg.Connection) -> bool:
     return conn.execute("SELECT to_regnamespace('backfill_control') IS NOT NULL").fetchone()[0]
-
-
-def check_against_newest_wins(conn, plan, rows, *, per_day: bool, days: list[dt.date]) -> None:
-    expected = newest_wins(rows, per_day=per_day)
-    by_day = {p["partition"]: p for p in plan.as_json()["partitions"]}
-    assert list(by_day) == [d.isoformat() for d in days]
-    for day in days:
-        entry, want = by_day[day.isoformat()], expected.get(day, [])
-        assert entry["match"] and entry["stage_a"] == entry["stage_b"]
-        assert entry["stage_a"]["content_hash"] == expected_hash(conn, want)
-        assert entry["stage_a"]["row_count"] == len(want)
-        total = sum((r[5] for r in want), Decimal("0.00"))
-        assert entry["stage_a"]["total"] == (str(total) if want else "0")
-        assert entry["stage_a"]["null_key_count"] == entry["stage_a"]["duplicate_key_count"] == 0
 
 
 def test_plan_builds_both_stages_equal_to_an_independent_newest_wins(unmoved_db, factory):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from decimal import Decimal
 
 import psycopg
 from psycopg import sql
@@ -45,6 +46,21 @@ def expected_hash(conn: psycopg.Connection, rows: list[tuple]) -> str:
     by the plain-Python reference of the fingerprint."""
     cols = table_columns(conn, TARGET)
     return fingerprint_rows.reference_readings(cols, rows, ["order_id"], None).content_hash
+
+
+def check_against_newest_wins(conn, plan, rows, *, per_day: bool, days: list[dt.date]) -> None:
+    """Every partition of the plan: both stages as an independent newest-wins gives them."""
+    expected = newest_wins(rows, per_day=per_day)
+    by_day = {p["partition"]: p for p in plan.as_json()["partitions"]}
+    assert list(by_day) == [d.isoformat() for d in days]
+    for day in days:
+        entry, want = by_day[day.isoformat()], expected.get(day, [])
+        assert entry["match"] and entry["stage_a"] == entry["stage_b"]
+        assert entry["stage_a"]["content_hash"] == expected_hash(conn, want)
+        assert entry["stage_a"]["row_count"] == len(want)
+        total = sum((r[5] for r in want), Decimal("0.00"))
+        assert entry["stage_a"]["total"] == (str(total) if want else "0")
+        assert entry["stage_a"]["null_key_count"] == entry["stage_a"]["duplicate_key_count"] == 0
 
 
 def target_hashes(conn: psycopg.Connection, days: list[dt.date] = demo.DEMO_DAYS) -> dict[str, str]:

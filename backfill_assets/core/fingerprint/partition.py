@@ -141,6 +141,18 @@ def written(
     return _fingerprint(columns, row, 0, total)
 
 
+def written_partitions(
+    conn: psycopg.Connection, insert: sqlbuild.Query, columns: Sequence[ColumnInfo], partition_key: str,
+    business_key: Sequence[str], total: str | None, partitions: Sequence[object], *, utf8: bool,
+) -> list[Fingerprint]:
+    """:func:`written` for an INSERT of several partitions: the readings of each of
+    ``partitions``, in that order, from the rows the statement wrote."""
+    query, params = sqlbuild.written_readings(insert, [c.name for c in columns], fields(columns), business_key,
+                                              total, utf8=utf8, group_by=partition_key)
+    found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
+    return [_fingerprint(columns, found[p], 0, total) if p in found else empty(columns, total) for p in partitions]
+
+
 def rows_digest(
     conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], where: sql.Composable,
     params: dict[str, object], *, utf8: bool,

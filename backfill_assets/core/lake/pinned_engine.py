@@ -42,6 +42,10 @@ class PinnedBuildEngine:
 
     REFUSES: dict[str, str] = {}
 
+    @staticmethod
+    def snapshot_with_builds(spec: Spec) -> bool:
+        return False  # a pinned table version is read again by id in any later step
+
     def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
                  factory: ConnectionFactory, spec: Spec) -> None:
         self.conn, self._control_store, self.factory, self.spec = conn, control_store, factory, spec

@@ -269,6 +269,30 @@ def repeatable_read(conn: psycopg.Connection, *, read_only: bool = False) -> Ite
 
 
 @contextlib.contextmanager
+def imported_snapshot(conn: psycopg.Connection, name: str, *, read_only: bool = False) -> Iterator[None]:
+    """A REPEATABLE READ transaction that reads the snapshot another session exported with
+    ``pg_export_snapshot()`` (as parallel ``pg_dump`` does): every statement in it sees exactly
+    the rows that session sees, whatever committed since. The exporting transaction must still
+    be open. The name is a server-made token, written as a literal: a utility statement takes
+    no bound parameter."""
+    with conn.transaction():
+        conn.execute(_REPEATABLE_READ_ONLY if read_only else _REPEATABLE_READ)
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
+        yield
+
+
+_EXPORT_SNAPSHOT = sql.SQL("SELECT pg_export_snapshot()")
+
+
+def export_snapshot(conn: psycopg.Connection) -> str:
+    """Export the snapshot of ``conn``'s REPEATABLE READ transaction (its first statement must
+    not have run yet in another isolation): the name other sessions import it by."""
+    row = conn.execute(_EXPORT_SNAPSHOT).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+@contextlib.contextmanager
 def read_committed(conn: psycopg.Connection) -> Iterator[None]:
     """A READ COMMITTED transaction whatever the server's default: each statement reads what
     is committed when it starts, so a read after a table lock sees every write the lock

@@ -59,7 +59,7 @@ class PartitionEntry(_Frozen):
 class SnapshotRef(_Frozen):
     id: str
     # lake: a lake source's own version, read by the DuckDB engine (core.engines.duckdb)
-    mode: Literal["copy", "immutable", "lake"]
+    mode: Literal["exported", "copy", "immutable", "lake"]
     fingerprint: str
     version: str | None = None  # lake: the Delta version, Iceberg snapshot id or Parquet file-list digest
 

@@ -140,8 +140,8 @@ class DuckBuildEngine(PinnedBuildEngine):
                                ctx.partitions)
 
     def build_both(self, ctx: Context, snapshot: LakeSnapshot, clock: Clock,
-                   progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
-        return build_both(self.control, ctx, snapshot, self.source, self.db, clock, progress)
+                   progress: Progress) -> tuple[LakeSnapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
+        return (snapshot, *build_both(self.control, ctx, snapshot, self.source, self.db, clock, progress))
 
     def finish_plan(self, ctx: Context, snapshot: LakeSnapshot, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
                     clock: Clock, progress: Progress) -> Plan:

@@ -1,6 +1,7 @@
-"""The PostgreSQL build engine: the source is a table of the spec's database, copied (or pinned
-by its fingerprint) in one REPEATABLE READ transaction, and both stages are built there, on
-two connections at once (core.build.BuildEngine).
+"""The PostgreSQL build engine: the source is a table of the spec's database, read in one
+exported snapshot held for the plan (or copied, or pinned by its fingerprint, in one
+REPEATABLE READ transaction), and both stages are built there, on two connections at once
+(core.build.BuildEngine).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from backfill_assets.core.build import SourceMoves, StagesNow
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff
-from backfill_assets.core.engines.postgres import planned, review, snapshot, stages
+from backfill_assets.core.engines.postgres import exported, planned, review, snapshot, stages
 from backfill_assets.core.engines.postgres.diff import diff_against
 from backfill_assets.core.engines.postgres.guard.transform import GUARD
 from backfill_assets.core.engines.postgres.resolve import resolve
@@ -39,16 +40,23 @@ class PostgresBuildEngine:
 
     REFUSES: dict[str, str] = {}
 
+    @staticmethod
+    def snapshot_with_builds(spec: Spec) -> bool:
+        return spec.source.snapshot == "exported"
+
     def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
-                 factory: ConnectionFactory, spec: Spec) -> None:
+                 factory: ConnectionFactory, spec: Spec, held: contextlib.ExitStack) -> None:
         self.conn, self._control_store, self.factory, self.spec = conn, control_store, factory, spec
+        self._held = held  # an exported snapshot's transaction, from take_snapshot to the builds' end
 
     @classmethod
     @contextlib.contextmanager
     def opened(cls, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
                factory: ConnectionFactory, spec: Spec) -> Iterator[PostgresBuildEngine]:
-        """The engine for one step: it opens nothing beyond the step's connections."""
-        yield cls(conn, control_store, factory, spec)
+        """The engine for one step: beyond the step's connections it opens only the one that
+        holds an exported snapshot, closed once the builds have read it (or with the step)."""
+        with contextlib.ExitStack() as held:
+            yield cls(conn, control_store, factory, spec, held)
 
     @property
     def control(self) -> psycopg.Connection:
@@ -63,16 +71,21 @@ class PostgresBuildEngine:
         return resolve(self.conn, self.spec, request)
 
     def take_snapshot(self, ctx: Context, clock: Clock, progress: Progress) -> tuple[snapshot.Snapshot, Context]:
+        if self.spec.source.snapshot == "exported":
+            return self._held.enter_context(exported.exported(self.conn, self.factory, ctx, progress)), ctx
         return snapshot.take_snapshot(self.conn, ctx, clock, progress)
 
     def load_snapshot(self, snapshot_id: str) -> tuple[snapshot.Snapshot, Context]:
         return snapshot.load_snapshot(self.conn, self.spec, snapshot_id)
 
     def build_both(self, ctx: Context, snap: snapshot.Snapshot, clock: Clock,
-                   progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
-        if self.spec.parallel is not None:  # several builds of the spec may start at once
-            planned.stage_tables_ready(self.conn, ctx)
-        return stages.build_both(ctx, snap, self.factory, clock, progress)
+                   progress: Progress) -> tuple[snapshot.Snapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
+        try:
+            if self.spec.parallel is not None:  # several builds of the spec may start at once
+                planned.stage_tables_ready(self.conn, ctx)
+            return stages.build_both(ctx, snap, self.factory, clock, progress)
+        finally:
+            self._held.close()  # an exported snapshot is read: let the server forget it
 
     def finish_plan(self, ctx: Context, snap: snapshot.Snapshot, a: dict[str, Fingerprint],
                     b: dict[str, Fingerprint], clock: Clock, progress: Progress) -> Plan:

@@ -43,7 +43,7 @@ def finish_plan(
     data's deletions commit first: should the plan's commit then fail, no plan names those
     stages, and the next plan builds them again."""
     spec = ctx.spec
-    reports = _input_reports(conn, ctx, snapshot)
+    reports = snapshot.reports if snapshot.reports is not None else _input_reports(conn, ctx, snapshot)
     if snapshot.mode == "immutable":
         recheck_immutable_source(conn, ctx, snapshot)
     problems = ctx.engine.plan_problems(conn, ctx) + differing_keys(conn, ctx, a, b)

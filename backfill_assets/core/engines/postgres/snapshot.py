@@ -2,7 +2,9 @@
 
 ``take_snapshot`` fingerprints the declared partitions in one REPEATABLE READ transaction and
 either copies exactly those rows into a sealed table (``copy``) or pins their fingerprint
-(``immutable``). A copy is reused, approved and built from only while its seal holds
+(``immutable``). ``exported`` (the default) copies nothing: engines.postgres.exported holds
+one REPEATABLE READ transaction open for the whole plan and exports its snapshot for the
+builds to import. A copy is reused, approved and built from only while its seal holds
 (:func:`copy_problem`); an immutable source is rechecked by :func:`immutable_source_changes`,
 the one recheck plan, approval and apply share. ``source_changes`` tells a sensor which
 snapshotted partitions moved on.
@@ -36,15 +38,22 @@ from backfill_assets.core.vocabulary import TableRef, parse_table_name, partitio
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A fixed source: a copied table (``copy``) or the live source pinned by fingerprint."""
+    """A fixed source: a copied table (``copy``), the live source pinned by fingerprint
+    (``immutable``), or the live source read in one exported MVCC snapshot (``exported``: its
+    id, fingerprint and partitions are known only once the builds have read it, see
+    engines.postgres.exported)."""
 
     snapshot_id: str
-    mode: Literal["copy", "immutable"]
+    mode: Literal["exported", "copy", "immutable"]
     relation: TableRef
     filtered: bool  # True when the relation is the live source, read for the partitions only
     fingerprint: str
     partitions: dict[str, dict[str, Any]]  # label -> {"row_count", "content_hash"}
     requested: list[str]  # the partitions asked for; the others were added by moved records
+    # The server's name of the exported snapshot, while the plan holding it runs.
+    exported: str | None = None
+    # partition -> (input rows, rows with a NULL key), read with the source checks; None: not read yet.
+    reports: dict[str, tuple[int, int]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint}
@@ -69,7 +78,7 @@ def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     return {"row_count": rows, "content_hash": digest}
 
 
-def _scope_document(ctx: Context, requested: list[str]) -> dict[str, Any]:
+def scope_document(ctx: Context, requested: list[str]) -> dict[str, Any]:
     scope = ctx.scope
     return {
         "requested": requested,
@@ -78,7 +87,7 @@ def _scope_document(ctx: Context, requested: list[str]) -> dict[str, Any]:
     }
 
 
-def _snapshot_identity(
+def identity_of(
     ctx: Context, parts: dict[str, dict[str, Any]], outside: dict[str, Any] | None,
     scope: dict[str, Any],
 ) -> tuple[str, str]:
@@ -95,9 +104,14 @@ def _snapshot_identity(
     return snapshot_identity(doc, scope, ctx.spec.source.snapshot)
 
 
-def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed, params: dict[str, Any]) -> None:
+def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed,
+                 params: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """Refuse source data whose newest-wins order is not total, or that a transform moves
     out of the declared partitions.
+
+    Returns:
+        Per partition with input rows: (rows, rows with a NULL business key), the plan's
+        input report.
 
     Raises:
         SourceDataError: NULLs in an ordering column without declared NULL placement, ties
@@ -119,8 +133,8 @@ def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed
         )
     others = [c for c in spec.columns if c not in {spec.partition_key, *spec.business_key, *ordering}]
     query, qp = sqlbuild.input_report(input_rel, spec.partition_key, spec.business_key, params)
-    keyless = [f"partition {partition_label(p)}: {n} row(s)" for p, n, nulls in conn.execute(query, qp).fetchall()
-               if n and nulls == n]
+    reports = {partition_label(p): (int(n), int(nulls)) for p, n, nulls in conn.execute(query, qp).fetchall()}
+    keyless = [f"partition {label}: {n} row(s)" for label, (n, nulls) in reports.items() if n and nulls == n]
     if keyless:
         # Every row dropped would empty the target partition: far more likely a wrong key.
         raise SourceDataError(
@@ -164,6 +178,7 @@ def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed
                 f"NULL partition",
                 "A transform must keep every row in its source partition",
             )
+    return reports
 
 
 def take_snapshot(
@@ -203,11 +218,11 @@ def take_snapshot(
         progress(ProgressEvent("snapshot", f"fingerprinting {len(ctx.partitions)} source partition(s) of {src}"))
         parts = source_fingerprints(conn, ctx, fingerprinted)
         outside = outside_fingerprint(conn, ctx, fingerprinted) if spec.records_can_move else None
-        scope = _scope_document(ctx, requested)
-        snapshot_id, fingerprint = _snapshot_identity(ctx, parts, outside, scope)
+        scope = scope_document(ctx, requested)
+        snapshot_id, fingerprint = identity_of(ctx, parts, outside, scope)
         if spec.source.snapshot != "immutable":
             relation = _name_copy(conn, ctx, fingerprinted, copied, fingerprint, snapshot_id, clock, progress)
-        check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
+        reports = check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
         store.record_snapshot(
             conn, spec.control_schema, snapshot_id=snapshot_id, source_table=str(src),
             mode=spec.source.snapshot, snapshot_table=None if filtered else str(relation),
@@ -215,7 +230,8 @@ def take_snapshot(
             partitions=[{"partition": k, **parts[k]} for k in ctx.labels],
             fingerprint=fingerprint, scope=scope, created_at=clock(),
         )
-    snapshot = Snapshot(snapshot_id, spec.source.snapshot, relation, filtered, fingerprint, parts, requested)
+    snapshot = Snapshot(snapshot_id, spec.source.snapshot, relation, filtered, fingerprint, parts, requested,
+                        reports=reports)
     return snapshot, ctx
 
 
@@ -233,6 +249,12 @@ def load_snapshot(conn: psycopg.Connection, spec: Spec, snapshot_id: str) -> tup
         raise SnapshotError(
             f"snapshot {snapshot_id} was taken with fingerprint format {found['fingerprint_format'] or 'older than 3'}; "
             f"this version computes format {FINGERPRINT_FORMAT}: take a snapshot again (plan again)"
+        )
+    if found["mode"] == "exported":
+        raise SnapshotError(
+            f"snapshot {snapshot_id} was read in the plan's own transaction (snapshot: exported), which ended "
+            "with it; build the stages in the step that takes the snapshot, or declare `snapshot: copy` to "
+            "build them in a later step"
         )
     labels = [p["partition"] for p in found["partitions"]]
     ctx = resolve(conn, spec, labels)

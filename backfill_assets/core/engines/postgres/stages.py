@@ -5,12 +5,14 @@ on two connections from one snapshot, each partition fingerprinted and sealed as
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
 
 from backfill_assets.core.context import Clock, Context, set_local
+from backfill_assets.core.engines.postgres.exported import exported_identity, record_exported
 from backfill_assets.core.engines.postgres.snapshot import (
     SEAL_HORIZON,
     Snapshot,
@@ -19,16 +21,16 @@ from backfill_assets.core.engines.postgres.snapshot import (
 )
 from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.errors import SnapshotError, StageError, VerificationError
-from backfill_assets.core.fingerprint.partition import written
+from backfill_assets.core.fingerprint.partition import written, written_partitions
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import business_key_order, table_columns
-from backfill_assets.core.pg.db import ConnectionFactory, read_committed, transient_errors
+from backfill_assets.core.pg.catalog import business_key_order, has_ordered_index, table_columns
+from backfill_assets.core.pg.db import ConnectionFactory, imported_snapshot, read_committed, transient_errors
 from backfill_assets.core.planning import compare_readings
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
-from backfill_assets.core.vocabulary import PartitionValue, TableRef, partition_label
+from backfill_assets.core.vocabulary import TableRef
 
 
 def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableRef:
@@ -59,15 +61,70 @@ def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableR
 _SYNC_COMMIT_OFF = sql.SQL("SELECT set_config('synchronous_commit', 'off', true)")
 
 
-def build_partition(
-    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
-    partition: PartitionValue, clock: Clock,
-) -> Fingerprint:
-    """Rebuild one partition of one stage, fingerprint it as it is written and record the build
-    with its seal, in one transaction.
+@dataclass(frozen=True)
+class Built:
+    """One stage partition as built: its readings and its seal (the transaction that wrote
+    its rows: their xmin, None when it is empty, and the same transaction's 64-bit id)."""
 
-    The seal is the transaction that wrote the partition's rows (their xmin, None when it is
-    empty) and the same transaction's 64-bit id: see :func:`stage_partitions_changed`.
+    label: str
+    readings: Fingerprint
+    writer_xid: str | None
+    writer_txid: int
+
+    def record(self, conn: psycopg.Connection, ctx: Context, variant: str, snapshot_id: str, clock: Clock) -> None:
+        store.record_build(
+            conn, ctx.spec.control_schema, spec_name=ctx.spec.name, variant=variant, partition=self.label,
+            snapshot_id=snapshot_id, readings=self.readings.as_dict(),
+            writer_xid=self.writer_xid, writer_txid=self.writer_txid, built_at=clock(),
+        )
+
+
+# A stage build writes consecutive partitions together, one statement and one transaction,
+# while they hold at most this many input rows (and at most BUILD_BATCH_PARTITIONS of them):
+# small partitions then cost a statement, not a statement each; a large one is built alone.
+# A source read in place without an index on the partition key is read by one statement per
+# stage instead: each statement would scan the whole table (figure 3 in BENCHMARKS.md).
+BUILD_BATCH_ROWS = 200_000
+BUILD_BATCH_PARTITIONS = 256
+
+
+def build_batches(ctx: Context, snapshot: Snapshot, *, indexed: bool = True) -> list[list[int]]:
+    """The partitions of the context (their indexes) grouped for building: consecutive ones
+    while they hold at most :data:`BUILD_BATCH_ROWS` input rows, as the source checks counted
+    them (or the snapshot's rows); all of them at once when the relation read has no index
+    on the partition key (not ``indexed``). Records that can move are built one partition at
+    a time (their newest version is chosen across partitions)."""
+    if ctx.spec.records_can_move:
+        return [[i] for i in range(len(ctx.labels))]
+    if not indexed:
+        return [list(range(len(ctx.labels)))]
+    counted = snapshot.reports or {}
+    rows = [counted[label][0] if label in counted else int(snapshot.partitions.get(label, {}).get("row_count", 0))
+            for label in ctx.labels]
+    batches: list[list[int]] = []
+    held = 0
+    for i, n in enumerate(rows):
+        if batches and held + n <= BUILD_BATCH_ROWS and len(batches[-1]) < BUILD_BATCH_PARTITIONS:
+            batches[-1].append(i)
+            held += n
+        else:
+            batches.append([i])
+            held = n
+    return batches
+
+
+def build_batch(
+    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
+    batch: list[int], clock: Clock,
+) -> list[Built]:
+    """Rebuild some partitions of one stage (indexes into the context's) and fingerprint each
+    as it is written, in one transaction; with a snapshot identified already, record each
+    build with its seal in the same transaction (an exported snapshot's builds are recorded
+    once it is identified, see :func:`build_both`).
+
+    The seal is the transaction that wrote the partitions' rows: see
+    :func:`stage_partitions_changed`. An exported snapshot is imported as the transaction's
+    first statement, so the build reads exactly the rows the plan's snapshot holds.
 
     The commit does not wait for its WAL to reach disk (``synchronous_commit`` off for this
     transaction only): the stage is an unlogged table, which a server crash empties anyway,
@@ -75,44 +132,56 @@ def build_partition(
     refused, by the approval or apply that reads it next."""
     spec = ctx.spec
     stage = ctx.stage(variant)
-    label = partition_label(partition)
+    values = [ctx.partitions[i] for i in batch]
+    labels = [ctx.labels[i] for i in batch]
     input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
-    with transient_errors(f"building stage {variant} of partition {label}"), conn.transaction():
+    params = {"partitions": ctx.partitions}
+    reading = conn.transaction() if snapshot.exported is None else imported_snapshot(conn, snapshot.exported)
+    what = f"building stage {variant} of partition{'s' if len(batch) > 1 else ''} {', '.join(labels)}"
+    with transient_errors(what), reading:
         conn.execute(_SYNC_COMMIT_OFF)
-        conn.execute(*sqlbuild.delete_partition(stage, spec.partition_key, partition))
-        insert = sqlbuild.build_stage(
-            variant, stage, input_rel, spec.columns, spec.partition_key, spec.business_key,
-            ctx.ordering_keys(), {"partitions": ctx.partitions}, partition,
-            moving=spec.records_can_move,
-        )
         # The readings of the rows as they are written, in the same statement (the stage's
         # unique index rules duplicates out).
-        readings = written(conn, insert, ctx.target_columns, spec.business_key, spec.total, utf8=ctx.utf8)
-        writer = conn.execute(*sqlbuild.partition_writer(stage, spec.partition_key, partition)).fetchone()
+        if spec.records_can_move:
+            (value,) = values
+            conn.execute(*sqlbuild.delete_partition(stage, spec.partition_key, value))
+            insert = sqlbuild.build_stage(variant, stage, input_rel, spec.columns, spec.partition_key, spec.business_key,
+                                          ctx.ordering_keys(), params, value, moving=True)
+            readings = [written(conn, insert, ctx.target_columns, spec.business_key, spec.total, utf8=ctx.utf8)]
+        else:
+            conn.execute(*sqlbuild.delete_partitions(stage, spec.partition_key, values))
+            insert = sqlbuild.build_stage_batch(variant, stage, input_rel, spec.columns, spec.partition_key,
+                                                spec.business_key, ctx.ordering_keys(), params, values)
+            readings = written_partitions(conn, insert, ctx.target_columns, spec.partition_key, spec.business_key,
+                                          spec.total, values, utf8=ctx.utf8)
+        writer = conn.execute(*sqlbuild.batch_writer(stage, spec.partition_key, values)).fetchone()
         txid = conn.execute(sqlbuild.current_txid()).fetchone()
         assert txid is not None
-        store.record_build(
-            conn, spec.control_schema, spec_name=spec.name, variant=variant, partition=label,
-            snapshot_id=snapshot.snapshot_id, readings=readings.as_dict(),
-            writer_xid=writer[0] if writer else None, writer_txid=int(txid[0]), built_at=clock(),
-        )
-        return readings
+        built = [Built(label, r, writer[0] if writer and r.row_count else None, int(txid[0]))
+                 for label, r in zip(labels, readings)]
+        if snapshot.exported is None:
+            for each in built:
+                each.record(conn, ctx, variant, snapshot.snapshot_id, clock)
+        return built
 
 
 def build_stage(
     conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
     clock: Clock, progress: Progress,
-) -> dict[str, Fingerprint]:
-    """Build every partition of one stage from the snapshot, and record each build."""
-    out: dict[str, Fingerprint] = {}
+) -> dict[str, Built]:
+    """Build every partition of one stage from the snapshot (:func:`build_batches`)."""
+    out: dict[str, Built] = {}
     step, total = f"stage {variant}", len(ctx.partitions)
     ensure_stage(conn, ctx, variant)
     progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
-    for n, (p, label) in enumerate(zip(ctx.partitions, ctx.labels), 1):
-        out[label] = build_partition(conn, ctx, snapshot, variant, p, clock)
-        rows = out[label].row_count
-        progress(ProgressEvent(step, f"{rows} row(s)", partition=label, done=n, total=total, rows=rows,
-                               status="built"))
+    # A copy has an index on the partition key; a source read in place may not.
+    indexed = not snapshot.filtered or has_ordered_index(conn, snapshot.relation, ctx.spec.partition_key, [])
+    for batch in build_batches(ctx, snapshot, indexed=indexed):
+        for built in build_batch(conn, ctx, snapshot, variant, batch, clock):
+            out[built.label] = built
+            rows = built.readings.row_count
+            progress(ProgressEvent(step, f"{rows} row(s)", partition=built.label, done=len(out), total=total,
+                                   rows=rows, status="built"))
     return out
 
 
@@ -149,20 +218,28 @@ def stage_partitions_changed(
 
 def build_both(
     ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
-) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
+) -> tuple[Snapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
     """Build stages A and B at once, each on its own connection, and fingerprint them.
 
     A copied snapshot is locked against writers for the whole of both builds, and its seal
     checked under that lock, so both builds read exactly the rows the snapshot fingerprinted
-    (the snapshot may have been taken long before, in another step).
+    (the snapshot may have been taken long before, in another step). An exported snapshot is
+    imported by every build transaction; once stage B is built, its connection fingerprints
+    the source in the same snapshot (while stage A is still being built, on the other core),
+    which identifies the snapshot, and the snapshot and the builds are recorded together.
+
+    Returns:
+        The snapshot (an exported one now identified), and the readings of stages A and B.
 
     Raises:
         SnapshotError: the copy changed since the snapshot was taken.
     """
+    if snapshot.exported is not None:
+        return _build_exported(ctx, snapshot, factory, clock, progress)
 
     def build(variant: Literal["a", "b"]) -> dict[str, Fingerprint]:
         with factory() as own:
-            return build_stage(own, ctx, snapshot, variant, clock, progress)
+            return {label: b.readings for label, b in build_stage(own, ctx, snapshot, variant, clock, progress).items()}
 
     with factory() as guard, transient_errors("locking the snapshot copy"), read_committed(guard):
         if not snapshot.filtered:
@@ -177,7 +254,36 @@ def build_both(
                 )
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
             a, b = pool.submit(build, "a"), pool.submit(build, "b")
-            return a.result(), b.result()
+            return snapshot, a.result(), b.result()
+
+
+def _build_exported(
+    ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
+) -> tuple[Snapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """:func:`build_both` from an exported snapshot (the caller holds its transaction open)."""
+    assert snapshot.exported is not None
+
+    def build_a() -> dict[str, Built]:
+        with factory() as own:
+            return build_stage(own, ctx, snapshot, "a", clock, progress)
+
+    def build_b_then_identify() -> tuple[dict[str, Built], Snapshot]:
+        with factory() as own:
+            built = build_stage(own, ctx, snapshot, "b", clock, progress)
+            progress(ProgressEvent("snapshot", f"fingerprinting {len(ctx.partitions)} source partition(s)"))
+            with transient_errors("fingerprinting the source"), imported_snapshot(own, snapshot.exported, read_only=True):
+                return built, exported_identity(own, ctx, snapshot)
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
+        a_future, b_future = pool.submit(build_a), pool.submit(build_b_then_identify)
+        a, (b, identified) = a_future.result(), b_future.result()
+    with factory() as conn, transient_errors("recording the snapshot and the builds"), conn.transaction():
+        record_exported(conn, ctx, identified, clock)
+        for variant, builds in (("a", a), ("b", b)):
+            for built in builds.values():
+                built.record(conn, ctx, variant, identified.snapshot_id, clock)
+    progress(ProgressEvent("snapshot", f"{identified.snapshot_id}: read in one exported snapshot", status="taken"))
+    return identified, {k: v.readings for k, v in a.items()}, {k: v.readings for k, v in b.items()}
 
 
 def recheck_stage(conn: psycopg.Connection, ctx: Context, stored: Plan, labels: list[str]) -> None:

@@ -128,8 +128,8 @@ class SparkBuildEngine(PinnedBuildEngine):
         return stage_readings(self.session, ctx, variant, ctx.partitions)
 
     def build_both(self, ctx: Context, snapshot: LakeSnapshot, clock: Clock,
-                   progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
-        return build_both(self.control, ctx, snapshot, self.source, self.session, clock, progress)
+                   progress: Progress) -> tuple[LakeSnapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
+        return (snapshot, *build_both(self.control, ctx, snapshot, self.source, self.session, clock, progress))
 
     def finish_plan(self, ctx: Context, snapshot: LakeSnapshot, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
                     clock: Clock, progress: Progress) -> Plan:

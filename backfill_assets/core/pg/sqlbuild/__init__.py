@@ -18,8 +18,10 @@ from __future__ import annotations
 from backfill_assets.core.pg.sqlbuild.builds import (
     SOURCE_CTE,
     build_stage,
+    build_stage_batch,
     create_stage_from_input,
     delete_partition,
+    delete_partitions,
     describe_input,
     input_relation,
 )
@@ -32,6 +34,7 @@ from backfill_assets.core.pg.sqlbuild.checks import (
 )
 from backfill_assets.core.pg.sqlbuild.copies import (
     add_unique_constraint,
+    batch_writer,
     copy_partitions,
     copy_seal_check,
     copy_writer,
@@ -86,7 +89,7 @@ from backfill_assets.core.pg.sqlbuild.watch import partition_signals, statistics
 
 __all__ = [
     "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
-    "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "build_stage",
+    "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "batch_writer", "build_stage", "build_stage_batch", "delete_partitions",
     "column_profile", "copy_partition_csv", "copy_partitions", "digest", "duplicate_keys", "in_partitions", "row_text", "written_readings", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
     "create_stage_from_input", "describe_input", "copy_keys_in", "create_temp_table", "keys_in_several_partitions",

@@ -115,6 +115,52 @@ _BUILD_WINDOW_MOVING = sql.SQL(
 )
 
 
+# Several partitions in one statement: newest-wins per (partition, key), as above per partition.
+_BUILD_DISTINCT_ON_BATCH = sql.SQL(
+    "INSERT INTO {stage} ({cols}) "
+    "SELECT DISTINCT ON ({i_key}) {i_cols} FROM ({input}) AS i "
+    "WHERE {i_pk} = ANY(%(batch)s) AND {i_key_not_null} "
+    "ORDER BY {i_key}, {ordering}"
+)
+
+_BUILD_WINDOW_BATCH = sql.SQL(
+    "INSERT INTO {stage} ({cols}) "
+    "SELECT {r_cols} FROM (SELECT {i_cols}, row_number() OVER "
+    "(PARTITION BY {i_pk}, {i_bk} ORDER BY {ordering}) AS {rank} FROM ({input}) AS i "
+    "WHERE {i_pk} = ANY(%(batch)s) AND {i_key_not_null}) AS r WHERE {r_rank} = 1"
+)
+
+_DELETE_PARTITIONS = sql.SQL("DELETE FROM {rel} WHERE {pk} = ANY(%(batch)s)")
+
+
+def build_stage_batch(
+    variant: Literal["a", "b"], stage: TableRef, input_rel: sql.Composed,
+    columns: Sequence[str], partition_key: str, business_key: Sequence[str],
+    ordering: Sequence[OrderKey], params: Mapping[str, Any], batch: Sequence[object],
+) -> Query:
+    """Insert the newest row per non-null business key of each of several partitions (keys
+    that stay in their partition) into a stage, in one statement: ``a`` by DISTINCT ON over
+    (partition, key), ``b`` by a row_number() window partitioned by them."""
+    common = dict(
+        stage=table(stage), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        i_cols=cols("i", columns), input=input_rel, i_pk=col("i", partition_key),
+        i_key_not_null=key_not_null("i", business_key), ordering=order_by("i", ordering),
+    )
+    if variant == "a":
+        query = _BUILD_DISTINCT_ON_BATCH.format(i_key=cols("i", [partition_key, *business_key]), **common)
+    else:
+        query = _BUILD_WINDOW_BATCH.format(
+            r_cols=cols("r", columns), i_bk=cols("i", business_key),
+            rank=sql.Identifier(RANK_COLUMN), r_rank=col("r", RANK_COLUMN), **common,
+        )
+    return query, {**params, "batch": list(batch)}
+
+
+def delete_partitions(rel: TableRef, partition_key: str, batch: Sequence[object]) -> Query:
+    """Delete the rows of several partitions."""
+    return _DELETE_PARTITIONS.format(rel=table(rel), pk=sql.Identifier(partition_key)), {"batch": list(batch)}
+
+
 def delete_partition(rel: TableRef, partition_key: str, partition: object) -> Query:
     """Delete one partition's rows."""
     return _DELETE_PARTITION.format(rel=table(rel), pk=sql.Identifier(partition_key)), {

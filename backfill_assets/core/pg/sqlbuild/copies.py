@@ -73,6 +73,14 @@ def partition_writer(rel: TableRef, partition_key: str, partition: object) -> Qu
     return _PARTITION_WRITER.format(rel=table(rel), pk=col("t", partition_key)), {"partition": partition}
 
 
+_BATCH_WRITER = sql.SQL("SELECT t.xmin::text FROM {rel} AS t WHERE {pk} = ANY(%(batch)s) LIMIT 1")
+
+
+def batch_writer(rel: TableRef, partition_key: str, batch: Sequence[object]) -> Query:
+    """The transaction that wrote a row of several partitions one statement filled (its xmin)."""
+    return _BATCH_WRITER.format(rel=table(rel), pk=col("t", partition_key)), {"batch": list(batch)}
+
+
 def partition_seal_check(rel: TableRef, partition_key: str, partition: object, writer: str | None) -> Query:
     """Rows of one partition, and how many of them another transaction than ``writer`` wrote."""
     return _PARTITION_SEAL_CHECK.format(rel=table(rel), pk=col("t", partition_key)), {

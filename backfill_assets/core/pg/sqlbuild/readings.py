@@ -125,12 +125,14 @@ _WRITTEN_REL = sql.Identifier("__backfill_written")
 
 def written_readings(
     insert: Query, columns: Sequence[str], fields: Sequence[tuple[str, str, str]], business_key: Sequence[str],
-    total: str | None, *, utf8: bool,
+    total: str | None, *, utf8: bool, group_by: str | None = None,
 ) -> Query:
     """``insert`` (an INSERT of ``columns``) with the readings and digest of the rows it wrote,
-    in the same statement: (row count, NULL-key count, total text, slice sums...)."""
+    in the same statement: (row count, NULL-key count, total text, slice sums...), per
+    ``group_by`` value when given (first column)."""
     query, params = insert
-    readings, _ = digest(_WRITTEN_REL, fields, sql.SQL("true"), {}, utf8=utf8, business_key=business_key, total=total)
+    readings, _ = digest(_WRITTEN_REL, fields, sql.SQL("true"), {}, utf8=utf8, business_key=business_key, total=total,
+                         group_by=group_by)
     return _WRITTEN.format(w=_WRITTEN_REL, insert=query, returned=sql.SQL(", ").join(map(sql.Identifier, columns)),
                            readings=readings), params
 

@@ -1,0 +1,71 @@
+"""``snapshot: exported``: the source read in one MVCC snapshot that the plan holds while both
+builds import it (docs/reliability.md, "The exported snapshot"). Nothing is copied; the
+snapshot is identified after the builds, by the same digest a copy is named by."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+import psycopg
+
+from backfill_assets.core.context import Clock, Context, set_local
+from backfill_assets.core.engines.postgres.snapshot import (
+    Snapshot,
+    check_source,
+    identity_of,
+    scope_document,
+    source_fingerprints,
+)
+from backfill_assets.core.pg.db import ConnectionFactory, export_snapshot, repeatable_read, transient_errors
+from backfill_assets.core.progress import Progress, ProgressEvent
+from backfill_assets.core.store import control as store
+
+
+@contextlib.contextmanager
+def exported(conn: psycopg.Connection, factory: ConnectionFactory, ctx: Context,
+             progress: Progress) -> Iterator[Snapshot]:
+    """``snapshot: exported``: hold one REPEATABLE READ transaction on a connection of its
+    own while the caller builds, with its snapshot exported for the builds to import, and the
+    source checked in it. Nothing is copied: the source's rows as that transaction sees them
+    are the snapshot, kept by the server (MVCC) until the transaction ends. The snapshot's id
+    is taken after the builds (:func:`exported_identity`), in the same snapshot.
+
+    Raises:
+        SourceDataError: the source fails its checks (nothing is built).
+    """
+    spec = ctx.spec
+    if not store.control_ready(conn, spec.control_schema):
+        with transient_errors("creating the control schema"), conn.transaction():
+            store.ensure_control_schema(conn, spec.control_schema)
+    with factory() as holder, repeatable_read(holder, read_only=True):
+        with transient_errors("taking the snapshot"):
+            # The holder waits, idle in its transaction, for both builds.
+            set_local(holder, "idle_in_transaction_session_timeout", "0")
+            name = export_snapshot(holder)
+            progress(ProgressEvent("snapshot", f"holding one snapshot of {spec.source_ref} for both builds",
+                                   status="exported"))
+            reports = check_source(holder, ctx, ctx.input_relation(spec.source_ref, filtered=True),
+                                   {"partitions": ctx.partitions})
+        yield Snapshot("", "exported", spec.source_ref, True, "", {}, ctx.labels, exported=name, reports=reports)
+
+
+def exported_identity(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> Snapshot:
+    """Fingerprint the source's partitions in an exported snapshot (``conn`` in a transaction
+    that imported it) and name the snapshot by them, as a copy is named: the same source
+    gives the same id. The source sensor compares the source with these fingerprints."""
+    parts = source_fingerprints(conn, ctx, ctx.spec.source_ref)
+    snapshot_id, fingerprint = identity_of(ctx, parts, None, scope_document(ctx, snapshot.requested))
+    return dataclasses.replace(snapshot, snapshot_id=snapshot_id, fingerprint=fingerprint, partitions=parts)
+
+
+def record_exported(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, clock: Clock) -> None:
+    """Record an exported snapshot once it is identified (in the caller's transaction)."""
+    spec = ctx.spec
+    store.record_snapshot(
+        conn, spec.control_schema, snapshot_id=snapshot.snapshot_id, source_table=str(spec.source_ref),
+        mode="exported", snapshot_table=None, partition_key=spec.partition_key,
+        partitions=[{"partition": k, **snapshot.partitions[k]} for k in ctx.labels],
+        fingerprint=snapshot.fingerprint, scope=scope_document(ctx, snapshot.requested), created_at=clock(),
+    )

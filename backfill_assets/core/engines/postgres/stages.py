@@ -4,7 +4,7 @@ on two connections from one snapshot, each partition fingerprinted and sealed as
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -224,9 +224,9 @@ def build_both(
     A copied snapshot is locked against writers for the whole of both builds, and its seal
     checked under that lock, so both builds read exactly the rows the snapshot fingerprinted
     (the snapshot may have been taken long before, in another step). An exported snapshot is
-    imported by every build transaction; once stage B is built, its connection fingerprints
-    the source in the same snapshot (while stage A is still being built, on the other core),
-    which identifies the snapshot, and the snapshot and the builds are recorded together.
+    imported by every build transaction; once the first build is done, the source is
+    fingerprinted in the same snapshot (while the other build still runs), which identifies
+    the snapshot, and the snapshot and the builds are recorded together.
 
     Returns:
         The snapshot (an exported one now identified), and the readings of stages A and B.
@@ -260,27 +260,33 @@ def build_both(
 def _build_exported(
     ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
 ) -> tuple[Snapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
-    """:func:`build_both` from an exported snapshot (the caller holds its transaction open)."""
+    """:func:`build_both` from an exported snapshot (the caller holds its transaction open).
+    The source is fingerprinted on a connection of its own once the first build is done,
+    while the other still runs: the two cores stay busy."""
     assert snapshot.exported is not None
+    exported_name = snapshot.exported
 
-    def build_a() -> dict[str, Built]:
+    def build(variant: Literal["a", "b"]) -> dict[str, Built]:
         with factory() as own:
-            return build_stage(own, ctx, snapshot, "a", clock, progress)
+            return build_stage(own, ctx, snapshot, variant, clock, progress)
 
-    def build_b_then_identify() -> tuple[dict[str, Built], Snapshot]:
-        with factory() as own:
-            built = build_stage(own, ctx, snapshot, "b", clock, progress)
-            progress(ProgressEvent("snapshot", f"fingerprinting {len(ctx.partitions)} source partition(s)"))
-            with transient_errors("fingerprinting the source"), imported_snapshot(own, snapshot.exported, read_only=True):
-                return built, exported_identity(own, ctx, snapshot)
+    def identify() -> Snapshot:
+        progress(ProgressEvent("snapshot", f"fingerprinting {len(ctx.partitions)} source partition(s)"))
+        with factory() as own, transient_errors("fingerprinting the source"), \
+                imported_snapshot(own, exported_name, read_only=True):
+            return exported_identity(own, ctx, snapshot)
 
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
-        a_future, b_future = pool.submit(build_a), pool.submit(build_b_then_identify)
-        a, (b, identified) = a_future.result(), b_future.result()
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="stage") as pool:
+        builds = {variant: pool.submit(build, variant) for variant in ("a", "b")}
+        done, _ = wait(builds.values(), return_when=FIRST_COMPLETED)
+        for future in done:
+            future.result()  # a build that failed stops the plan before the source is read again
+        identifying = pool.submit(identify)
+        a, b, identified = builds["a"].result(), builds["b"].result(), identifying.result()
     with factory() as conn, transient_errors("recording the snapshot and the builds"), conn.transaction():
         record_exported(conn, ctx, identified, clock)
-        for variant, builds in (("a", a), ("b", b)):
-            for built in builds.values():
+        for variant, stage_builds in (("a", a), ("b", b)):
+            for built in stage_builds.values():
                 built.record(conn, ctx, variant, identified.snapshot_id, clock)
     progress(ProgressEvent("snapshot", f"{identified.snapshot_id}: read in one exported snapshot", status="taken"))
     return identified, {k: v.readings for k, v in a.items()}, {k: v.readings for k, v in b.items()}

@@ -85,12 +85,23 @@ class PostgresTarget(AdvisoryLocked):
     and held until the committed state is read back; inside the write, ``LOCK TABLE ... IN
     SHARE ROW EXCLUSIVE MODE``, which conflicts with every other writer (row locks cannot
     cover rows not yet inserted) and blocks no reader. Finite lock and statement timeouts.
+
+    The read after the commit: where the table lets nothing but the write's own statements
+    change its rows, in the transaction or at its commit (:func:`sqlbuild.sealable`, checked
+    under the lock), the verification before the commit is sealed with the transaction that
+    wrote the rows, and the committed partitions are read back by that seal (every row still
+    written by that transaction, and as many as were verified) instead of hashed again; where
+    the seal does not hold, or the table is not sealable, they are hashed in full
+    (docs/reliability.md, "The read after the commit").
     """
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
                  ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> None:
         self.conn, self.control, self.factory, self.ctx, self.checkpoint = conn, control, factory, ctx, checkpoint
         self._reader: psycopg.Connection | None = None
+        # The last write's verified readings and the transaction that wrote them: (labels, readings, writer).
+        self._seal: tuple[list[str], dict[str, Readings], str | None] | None = None
+        self.last_committed_read: str | None = None  # "seal" or "full": how the last committed read was made
 
     def _values(self, labels: list[str]) -> list[object]:
         return [self.ctx.value_of(label) for label in labels]
@@ -107,6 +118,7 @@ class PostgresTarget(AdvisoryLocked):
         spec = self.ctx.spec
         # READ COMMITTED whatever the server's default: every read after the lock sees every
         # write the lock waited for.
+        self._seal = None
         with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
                 read_committed(self.conn):
             self.conn.execute(sqlbuild.lock_for_replace(spec.target_ref))
@@ -132,7 +144,22 @@ class PostgresTarget(AdvisoryLocked):
         if self._reader is None or self._reader.closed or self._reader.broken:
             self._reader = self.factory()
         with repeatable_read(self._reader, read_only=True):
+            if self._seal is not None and self._seal[0] == labels and self._seal_holds(self._reader):
+                self.last_committed_read = "seal"
+                return {label: self._seal[1][label] for label in labels}
+            self.last_committed_read = "full"
             return self.read(self._reader, labels)
+
+    def _seal_holds(self, reader: psycopg.Connection) -> bool:
+        """Whether every committed row of the sealed partitions is one the sealed write left,
+        and there are as many as it verified."""
+        assert self._seal is not None
+        labels, verified, writer = self._seal
+        spec = self.ctx.spec
+        query, params = sqlbuild.batch_seal_check(spec.target_ref, spec.partition_key, self._values(labels), writer)
+        found = {row[0]: (int(row[1]), int(row[2])) for row in reader.execute(query, params).fetchall()}
+        return all(found.get(self.ctx.value_of(label), (0, 0)) == (verified[label]["row_count"], 0)
+                   for label in labels)
 
     def committed_version(self, labels: list[str]) -> str | None:
         return None
@@ -146,9 +173,23 @@ class PostgresTarget(AdvisoryLocked):
 class _PostgresWrite:
     def __init__(self, target: PostgresTarget) -> None:
         self.target = target
+        self.replaced = False
 
     def readings(self, labels: list[str]) -> dict[str, Readings]:
-        return self.target.readings(labels)
+        found = self.target.readings(labels)
+        if self.replaced:  # the verification before the commit: seal it, where the table allows
+            self.target._seal = self._seal(labels, found)
+        return found
+
+    def _seal(self, labels: list[str], found: dict[str, Readings]) -> tuple[list[str], dict[str, Readings], str | None] | None:
+        t = self.target
+        spec, conn = t.ctx.spec, t.conn
+        row = conn.execute(*sqlbuild.sealable(spec.target_ref)).fetchone()
+        if not (row and row[0]):
+            return None
+        writer = conn.execute(*sqlbuild.batch_writer(spec.target_ref, spec.partition_key, t._values(labels))).fetchone()
+        # No row written (empty partitions): the seal is that they are still empty.
+        return list(labels), found, None if writer is None else str(writer[0])
 
     def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
         # PostgreSQL keeps no commit metadata: the ledger row in the control schema, written
@@ -159,6 +200,7 @@ class _PostgresWrite:
         for value in values:
             conn.execute(*sqlbuild.delete_partition(spec.target_ref, spec.partition_key, value))
         t.checkpoint("deleted", labels)
+        self.replaced = True
         order = business_key_order(t.ctx.target_columns, spec.business_key)
         for value in values:
             conn.execute(*sqlbuild.insert_from_stage(

@@ -34,6 +34,7 @@ from backfill_assets.core.pg.sqlbuild.checks import (
 )
 from backfill_assets.core.pg.sqlbuild.copies import (
     add_unique_constraint,
+    batch_seal_check,
     batch_writer,
     copy_partitions,
     copy_seal_check,
@@ -46,6 +47,7 @@ from backfill_assets.core.pg.sqlbuild.copies import (
     partition_seal_check,
     partition_writer,
     rename_table,
+    sealable,
 )
 from backfill_assets.core.pg.sqlbuild.diff import (
     create_text_table,
@@ -89,7 +91,7 @@ from backfill_assets.core.pg.sqlbuild.watch import partition_signals, statistics
 
 __all__ = [
     "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
-    "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "batch_writer", "build_stage", "build_stage_batch", "delete_partitions",
+    "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "batch_seal_check", "batch_writer", "sealable", "build_stage", "build_stage_batch", "delete_partitions",
     "column_profile", "copy_partition_csv", "copy_partitions", "digest", "duplicate_keys", "in_partitions", "row_text", "written_readings", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
     "create_stage_from_input", "describe_input", "copy_keys_in", "create_temp_table", "keys_in_several_partitions",

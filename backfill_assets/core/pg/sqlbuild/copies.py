@@ -81,6 +81,37 @@ def batch_writer(rel: TableRef, partition_key: str, batch: Sequence[object]) -> 
     return _BATCH_WRITER.format(rel=table(rel), pk=col("t", partition_key)), {"batch": list(batch)}
 
 
+_BATCH_SEAL_CHECK = sql.SQL(
+    "SELECT {pk}, count(*), count(*) FILTER (WHERE t.xmin IS DISTINCT FROM %(writer)s::xid) "
+    "FROM {rel} AS t WHERE {pk} = ANY(%(batch)s) GROUP BY {pk}"
+)
+
+
+def batch_seal_check(rel: TableRef, partition_key: str, batch: Sequence[object], writer: str | None) -> Query:
+    """Per partition of ``batch`` with rows: (partition, rows, rows another transaction than
+    ``writer`` wrote; with no writer, every row), in one pass without a sort or a hash."""
+    return _BATCH_SEAL_CHECK.format(rel=table(rel), pk=col("t", partition_key)), {
+        "batch": list(batch), "writer": writer,
+    }
+
+
+_SEALABLE = sql.SQL(
+    "SELECT c.relkind = 'r' AND NOT c.relrowsecurity "
+    "AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS g WHERE g.tgrelid = c.oid) "
+    "AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite AS r WHERE r.ev_class = c.oid) "
+    "AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits AS h WHERE h.inhparent = c.oid) "
+    "FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = %(schema)s AND c.relname = %(name)s"
+)
+
+
+def sealable(rel: TableRef) -> Query:
+    """Whether nothing but the statements a transaction runs can change ``rel``'s rows in it,
+    or at its commit: a plain table (not partitioned, no inheritance children) with no
+    trigger of any kind (a deferred one fires at the commit), no rule and no row security."""
+    return _SEALABLE, {"schema": rel.schema, "name": rel.name}
+
+
 def partition_seal_check(rel: TableRef, partition_key: str, partition: object, writer: str | None) -> Query:
     """Rows of one partition, and how many of them another transaction than ``writer`` wrote."""
     return _PARTITION_SEAL_CHECK.format(rel=table(rel), pk=col("t", partition_key)), {

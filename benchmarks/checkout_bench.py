@@ -1,8 +1,10 @@
-"""Run another checkout's benchmarks/bench.py with that checkout's own backfill_assets, from
-this project's virtualenv: two versions measured side by side in one session.
+"""Run another checkout's benchmarks/bench.py (or another of its benchmarks, named first) with
+that checkout's own backfill_assets, from this project's virtualenv: two versions measured side
+by side in one session.
 
     git worktree add /tmp/before <commit>
     .venv/bin/python benchmarks/checkout_bench.py /tmp/before --only fig3 --out /tmp/before.md
+    .venv/bin/python benchmarks/checkout_bench.py /tmp/before lake_many.py --target delta
 
 The checkout's code is imported instead of the editable install's (its finder is removed and
 the checkout put first on the path), and the run happens in the checkout's folder, so it
@@ -29,7 +31,9 @@ def main() -> None:
 
     if not Path(backfill_assets.__file__).resolve().is_relative_to(root):
         raise SystemExit(f"imported {backfill_assets.__file__}, not the checkout's backfill_assets")
-    sys.argv = [str(root / "benchmarks" / "bench.py"), *sys.argv[2:]]
+    script, args = ((sys.argv[2], sys.argv[3:]) if len(sys.argv) > 2 and sys.argv[2].endswith(".py")
+                    else ("bench.py", sys.argv[2:]))
+    sys.argv = [str(root / "benchmarks" / script), *args]
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 

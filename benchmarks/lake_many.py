@@ -3,8 +3,9 @@
 A daily source of ``--rows-per-day`` rows (about a tenth of them restated: older versions of
 keys), as a Hive-partitioned Delta table; engine duckdb, a Delta or Iceberg target. The
 whole flow in process, for the first 73 days and then for all 365 (each from a new target
-and control schema), timed step by step: plan, approve, apply, and apply again (a rerun
-that finds every partition already verified and writes nothing). The slope between the two
+and control schema), timed step by step: plan, approve and apply into a new target; then a
+second plan of the same rows (another transform version), approved against the full target
+and applied, finding every partition already holding them (nothing written). The slope between the two
 sizes is a step's cost per partition; a step whose cost per partition grows with the table
 shows as a slope that grows with it. The same rows through the PostgreSQL engine (source and
 target tables in the embedded server) give the reference the DuckDB flow is held to.
@@ -92,32 +93,40 @@ def load_pg(conn: psycopg.Connection, data: pa.Table) -> None:
             copy.write_row(row)
 
 
-def flow(spec: Spec, factory: Any, days: int) -> dict[str, float]:
-    """Plan, approve, apply and apply again over the first ``days`` days. Seconds per step."""
+def flow(specs: tuple[Spec, Spec], factory: Any, days: int) -> dict[str, float]:
+    """Over the first ``days`` days: plan, approve and apply into a new target; then the
+    same rows again under another transform version (a new plan), approved against the full
+    target and applied (every partition already holds them: nothing is written). Seconds per step."""
     request = PartitionRequest(f"{DAY0.isoformat()}..{(DAY0 + dt.timedelta(days=days - 1)).isoformat()}")
     out: dict[str, float] = {}
-    start = time.perf_counter()
-    plan = make_plan(spec, request, factory)
+
+    def timed(name: str, fn: Any) -> Any:
+        start = time.perf_counter()
+        value = fn()
+        out[name] = time.perf_counter() - start
+        return value
+
+    def approve(spec: Spec, plan: Any) -> None:
+        with factory() as conn:
+            approve_plan(conn, factory, spec, plan, "bench")
+
+    first, again = specs
+    plan = timed("plan", lambda: make_plan(first, request, factory))
     assert plan.status == "ready", plan.problems
-    out["plan"] = time.perf_counter() - start
-    start = time.perf_counter()
-    with factory() as conn:
-        approve_plan(conn, factory, spec, plan, "bench")
-    out["approve"] = time.perf_counter() - start
-    start = time.perf_counter()
-    first = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex)
-    out["apply"] = time.perf_counter() - start
-    assert {p["status"] for p in first.partitions} == {"verified"}
-    start = time.perf_counter()
-    again = apply_plan(spec, plan.plan_id, factory, run_id=uuid.uuid4().hex)
-    out["apply again (no-op)"] = time.perf_counter() - start
-    assert {p["status"] for p in again.partitions} == {"skipped-already-verified"}, again.partitions
+    timed("approve", lambda: approve(first, plan))
+    result = timed("apply", lambda: apply_plan(first, plan.plan_id, factory, run_id=uuid.uuid4().hex))
+    assert {p["status"] for p in result.partitions} == {"verified"}
+    plan = timed("plan again (v2)", lambda: make_plan(again, request, factory))
+    timed("approve against the full target", lambda: approve(again, plan))
+    result = timed("apply (nothing to write)", lambda: apply_plan(again, plan.plan_id, factory, run_id=uuid.uuid4().hex))
+    assert {p["status"] for p in result.partitions} == {"skipped-already-verified"}, result.partitions
     return out
 
 
 def fresh(conn: psycopg.Connection, folder: Path, target: str) -> None:
     """No target and no control schema: each size starts as a first backfill."""
     conn.execute(b"DROP SCHEMA IF EXISTS backfill_control CASCADE")
+    conn.execute(b"DROP TABLE IF EXISTS public.iceberg_tables, public.iceberg_namespace_properties")  # pyiceberg's catalog
     if target == "pg":
         conn.execute(b"TRUNCATE many.tgt")
     for name in ("tgt", "warehouse", "stages.duckdb"):
@@ -143,9 +152,10 @@ def main() -> int:
         folder = Path(tmp)
         write_deltalake(str(folder / "src"), data, partition_by=["d"])
         load_pg(conn, data)
-        lake = spec_from_mapping(lake_spec(folder, args.target, "BENCH_LAKE_MANY_URL"))
-        pg = spec_from_mapping(pg_spec("BENCH_LAKE_MANY_URL"))
-        factory = connection_factory(DatabaseUrl(url.reveal(), "the bench database"), lake.limits)
+        lake_doc, pg_doc = lake_spec(folder, args.target, "BENCH_LAKE_MANY_URL"), pg_spec("BENCH_LAKE_MANY_URL")
+        lake = (spec_from_mapping(lake_doc), spec_from_mapping({**lake_doc, "transform_version": "v2"}))
+        pg = (spec_from_mapping(pg_doc), spec_from_mapping({**pg_doc, "transform_version": "v2"}))
+        factory = connection_factory(DatabaseUrl(url.reveal(), "the bench database"), lake[0].limits)
         for days in SIZES:
             for name, spec in ((args.target, lake), ("postgres", pg)):
                 fresh(conn, folder, "pg" if name == "postgres" else args.target)

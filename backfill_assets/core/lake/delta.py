@@ -11,6 +11,7 @@ core.lake.tables for what every lake table promises.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,11 +85,43 @@ def delta_predicate(column: str, values: Sequence[PartitionValue]) -> str:
 
 
 class DeltaLakeTable:
-    """A Delta table on local disk."""
+    """A Delta table on local disk.
+
+    A partition is read from its own files only: the dataset is built from the log's file
+    list pruned by the partition's predicate (delta-rs filters the list in Rust), not from a
+    fragment per file of the whole table, so reading one partition does not cost the table's
+    size. A version read back is loaded once and kept for the next partition of that version,
+    and :meth:`open` hands out the table it loaded last while the log has no newer commit
+    (a listing of the log's file names instead of loading the log again).
+    """
 
     def __init__(self, location: str) -> None:
         self.path = local_path(location)
         self.name = f"delta table {location}"
+        self._version_read: tuple[int, Any] | None = None  # the last version loaded by read_version
+        # The table as open() last loaded it (a write through it moves it on), and the
+        # identity of the log's newest commit file when it was handed out.
+        self._latest: Any = None
+        self._latest_commit: tuple[int, int, int] | None = None
+
+    def _newest_commit(self) -> tuple[int, int, int] | None:
+        """The newest version whose commit file is in the log, with that file's inode and
+        modification time (a table deleted and made again up to the same version has other
+        files); None: no log."""
+        log = Path(self.path) / "_delta_log"
+        try:
+            names = os.listdir(log)
+        except FileNotFoundError:
+            return None
+        versions = [int(name[:20]) for name in names if len(name) == 25 and name.endswith(".json") and name[:20].isdigit()]
+        if not versions:
+            return None
+        newest = max(versions)
+        try:
+            found = (log / f"{newest:020d}.json").stat()
+        except FileNotFoundError:  # the log moved on while it was listed: load the table
+            return None
+        return newest, found.st_ino, found.st_mtime_ns
 
     def _load(self, version: int | None = None) -> Any:
         from deltalake import DeltaTable
@@ -115,13 +148,25 @@ class DeltaLakeTable:
                           [f.name for f in schema if not f.nullable], constraints)
 
     def open(self) -> Any:
-        return self._load()
+        newest = self._newest_commit()
+        if self._latest is not None and newest is not None and self._latest.version() == newest[0]:
+            seen = self._latest_commit
+            # The same newest commit as when it was loaded, or one it made itself since (a
+            # write through it moved it on; no other writer can make the same version).
+            if seen is None or seen[0] < newest[0] or seen == newest:
+                self._latest_commit = newest
+                return self._latest
+        self._latest = self._load()
+        self._latest_commit = None if self._latest is None else self._newest_commit()
+        return self._latest
 
     def version(self, handle: Any) -> str | None:
         return None if handle is None else str(handle.version())
 
     def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
-        dataset = handle.to_pyarrow_dataset()
+        # The files of these partitions only; the row filter stays, so a file the pruning
+        # kept for any reason still gives only their rows.
+        dataset = handle.to_pyarrow_dataset(file_pruning_predicate=delta_predicate(column, values))
         return dataset.to_table(filter=pads.field(column).isin(list(values)))
 
     def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
@@ -144,7 +189,12 @@ class DeltaLakeTable:
         return handle is not None and base is not None and handle.version() == int(base) + 1
 
     def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+        # A version never changes: the one loaded for the last partition serves the next.
+        if version is not None and self._version_read is not None and self._version_read[0] == int(version):
+            return self.read(self._version_read[1], column, values)
         handle = self._load(None if version is None else int(version))
+        if handle is not None and version is not None:
+            self._version_read = (int(version), handle)
         if handle is None:
             raise VerificationError(", ".join(partition_label(v) for v in values), "read of the committed version",
                                     f"{self.name} at version {version}", "no table")

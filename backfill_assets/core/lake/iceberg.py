@@ -139,6 +139,9 @@ class IcebergLakeTable:
         # The catalog password, removed from any library message we report (never printed).
         self.secret = getattr(catalog_url, "password", None) or None
         self._catalog: Any = None
+        # The table as last loaded by read_version: it reads any snapshot it knows, and a
+        # snapshot never changes, so the next partition read back needs no new load.
+        self._loaded: Any = None
 
     def catalog(self) -> Any:
         """The SQL catalog. It does not create its own tables (pyiceberg would, on connecting):
@@ -315,7 +318,9 @@ class IcebergLakeTable:
                      handle.metadata_location, handle.io, handle.catalog, handle.config)
 
     def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
-        handle = self._load()
+        known = self._loaded is not None and version is not None and self._loaded.snapshot_by_id(int(version))
+        handle = self._loaded if known else self._load()
+        self._loaded = handle
         if handle is None:
             raise VerificationError(", ".join(partition_label(v) for v in values), "read of the committed snapshot",
                                     f"{self.name} at snapshot {version}", "no table")

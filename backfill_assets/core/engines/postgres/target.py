@@ -174,6 +174,7 @@ class _PostgresWrite:
     def __init__(self, target: PostgresTarget) -> None:
         self.target = target
         self.replaced = False
+        self.writers: set[str] = set()  # the xmin the inserted rows carry (one, or none inserted)
 
     def readings(self, labels: list[str]) -> dict[str, Readings]:
         found = self.target.readings(labels)
@@ -185,11 +186,10 @@ class _PostgresWrite:
         t = self.target
         spec, conn = t.ctx.spec, t.conn
         row = conn.execute(*sqlbuild.sealable(spec.target_ref)).fetchone()
-        if not (row and row[0]):
+        if not (row and row[0]) or len(self.writers) > 1:
             return None
-        writer = conn.execute(*sqlbuild.batch_writer(spec.target_ref, spec.partition_key, t._values(labels))).fetchone()
         # No row written (empty partitions): the seal is that they are still empty.
-        return list(labels), found, None if writer is None else str(writer[0])
+        return list(labels), found, next(iter(self.writers), None)
 
     def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
         # PostgreSQL keeps no commit metadata: the ledger row in the control schema, written
@@ -203,6 +203,8 @@ class _PostgresWrite:
         self.replaced = True
         order = business_key_order(t.ctx.target_columns, spec.business_key)
         for value in values:
-            conn.execute(*sqlbuild.insert_from_stage(
-                spec.target_ref, t.ctx.stage("a"), spec.columns, spec.partition_key, order, value))
+            written = conn.execute(*sqlbuild.insert_from_stage(
+                spec.target_ref, t.ctx.stage("a"), spec.columns, spec.partition_key, order, value, writer=True)).fetchone()
+            if written is not None:
+                self.writers.add(str(written[0]))
         t.checkpoint("inserted", labels)

@@ -54,16 +54,24 @@ def lock_against_writers(rel: TableRef) -> sql.Composed:
     return _LOCK_SHARE.format(rel=table(rel))
 
 
+# The transaction (or subtransaction) that wrote the rows, from the INSERT itself: a data-
+# modifying WITH runs to completion whatever its reader takes, and reading a just-written
+# row back by its partition instead could scan the whole table to find one.
+_WRITER_OF = sql.SQL("WITH w AS ({insert} RETURNING xmin) SELECT w.xmin::text FROM w LIMIT 1")
+
+
 def insert_from_stage(
     target: TableRef, stage: TableRef, columns: Sequence[str], partition_key: str,
-    order: Sequence[OrderKey], partition: object,
+    order: Sequence[OrderKey], partition: object, *, writer: bool = False,
 ) -> Query:
-    """Insert one stage partition into the target, with explicit columns in declared order."""
-    return _INSERT_FROM_STAGE.format(
+    """Insert one stage partition into the target, with explicit columns in declared order;
+    with ``writer``, the statement returns the xmin its rows carry (no row: none inserted)."""
+    insert = _INSERT_FROM_STAGE.format(
         target=table(target), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
         s_cols=cols("s", columns), stage=table(stage), s_pk=col("s", partition_key),
         order=order_by("s", order),
-    ), {"partition": partition}
+    )
+    return (_WRITER_OF.format(insert=insert) if writer else insert), {"partition": partition}
 
 
 _HAS_UNIQUE_INDEX = sql.SQL(

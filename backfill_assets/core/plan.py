@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.build import open_build_engine, snapshot_with_builds
+from backfill_assets.core.build import BuildEngine, open_build_engine, snapshot_with_builds
 from backfill_assets.core.context import Clock, Context, build_lock, partition_locks, spec_lock, utc_now
 from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.rows import Fingerprint
@@ -45,10 +45,16 @@ def make_plan(
     with factory() as conn, factory.control(conn) as control, spec_lock(control, spec), \
             open_build_engine(conn, factory, spec, control) as engine:
         progress(ProgressEvent("inspect", f"{spec.source_name} -> {spec.target_name}"))
-        ctx = engine.resolve(request)
-        snapshot, ctx = engine.take_snapshot(ctx, clock, progress)
-        snapshot, a, b = engine.build_both(ctx, snapshot, clock, progress)
-        return engine.finish_plan(ctx, snapshot, a, b, clock, progress)
+        return _planned(engine, engine.resolve(request), clock, progress)[2]
+
+
+def _planned(engine: BuildEngine, ctx: Context, clock: Clock, progress: Progress,
+             ) -> tuple[Any, Context, Plan, dict[str, Fingerprint], dict[str, Fingerprint]]:
+    """Snapshot the context's partitions, build both stages from it and store the plan: the
+    snapshot, its context, the plan and the readings of stages A and B."""
+    snapshot, ctx = engine.take_snapshot(ctx, clock, progress)
+    snapshot, a, b = engine.build_both(ctx, snapshot, clock, progress)
+    return snapshot, ctx, engine.finish_plan(ctx, snapshot, a, b, clock, progress), a, b
 
 
 def snapshot_step(
@@ -111,9 +117,7 @@ def plan_step(
             open_build_engine(conn, factory, spec, control) as engine:
         ctx = engine.resolve(labels)
         with partition_locks(control, spec, ctx.labels):
-            snapshot, ctx = engine.take_snapshot(ctx, clock, progress)
-            snapshot, a, b = engine.build_both(ctx, snapshot, clock, progress)
-            return snapshot, ctx, engine.finish_plan(ctx, snapshot, a, b, clock, progress), a, b
+            return _planned(engine, ctx, clock, progress)
 
 
 def snapshot_covering(conn: psycopg.Connection, spec: Spec, labels: list[str], *,

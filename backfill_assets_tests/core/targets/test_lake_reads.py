@@ -33,6 +33,19 @@ def delta_table(tmp_path) -> DeltaLakeTable:
     return table
 
 
+def delta_loads(monkeypatch) -> list:
+    """The versions every DeltaLakeTable loads from now on (None: the newest), in order."""
+    loads: list = []
+    original = DeltaLakeTable._load
+
+    def spy(self, v=None):
+        loads.append(v)
+        return original(self, v)
+
+    monkeypatch.setattr(DeltaLakeTable, "_load", spy)
+    return loads
+
+
 def test_a_delta_partition_is_read_from_its_own_files_only(tmp_path, monkeypatch):
     table = delta_table(tmp_path)
     handle = table.open()
@@ -55,14 +68,7 @@ def test_a_delta_partition_is_read_from_its_own_files_only(tmp_path, monkeypatch
 def test_a_delta_version_read_back_is_loaded_once_for_all_its_partitions(tmp_path, monkeypatch):
     table = delta_table(tmp_path)
     version = table.version(table.open())
-    loads = []
-    original = DeltaLakeTable._load
-
-    def spy(self, v=None):
-        loads.append(v)
-        return original(self, v)
-
-    monkeypatch.setattr(DeltaLakeTable, "_load", spy)
+    loads = delta_loads(monkeypatch)
     for day in DAYS:
         assert table.read_version(version, "d", [day]).num_rows == 3
     assert loads == [int(version)]
@@ -105,14 +111,7 @@ def test_a_delta_table_is_loaded_again_only_when_its_log_moved(tmp_path, monkeyp
 
     from deltalake import write_deltalake
     table = delta_table(tmp_path)
-    loads = []
-    original = DeltaLakeTable._load
-
-    def spy(self, v=None):
-        loads.append(v)
-        return original(self, v)
-
-    monkeypatch.setattr(DeltaLakeTable, "_load", spy)
+    loads = delta_loads(monkeypatch)
     first = table.open()
     assert table.open() is first and len(loads) == 1  # nothing committed since
     other = DeltaLakeTable(table.path)  # another writer

@@ -71,7 +71,7 @@ class PostgresBuildEngine:
         return resolve(self.conn, self.spec, request)
 
     def take_snapshot(self, ctx: Context, clock: Clock, progress: Progress) -> tuple[snapshot.Snapshot, Context]:
-        if self.spec.source.snapshot == "exported":
+        if self.snapshot_with_builds(self.spec):
             return self._held.enter_context(exported.exported(self.conn, self.factory, ctx, progress)), ctx
         return snapshot.take_snapshot(self.conn, ctx, clock, progress)
 

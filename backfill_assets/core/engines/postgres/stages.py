@@ -154,11 +154,12 @@ def build_batch(
                                                 spec.business_key, ctx.ordering_keys(), params, values)
             readings = written_partitions(conn, insert, ctx.target_columns, spec.partition_key, spec.business_key,
                                           spec.total, values, utf8=ctx.utf8)
-        writer = conn.execute(*sqlbuild.batch_writer(stage, spec.partition_key, values)).fetchone()
         txid = conn.execute(sqlbuild.current_txid()).fetchone()
         assert txid is not None
-        built = [Built(label, r, writer[0] if writer and r.row_count else None, int(txid[0]))
-                 for label, r in zip(labels, readings)]
+        # The build is a transaction of its own (the connection commits each statement
+        # otherwise), so its rows carry its 32-bit xid: the low half of the 64-bit id.
+        writer = str(int(txid[0]) & 0xFFFFFFFF)
+        built = [Built(label, r, writer if r.row_count else None, int(txid[0])) for label, r in zip(labels, readings)]
         if snapshot.exported is None:
             for each in built:
                 each.record(conn, ctx, variant, snapshot.snapshot_id, clock)

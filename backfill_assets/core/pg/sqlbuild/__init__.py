@@ -35,7 +35,6 @@ from backfill_assets.core.pg.sqlbuild.checks import (
 from backfill_assets.core.pg.sqlbuild.copies import (
     add_unique_constraint,
     batch_seal_check,
-    batch_writer,
     copy_partitions,
     copy_seal_check,
     copy_writer,
@@ -45,7 +44,6 @@ from backfill_assets.core.pg.sqlbuild.copies import (
     drop_table,
     dropped_columns,
     partition_seal_check,
-    partition_writer,
     rename_table,
     sealable,
 )
@@ -91,7 +89,7 @@ from backfill_assets.core.pg.sqlbuild.watch import partition_signals, statistics
 
 __all__ = [
     "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
-    "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "batch_seal_check", "batch_writer", "sealable", "build_stage", "build_stage_batch", "delete_partitions",
+    "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "batch_seal_check", "sealable", "build_stage", "build_stage_batch", "delete_partitions",
     "column_profile", "copy_partition_csv", "copy_partitions", "digest", "duplicate_keys", "in_partitions", "row_text", "written_readings", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
     "create_stage_from_input", "describe_input", "copy_keys_in", "create_temp_table", "keys_in_several_partitions",
@@ -100,7 +98,7 @@ __all__ = [
     "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
     "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace",
     "ordering_null_counts", "ordering_ties", "outside_scope", "partition_counts",
-    "partition_readings", "partition_seal_check", "partition_writer", "read_settings", "rename_table", "rows_outside_partitions",
+    "partition_readings", "partition_seal_check", "read_settings", "rename_table", "rows_outside_partitions",
     "scope_keys", "table",
     "partition_signals", "statistics_state", "table_counters",
 ]

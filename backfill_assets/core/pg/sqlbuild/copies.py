@@ -61,24 +61,10 @@ _DROPPED_COLUMNS = sql.SQL(
 )
 
 
-_PARTITION_WRITER = sql.SQL("SELECT t.xmin::text FROM {rel} AS t WHERE {pk} = %(partition)s LIMIT 1")
 _PARTITION_SEAL_CHECK = sql.SQL(
     "SELECT count(*), count(*) FILTER (WHERE t.xmin IS DISTINCT FROM %(writer)s::xid) "
     "FROM {rel} AS t WHERE {pk} = %(partition)s"
 )
-
-
-def partition_writer(rel: TableRef, partition_key: str, partition: object) -> Query:
-    """The transaction that wrote a row of one partition (its xmin)."""
-    return _PARTITION_WRITER.format(rel=table(rel), pk=col("t", partition_key)), {"partition": partition}
-
-
-_BATCH_WRITER = sql.SQL("SELECT t.xmin::text FROM {rel} AS t WHERE {pk} = ANY(%(batch)s) LIMIT 1")
-
-
-def batch_writer(rel: TableRef, partition_key: str, batch: Sequence[object]) -> Query:
-    """The transaction that wrote a row of several partitions one statement filled (its xmin)."""
-    return _BATCH_WRITER.format(rel=table(rel), pk=col("t", partition_key)), {"batch": list(batch)}
 
 
 _BATCH_SEAL_CHECK = sql.SQL(

@@ -53,7 +53,7 @@ cats = [
     ("snapshot: copy + index", r"INSERT INTO \S+\.\"snap_new_|CREATE INDEX ON \S+\.\"snap_new_"),
     ("snapshot: hash", r"__backfill_bits.*(\"snap_|\"src\" AS t)"),
     ("build A, hashed as written", r"INSERT INTO \S+__stage_a\""),
-    ("build B, hashed as written", r"INSERT INTO \S+__stage_b\""),
+    ("build B, hashed as written", r"INSERT INTO \S+__stage_b\"|WITH \"__backfill_written\" AS \(SELECT"),
     ("source checks (ties, NULLs, report)", r"FROM \(SELECT .*(\"snap_|\"src\")|SELECT \"g\"|SELECT 1 FROM \(|count\(\*\) FILTER \(WHERE \"i\""),
     ("stage A fingerprints", r"__backfill_bits.*__stage_a\" AS t"),
     ("stage B fingerprints", r"__backfill_bits.*__stage_b\" AS t"),

@@ -183,13 +183,13 @@ def test_stages_that_differ_fail_the_blocking_check_and_the_target_is_not_replac
     assert approve(defs, resources, instance, first).success
     assert materialize(defs, resources, instance, ["target"], {**WEEK, PLAN_TAG: plan_id}).success
     before = target_day_hashes(demo_db)
-    # The source gets a late correction, and stage B is skewed for one day.
+    # The source gets a late correction, and stage A is skewed for one day (stage B is hashed, and written only where it differs).
     demo_db.execute("UPDATE public.orders_raw SET note = 'late' WHERE order_date = '2024-01-02'")
     demo_db.execute(
         "CREATE FUNCTION public.skew() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         "IF NEW.order_date = '2024-01-02' THEN NEW.note := 'skewed'; END IF; RETURN NEW; END $$"
     )
-    demo_db.execute("CREATE TRIGGER skew BEFORE INSERT ON backfill_control.orders_daily__stage_b "
+    demo_db.execute("CREATE TRIGGER skew BEFORE INSERT ON backfill_control.orders_daily__stage_a "
                     "FOR EACH ROW EXECUTE FUNCTION public.skew()")
     day = {"dagster/partition": "2024-01-02"}
     run = dg.materialize(spec_assets(SPEC), selection=[KEYS[n] for n in ("snapshot", "stage_a", "stage_b", "target")],
@@ -280,11 +280,12 @@ def test_the_target_gate_says_why_an_approval_no_longer_covers_a_partition(dagst
     assert target_day_hashes(demo_db) == before
 
 
-def skew_stage_b(conn, day: str = "2024-01-02") -> None:
-    """Stage B writes another note on one day: the two builds differ there."""
+def skew_stage_a(conn, day: str = "2024-01-02") -> None:
+    """Stage A writes another note on one day: the two builds differ there (a trigger on
+    stage A: stage B is hashed as it is built, and written only where it differs)."""
     conn.execute("CREATE FUNCTION public.skew() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
                  "IF NEW.order_date = TG_ARGV[0]::date THEN NEW.note := 'skewed'; END IF; RETURN NEW; END $$")
-    conn.execute(psycopg.sql.SQL("CREATE TRIGGER skew BEFORE INSERT ON backfill_control.orders_daily__stage_b "
+    conn.execute(psycopg.sql.SQL("CREATE TRIGGER skew BEFORE INSERT ON backfill_control.orders_daily__stage_a "
                                  "FOR EACH ROW EXECUTE FUNCTION public.skew({})").format(psycopg.sql.Literal(day)))
 
 
@@ -293,7 +294,7 @@ def test_a_refused_plan_records_no_stage_materialization_only_its_checks(dagster
     stage_week(defs, resources, instance)  # creates the stage tables
     materialized_before = {key: len(instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=KEYS[key]), limit=100).records) for key in ("stage_a", "stage_b")}
-    skew_stage_b(demo_db)
+    skew_stage_a(demo_db)
     run = materialize(defs, resources, instance, ["snapshot", "stage_a", "stage_b"], WEEK)
     assert not run.success
     failure = run.failure_data_for_node("orders_daily__stages").error.cause
@@ -339,7 +340,7 @@ def test_the_stage_checks_alone_check_the_stages_as_they_are_without_building(da
     problems = evaluation.metadata["problems"].value
     assert "stage A changed since its latest build" in problems and "stages A and B differ on content_hash" in problems
     # After a refused plan (its differing partitions deleted, so both stages are empty alike).
-    skew_stage_b(demo_db)
+    skew_stage_a(demo_db)
     assert not materialize(defs, resources, instance, ["snapshot", "stage_a", "stage_b"], WEEK).success
     refused = evaluations(check_again(resources, instance, STAGE_CHECKS, WEEK), "stages_match")
     assert not refused["2024-01-02"].passed and refused["2024-01-01"].passed

@@ -200,12 +200,12 @@ STAGES = [["orders_daily", "snapshot"], ["orders_daily", "stage_a"], ["orders_da
 
 def _differing_stages_are_never_applied(gql, demo_db) -> None:
     before = target_day_hashes(demo_db)
-    # One partition's stages differ: a late source fix, and stage B skewed for that day.
+    # One partition's stages differ: a late source fix, and stage A skewed for that day.
     demo_db.execute("UPDATE public.orders_raw SET note = 'late' WHERE order_date = '2024-01-02'")
     demo_db.execute(
         "CREATE FUNCTION public.skew() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         "IF NEW.order_date = '2024-01-02' THEN NEW.note := 'skewed'; END IF; RETURN NEW; END $$")
-    demo_db.execute("CREATE TRIGGER skew BEFORE INSERT ON backfill_control.orders_daily__stage_b "
+    demo_db.execute("CREATE TRIGGER skew BEFORE INSERT ON backfill_control.orders_daily__stage_a "
                     "FOR EACH ROW EXECUTE FUNCTION public.skew()")
     failed = gql.launch_backfill([*STAGES, ["orders_daily", "target"]], ["2024-01-02"])
     assert gql.wait_backfill(failed) in {"COMPLETED_FAILED", "FAILED"}

@@ -129,13 +129,14 @@ def fingerprint_partition(
 
 def written(
     conn: psycopg.Connection, insert: sqlbuild.Query, columns: Sequence[ColumnInfo], business_key: Sequence[str],
-    total: str | None, *, utf8: bool,
+    total: str | None, *, utf8: bool, inserts: bool = True,
 ) -> Fingerprint:
     """Run ``insert`` (an INSERT of ``columns`` into a table whose unique index covers the
     grain) and return the readings of the rows it wrote, computed in the same statement: the
-    rows are hashed as they are written, not read again."""
+    rows are hashed as they are written, not read again. Not ``inserts``: ``insert`` is a
+    SELECT whose rows are unique on the grain by construction, hashed and not written."""
     query, params = sqlbuild.written_readings(insert, [c.name for c in columns], fields(columns), business_key,
-                                              total, utf8=utf8)
+                                              total, utf8=utf8, inserts=inserts)
     row = conn.execute(query, params).fetchone()
     assert row is not None
     return _fingerprint(columns, row, 0, total)
@@ -144,11 +145,12 @@ def written(
 def written_partitions(
     conn: psycopg.Connection, insert: sqlbuild.Query, columns: Sequence[ColumnInfo], partition_key: str,
     business_key: Sequence[str], total: str | None, partitions: Sequence[object], *, utf8: bool,
+    inserts: bool = True,
 ) -> list[Fingerprint]:
-    """:func:`written` for an INSERT of several partitions: the readings of each of
-    ``partitions``, in that order, from the rows the statement wrote."""
+    """:func:`written` for an INSERT (or a SELECT) of several partitions: the readings of each
+    of ``partitions``, in that order, from the rows the statement wrote (or selected)."""
     query, params = sqlbuild.written_readings(insert, [c.name for c in columns], fields(columns), business_key,
-                                              total, utf8=utf8, group_by=partition_key)
+                                              total, utf8=utf8, group_by=partition_key, inserts=inserts)
     found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
     return [_fingerprint(columns, found[p], 0, total) if p in found else empty(columns, total) for p in partitions]
 

@@ -58,6 +58,9 @@ _DDL = (
     sql.SQL("ALTER TABLE {schema}.stage_builds ADD COLUMN IF NOT EXISTS writer_xid text"),  # added later
     # The same transaction's 64-bit id: a seal older than plan.SEAL_HORIZON is not trusted.
     sql.SQL("ALTER TABLE {schema}.stage_builds ADD COLUMN IF NOT EXISTS writer_txid bigint"),  # added later
+    # false: the build's rows were hashed as they were built and not written (stage B equal
+    # to stage A); NULL (an older version) or true: they are in the stage.
+    sql.SQL("ALTER TABLE {schema}.stage_builds ADD COLUMN IF NOT EXISTS kept boolean"),  # added later
     sql.SQL(
         "CREATE TABLE IF NOT EXISTS {schema}.plans ("
         "plan_id text PRIMARY KEY, spec_name text NOT NULL, target_table text NOT NULL, "
@@ -115,11 +118,16 @@ _INSERT_SNAPSHOT = sql.SQL(
 )
 _UPSERT_BUILD = sql.SQL(
     "INSERT INTO {schema}.stage_builds (spec_name, variant, partition, snapshot_id, readings, "
-    "writer_xid, writer_txid, built_at) VALUES (%(spec_name)s, %(variant)s, %(partition)s, "
-    "%(snapshot_id)s, %(readings)s, %(writer_xid)s, %(writer_txid)s, %(built_at)s) "
+    "writer_xid, writer_txid, kept, built_at) VALUES (%(spec_name)s, %(variant)s, %(partition)s, "
+    "%(snapshot_id)s, %(readings)s, %(writer_xid)s, %(writer_txid)s, %(kept)s, %(built_at)s) "
     "ON CONFLICT (spec_name, variant, partition) "
     "DO UPDATE SET snapshot_id = EXCLUDED.snapshot_id, readings = EXCLUDED.readings, "
-    "writer_xid = EXCLUDED.writer_xid, writer_txid = EXCLUDED.writer_txid, built_at = EXCLUDED.built_at"
+    "writer_xid = EXCLUDED.writer_xid, writer_txid = EXCLUDED.writer_txid, kept = EXCLUDED.kept, "
+    "built_at = EXCLUDED.built_at"
+)
+_UNKEPT_BUILDS = sql.SQL(
+    "SELECT partition, readings FROM {schema}.stage_builds WHERE spec_name = %(spec_name)s "
+    "AND variant = %(variant)s AND partition = ANY(%(partitions)s) AND kept IS FALSE"
 )
 _BUILDS = sql.SQL(
     "SELECT partition, readings, writer_xid, "
@@ -222,8 +230,9 @@ def copy_seal(conn: psycopg.Connection, schema: str, snapshot_table: str) -> dic
 def record_build(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
     """Record the readings of one stage partition as built from a snapshot, and the
     transaction that wrote its rows (``writer_xid``, its rows' xmin, and ``writer_txid``, the
-    same transaction's 64-bit id); latest wins."""
-    fields = {**fields, "readings": Jsonb(fields["readings"])}
+    same transaction's 64-bit id), and whether they were ``kept`` in the stage (default
+    true); latest wins."""
+    fields = {"kept": True, **fields, "readings": Jsonb(fields["readings"])}
     conn.execute(_UPSERT_BUILD.format(schema=sql.Identifier(schema)), fields)
 
 
@@ -238,6 +247,18 @@ def builds(
         {"spec_name": spec_name, "variant": variant, "partitions": partitions},
     ).fetchall()
     return {r[0]: (r[1], r[2], None if r[3] is None else int(r[3])) for r in rows}
+
+
+def unkept_builds(
+    conn: psycopg.Connection, schema: str, spec_name: str, variant: str, partitions: list[str]
+) -> dict[str, dict[str, Any]]:
+    """partition -> readings of the latest builds of one stage that were hashed as they were
+    built but not written (see core.engines.postgres.stages)."""
+    rows = conn.execute(
+        _UNKEPT_BUILDS.format(schema=sql.Identifier(schema)),
+        {"spec_name": spec_name, "variant": variant, "partitions": partitions},
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
 
 
 def record_plan(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
@@ -266,6 +287,8 @@ _SCHEMA_STATE = sql.SQL(
     "AND attname = 'writer_txid' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
     "AND attname = 'writer_txid' AND NOT attisdropped) "
+    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
+    "AND attname = 'kept' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(approvals)s) "
     "AND attname = 'target_readings' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(approvals)s) "

@@ -17,7 +17,7 @@ from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.postgres import exported, planned, review, snapshot, stages
-from backfill_assets.core.engines.postgres.diff import diff_against
+from backfill_assets.core.engines.postgres.diff import diff_against, equal_by_fingerprint
 from backfill_assets.core.engines.postgres.guard.transform import GUARD
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.staged import staged, staged_target
@@ -102,6 +102,11 @@ class PostgresBuildEngine:
                     raise StageError(f"stage {ctx.stage(variant)} has never been built; materialize both stages first")
             built = {v: store.builds(conn, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
             now = {v: dict(zip(ctx.labels, ctx.readings_of(conn, ctx.stage(v), ctx.partitions))) for v in ("a", "b")}
+            # A stage B partition hashed as it was built, and not written, is what its build read
+            # while the stage holds none of its rows.
+            for label, readings in store.unkept_builds(conn, spec.control_schema, spec.name, "b", ctx.labels).items():
+                if now["b"][label].row_count == 0:
+                    now["b"][label] = Fingerprint(**readings)
         return StagesNow(ctx, now, built)
 
     def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
@@ -120,7 +125,10 @@ class PostgresBuildEngine:
                     f"stage {ctx.stage('a')} no longer holds plan {stored.plan_id[:16]}'s rows in partition(s) "
                     f"{', '.join(changed)}; plan again", plan_id=stored.plan_id,
                 )
-            return [diff_against(conn, ctx, label, against, limit) for label in labels]
+            unkept = (store.unkept_builds(conn, ctx.spec.control_schema, ctx.spec.name, "b", labels)
+                      if against == "stage_b" else {})
+            return [equal_by_fingerprint(label, stored.approved(label)) if unkept.get(label) == stored.approved(label)
+                    else diff_against(conn, ctx, label, against, limit) for label in labels]
 
     # -- approval and apply ---------------------------------------------------------------
     def unchanged_spec(self, stored: Plan) -> Context:

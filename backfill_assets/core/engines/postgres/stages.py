@@ -4,6 +4,7 @@ on two connections from one snapshot, each partition fingerprinted and sealed as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,7 +25,7 @@ from backfill_assets.core.errors import SnapshotError, StageError, VerificationE
 from backfill_assets.core.fingerprint.partition import written, written_partitions
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import business_key_order, has_ordered_index, table_columns
+from backfill_assets.core.pg.catalog import business_key_order, describe_query, has_ordered_index, table_columns
 from backfill_assets.core.pg.db import ConnectionFactory, imported_snapshot, read_committed, transient_errors
 from backfill_assets.core.planning import compare_readings
 from backfill_assets.core.progress import Progress, ProgressEvent
@@ -64,19 +65,34 @@ _SYNC_COMMIT_OFF = sql.SQL("SELECT set_config('synchronous_commit', 'off', true)
 @dataclass(frozen=True)
 class Built:
     """One stage partition as built: its readings and its seal (the transaction that wrote
-    its rows: their xmin, None when it is empty, and the same transaction's 64-bit id)."""
+    its rows: their xmin, None when it is empty or nothing was written, and the same
+    transaction's 64-bit id), and whether its rows were ``kept`` in the stage (not: hashed
+    as they were built, and not written)."""
 
     label: str
     readings: Fingerprint
     writer_xid: str | None
     writer_txid: int
+    kept: bool = True
 
     def record(self, conn: psycopg.Connection, ctx: Context, variant: str, snapshot_id: str, clock: Clock) -> None:
         store.record_build(
             conn, ctx.spec.control_schema, spec_name=ctx.spec.name, variant=variant, partition=self.label,
             snapshot_id=snapshot_id, readings=self.readings.as_dict(),
-            writer_xid=self.writer_xid, writer_txid=self.writer_txid, built_at=clock(),
+            writer_xid=self.writer_xid, writer_txid=self.writer_txid, kept=self.kept, built_at=clock(),
         )
+
+
+def b_hashed_only(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> bool:
+    """Whether stage B can be hashed as it is built without being written: the build's
+    columns have exactly the stage's types (modifiers included), so the rows it selects are
+    the rows an INSERT would store. Where a column would be converted on the way in (an
+    assignment cast, laxer or stricter than any a SELECT can spell), stage B is written."""
+    spec = ctx.spec
+    input_rel = sqlbuild.input_relation(snapshot.relation, ctx.source_column_names, spec.partition_key,
+                                        spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
+    described = [(c.name, c.type_name) for c in describe_query(conn, sqlbuild.describe_input(input_rel, spec.columns))]
+    return described == [(c.name, c.type_name) for c in ctx.target_columns]
 
 
 # A stage build writes consecutive partitions together, one statement and one transaction,
@@ -115,12 +131,13 @@ def build_batches(ctx: Context, snapshot: Snapshot, *, indexed: bool = True) -> 
 
 def build_batch(
     conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
-    batch: list[int], clock: Clock,
+    batch: list[int], clock: Clock, *, keep: bool = True,
 ) -> list[Built]:
     """Rebuild some partitions of one stage (indexes into the context's) and fingerprint each
     as it is written, in one transaction; with a snapshot identified already, record each
     build with its seal in the same transaction (an exported snapshot's builds are recorded
-    once it is identified, see :func:`build_both`).
+    once it is identified, see :func:`build_both`). Not ``keep``: the partitions' rows are
+    hashed as they are built and not written (the stage's partitions are emptied).
 
     The seal is the transaction that wrote the partitions' rows: see
     :func:`stage_partitions_changed`. An exported snapshot is imported as the transaction's
@@ -132,6 +149,7 @@ def build_batch(
     refused, by the approval or apply that reads it next."""
     spec = ctx.spec
     stage = ctx.stage(variant)
+    into = stage if keep else None
     values = [ctx.partitions[i] for i in batch]
     labels = [ctx.labels[i] for i in batch]
     input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
@@ -141,25 +159,26 @@ def build_batch(
     with transient_errors(what), reading:
         conn.execute(_SYNC_COMMIT_OFF)
         # The readings of the rows as they are written, in the same statement (the stage's
-        # unique index rules duplicates out).
+        # unique index rules duplicates out; a build not kept has none by construction).
+        conn.execute(*sqlbuild.delete_partitions(stage, spec.partition_key, values))
         if spec.records_can_move:
             (value,) = values
-            conn.execute(*sqlbuild.delete_partition(stage, spec.partition_key, value))
-            insert = sqlbuild.build_stage(variant, stage, input_rel, spec.columns, spec.partition_key, spec.business_key,
-                                          ctx.ordering_keys(), params, value, moving=True)
-            readings = [written(conn, insert, ctx.target_columns, spec.business_key, spec.total, utf8=ctx.utf8)]
+            query = sqlbuild.build_stage(variant, into, input_rel, spec.columns, spec.partition_key, spec.business_key,
+                                         ctx.ordering_keys(), params, value, moving=True)
+            readings = [written(conn, query, ctx.target_columns, spec.business_key, spec.total, utf8=ctx.utf8,
+                                inserts=keep)]
         else:
-            conn.execute(*sqlbuild.delete_partitions(stage, spec.partition_key, values))
-            insert = sqlbuild.build_stage_batch(variant, stage, input_rel, spec.columns, spec.partition_key,
-                                                spec.business_key, ctx.ordering_keys(), params, values)
-            readings = written_partitions(conn, insert, ctx.target_columns, spec.partition_key, spec.business_key,
-                                          spec.total, values, utf8=ctx.utf8)
+            query = sqlbuild.build_stage_batch(variant, into, input_rel, spec.columns, spec.partition_key,
+                                               spec.business_key, ctx.ordering_keys(), params, values)
+            readings = written_partitions(conn, query, ctx.target_columns, spec.partition_key, spec.business_key,
+                                          spec.total, values, utf8=ctx.utf8, inserts=keep)
         txid = conn.execute(sqlbuild.current_txid()).fetchone()
         assert txid is not None
         # The build is a transaction of its own (the connection commits each statement
         # otherwise), so its rows carry its 32-bit xid: the low half of the 64-bit id.
         writer = str(int(txid[0]) & 0xFFFFFFFF)
-        built = [Built(label, r, writer if r.row_count else None, int(txid[0])) for label, r in zip(labels, readings)]
+        built = [Built(label, r, writer if r.row_count and keep else None, int(txid[0]), keep)
+                 for label, r in zip(labels, readings)]
         if snapshot.exported is None:
             for each in built:
                 each.record(conn, ctx, variant, snapshot.snapshot_id, clock)
@@ -168,9 +187,10 @@ def build_batch(
 
 def build_stage(
     conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
-    clock: Clock, progress: Progress,
+    clock: Clock, progress: Progress, *, keep: bool = True,
 ) -> dict[str, Built]:
-    """Build every partition of one stage from the snapshot (:func:`build_batches`)."""
+    """Build every partition of one stage from the snapshot (:func:`build_batches`); not
+    ``keep``: hashed as they are built, not written."""
     out: dict[str, Built] = {}
     step, total = f"stage {variant}", len(ctx.partitions)
     ensure_stage(conn, ctx, variant)
@@ -178,12 +198,27 @@ def build_stage(
     # A copy has an index on the partition key; a source read in place may not.
     indexed = not snapshot.filtered or has_ordered_index(conn, snapshot.relation, ctx.spec.partition_key, [])
     for batch in build_batches(ctx, snapshot, indexed=indexed):
-        for built in build_batch(conn, ctx, snapshot, variant, batch, clock):
+        for built in build_batch(conn, ctx, snapshot, variant, batch, clock, keep=keep):
             out[built.label] = built
             rows = built.readings.row_count
             progress(ProgressEvent(step, f"{rows} row(s)", partition=built.label, done=len(out), total=total,
                                    rows=rows, status="built"))
     return out
+
+
+def keep_differing(
+    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, a: dict[str, Built], b: dict[str, Built], clock: Clock,
+) -> dict[str, Built]:
+    """Stage B's builds, with each partition that was hashed only and differs from stage A
+    built again and written (from the same snapshot, still held), so that the differing keys
+    can be shown. The plan compares the first builds' readings: a second build that happens
+    to equal stage A does not hide the first difference."""
+    differing = [i for i, label in enumerate(ctx.labels) if not b[label].kept and b[label].readings != a[label].readings]
+    if not differing:
+        return b
+    batches = [[i] for i in differing] if ctx.spec.records_can_move else [differing]
+    again = {built.label: built for batch in batches for built in build_batch(conn, ctx, snapshot, "b", batch, clock)}
+    return {**b, **again}
 
 
 def stage_partitions_changed(
@@ -222,6 +257,10 @@ def build_both(
 ) -> tuple[Snapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
     """Build stages A and B at once, each on its own connection, and fingerprint them.
 
+    Stage B is hashed as it is built and written only where it differs from stage A
+    (:func:`b_hashed_only`, :func:`keep_differing`): the plan compares fingerprints, and only a
+    difference needs B's rows, to show the differing keys.
+
     A copied snapshot is locked against writers for the whole of both builds, and its seal
     checked under that lock, so both builds read exactly the rows the snapshot fingerprinted
     (the snapshot may have been taken long before, in another step). An exported snapshot is
@@ -238,10 +277,6 @@ def build_both(
     if snapshot.exported is not None:
         return _build_exported(ctx, snapshot, factory, clock, progress)
 
-    def build(variant: Literal["a", "b"]) -> dict[str, Fingerprint]:
-        with factory() as own:
-            return {label: b.readings for label, b in build_stage(own, ctx, snapshot, variant, clock, progress).items()}
-
     with factory() as guard, transient_errors("locking the snapshot copy"), read_committed(guard):
         if not snapshot.filtered:
             # The guard waits, idle in its transaction, for both builds.
@@ -253,23 +288,46 @@ def build_both(
                     f"the copy {snapshot.relation} of snapshot {snapshot.snapshot_id} {problem}; "
                     "take the snapshot again (plan again)"
                 )
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
-            a, b = pool.submit(build, "a"), pool.submit(build, "b")
-            return snapshot, a.result(), b.result()
+        a, b, _ = _both(ctx, snapshot, factory, clock, progress, b_hashed_only(guard, ctx, snapshot))
+        with factory() as own:
+            keep_differing(own, ctx, snapshot, a, b, clock)
+    return snapshot, _readings(a), _readings(b)
+
+
+def _readings(built: dict[str, Built]) -> dict[str, Fingerprint]:
+    return {label: each.readings for label, each in built.items()}
+
+
+def _both(
+    ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress, hash_b: bool,
+    then: Callable[[], Snapshot] | None = None,
+) -> tuple[dict[str, Built], dict[str, Built], Snapshot | None]:
+    """Both stages built at once on connections of their own (B not kept if ``hash_b``); with
+    ``then``, it runs on a third once the first build is done, while the other still runs (the
+    two cores stay busy), and its result is returned last."""
+
+    def build(variant: Literal["a", "b"]) -> dict[str, Built]:
+        with factory() as own:
+            return build_stage(own, ctx, snapshot, variant, clock, progress, keep=variant == "a" or not hash_b)
+
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="stage") as pool:
+        builds = {variant: pool.submit(build, variant) for variant in ("a", "b")}
+        after = None
+        if then is not None:
+            done, _ = wait(builds.values(), return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()  # a build that failed stops the plan before the source is read again
+            after = pool.submit(then)
+        return builds["a"].result(), builds["b"].result(), None if after is None else after.result()
 
 
 def _build_exported(
     ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
 ) -> tuple[Snapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
     """:func:`build_both` from an exported snapshot (the caller holds its transaction open).
-    The source is fingerprinted on a connection of its own once the first build is done,
-    while the other still runs: the two cores stay busy."""
+    The source is fingerprinted on a connection of its own once the first build is done."""
     assert snapshot.exported is not None
     exported_name = snapshot.exported
-
-    def build(variant: Literal["a", "b"]) -> dict[str, Built]:
-        with factory() as own:
-            return build_stage(own, ctx, snapshot, variant, clock, progress)
 
     def identify() -> Snapshot:
         progress(ProgressEvent("snapshot", f"fingerprinting {len(ctx.partitions)} source partition(s)"))
@@ -277,20 +335,18 @@ def _build_exported(
                 imported_snapshot(own, exported_name, read_only=True):
             return exported_identity(own, ctx, snapshot)
 
-    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="stage") as pool:
-        builds = {variant: pool.submit(build, variant) for variant in ("a", "b")}
-        done, _ = wait(builds.values(), return_when=FIRST_COMPLETED)
-        for future in done:
-            future.result()  # a build that failed stops the plan before the source is read again
-        identifying = pool.submit(identify)
-        a, b, identified = builds["a"].result(), builds["b"].result(), identifying.result()
-    with factory() as conn, transient_errors("recording the snapshot and the builds"), conn.transaction():
-        record_exported(conn, ctx, identified, clock)
-        for variant, stage_builds in (("a", a), ("b", b)):
-            for built in stage_builds.values():
-                built.record(conn, ctx, variant, identified.snapshot_id, clock)
+    with factory() as conn:
+        hash_b = b_hashed_only(conn, ctx, snapshot)
+        a, b, identified = _both(ctx, snapshot, factory, clock, progress, hash_b, then=identify)
+        assert identified is not None
+        kept = keep_differing(conn, ctx, snapshot, a, b, clock)
+        with transient_errors("recording the snapshot and the builds"), conn.transaction():
+            record_exported(conn, ctx, identified, clock)
+            for variant, stage_builds in (("a", a), ("b", kept)):
+                for built in stage_builds.values():
+                    built.record(conn, ctx, variant, identified.snapshot_id, clock)
     progress(ProgressEvent("snapshot", f"{identified.snapshot_id}: read in one exported snapshot", status="taken"))
-    return identified, {k: v.readings for k, v in a.items()}, {k: v.readings for k, v in b.items()}
+    return identified, _readings(a), _readings(b)
 
 
 def recheck_stage(conn: psycopg.Connection, ctx: Context, stored: Plan, labels: list[str]) -> None:

@@ -85,15 +85,16 @@ def create_stage_from_input(new: TableRef, input_relation: sql.Composable, colum
 
 _DELETE_PARTITION = sql.SQL("DELETE FROM {rel} WHERE {pk} = %(partition)s")
 
+# Each build is a SELECT of the newest rows; written into a stage, it is prefixed by _INSERT.
+_INSERT = sql.SQL("INSERT INTO {stage} ({cols}) ")
+
 _BUILD_DISTINCT_ON = sql.SQL(
-    "INSERT INTO {stage} ({cols}) "
     "SELECT DISTINCT ON ({i_key}) {i_cols} FROM ({input}) AS i "
     "WHERE {i_pk} = %(partition)s AND {i_key_not_null} "
     "ORDER BY {i_key}, {ordering}"
 )
 
 _BUILD_WINDOW = sql.SQL(
-    "INSERT INTO {stage} ({cols}) "
     "SELECT {r_cols} FROM (SELECT {i_cols}, row_number() OVER "
     "(PARTITION BY {i_bk} ORDER BY {ordering}) AS {rank} FROM ({input}) AS i "
     "WHERE {i_pk} = %(partition)s AND {i_key_not_null}) AS r WHERE {r_rank} = 1"
@@ -102,13 +103,11 @@ _BUILD_WINDOW = sql.SQL(
 # Records that can move: the newest version of each key over the whole snapshot decides its
 # partition, so rank first and keep the partition's rows after.
 _BUILD_DISTINCT_ON_MOVING = sql.SQL(
-    "INSERT INTO {stage} ({cols}) "
     "SELECT {g_cols} FROM (SELECT DISTINCT ON ({i_bk}) {i_cols} FROM ({input}) AS i "
     "WHERE {i_key_not_null} ORDER BY {i_bk}, {ordering}) AS g WHERE {g_pk} = %(partition)s"
 )
 
 _BUILD_WINDOW_MOVING = sql.SQL(
-    "INSERT INTO {stage} ({cols}) "
     "SELECT {r_cols} FROM (SELECT {i_cols}, row_number() OVER "
     "(PARTITION BY {i_bk} ORDER BY {ordering}) AS {rank} FROM ({input}) AS i "
     "WHERE {i_key_not_null}) AS r WHERE {r_rank} = 1 AND {r_pk} = %(partition)s"
@@ -117,14 +116,12 @@ _BUILD_WINDOW_MOVING = sql.SQL(
 
 # Several partitions in one statement: newest-wins per (partition, key), as above per partition.
 _BUILD_DISTINCT_ON_BATCH = sql.SQL(
-    "INSERT INTO {stage} ({cols}) "
     "SELECT DISTINCT ON ({i_key}) {i_cols} FROM ({input}) AS i "
     "WHERE {i_pk} = ANY(%(batch)s) AND {i_key_not_null} "
     "ORDER BY {i_key}, {ordering}"
 )
 
 _BUILD_WINDOW_BATCH = sql.SQL(
-    "INSERT INTO {stage} ({cols}) "
     "SELECT {r_cols} FROM (SELECT {i_cols}, row_number() OVER "
     "(PARTITION BY {i_pk}, {i_bk} ORDER BY {ordering}) AS {rank} FROM ({input}) AS i "
     "WHERE {i_pk} = ANY(%(batch)s) AND {i_key_not_null}) AS r WHERE {r_rank} = 1"
@@ -133,16 +130,23 @@ _BUILD_WINDOW_BATCH = sql.SQL(
 _DELETE_PARTITIONS = sql.SQL("DELETE FROM {rel} WHERE {pk} = ANY(%(batch)s)")
 
 
+def _into(stage: TableRef | None, columns: Sequence[str], select: sql.Composed) -> sql.Composed:
+    """``select`` inserted into ``stage``, or left a SELECT (``stage`` None: rows hashed, not kept)."""
+    if stage is None:
+        return select
+    return _INSERT.format(stage=table(stage), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns)) + select
+
+
 def build_stage_batch(
-    variant: Literal["a", "b"], stage: TableRef, input_rel: sql.Composed,
+    variant: Literal["a", "b"], stage: TableRef | None, input_rel: sql.Composed,
     columns: Sequence[str], partition_key: str, business_key: Sequence[str],
     ordering: Sequence[OrderKey], params: Mapping[str, Any], batch: Sequence[object],
 ) -> Query:
     """Insert the newest row per non-null business key of each of several partitions (keys
     that stay in their partition) into a stage, in one statement: ``a`` by DISTINCT ON over
-    (partition, key), ``b`` by a row_number() window partitioned by them."""
+    (partition, key), ``b`` by a row_number() window partitioned by them. ``stage`` None:
+    the same rows as a SELECT, inserted nowhere."""
     common = dict(
-        stage=table(stage), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
         i_cols=cols("i", columns), input=input_rel, i_pk=col("i", partition_key),
         i_key_not_null=key_not_null("i", business_key), ordering=order_by("i", ordering),
     )
@@ -153,7 +157,7 @@ def build_stage_batch(
             r_cols=cols("r", columns), i_bk=cols("i", business_key),
             rank=sql.Identifier(RANK_COLUMN), r_rank=col("r", RANK_COLUMN), **common,
         )
-    return query, {**params, "batch": list(batch)}
+    return _into(stage, columns, query), {**params, "batch": list(batch)}
 
 
 def delete_partitions(rel: TableRef, partition_key: str, batch: Sequence[object]) -> Query:
@@ -169,19 +173,19 @@ def delete_partition(rel: TableRef, partition_key: str, partition: object) -> Qu
 
 
 def build_stage(
-    variant: Literal["a", "b"], stage: TableRef, input_rel: sql.Composed,
+    variant: Literal["a", "b"], stage: TableRef | None, input_rel: sql.Composed,
     columns: Sequence[str], partition_key: str, business_key: Sequence[str],
     ordering: Sequence[OrderKey], params: Mapping[str, Any], partition: object,
     *, moving: bool = False,
 ) -> Query:
-    """Insert the newest row per non-null business key of one partition into a stage.
+    """Insert the newest row per non-null business key of one partition into a stage
+    (``stage`` None: the same rows as a SELECT, inserted nowhere).
 
     Variant ``a`` uses DISTINCT ON, variant ``b`` a row_number() window: two physical
     plans, so a result that depends on physical row order shows up as a difference.
     With ``moving``, the newest version is chosen per key across all partitions.
     """
     common = dict(
-        stage=table(stage), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
         i_cols=cols("i", columns), input=input_rel, i_pk=col("i", partition_key),
         i_key_not_null=key_not_null("i", business_key), ordering=order_by("i", ordering),
     )
@@ -205,4 +209,4 @@ def build_stage(
             r_cols=cols("r", columns), i_bk=cols("i", business_key),
             rank=sql.Identifier(RANK_COLUMN), r_rank=col("r", RANK_COLUMN), **common,
         )
-    return query, {**params, "partition": partition}
+    return _into(stage, columns, query), {**params, "partition": partition}

@@ -120,19 +120,23 @@ def partition_readings(
 
 
 _WRITTEN = sql.SQL("WITH {w} AS ({insert} RETURNING {returned}) {readings}")
+_SELECTED = sql.SQL("WITH {w} AS ({select}) {readings}")
 _WRITTEN_REL = sql.Identifier("__backfill_written")
 
 
 def written_readings(
     insert: Query, columns: Sequence[str], fields: Sequence[tuple[str, str, str]], business_key: Sequence[str],
-    total: str | None, *, utf8: bool, group_by: str | None = None,
+    total: str | None, *, utf8: bool, group_by: str | None = None, inserts: bool = True,
 ) -> Query:
     """``insert`` (an INSERT of ``columns``) with the readings and digest of the rows it wrote,
     in the same statement: (row count, NULL-key count, total text, slice sums...), per
-    ``group_by`` value when given (first column)."""
+    ``group_by`` value when given (first column). Not ``inserts``: ``insert`` is a SELECT of
+    ``columns``, and the readings are those of the rows it selects."""
     query, params = insert
     readings, _ = digest(_WRITTEN_REL, fields, sql.SQL("true"), {}, utf8=utf8, business_key=business_key, total=total,
                          group_by=group_by)
+    if not inserts:
+        return _SELECTED.format(w=_WRITTEN_REL, select=query, readings=readings), params
     return _WRITTEN.format(w=_WRITTEN_REL, insert=query, returned=sql.SQL(", ").join(map(sql.Identifier, columns)),
                            readings=readings), params
 

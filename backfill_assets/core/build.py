@@ -30,6 +30,7 @@ from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.supports import SUPPORTS
 from backfill_assets.core.vocabulary import PartitionRequest
@@ -45,6 +46,15 @@ class StagesNow:
     ctx: Context
     now: dict[str, dict[str, Fingerprint]]
     built: dict[str, dict[str, tuple]]
+
+
+def stage_b_as_built(conn: psycopg.Connection, spec: Spec, now_b: dict[str, Fingerprint]) -> None:
+    """Stage B's partitions as they are now (``now_b``, changed in place): a partition hashed
+    as it was built and not written (it equalled stage A) is what its build read, while the
+    stage holds none of its rows."""
+    for label, readings in store.unkept_builds(conn, spec.control_schema, spec.name, "b", list(now_b)).items():
+        if now_b[label].row_count == 0:
+            now_b[label] = Fingerprint(**readings)
 
 
 @dataclass(frozen=True)

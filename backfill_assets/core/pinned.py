@@ -176,14 +176,15 @@ def require_plan_pin(control: psycopg.Connection, source: PinnedSource, spec: Sp
 
 
 def record_builds(control: psycopg.Connection, spec: Spec, snapshot_id: str, built: dict[str, dict[str, Fingerprint]],
-                  clock: Clock) -> None:
-    """Record each stage's readings per partition (``built``: stage -> label -> readings)."""
+                  clock: Clock, unkept: dict[str, set[str]] | None = None) -> None:
+    """Record each stage's readings per partition (``built``: stage -> label -> readings);
+    ``unkept``: stage -> the partitions hashed as they were built and not written."""
     with control.transaction():
         for variant, partitions in built.items():
             for label, fp in partitions.items():
                 store.record_build(control, spec.control_schema, spec_name=spec.name, variant=variant, partition=label,
-                                   snapshot_id=snapshot_id, readings=fp.as_dict(), writer_xid=None,
-                                   writer_txid=None, built_at=clock())
+                                   snapshot_id=snapshot_id, readings=fp.as_dict(), writer_xid=None, writer_txid=None,
+                                   kept=label not in (unkept or {}).get(variant, ()), built_at=clock())
 
 
 def record_plan(control: psycopg.Connection, spec: Spec, plan: Plan, snapshot_id: str, clock: Clock,

@@ -112,23 +112,38 @@ def digest_sql(relation: str, fields: Sequence[tuple[str, str]], business_key: S
 
 _PARTITION_DIGEST = sql.SQL(
     "SELECT p, count(*), coalesce(sum(nk), 0), coalesce(sum(CASE WHEN nk = 0 THEN 1 ELSE 0 END), 0) - "
-    "count(DISTINCT CASE WHEN nk = 0 THEN k END), {slices}, {total} FROM "
+    "count(DISTINCT CASE WHEN nk = 0 THEN k END), {slices}, {total}{seal} FROM "
     "(SELECT t.{partition} AS p, CASE WHEN {null_key} THEN 1 ELSE 0 END AS nk, row({keys}) AS k, "
-    "sha256({text}) AS h{total_column} FROM {relation} AS t "
+    "sha256({text}) AS h{total_column}{seal_column} FROM {relation} AS t "
     "WHERE t.{partition} IN (SELECT unnest($partitions))) AS q GROUP BY p"
 )
 
 
-def partition_digest_sql(relation: str, fields: Sequence[tuple[str, str]], business_key: Sequence[str],
-                         partition_key: str, total: str | None, float_keys: Sequence[str] = ()) -> str:
+def seal_hash(fields: Sequence[tuple[str, str]], alias: str | None = None) -> sql.Composed:
+    """DuckDB's 64-bit hash of a row's ``fields`` (a double by its hexadecimal form, which tells
+    -0 from 0; DuckDB's hash does not): what a DuckDB stage's seal sums."""
+    def column(name: str) -> sql.Identifier:
+        return sql.Identifier(alias, name) if alias else sql.Identifier(name)
+    return sql.SQL("hash({})").format(sql.SQL(", ").join(
+        sql.SQL("printf('%a', {})").format(column(n)) if kind == "double" else column(n) for n, kind in fields))
+
+
+def partition_digest_sql(relation: str | sql.Composable, fields: Sequence[tuple[str, str]], business_key: Sequence[str],
+                         partition_key: str, total: str | None, float_keys: Sequence[str] = (), *,
+                         sealed: bool = False) -> str:
     """Per partition among ``$partitions`` (a list parameter) that has rows: the partition
     value, count, NULL-key count, duplicate-key count, slice sums and the exact sum of
-    ``total`` (NULL without one), over ``relation`` in one grouped aggregate: what the DuckDB
-    engine reads of its stages (core.engines.duckdb)."""
+    ``total`` (NULL without one), over ``relation`` (a table's name, or a parenthesised query)
+    in one grouped aggregate: what the DuckDB engine reads of its stages (core.engines.duckdb).
+    ``sealed``: one more column, the seal (the exact sum of :func:`seal_hash` over the rows,
+    as text), from the same pass."""
     return _text(_PARTITION_DIGEST.format(
-        relation=sql.Identifier(relation), partition=sql.Identifier(partition_key),
+        relation=sql.Identifier(relation) if isinstance(relation, str) else relation,
+        partition=sql.Identifier(partition_key),
         total=sql.SQL("sum(tv)") if total else sql.SQL("NULL"),
         total_column=sql.SQL(", t.{} AS tv").format(sql.Identifier(total)) if total else sql.SQL(""),
+        seal=sql.SQL(", CAST(sum(sh) AS VARCHAR)") if sealed else sql.SQL(""),
+        seal_column=sql.SQL(", CAST({} AS HUGEINT) AS sh").format(seal_hash(fields, "t")) if sealed else sql.SQL(""),
         **_parts(fields, business_key, float_keys),
     ))
 

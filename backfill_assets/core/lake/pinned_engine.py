@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.build import SourceMoves, StagesNow
+from backfill_assets.core.build import SourceMoves, StagesNow, stage_b_as_built
 from backfill_assets.core.context import Context
 from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.errors import SpecError, StageError
@@ -79,6 +79,7 @@ class PinnedBuildEngine:
             raise StageError(f"the stages of spec {spec.name} have never been built; materialize both stages first")
         ctx = self.resolve(labels)
         now = {v: dict(zip(ctx.labels, self.stage_now(ctx, v))) for v in ("a", "b")}
+        stage_b_as_built(self.control, spec, now["b"])
         built = {v: store.builds(self.control, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
         return StagesNow(ctx, now, built)
 

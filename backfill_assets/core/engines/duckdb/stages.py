@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
+from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.context import Clock, Context
@@ -53,23 +54,34 @@ def _float_keys(columns: Sequence[ColumnInfo], business_key: Sequence[str]) -> l
     return [c.name for c in columns if c.name in business_key and rows.kind_of(c) == "double"]
 
 
-def readings_of(duck: DuckDBPyConnection, relation: str, columns: Sequence[ColumnInfo], partition_key: str,
-                business_key: Sequence[str], total: str | None, values: Sequence[PartitionValue]) -> list[Fingerprint]:
-    """The readings of each of ``values`` of a relation on ``con``, in that order, from one
-    grouped aggregate (format 3, equal to PostgreSQL's for the same rows)."""
+def readings_of(duck: DuckDBPyConnection, relation: str | sql.Composable, columns: Sequence[ColumnInfo],
+                partition_key: str, business_key: Sequence[str], total: str | None,
+                values: Sequence[PartitionValue]) -> list[Fingerprint]:
+    """The readings of each of ``values`` of a relation (a table, or a parenthesised query) on
+    ``duck``, in that order, from one grouped aggregate (format 3, equal to PostgreSQL's for the
+    same rows)."""
+    return [fp for fp, _ in _readings(duck, relation, columns, partition_key, business_key, total, values)]
+
+
+def _readings(duck: DuckDBPyConnection, relation: str | sql.Composable, columns: Sequence[ColumnInfo],
+              partition_key: str, business_key: Sequence[str], total: str | None, values: Sequence[PartitionValue],
+              sealed: bool = False) -> list[tuple[Fingerprint, str]]:
+    """:func:`readings_of`, each with its seal (:func:`seals_hold`) from the same pass when
+    ``sealed`` ("0" without)."""
     query = digest.partition_digest_sql(relation, fields_of(columns), business_key, partition_key, total,
-                                      _float_keys(columns, business_key))
+                                        _float_keys(columns, business_key), sealed=sealed)
     found = {partition_label(r[0]): r for r in duck.execute(query, {"partitions": list(values)}).fetchall()}
     out = []
     for value in values:
         row = found.get(partition_label(value))
         if row is None:
-            out.append(empty(columns, total))
+            out.append((empty(columns, total), "0"))
             continue
-        _, count, null_keys, duplicates, *sums, total_value = row
+        seal = str(row[-1]) if sealed else "0"
+        _, count, null_keys, duplicates, *sums, total_value = row[:-1] if sealed else row
         n = int(count)
-        out.append(Fingerprint(n, int(null_keys), int(duplicates), None if total is None else rows.total_text(total_value),
-                               rows.content_hash(columns, n, [int(s or 0) for s in sums])))
+        out.append((Fingerprint(n, int(null_keys), int(duplicates), None if total is None else rows.total_text(total_value),
+                                rows.content_hash(columns, n, [int(s or 0) for s in sums])), seal))
     return out
 
 
@@ -84,35 +96,43 @@ def _ensure_stage(duck: DuckDBPyConnection, ctx: Context, variant: str, types: l
 
 
 def build_stage(db: DuckDBPyConnection, ctx: Context, snapshot: LakeSnapshot, source: LakeSource, variant: Literal["a", "b"],
-                progress: Progress) -> dict[str, Fingerprint]:
-    """Build every partition of one stage on a connection of its own, reading the pinned
-    source on its own; the partitions are replaced and fingerprinted in one transaction."""
+                progress: Progress, *, keep: bool = True,
+                values: Sequence[PartitionValue] | None = None) -> dict[str, Fingerprint]:
+    """Build the partitions ``values`` (default: the context's) of one stage on a connection of
+    its own, reading the pinned source on its own; the partitions are replaced and
+    fingerprinted in one transaction. Not ``keep``: the stage's partitions are emptied and the
+    rows are hashed as they are built, not written (stage B while it equals stage A)."""
     spec = ctx.spec
+    values = list(ctx.partitions if values is None else values)
+    labels = [partition_label(v) for v in values]
     out: dict[str, Fingerprint] = {}
-    step, total = f"stage {variant}", len(ctx.partitions)
+    step, total = f"stage {variant}", len(values)
     with contextlib.closing(cursor(db)) as duck:
-        source.attach(duck, snapshot.pin, spec.partition_key, ctx.partitions)
+        source.attach(duck, snapshot.pin, spec.partition_key, values)
         names = [name for name, _ in source_types(duck)]
         relation = statements.input_relation(names, spec.input_columns, ctx.transform)
         stage = _ensure_stage(duck, ctx, variant, described(duck, relation, spec.input_columns))
-        insert = statements.build_stage(variant, stage, relation, spec.columns, spec.partition_key, spec.business_key,
-                                        spec.ordering, moving=spec.records_can_move)
+        select = statements.build_select(variant, relation, spec.columns, spec.partition_key, spec.business_key,
+                                         spec.ordering, moving=spec.records_can_move)
         progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
         # Every partition in one transaction and three statements: DuckDB parallelises each one
         # over all the partitions, where a statement per partition would pay its start each time.
-        params = {"partitions": list(ctx.partitions)}
+        params = {"partitions": values}
         duck.begin()
         try:
             duck.execute(statements.delete_partitions(stage, spec.partition_key), params)
-            duck.execute(insert, params)
-            found = readings_of(duck, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
-                                ctx.partitions)
-            record_seals(duck, ctx, variant, snapshot.snapshot_id, dict(zip(ctx.labels, found)))
+            if keep:
+                duck.execute(statements.build_stage(variant, stage, relation, spec.columns, spec.partition_key,
+                                                    spec.business_key, spec.ordering, moving=spec.records_can_move),
+                             params)
+            found = _readings(duck, stage if keep else sql.SQL("({})").format(select), ctx.target_columns,
+                              spec.partition_key, spec.business_key, spec.total, values, sealed=keep)
+            record_seals(duck, ctx, variant, snapshot.snapshot_id, dict(zip(labels, found)) if keep else {}, labels)
             duck.commit()
         except BaseException:
             duck.rollback()
             raise
-        for n, (label, fp) in enumerate(zip(ctx.labels, found), 1):
+        for n, (label, (fp, _)) in enumerate(zip(labels, found), 1):
             out[label] = fp
             progress(ProgressEvent(step, f"{fp.row_count} row(s)", partition=label, done=n, total=total,
                                    rows=fp.row_count, status="built"))
@@ -126,16 +146,16 @@ def _seals_now(duck: DuckDBPyConnection, ctx: Context, variant: str, values: Seq
     return {partition_label(value): (int(n), str(seal)) for value, n, seal in found}
 
 
-def record_seals(duck: DuckDBPyConnection, ctx: Context, variant: str, snapshot_id: str, built: dict[str, Fingerprint]) -> None:
-    """Record, in the build's transaction, each partition's readings and seal (:func:`seals_hold`)."""
+def record_seals(duck: DuckDBPyConnection, ctx: Context, variant: str, snapshot_id: str,
+                 built: dict[str, tuple[Fingerprint, str]], labels: Sequence[str]) -> None:
+    """Record, in the build's transaction, each partition's readings and seal (:func:`seals_hold`);
+    the records of ``labels`` not in ``built`` (not kept) are removed."""
     table = builds_table(ctx.spec)
-    seals = _seals_now(duck, ctx, variant, [ctx.value_of(label) for label in built])
-    duck.execute(statements.delete_builds(table), {"variant": variant, "labels": list(built)})
-    for label, fp in built.items():
-        rows, seal = seals.get(label, (0, "0"))
+    duck.execute(statements.delete_builds(table), {"variant": variant, "labels": list(labels)})
+    for label, (fp, seal) in built.items():
         duck.execute(statements.insert_build(table), {
             "variant": variant, "partition": label, "snapshot_id": snapshot_id,
-            "readings": json.dumps(fp.as_dict(), sort_keys=True), "row_count": rows, "seal": seal,
+            "readings": json.dumps(fp.as_dict(), sort_keys=True), "row_count": fp.row_count, "seal": seal,
         })
 
 
@@ -173,9 +193,14 @@ def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot
         duck.execute(statements.create_builds(builds_table(ctx.spec)))
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
         fa = pool.submit(build_stage, db, ctx, snapshot, source, "a", progress)
-        fb = pool.submit(build_stage, db, ctx, snapshot, source, "b", progress)
+        fb = pool.submit(build_stage, db, ctx, snapshot, source, "b", progress, keep=False)
         a, b = fa.result(), fb.result()
-    record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock)
+    # Stage B is kept only where it differs from stage A, so that the differing keys can be
+    # shown: built again from the same pin, which the builds leave readable.
+    differ = [value for value, label in zip(ctx.partitions, ctx.labels) if a[label] != b[label]]
+    kept = build_stage(db, ctx, snapshot, source, "b", progress, values=differ) if differ else {}
+    record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock,
+                  unkept={"b": {label for label in ctx.labels if label not in kept}})
     return a, b
 
 
@@ -205,7 +230,9 @@ def differing_keys(duck: DuckDBPyConnection, ctx: Context, a: dict[str, Fingerpr
             continue
         keys = duck.execute(query, {"partition": value}).fetchall()
         out.append(f"partition {label}: first differing key(s), stage A against stage B: "
-                   + keys_detail(spec.business_key, keys))
+                   + keys_detail(spec.business_key, keys) if keys else
+                   f"partition {label}: stage B, built again from the same pin to show its keys, then equalled "
+                   "stage A: the transform gives different rows from the same data")
     return out
 
 

@@ -77,10 +77,18 @@ def _keyed(partition_key: str, business_key: Sequence[str]) -> sql.Composed:
 
 def build_stage(variant: str, stage: str, relation: sql.Composed, columns: Sequence[str], partition_key: str,
                 business_key: Sequence[str], ordering: Sequence[OrderingColumn], *, moving: bool = False) -> str:
-    """Insert the newest row per key of the partitions ``$partitions``: stage A by DISTINCT ON,
-    stage B by a window. With ``moving`` (records_can_move) a key's newest version is chosen
-    across every partition of the input, so a key that moved lands in its newest partition
-    only: the input must then hold every version of the scope's keys (a closed scope does)."""
+    """Insert into ``stage`` the rows of :func:`build_select`."""
+    return _text(sql.SQL("INSERT INTO {} ({}) ").format(sql.Identifier(stage), _ids(columns)) + build_select(
+        variant, relation, columns, partition_key, business_key, ordering, moving=moving))
+
+
+def build_select(variant: str, relation: sql.Composed, columns: Sequence[str], partition_key: str,
+                 business_key: Sequence[str], ordering: Sequence[OrderingColumn], *, moving: bool = False) -> sql.Composed:
+    """The newest row per key of the partitions ``$partitions``, as a query: stage A's by
+    DISTINCT ON, stage B's by a window. With ``moving`` (records_can_move) a key's newest
+    version is chosen across every partition of the input, so a key that moved lands in its
+    newest partition only: the input must then hold every version of the scope's keys (a closed
+    scope does)."""
     grain = business_key if moving else [partition_key, *business_key]
     if variant == "a":
         select = sql.SQL(
@@ -93,7 +101,7 @@ def build_stage(variant: str, stage: str, relation: sql.Composed, columns: Seque
             "AS __backfill_rank FROM {input} AS i WHERE {keyed}) AS r WHERE __backfill_rank = 1"
         ).format(cols=_ids(columns), icols=_ids(columns, "i"), grain=_ids(grain, "i"), order=_order(ordering),
                  input=relation, keyed=_keyed(partition_key, business_key))
-    return _text(sql.SQL("INSERT INTO {} ({}) ").format(sql.Identifier(stage), _ids(columns)) + select)
+    return select
 
 
 def input_report(relation: sql.Composed, partition_key: str, business_key: Sequence[str]) -> str:
@@ -191,14 +199,11 @@ def seals(stage: str, partition_key: str, fields: Sequence[tuple[str, str]]) -> 
     """Per partition among ``$partitions`` that has rows: its value, row count and seal, the
     exact sum of DuckDB's 64-bit hash of every row (a double by its hexadecimal form, which
     tells -0 from 0; DuckDB's hash does not). One fast pass, no SHA-256: see core.engines.duckdb."""
-    values = sql.SQL(", ").join(
-        sql.SQL("printf('%a', {})").format(sql.Identifier(n)) if kind == "double" else sql.Identifier(n)
-        for n, kind in fields
-    )
     return _text(sql.SQL(
-        "SELECT {pk}, count(*), CAST(sum(CAST(hash({values}) AS HUGEINT)) AS VARCHAR) FROM {stage} "
+        "SELECT {pk}, count(*), CAST(sum(CAST({hash} AS HUGEINT)) AS VARCHAR) FROM {stage} "
         "WHERE {pk} IN {parts} GROUP BY {pk}"
-    ).format(pk=sql.Identifier(partition_key), values=values, stage=sql.Identifier(stage), parts=_PARTITIONS))
+    ).format(pk=sql.Identifier(partition_key), hash=digest.seal_hash(fields), stage=sql.Identifier(stage),
+             parts=_PARTITIONS))
 
 
 def partition_counts(relation: str, partition_key: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.build import SourceMoves, StagesNow
+from backfill_assets.core.build import SourceMoves, StagesNow, stage_b_as_built
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff
@@ -102,11 +102,7 @@ class PostgresBuildEngine:
                     raise StageError(f"stage {ctx.stage(variant)} has never been built; materialize both stages first")
             built = {v: store.builds(conn, spec.control_schema, spec.name, v, ctx.labels) for v in ("a", "b")}
             now = {v: dict(zip(ctx.labels, ctx.readings_of(conn, ctx.stage(v), ctx.partitions))) for v in ("a", "b")}
-            # A stage B partition hashed as it was built, and not written, is what its build read
-            # while the stage holds none of its rows.
-            for label, readings in store.unkept_builds(conn, spec.control_schema, spec.name, "b", ctx.labels).items():
-                if now["b"][label].row_count == 0:
-                    now["b"][label] = Fingerprint(**readings)
+            stage_b_as_built(conn, spec, now["b"])
         return StagesNow(ctx, now, built)
 
     def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:

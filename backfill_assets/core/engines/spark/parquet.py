@@ -40,7 +40,6 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,16 +115,42 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-@dataclass(frozen=True)
-class Listing:
-    """The folder as one read of its metadata saw it: each partition directory's files, as
-    (name under the directory, size, modification time in ns)."""
+Files = tuple[tuple[str, int, int], ...]  # (name under the directory, size, modification time in ns)
 
-    partitions: dict[str, tuple[tuple[str, int, int], ...]]  # directory name -> files
+
+class Listing:
+    """The folder's partition directories as one read of the folder saw them, and each
+    directory's files as first asked for: a partition's files are listed when it is first
+    read or written, so a command that touches a few partitions of a large folder lists only
+    those (:attr:`partitions` and :attr:`version` list every one, once)."""
+
+    def __init__(self, root: Path, directories: Sequence[str]) -> None:
+        self.root, self.directories = root, tuple(sorted(directories))
+        self._known = frozenset(self.directories)
+        self._files: dict[str, Files] = {}
+
+    def files(self, directory: str) -> Files | None:
+        """The directory's files (None: there was no such directory when the folder was read)."""
+        if directory not in self._known:
+            return None
+        if directory not in self._files:
+            self._files[directory] = _files(self.root / directory)
+        return self._files[directory]
+
+    @property
+    def partitions(self) -> dict[str, Files]:
+        """Every partition directory's files."""
+        return {d: self._files_of(d) for d in self.directories}
+
+    def _files_of(self, directory: str) -> Files:
+        found = self.files(directory)
+        assert found is not None
+        return found
 
     @property
     def version(self) -> str:
-        text = "\n".join(f"{d}/{n}\t{s}\t{m}" for d in sorted(self.partitions) for n, s, m in self.partitions[d])
+        parts = self.partitions
+        text = "\n".join(f"{d}/{n}\t{s}\t{m}" for d in sorted(parts) for n, s, m in parts[d])
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -166,12 +191,10 @@ class ParquetFolderTable(LakeTable):
     def _listing(self) -> Listing | None:
         if not self.root.is_dir():
             return None
-        found = {}
-        for entry in sorted(self.root.iterdir()):
-            key, sep, _ = entry.name.partition("=")
-            if entry.is_dir() and sep and key == self.partition_key:
-                found[entry.name] = _files(entry)
-        return Listing(found)
+        with os.scandir(self.root) as entries:
+            found = [e.name for e in entries
+                     if e.name.partition("=")[0] == self.partition_key and "=" in e.name and e.is_dir()]
+        return Listing(self.root, found)
 
     def shape(self) -> TableShape | None:
         listing = self._listing()
@@ -204,8 +227,8 @@ class ParquetFolderTable(LakeTable):
         parts = []
         for value in values:
             directory = partition_dir(column, value)
-            files = () if handle is None else handle.partitions.get(directory, ())
-            data = self._read_dir(directory, files, value)
+            files = None if handle is None else handle.files(directory)
+            data = self._read_dir(directory, files or (), value)
             if data is not None:
                 parts.append(data)
         if not parts:
@@ -251,13 +274,14 @@ class ParquetFolderTable(LakeTable):
         """Write each partition under ``_backfill_staging`` and switch it in atomically (see
         the module docstring); a partition whose files changed since ``handle`` was read is
         refused before anything is switched (TransientDatabaseError, safe to retry)."""
+        if exclusive:  # only records_can_move asks for it, which this target refuses before any write
+            raise SpecError("records_can_move is not supported on a parquet target")
         now = self._listing()
-        before = {} if handle is None else handle.partitions
-        current = {} if now is None else now.partitions
         dirs = [partition_dir(column, v) for v in values]
-        moved = [d for d in dirs if before.get(d, ()) != current.get(d, ())]
-        if exclusive:  # nothing in the whole folder may have changed since it was read
-            moved = moved or sorted(d for d in set(before) | set(current) if before.get(d) != current.get(d))
+        # Each partition's files as this run read them (the handle lists a directory when it is
+        # first read) against the files there now: only the partitions being written are listed.
+        before = {d: None if handle is None else handle.files(d) for d in dirs}
+        moved = [d for d in dirs if (before[d] or ()) != ((None if now is None else now.files(d)) or ())]
         if moved:
             raise TransientDatabaseError(f"another writer changed {', '.join(moved)} of {self.name} since this run "
                                          "read it; nothing of ours was switched in")

@@ -190,3 +190,37 @@ def test_the_switch_is_a_compare_and_swap_and_never_replaces_what_appeared(tmp_p
     assert sorted(p.name for p in old.iterdir()) == ["part-9.parquet"]
     (kept,) = (tmp_path / "t" / REPLACED).iterdir()
     assert time.time() - kept.stat().st_mtime < 60  # the grace starts now, not at the files' own time
+
+
+def test_a_write_lists_the_partitions_it_touches_and_still_sees_a_change_since_its_read(tmp_path, monkeypatch):
+    """One partition of a 60-partition folder read and replaced: the files of that partition
+    are listed, not the whole folder's, until the committed version is named; a writer that
+    changed it between our read and our write still fails ours, with nothing switched."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from backfill_assets.core.engines.spark import parquet
+    from backfill_assets.core.errors import TransientDatabaseError
+    root = tmp_path / "t"
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(60)]
+    for day in days:
+        (root / partition_dir("d", day)).mkdir(parents=True)
+        pq.write_table(pa.table({"k": [1, 2]}), root / partition_dir("d", day) / "part-0.parquet")
+    table = ParquetFolderTable(str(root), "d")
+    listed: list[str] = []
+    real = parquet._files
+    monkeypatch.setattr(parquet, "_files", lambda d: listed.append(d.name) or real(d))
+    handle = table.open()
+    assert table.read(handle, "d", [days[5]]).num_rows == 2
+    assert table.read_version(None, "d", [days[5]]).num_rows == 2
+    assert listed == [partition_dir("d", days[5])] * 2
+    pq.write_table(pa.table({"k": [3]}), root / partition_dir("d", days[5]) / "part-1.parquet")  # a foreign writer
+    rows = pa.table({"k": [9], "d": [days[5]]})
+    with pytest.raises(TransientDatabaseError, match=f"changed {partition_dir('d', days[5])}"):
+        table.overwrite(handle, "d", [days[5]], rows, {})
+    assert table.read(table.open(), "d", [days[5]]).num_rows == 3
+    fresh = table.open()
+    table.read(fresh, "d", [days[5]])
+    version = table.overwrite(fresh, "d", [days[5]], rows, {})
+    assert version == table.open().version  # the committed version names the whole folder
+    assert table.read(table.open(), "d", [days[5]]).column("k").to_pylist() == [9]

@@ -1096,8 +1096,9 @@ def write_report(path: Path, args, only: set[str], report: Report, elapsed: floa
         "the embedded PostgreSQL 16 (pgserver)" + (
             "; the rows tagged -pg<major> again on the machine's own PostgreSQL, started by the benchmark "
             "with initdb's defaults" if "pgdefault" in only else "")
-        + ". Every ratio compares two measurements taken in the same run; on this machine differences "
-        "under ~30% are noise.", "",
+        + ". Every ratio compares two measurements taken in the same run; figures 3, 7a-c, 7c+batch, 13a "
+        f"and 14 are each the median of {args.pairs} alternated pairs (benchmarks/pairs.py), their seconds those "
+        "of the median pair; on this machine differences under ~30% are noise.", "",
         *report.header, "",
         f"Source: {args.rows} rows over {DAYS} daily partitions, about 20% duplicate keys, ties "
         "broken by the tiebreak, a few NULL keys, unicode and control characters. Figures 7 and 9 "

@@ -36,7 +36,8 @@ class Paired(Generic[T]):
 def alternated(pairs: int, naive: Callable[[], float], ours: Callable[[], tuple[float, T]]) -> Paired[T]:
     """Run ``naive`` and ``ours`` (each from the same starting state, which they set up
     themselves) in ``pairs`` alternated pairs; the median pair. ``ours`` returns its seconds and
-    a detail kept for the median pair."""
+    a detail kept for the median pair. The last run is always ours (the last pair is an odd
+    one: naive, then ours), so the state it leaves is there for what follows."""
     if pairs < 1 or pairs % 2 == 0:
         raise ValueError(f"pairs must be an odd number of at least 1, not {pairs}")
     runs: list[tuple[float, float, T]] = []

@@ -4,6 +4,9 @@ neither build."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import psycopg
 import pytest
 
@@ -191,3 +194,34 @@ def test_partitions_built_together_or_alone_give_the_same_plan(unmoved_db, facto
     assert _writers(unmoved_db) == 1 and together.plan_id == alone.plan_id == unindexed.plan_id
     result = run(EXPORTED, together, factory)
     assert {p["status"] for p in result.partitions} == {"verified"}
+
+
+@pytest.mark.parametrize("spec", [EXPORTED, COPY], ids=["exported", "copy"])
+def test_a_truncate_committed_while_the_snapshot_is_taken_is_seen_whole_or_not_at_all(unmoved_db, factory, db_url,
+                                                                                     spec):
+    """Another session has emptied the source and put one day back, uncommitted, when the
+    plan starts. The plan locks the source before it takes its snapshot, so it waits for that
+    commit and then sees the day that was put back: not the empty table that a snapshot taken
+    before the TRUNCATE committed would see (TRUNCATE is not MVCC-safe)."""
+    unmoved_db.execute("CREATE TABLE public.orders_saved AS SELECT order_date, order_id, customer_id, updated_at, "
+                       "ingest_seq, amount, status, note FROM public.orders_raw")
+    unmoved_db.commit()
+    other = psycopg.connect(db_url.reveal())
+    other.execute("TRUNCATE public.orders_raw")
+    other.execute("INSERT INTO public.orders_raw (order_date, order_id, customer_id, updated_at, ingest_seq, amount, "
+                  "status, note) SELECT order_date, order_id, customer_id, updated_at, ingest_seq, amount, status, "
+                  "note FROM public.orders_saved WHERE order_date = '2024-01-02'")
+    with ThreadPoolExecutor(1) as pool:
+        planned = pool.submit(make_plan, spec, ALL_DAYS, factory)
+        deadline = time.monotonic() + 20
+        while not unmoved_db.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'public.orders_raw'::regclass"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline and not planned.done(), "the plan never waited for the TRUNCATE"
+            time.sleep(0.05)
+        other.commit()
+        other.close()
+        plan = planned.result(timeout=60)
+    assert plan.status == "ready", plan.problems
+    rows = {p.partition: p.stage_a.row_count for p in plan.document.partitions}
+    assert rows["2024-01-02"] > 0 and all(n == 0 for day, n in rows.items() if day != "2024-01-02")

@@ -53,9 +53,13 @@ def test_a_row_written_into_an_unwritten_stage_b_is_seen_by_the_stage_checks(unm
     day = plan.labels[0]
     unmoved_db.execute(f"INSERT INTO {STAGE.format('b')} SELECT * FROM {STAGE.format('a')} "
                        "WHERE order_date = %s LIMIT 1", (day,))
+    unmoved_db.commit()
     states = {s.partition: s for s in read_stages(EXPORTED, plan.labels, factory)}
     assert not states[day].match and "stage B changed since its latest build" in " ".join(states[day].problems)
     assert all(s.match for label, s in states.items() if label != day)
+    # `diff --against stage_b` reads that partition's rows, not the build's record.
+    against_b = {p.partition: p for p in diff_plan(EXPORTED, plan.plan_id, factory, against="stage_b").partitions}
+    assert against_b[day].differs and not any(p.differs for label, p in against_b.items() if label != day)
 
 
 def test_a_column_converted_on_the_way_in_keeps_stage_b(unmoved_db, factory):
@@ -92,3 +96,24 @@ def test_only_the_partitions_whose_builds_differ_are_written_to_show_their_keys(
     kept = _kept(unmoved_db, "b")
     assert kept.pop("2024-01-02") is True and set(kept.values()) == {False}
     assert _rows(unmoved_db, "b") == 0
+
+
+def test_a_stage_b_left_by_an_earlier_version_does_not_stop_the_keys_being_shown(unmoved_db, factory):
+    """Stage B rows written before the plan began (an earlier version kept every stage B): the
+    hashed build empties them and commits; the rebuild that shows the keys imports the plan's
+    older snapshot, in which those rows still exist, and must not try to delete them again."""
+    make_plan(EXPORTED, ALL_DAYS, factory)
+    unmoved_db.execute(f"INSERT INTO {STAGE.format('b')} SELECT * FROM {STAGE.format('a')}")
+    unmoved_db.commit()
+    unmoved_db.execute(
+        "CREATE FUNCTION public.jitter() RETURNS int LANGUAGE plpgsql IMMUTABLE "
+        "AS $$ BEGIN RETURN floor(random() * 1000000)::int; END $$"
+    )
+    unmoved_db.commit()
+    transform = ("SELECT order_date, order_id, customer_id + CASE WHEN order_date = '2024-01-02' "
+                 "THEN jitter() ELSE 0 END AS customer_id, updated_at, ingest_seq, amount, status, note FROM source")
+    spec = make_spec(records_can_move=False, source={"table": "public.orders_raw"}, transform_sql=transform,
+                     trusted_functions=[{"name": "public.jitter", "reason": "a test of a wrong trust"}])
+    plan = make_plan(spec, ALL_DAYS, factory)
+    assert plan.status == "refused" and isinstance(plan.refusal(), DeterminismError)
+    assert any(p.startswith("partition 2024-01-02: first differing key(s)") for p in plan.problems), plan.problems

@@ -204,7 +204,7 @@ class _LakeWrite:
         # our commit is based on, and nothing committed between that version and ours.
         guarded = spec.records_can_move and data.num_rows > 0
         keys = data.select(list(spec.business_key))
-        base = t.table.version(handle)
+        base = t.table.version(handle) if guarded else None  # a folder's version lists all of it
         if guarded:
             found = self._keys_elsewhere(handle, values, keys)
             if found is not None:

@@ -198,9 +198,9 @@ def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot
     # Stage B is kept only where it differs from stage A, so that the differing keys can be
     # shown: built again from the same pin, which the builds leave readable.
     differ = [value for value, label in zip(ctx.partitions, ctx.labels) if a[label] != b[label]]
-    kept = build_stage(db, ctx, snapshot, source, "b", progress, values=differ) if differ else {}
+    rebuilt = build_stage(db, ctx, snapshot, source, "b", progress, values=differ) if differ else {}
     record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock,
-                  unkept={"b": {label for label in ctx.labels if label not in kept}})
+                  unkept={"b": {label for label in ctx.labels if label not in rebuilt}})
     return a, b
 
 

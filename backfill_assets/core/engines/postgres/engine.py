@@ -24,13 +24,14 @@ from backfill_assets.core.engines.postgres.staged import staged, staged_target
 from backfill_assets.core.engines.postgres.watch import WatchState, watch_tick
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_kind
 from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read, transient_errors
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
-from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.core.vocabulary import PartitionRequest, partition_label
 
 
 class PostgresBuildEngine:
@@ -123,6 +124,10 @@ class PostgresBuildEngine:
                 )
             unkept = (store.unkept_builds(conn, ctx.spec.control_schema, ctx.spec.name, "b", labels)
                       if against == "stage_b" else {})
+            if unkept:  # a stage B partition hashed only, and still empty, is what its build recorded
+                held = sqlbuild.partition_counts(ctx.stage("b"), ctx.spec.partition_key, ctx.partitions)
+                with_rows = {partition_label(v) for v, n in conn.execute(*held).fetchall() if n}
+                unkept = {label: r for label, r in unkept.items() if label not in with_rows}
             return [equal_by_fingerprint(label, stored.approved(label)) if unkept.get(label) == stored.approved(label)
                     else diff_against(conn, ctx, label, against, limit) for label in labels]
 

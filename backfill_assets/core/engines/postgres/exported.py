@@ -17,8 +17,9 @@ from backfill_assets.core.engines.postgres.snapshot import (
     identity_of,
     scope_document,
     source_fingerprints,
+    source_held,
 )
-from backfill_assets.core.pg.db import ConnectionFactory, export_snapshot, repeatable_read, transient_errors
+from backfill_assets.core.pg.db import ConnectionFactory, export_snapshot, transient_errors
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.store import control as store
 
@@ -29,8 +30,10 @@ def exported(conn: psycopg.Connection, factory: ConnectionFactory, ctx: Context,
     """``snapshot: exported``: hold one REPEATABLE READ transaction on a connection of its
     own while the caller builds, with its snapshot exported for the builds to import, and the
     source checked in it. Nothing is copied: the source's rows as that transaction sees them
-    are the snapshot, kept by the server (MVCC) until the transaction ends. The snapshot's id
-    is taken after the builds (:func:`exported_identity`), in the same snapshot.
+    are the snapshot, kept by the server (MVCC) until the transaction ends; the source is
+    locked as a SELECT locks it before the snapshot is taken (:func:`source_held`). The
+    snapshot's id is taken after the first build ends (:func:`exported_identity`), in the same
+    snapshot.
 
     Raises:
         SourceDataError: the source fails its checks (nothing is built).
@@ -39,8 +42,9 @@ def exported(conn: psycopg.Connection, factory: ConnectionFactory, ctx: Context,
     if not store.control_ready(conn, spec.control_schema):
         with transient_errors("creating the control schema"), conn.transaction():
             store.ensure_control_schema(conn, spec.control_schema)
-    with factory() as holder, repeatable_read(holder, read_only=True):
+    with factory() as holder, contextlib.ExitStack() as held:
         with transient_errors("taking the snapshot"):
+            held.enter_context(source_held(holder, spec.source_ref, read_only=True))
             # The holder waits, idle in its transaction, for both builds.
             set_local(holder, "idle_in_transaction_session_timeout", "0")
             name = export_snapshot(holder)

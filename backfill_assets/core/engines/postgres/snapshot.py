@@ -12,7 +12,9 @@ snapshotted partitions moved on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -181,6 +183,20 @@ def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed
     return reports
 
 
+@contextlib.contextmanager
+def source_held(conn: psycopg.Connection, ref: TableRef, *, read_only: bool = False) -> Iterator[None]:
+    """A REPEATABLE READ transaction on ``conn`` (autocommit) whose snapshot is taken after the
+    source is locked as a SELECT locks it: a TRUNCATE or a rewrite of the source, which a
+    snapshot taken before it commits would see as an empty or rewritten table (neither is
+    MVCC-safe), either committed before the snapshot or waits for the transaction's end. A
+    foreign table or a materialized view (which LOCK TABLE does not take) is read unlocked."""
+    kind = table_kind(conn, ref)  # before the transaction, whose first statement must be the lock
+    with repeatable_read(conn, read_only=read_only):
+        if kind in sqlbuild.LOCKABLE_KINDS:
+            conn.execute(sqlbuild.lock_for_snapshot(ref))
+        yield
+
+
 def take_snapshot(
     conn: psycopg.Connection, ctx: Context, clock: Clock, progress: Progress
 ) -> tuple[Snapshot, Context]:
@@ -198,7 +214,7 @@ def take_snapshot(
     spec = ctx.spec
     src = spec.source_ref
     requested = ctx.labels
-    with transient_errors("taking the snapshot"), repeatable_read(conn):
+    with transient_errors("taking the snapshot"), source_held(conn, src):
         if spec.records_can_move:
             ctx = staged(ctx).with_target_keys(conn, ctx)  # the target's keys, for this transaction's SQL
             scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys(), keys_relation(ctx))

@@ -131,13 +131,15 @@ def build_batches(ctx: Context, snapshot: Snapshot, *, indexed: bool = True) -> 
 
 def build_batch(
     conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
-    batch: list[int], clock: Clock, *, keep: bool = True,
+    batch: list[int], clock: Clock, *, keep: bool = True, empty_first: bool = True,
 ) -> list[Built]:
     """Rebuild some partitions of one stage (indexes into the context's) and fingerprint each
     as it is written, in one transaction; with a snapshot identified already, record each
     build with its seal in the same transaction (an exported snapshot's builds are recorded
     once it is identified, see :func:`build_both`). Not ``keep``: the partitions' rows are
-    hashed as they are built and not written (the stage's partitions are emptied).
+    hashed as they are built and not written (the stage's partitions are emptied). Not
+    ``empty_first``: the partitions are known empty (a hashed build emptied them) and are
+    not deleted from again.
 
     The seal is the transaction that wrote the partitions' rows: see
     :func:`stage_partitions_changed`. An exported snapshot is imported as the transaction's
@@ -160,7 +162,8 @@ def build_batch(
         conn.execute(_SYNC_COMMIT_OFF)
         # The readings of the rows as they are written, in the same statement (the stage's
         # unique index rules duplicates out; a build not kept has none by construction).
-        conn.execute(*sqlbuild.delete_partitions(stage, spec.partition_key, values))
+        if empty_first:
+            conn.execute(*sqlbuild.delete_partitions(stage, spec.partition_key, values))
         if spec.records_can_move:
             (value,) = values
             query = sqlbuild.build_stage(variant, into, input_rel, spec.columns, spec.partition_key, spec.business_key,
@@ -217,7 +220,11 @@ def keep_differing(
     if not differing:
         return b
     batches = [[i] for i in differing] if ctx.spec.records_can_move else [differing]
-    again = {built.label: built for batch in batches for built in build_batch(conn, ctx, snapshot, "b", batch, clock)}
+    # The hashed build emptied these partitions and committed; a DELETE here, in a transaction
+    # that imports the plan's older snapshot, would find those rows deleted since it and fail
+    # to serialize. Nothing else writes a stage while the plan holds the spec's lock.
+    again = {built.label: built for batch in batches
+             for built in build_batch(conn, ctx, snapshot, "b", batch, clock, empty_first=False)}
     return {**b, **again}
 
 

@@ -272,8 +272,10 @@ class ParquetFolderTable(LakeTable):
     def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
                   metadata: Mapping[str, str], exclusive: bool = False) -> str | None:
         """Write each partition under ``_backfill_staging`` and switch it in atomically (see
-        the module docstring); a partition whose files changed since ``handle`` was read is
-        refused before anything is switched (TransientDatabaseError, safe to retry)."""
+        the module docstring); a partition whose files changed since ``handle`` listed them is
+        refused before anything is switched (TransientDatabaseError, safe to retry). The handle
+        lists a partition's files when it is first read through it (apply reads each partition
+        under its lock before it writes it), or else here."""
         if exclusive:  # only records_can_move asks for it, which this target refuses before any write
             raise SpecError("records_can_move is not supported on a parquet target")
         now = self._listing()

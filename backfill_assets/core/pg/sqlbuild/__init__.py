@@ -77,6 +77,7 @@ from backfill_assets.core.pg.sqlbuild.readings import (
     written_readings,
 )
 from backfill_assets.core.pg.sqlbuild.replace import (
+    LOCKABLE_KINDS,
     advisory_lock,
     advisory_unlock,
     advisory_xact_lock,
@@ -84,11 +85,12 @@ from backfill_assets.core.pg.sqlbuild.replace import (
     insert_from_stage,
     lock_against_writers,
     lock_for_replace,
+    lock_for_snapshot,
 )
 from backfill_assets.core.pg.sqlbuild.watch import partition_signals, statistics_state, table_counters
 
 __all__ = [
-    "GROUP_SIZE_COLUMN", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
+    "GROUP_SIZE_COLUMN", "LOCKABLE_KINDS", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
     "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "batch_seal_check", "sealable", "build_stage", "build_stage_batch", "delete_partitions",
     "column_profile", "copy_partition_csv", "copy_partitions", "digest", "duplicate_keys", "in_partitions", "row_text", "written_readings", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
@@ -96,7 +98,7 @@ __all__ = [
     "unholdable_kinds", "unholdable_values", "partition_diff", "partitions_diff_counts", "first_keys", "prefer_parallel", "create_text_table",
     "delete_partition", "distinct_partitions", "drop_table", "dropped_columns",
     "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
-    "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace",
+    "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace", "lock_for_snapshot",
     "ordering_null_counts", "ordering_ties", "outside_scope", "partition_counts",
     "partition_readings", "partition_seal_check", "read_settings", "rename_table", "rows_outside_partitions",
     "scope_keys", "table",

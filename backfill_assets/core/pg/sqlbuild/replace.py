@@ -47,6 +47,16 @@ def lock_for_replace(rel: TableRef) -> sql.Composed:
 
 
 _LOCK_SHARE = sql.SQL("LOCK TABLE {rel} IN SHARE MODE")
+_LOCK_ACCESS_SHARE = sql.SQL("LOCK TABLE {rel} IN ACCESS SHARE MODE")
+LOCKABLE_KINDS = ("r", "p", "v")  # pg_class.relkind that LOCK TABLE takes (a view locks its base tables)
+
+
+def lock_for_snapshot(rel: TableRef) -> sql.Composed:
+    """The lock a SELECT would take (ACCESS SHARE), taken as a REPEATABLE READ transaction's
+    first statement, before its snapshot: a TRUNCATE or a table rewrite, which are not MVCC-safe
+    (a snapshot taken before one commits sees the table empty or rewritten), then either
+    commits before the snapshot is taken or waits until the transaction ends."""
+    return _LOCK_ACCESS_SHARE.format(rel=table(rel))
 
 
 def lock_against_writers(rel: TableRef) -> sql.Composed:

@@ -876,7 +876,7 @@ def figure_duckdb(b: Bench, report: Report) -> None:
     read, rows = duck_lake.raw_read(folder, days())
     # The same progress marks as for PostgreSQL, named for what they hold on DuckDB.
     steps = dict(zip(("inspect, pin the source's version, count and check it",
-                      "build A and B in DuckDB, each with its fingerprints and seals",
+                      "build A (written, fingerprinted and sealed) and B (hashed) in DuckDB",
                       "compare and store the plan",
                       "approve (stage A by its seals, the target it is given against, the change preview)",
                       "apply (per partition: the target, stage A read into Arrow and fingerprinted, the lake "

@@ -122,8 +122,12 @@ def test_steps_run_apart_refuse_an_exported_snapshot_with_what_to_do(unmoved_db,
     """An orchestrator's snapshot and stages steps run apart: the exported snapshot is gone
     by the second, so the stages step refuses it (the Dagster layer builds in one step)."""
     plan = make_plan(EXPORTED, ALL_DAYS, factory)
-    with pytest.raises(SnapshotError, match="snapshot: copy"):
+    with pytest.raises(SnapshotError, match="or declare `snapshot: copy` to build them in a later step"):
         stages_step(EXPORTED, plan.document.snapshot.id, factory)
+    # The spec switched to a copy since: that snapshot cannot serve it either; take another.
+    copy = make_spec(records_can_move=False, source={"table": "public.orders_raw", "snapshot": "copy"})
+    with pytest.raises(SnapshotError, match="take a snapshot again: this one was taken before the spec declared"):
+        stages_step(copy, plan.document.snapshot.id, factory)
 
 
 def test_the_holder_is_gone_after_a_failed_build(unmoved_db, factory):

@@ -267,10 +267,13 @@ def load_snapshot(conn: psycopg.Connection, spec: Spec, snapshot_id: str) -> tup
             f"this version computes format {FINGERPRINT_FORMAT}: take a snapshot again (plan again)"
         )
     if found["mode"] == "exported":
+        what = ("take a snapshot again: this one was taken before the spec declared `snapshot: copy`"
+                if spec.source.snapshot == "copy" else
+                "build the stages in the step that takes the snapshot, or declare `snapshot: copy` to build them "
+                "in a later step")
         raise SnapshotError(
             f"snapshot {snapshot_id} was read in the plan's own transaction (snapshot: exported), which ended "
-            "with it; build the stages in the step that takes the snapshot, or declare `snapshot: copy` to "
-            "build them in a later step"
+            f"with it; {what}"
         )
     labels = [p["partition"] for p in found["partitions"]]
     ctx = resolve(conn, spec, labels)

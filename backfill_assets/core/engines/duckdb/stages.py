@@ -197,8 +197,11 @@ def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot
         a, b = fa.result(), fb.result()
     # Stage B is kept only where it differs from stage A, so that the differing keys can be
     # shown: built again from the same pin, which the builds leave readable.
+    # With records_can_move a key's newest version is chosen across every partition of the
+    # scope, so the rebuild reads them all, as the first build did.
     differ = [value for value, label in zip(ctx.partitions, ctx.labels) if a[label] != b[label]]
-    rebuilt = build_stage(db, ctx, snapshot, source, "b", progress, values=differ) if differ else {}
+    again = ctx.partitions if ctx.spec.records_can_move else differ
+    rebuilt = build_stage(db, ctx, snapshot, source, "b", progress, values=again) if differ else {}
     record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock,
                   unkept={"b": {label for label in ctx.labels if label not in rebuilt}})
     return a, b

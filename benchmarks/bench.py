@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -861,17 +862,7 @@ def figure_duckdb(b: Bench, report: Report) -> None:
         load(conn, b.args.rows)
         exported = duck_lake.export_source(conn, folder)
     spec = spec_from_mapping(duck_lake.spec(folder, shapes.URL_ENV))
-
-    def naive() -> float:
-        _lake_reset(b, None, folder / "naive")
-        return duck_lake.naive(folder, days())
-
-    def ours() -> tuple[float, dict[str, float]]:
-        _lake_reset(b, spec, folder / "tgt", folder / "stages.duckdb")
-        safe, steps, _ = safe_backfill(spec, b.tool(spec))
-        return safe, steps
-
-    paired = pairs.alternated(b.args.pairs, naive, ours)
+    paired = _lake_pairs(b, spec, folder, lambda: duck_lake.naive(folder, days()), "stages.duckdb")
     safe, steps, naive_s = paired.ours, paired.detail, paired.naive
     read, rows = duck_lake.raw_read(folder, days())
     # The same progress marks as for PostgreSQL, named for what they hold on DuckDB.
@@ -931,6 +922,22 @@ def _lake_reset(b: Bench, spec: Spec | None, *paths: Path) -> None:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(spec.control_schema)))
 
 
+def _lake_pairs(b: Bench, spec: Spec, folder: Path, naive: Callable[[], float],
+                stages: str) -> pairs.Paired[dict[str, float]]:
+    """A lake figure's alternated pairs: the naive way into ``folder``/naive, ours (the safe
+    backfill) into ``folder``/tgt with its stages at ``folder``/``stages``, each from nothing."""
+    def naive_run() -> float:
+        _lake_reset(b, None, folder / "naive")
+        return naive()
+
+    def ours() -> tuple[float, dict[str, float]]:
+        _lake_reset(b, spec, folder / "tgt", folder / stages)
+        safe, steps, _ = safe_backfill(spec, b.tool(spec))
+        return safe, steps
+
+    return pairs.alternated(b.args.pairs, naive_run, ours)
+
+
 def figure_spark(b: Bench, report: Report) -> None:
     """Figure 14: the whole safe backfill on Spark local[2], Parquet to Parquet (the bench's
     source at --rows over 20 partitions, exported to a Hive-partitioned folder), against the
@@ -942,17 +949,7 @@ def figure_spark(b: Bench, report: Report) -> None:
         exported = spark_lake.export_source(conn, folder)
     spark = spark_lake.session()  # started once, before any side: its start-up is nobody's
     spec = spec_from_mapping(spark_lake.spec(folder, shapes.URL_ENV))
-
-    def naive_run() -> float:
-        _lake_reset(b, None, folder / "naive")
-        return spark_lake.naive(spark, folder)
-
-    def ours() -> tuple[float, dict[str, float]]:
-        _lake_reset(b, spec, folder / "tgt", folder / "staging")
-        safe, steps, _ = safe_backfill(spec, b.tool(spec))
-        return safe, steps
-
-    paired = pairs.alternated(b.args.pairs, naive_run, ours)
+    paired = _lake_pairs(b, spec, folder, lambda: spark_lake.naive(spark, folder), "staging")
     safe, steps, naive = paired.ours, paired.detail, paired.naive
     read, rows = spark_lake.raw_read(spark, folder)
     steps = dict(zip(("inspect, pin the folder's files (SHA-256), count and check them in Spark",

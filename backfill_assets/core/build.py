@@ -48,13 +48,19 @@ class StagesNow:
     built: dict[str, dict[str, tuple]]
 
 
+def unwritten_b(conn: psycopg.Connection, spec: Spec, rows_now: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Of stage B's partitions ``rows_now`` (label -> the rows the stage holds now), those
+    hashed as they were built and not written (they equalled stage A) that the stage still
+    holds no row of: label -> the readings their build recorded, which is what they are."""
+    unkept = store.unkept_builds(conn, spec.control_schema, spec.name, "b", list(rows_now))
+    return {label: readings for label, readings in unkept.items() if rows_now[label] == 0}
+
+
 def stage_b_as_built(conn: psycopg.Connection, spec: Spec, now_b: dict[str, Fingerprint]) -> None:
-    """Stage B's partitions as they are now (``now_b``, changed in place): a partition hashed
-    as it was built and not written (it equalled stage A) is what its build read, while the
-    stage holds none of its rows."""
-    for label, readings in store.unkept_builds(conn, spec.control_schema, spec.name, "b", list(now_b)).items():
-        if now_b[label].row_count == 0:
-            now_b[label] = Fingerprint(**readings)
+    """Stage B's partitions as they are now (``now_b``, changed in place), an unwritten one
+    (:func:`unwritten_b`) as its build recorded it."""
+    for label, readings in unwritten_b(conn, spec, {label: fp.row_count for label, fp in now_b.items()}).items():
+        now_b[label] = Fingerprint(**readings)
 
 
 @dataclass(frozen=True)

@@ -12,26 +12,25 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.build import SourceMoves, StagesNow, stage_b_as_built
+from backfill_assets.core.build import SourceMoves, StagesNow, stage_b_as_built, unwritten_b
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.postgres import exported, planned, review, snapshot, stages
-from backfill_assets.core.engines.postgres.diff import diff_against, equal_by_fingerprint
+from backfill_assets.core.engines.postgres.diff import diff_against, equal_by_fingerprint, rows_per_partition
 from backfill_assets.core.engines.postgres.guard.transform import GUARD
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.staged import staged, staged_target
 from backfill_assets.core.engines.postgres.watch import WatchState, watch_tick
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_kind
 from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read, transient_errors
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
-from backfill_assets.core.vocabulary import PartitionRequest, partition_label
+from backfill_assets.core.vocabulary import PartitionRequest
 
 
 class PostgresBuildEngine:
@@ -122,12 +121,8 @@ class PostgresBuildEngine:
                     f"stage {ctx.stage('a')} no longer holds plan {stored.plan_id[:16]}'s rows in partition(s) "
                     f"{', '.join(changed)}; plan again", plan_id=stored.plan_id,
                 )
-            unkept = (store.unkept_builds(conn, ctx.spec.control_schema, ctx.spec.name, "b", labels)
+            unkept = (unwritten_b(conn, ctx.spec, rows_per_partition(conn, ctx, ctx.stage("b"), labels))
                       if against == "stage_b" else {})
-            if unkept:  # a stage B partition hashed only, and still empty, is what its build recorded
-                held = sqlbuild.partition_counts(ctx.stage("b"), ctx.spec.partition_key, ctx.partitions)
-                with_rows = {partition_label(v) for v, n in conn.execute(*held).fetchall() if n}
-                unkept = {label: r for label, r in unkept.items() if label not in with_rows}
             return [equal_by_fingerprint(label, stored.approved(label)) if unkept.get(label) == stored.approved(label)
                     else diff_against(conn, ctx, label, against, limit) for label in labels]
 

@@ -140,12 +140,7 @@ class Listing:
     @property
     def partitions(self) -> dict[str, Files]:
         """Every partition directory's files."""
-        return {d: self._files_of(d) for d in self.directories}
-
-    def _files_of(self, directory: str) -> Files:
-        found = self.files(directory)
-        assert found is not None
-        return found
+        return {d: self.files(d) or () for d in self.directories}
 
     @property
     def version(self) -> str:

@@ -92,3 +92,47 @@ def change_counts(stage: str, target: str, partition_key: str, business_key: Seq
         "SELECT count(*) FILTER (WHERE r.row_text IS NULL), count(*) FILTER (WHERE l.row_text IS NULL), "
         "count(*) FILTER (WHERE l.row_text <> r.row_text), count(*) FILTER (WHERE l.row_text = r.row_text) "
         "FROM {joined}").format(joined=_compared(stage, target, partition_key, business_key, fields)))
+
+
+def partition_diff(left: str, right: str, partition_key: str, business_key: Sequence[str],
+                   fields: Sequence[tuple[str, str]], most: int) -> str:
+    """For partition ``$partition``, the ``diff`` of ``left`` (the rows a replacement writes)
+    against ``right`` (what is there), keyed by the business key and decided by each row's
+    canonical text (a 128-bit digest of it: a changed row escapes only by a collision): rows
+    (``'count'``, kind, count, NULL, NULL, NULL) per kind, then up to ``most`` differing keys
+    in key order as (``'example'``, kind, their rank, NULL, left's row, right's row), each row
+    a struct of the columns (NULL where that side has no row; of a key a side holds more than
+    once, which counts once, as changed, its row with the least canonical text)."""
+    keys = identifiers(business_key)
+
+    def grouped(rel: str) -> sql.Composed:
+        return sql.SQL("(SELECT {keys}, count(*) AS __n, min(md5_number({text})) AS __h FROM {rel} AS t "
+                       "WHERE t.{pk} = $partition GROUP BY ALL)").format(
+            keys=identifiers(business_key, "t"), text=sql.SQL(digest.row_text(fields)), rel=sql.Identifier(rel),
+            pk=sql.Identifier(partition_key))
+
+    def row_of(rel: str) -> sql.Composed:
+        match = sql.SQL(" AND ").join(sql.SQL("t.{k} IS NOT DISTINCT FROM e.{k}").format(k=sql.Identifier(k))
+                                      for k in business_key)
+        return sql.SQL("(SELECT struct_pack({members}) FROM {rel} AS t WHERE t.{pk} = $partition AND {match} "
+                       "ORDER BY {text} LIMIT 1)").format(
+            members=sql.SQL(", ").join(sql.SQL("{} := t.{}").format(sql.Identifier(n), sql.Identifier(n))
+                                       for n, _ in fields),
+            rel=sql.Identifier(rel), pk=sql.Identifier(partition_key), match=match,
+            text=sql.SQL(digest.row_text(fields)))
+
+    on = sql.SQL(" AND ").join(sql.SQL("l.{k} IS NOT DISTINCT FROM r.{k}").format(k=sql.Identifier(k))
+                               for k in business_key)
+    coalesced = sql.SQL(", ").join(sql.SQL("coalesce(l.{k}, r.{k}) AS {k}").format(k=sql.Identifier(k))
+                                   for k in business_key)
+    return text_of(sql.SQL(
+        "WITH j AS MATERIALIZED (SELECT {coalesced}, CASE WHEN r.__n IS NULL THEN 'added' "
+        "WHEN l.__n IS NULL THEN 'removed' WHEN l.__n > 1 OR r.__n > 1 OR l.__h <> r.__h THEN 'changed' "
+        "ELSE 'unchanged' END AS __kind FROM {l} AS l FULL JOIN {r} AS r ON {on}), "
+        "e AS (SELECT *, row_number() OVER (ORDER BY {keys}) AS __rank FROM "
+        "(SELECT * FROM j WHERE __kind <> 'unchanged' ORDER BY {keys} LIMIT {most})) "
+        "SELECT 'count' AS __row, __kind, count(*) AS __n, NULL AS __a, NULL AS __b FROM j GROUP BY __kind "
+        "UNION ALL SELECT 'example', __kind, __rank, {left_row}, {right_row} FROM e AS e "
+        "ORDER BY __row, __n").format(
+        coalesced=coalesced, l=grouped(left), r=grouped(right), on=on, keys=keys, most=sql.Literal(most),
+        left_row=row_of(left), right_row=row_of(right)))

@@ -159,9 +159,9 @@ def _connection() -> Any:
     global _database
     with _database_lock:
         if _database is None:
-            import duckdb  # imported here: only lake readings need it
+            from backfill_assets.core.lake.duck import connect  # DuckDB is imported only for lake readings
 
-            _database = duckdb.connect()
+            _database = connect()
         return _database.cursor()
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.build import SourceMoves, StagesNow, stage_b_as_built
+from backfill_assets.core.build import SourceMoves, StagesNow, stage_b_as_built, unwritten_b
 from backfill_assets.core.context import Context
-from backfill_assets.core.differences import Against, PartitionDiff
-from backfill_assets.core.errors import SpecError, StageError
+from backfill_assets.core.differences import Against, PartitionDiff, equal_by_fingerprint
+from backfill_assets.core.errors import ApprovalError, StageError
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake.watch import lake_changes
 from backfill_assets.core.pg.db import ConnectionFactory
@@ -30,8 +30,6 @@ def refusals(engine: str) -> dict[str, str]:
     """Why ``engine`` refuses the commands that read a PostgreSQL source and stages."""
     done = "plan, approve, apply, status and inspect do"
     return {
-        "diff": f"`diff` reads a PostgreSQL source and stages; it does not support engine {engine} yet ({done}; "
-                "approve shows each partition's changes)",
         "profile": f"`profile` reads a PostgreSQL source and stages; it does not support engine {engine} yet ({done})",
     }
 
@@ -87,8 +85,33 @@ class PinnedBuildEngine:
         changed = lake_changes(self.control, self.spec)
         return SourceMoves(changed, None, f"{len(changed)} partition(s) changed since their snapshot")
 
+    def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
+        """The partitions of stage A that no longer carry ``expected`` (label -> readings), by
+        their seals or fingerprinted again."""
+        raise NotImplementedError
+
+    def rows_in_b(self, ctx: Context, labels: list[str]) -> dict[str, int]:
+        """How many rows stage B holds now in each of ``labels`` (0 where it holds none)."""
+        raise NotImplementedError
+
+    def diff_partitions(self, ctx: Context, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
+        """Stage A's partitions ``labels`` against the target or stage B (core.lake.diff)."""
+        raise NotImplementedError
+
     def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
-        raise SpecError(self.REFUSES["diff"])
+        """Stage A's partitions ``labels`` against the target or stage B, after checking that
+        stage A still holds the plan's rows; a stage B partition hashed as it was built and not
+        written (it equalled stage A) is equal to stage A's."""
+        changed = self.stage_changed(ctx, {label: stored.approved(label) for label in labels})
+        if changed:
+            raise ApprovalError(f"stage A of spec {self.spec.name} no longer holds plan {stored.plan_id[:16]}'s rows "
+                                f"in partition(s) {', '.join(changed)}; plan again", plan_id=stored.plan_id)
+        unkept = unwritten_b(self.control, self.spec, self.rows_in_b(ctx, labels)) if against == "stage_b" else {}
+        equal = [label for label in labels if unkept.get(label) == stored.approved(label)]
+        found = dict(zip(rest := [label for label in labels if label not in equal],
+                         self.diff_partitions(ctx, rest, against, limit)))
+        return [equal_by_fingerprint(label, stored.approved(label)) if label in equal else found[label]
+                for label in labels]
 
     def unchanged_spec(self, stored: Plan) -> Context:
         require_ready(stored)

@@ -54,8 +54,8 @@ def lake_changes(conn: psycopg.Connection, spec: Spec) -> dict[str, str]:
 
 def _kind(spec: Spec, source: LakeSource) -> PartitionKind:
     """The partition key's kind, from the source's schema (metadata only)."""
-    import duckdb
-    with duckdb.connect() as duck:
+    from backfill_assets.core.lake.duck import connect
+    with connect() as duck:
         source.attach_schema(duck)
         types = dict(source_types(duck))
     info = column_info(spec.partition_key, types.get(spec.partition_key, ""))

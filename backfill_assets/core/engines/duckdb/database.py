@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.errors import TransientDatabaseError
+from backfill_assets.core.lake import duck
 from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.spec import Spec
@@ -59,7 +60,7 @@ def _open(spec: Spec, path: Path) -> Any:
     deadline = time.monotonic() + spec.lock_timeout_ms / 1000
     while True:
         try:
-            return duckdb.connect(str(path), config=_config(spec, path))
+            return duck.connect(str(path), config=_config(spec, path))
         except duckdb.IOException as err:
             if "lock" not in str(err).lower():
                 raise

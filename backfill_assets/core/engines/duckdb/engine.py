@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
+from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor, database
 from backfill_assets.core.engines.duckdb.inspect import inspect, resolve
@@ -48,6 +49,7 @@ from backfill_assets.core.engines.duckdb.stages import (
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare
+from backfill_assets.core.lake.diff import diff_partition
 from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.kinds import lake_schema
 from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine, refusals
@@ -149,7 +151,7 @@ class DuckBuildEngine(PinnedBuildEngine):
         return finish_plan(self.control, ctx, snapshot, self.db, reports, a, b, clock, progress)
 
     # -- approval and apply ---------------------------------------------------------------
-    def _stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
+    def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
         """The partitions of stage A that no longer carry ``expected`` (by their seals, or
         fingerprinted in full where a seal does not hold: :func:`seals_hold`)."""
         spec = self.spec
@@ -173,7 +175,7 @@ class DuckBuildEngine(PinnedBuildEngine):
         spec = self.spec
         wanted = stored.labels if partitions is None else partitions
         require_plan_pin(self.control, self.source, spec, stored, ctx)
-        changed = self._stage_changed(ctx, {label: stored.approved(label) for label in stored.labels})
+        changed = self.stage_changed(ctx, {label: stored.approved(label) for label in stored.labels})
         if changed:
             raise ApprovalError(f"stage {stage_name(spec, 'a')} no longer has the planned fingerprint in partition(s) "
                                 f"{', '.join(changed)}; plan again")
@@ -212,6 +214,35 @@ class DuckBuildEngine(PinnedBuildEngine):
                         out[label]["first"] = compare.first_changes_json(rows, spec.business_key)
         finally:
             target.close()
+        return out
+
+    def rows_in_b(self, ctx: Context, labels: list[str]) -> dict[str, int]:
+        spec = self.spec
+        with contextlib.closing(cursor(self.db)) as duck:
+            if not duck.execute(statements.TABLE_COLUMNS, {'table': stage_name(spec, "b")}).fetchall():
+                return dict.fromkeys(labels, 0)
+            counted = dict(duck.execute(statements.partition_counts(stage_name(spec, "b"), spec.partition_key),
+                                        {"partitions": [ctx.value_of(label) for label in labels]}).fetchall())
+        return {label: int(counted.get(ctx.value_of(label), 0)) for label in labels}
+
+    def diff_partitions(self, ctx: Context, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
+        spec = self.spec
+        target = DuckLakeTarget(self.control, self.control, ctx, self.db) if against == "target" else None
+        out = []
+        try:
+            handle = target.table.open() if target is not None else None
+            with contextlib.closing(cursor(self.db)) as duck:
+                for label in labels:
+                    other = stage_name(spec, "b")
+                    if target is not None:
+                        now = (target.schema.empty_table() if handle is None
+                               else target.table.read(handle, spec.partition_key, [ctx.value_of(label)]))
+                        duck.register("target_rows", now.select(list(spec.columns)))
+                        other = "target_rows"
+                    out.append(diff_partition(duck, ctx, stage_name(spec, "a"), other, label, limit))
+        finally:
+            if target is not None:
+                target.close()
         return out
 
     def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:

@@ -100,12 +100,6 @@ def first_added(conn: psycopg.Connection, ctx: Context, rel: TableRef, label: st
     return [dict(zip(spec.business_key, key)) for (key,) in rows]
 
 
-def equal_by_fingerprint(label: str, readings: dict) -> PartitionDiff:
-    """Stage A's partition against a stage B that was hashed as it was built and not written,
-    with stage A's readings: no row differs (their fingerprints are equal; docs/fingerprint.md)."""
-    return PartitionDiff(label, unchanged=int(readings["row_count"]))
-
-
 def diff_against(conn: psycopg.Connection, ctx: Context, label: str, against: Against = "target",
                  limit: int = DEFAULT_LIMIT, *, version: str | None = None) -> PartitionDiff:
     """Stage A's partition against the target's (a PostgreSQL table, or a lake partition, at

@@ -15,9 +15,9 @@ import psycopg
 from backfill_assets.core.build import SourceMoves, StagesNow, stage_b_as_built, unwritten_b
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
-from backfill_assets.core.differences import Against, PartitionDiff
+from backfill_assets.core.differences import Against, PartitionDiff, equal_by_fingerprint
 from backfill_assets.core.engines.postgres import exported, planned, review, snapshot, stages
-from backfill_assets.core.engines.postgres.diff import diff_against, equal_by_fingerprint, rows_per_partition
+from backfill_assets.core.engines.postgres.diff import diff_against, rows_per_partition
 from backfill_assets.core.engines.postgres.guard.transform import GUARD
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.staged import staged, staged_target

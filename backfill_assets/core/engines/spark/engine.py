@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
+from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.spark.inspect import fields_of, inspect, resolve
 from backfill_assets.core.engines.spark.session import session_for, staging_dir
 from backfill_assets.core.engines.spark.snapshot import input_reports, take_snapshot
@@ -51,6 +52,7 @@ from backfill_assets.core.engines.spark.stages import (
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare
+from backfill_assets.core.lake.diff import diff_partition
 from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine, refusals
 from backfill_assets.core.lake.target import StagedLakeTarget
@@ -176,6 +178,30 @@ class SparkBuildEngine(PinnedBuildEngine):
                         out[label]["first"] = compare.first_changes_json(rows, spec.business_key)
         finally:
             target.close()
+        return out
+
+    def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
+        if not stage_dir(self.spec, "a").is_dir():
+            raise ApprovalError(f"stage A of spec {self.spec.name} does not exist in {staging_dir(self.spec)}; plan again")
+        return seals_hold(self._session, ctx, "a", expected)
+
+    def rows_in_b(self, ctx: Context, labels: list[str]) -> dict[str, int]:
+        return {label: arrow_stage(ctx, "b", label).num_rows for label in labels}
+
+    def diff_partitions(self, ctx: Context, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
+        spec = self.spec
+        target = SparkTarget(self.control, self.control, ctx) if against == "target" else None
+        out = []
+        try:
+            handle = target.table.open() if target is not None else None
+            for label in labels:
+                right = (arrow_stage(ctx, "b", label) if target is None
+                         else target.table.read(handle, spec.partition_key, [ctx.value_of(label)]))
+                with compared(ctx, arrow_stage(ctx, "a", label), right) as duck:
+                    out.append(diff_partition(duck, ctx, "stage_rows", "target_rows", label, limit))
+        finally:
+            if target is not None:
+                target.close()
         return out
 
     def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:

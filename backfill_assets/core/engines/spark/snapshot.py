@@ -88,9 +88,12 @@ def check_source(inp: DataFrame, ctx: Context) -> dict[str, tuple[int, int]]:
     for c in group:
         cond = F.col(f"l.`{c}`").eqNullSafe(F.col(f"r.`{c}`"))
         same = cond if same is None else same & cond
-    text = spark_fp.row_text(fields_of(ctx.target_columns))
-    tied = (left.join(right, same, "left_semi").groupBy(*[F.col(c) for c in [spec.partition_key, *spec.business_key]])
-            .agg(F.count_distinct(text).alias("n")).where(F.col("n") > 1).limit(3).collect())
+    # The text is projected first: Spark counts a double's rendering (``reflect``) as not
+    # deterministic, which no aggregate may take as its argument.
+    text = spark_fp.row_text(fields_of(ctx.target_columns)).alias("__text")
+    grain = [spec.partition_key, *spec.business_key]
+    tied = (left.join(right, same, "left_semi").select(*[F.col(c) for c in grain], text).groupBy(*grain)
+            .agg(F.count_distinct("__text").alias("n")).where(F.col("n") > 1).limit(3).collect())
     if tied:
         raise SourceDataError(
             f"rows tie on every ordering column ({', '.join(ordering)}) within a key but differ, so newest-wins would "

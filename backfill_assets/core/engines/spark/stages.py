@@ -239,8 +239,8 @@ def arrow_stage(ctx: Context, variant: str, label: str) -> pa.Table:
 def compared(ctx: Context, left: pa.Table, right: pa.Table) -> Iterator[Any]:
     """An in-memory DuckDB connection with ``left`` as stage_rows and ``right`` as
     target_rows (core.lake.compare compares them by canonical text)."""
-    import duckdb
-    duck = duckdb.connect()
+    from backfill_assets.core.lake.duck import connect
+    duck = connect()
     try:
         duck.register("stage_rows", left.select(list(ctx.spec.columns)))
         duck.register("target_rows", right.select(list(ctx.spec.columns)) if right.num_rows else

@@ -26,6 +26,7 @@ from backfill_assets.core.engines.duckdb.guard.probe import _probe
 from backfill_assets.core.engines.duckdb.guard.rules import _Rules
 from backfill_assets.core.engines.duckdb.guard.shape import _check_shape
 from backfill_assets.core.errors import SpecError, TransformError
+from backfill_assets.core.lake.duck import connect
 
 
 def check_duck_transform(text: str, source_columns: Sequence[tuple[str, str]]) -> str:
@@ -41,7 +42,7 @@ def check_duck_transform(text: str, source_columns: Sequence[tuple[str, str]]) -
         TransformError: constructs that can change its rows between runs, each a
             :class:`TransformProblem`, with its line and column in ``text``.
     """
-    with closing(duckdb.connect(config=_CONFIG)) as conn:
+    with closing(connect(config=_CONFIG)) as conn:
         catalog = _Catalog.read(conn)
         _create_source(conn, source_columns)
         parsed, found = _examine(conn, text, catalog)

@@ -30,7 +30,7 @@ from backfill_assets.core.errors import ApprovalError, BackfillError
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, as_transient, connection_factory, url_from_env
 from backfill_assets.core.plan import make_plan
-from backfill_assets.core.profile.propose import profile_source
+from backfill_assets.core.profile.propose import profile_spec
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.resolve import inspect
 from backfill_assets.core.spec import Spec, load_spec
@@ -142,14 +142,7 @@ def cmd_inspect(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_profile(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
-    factory = _factory(spec, args)
-    partitions = None
-    if args.partitions:
-        inspection = inspect(spec, factory)
-        kind = inspection.partition_kind or "text"
-        partitions = PartitionRequest(args.partitions).resolve(kind)
-    with factory() as conn:
-        profile = profile_source(conn, spec, partitions)
+    profile = profile_spec(spec, _factory(spec, args), PartitionRequest(args.partitions) if args.partitions else None)
     if out.json_mode:
         out.json(profile.as_dict())
     else:

@@ -20,7 +20,7 @@ from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.db import ConnectionFactory, connection_factory, url_from_env
 from backfill_assets.core.plan import make_plan
-from backfill_assets.core.profile.propose import profile_source
+from backfill_assets.core.profile.propose import profile_spec
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.resolve import inspect
 from backfill_assets.core.spec import DeltaSourceSpec, DeltaTargetSpec, Spec
@@ -163,11 +163,10 @@ def _lake_demo(spec: Spec, request: PartitionRequest, factory: ConnectionFactory
 def _inspect_and_profile(spec: Spec, factory: ConnectionFactory, out: Printer) -> None:
     out.result("\n-- 2. inspect (read-only)")
     inspection = inspect(spec, factory)
-    with factory() as conn:
-        out.result(f"{inspection.server.engine} {inspection.server.version}; target keys: "
-                   + "; ".join(f"{n} ({', '.join(c)})" for n, c in inspection.target_unique_keys))
-        out.result("\n-- 3. profile: propose a key and a tiebreak from the data")
-        out.result(render_profile(profile_source(conn, spec, None)))
+    out.result(f"{inspection.server.engine} {inspection.server.version}; target keys: "
+               + "; ".join(f"{n} ({', '.join(c)})" for n, c in inspection.target_unique_keys))
+    out.result("\n-- 3. profile: propose a key and a tiebreak from the data")
+    out.result(render_profile(profile_spec(spec, factory)))
 
 
 def _approve_and_apply(spec: Spec, factory: ConnectionFactory, plan: Plan, out: Printer) -> ApplyResult:

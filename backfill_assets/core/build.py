@@ -28,6 +28,7 @@ from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.errors import SpecError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg.db import ConnectionFactory
+from backfill_assets.core.profiling import SourceProfiler
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
@@ -128,6 +129,11 @@ class BuildEngine(Protocol):
     def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
         """The source sensor's question: which snapshotted partitions moved on since
         (``state``: what the previous tick kept, None at first)."""
+        ...
+
+    def profiler(self) -> SourceProfiler:
+        """The spec's source as ``profile`` reads it (core.profiling), read-only; an
+        engine that cannot says so in ``REFUSES``."""
         ...
 
     def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:

@@ -26,14 +26,6 @@ from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionRequest
 
 
-def refusals(engine: str) -> dict[str, str]:
-    """Why ``engine`` refuses the commands that read a PostgreSQL source and stages."""
-    done = "plan, approve, apply, status and inspect do"
-    return {
-        "profile": f"`profile` reads a PostgreSQL source and stages; it does not support engine {engine} yet ({done})",
-    }
-
-
 class PinnedBuildEngine:
     """The part of a build engine over a pinned source that does not depend on where the
     builds run; plans, approvals and the ledger are in the control store (``control``)."""

@@ -88,6 +88,11 @@ class LakeSource:
         newest versions are looked for; a Parquet pin holds only its partitions' files)."""
         raise SpecError(f"records_can_move needs every partition of the source: {self.name} cannot give them")
 
+    def attach_newest(self, duck: DuckDBPyConnection) -> None:
+        """Every partition of the source's newest version as :data:`SOURCE_ROWS` on ``con``
+        (what ``profile`` reads, filtering the partitions it profiles; nothing is pinned)."""
+        self.attach_all(duck, self.latest("", ()))
+
     def attach_schema(self, duck: DuckDBPyConnection) -> None:
         """Make the source's newest columns readable as :data:`SOURCE_ROWS` on ``con``, without
         rows (what inspection describes)."""
@@ -345,6 +350,10 @@ class ParquetSource(LakeSource):
                                 f"{', '.join(partition_label(v) for v in values)}; check the partitions and the folder")
         # hive_partitioning: the partition key comes from the folder names, typed by DuckDB.
         duck.register(SOURCE_ROWS, duck.read_parquet(files, hive_partitioning=True))  # this connection's only
+
+    def attach_newest(self, duck: DuckDBPyConnection) -> None:
+        self.attach_schema(duck)  # the folder holds a Parquet file
+        duck.register(SOURCE_ROWS, duck.read_parquet(str(self.root / "**" / "*.parquet"), hive_partitioning=True))
 
     def attach_schema(self, duck: DuckDBPyConnection) -> None:
         if not self.root.is_dir():

@@ -1,4 +1,4 @@
-"""The search for candidate keys: measuring them on the server within a query budget, and
+"""The search for candidate keys: measuring them in the source's engine within a query budget, and
 judging them by the rule of ``core.profile.keyrule``.
 
 The search
@@ -31,11 +31,7 @@ rule 3 is what rejects such a key when its groups hold several entities.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-import psycopg
-
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.profile.keyrule import (
     CLOCK_SHARE,
     DECLARE_HINT,
@@ -47,7 +43,8 @@ from backfill_assets.core.profile.keyrule import (
     key_reason,
     refines,
 )
-from backfill_assets.core.vocabulary import PartitionValue, TableRef
+from backfill_assets.core.profiling import SourceProfiler
+from backfill_assets.core.vocabulary import PartitionValue
 
 MAX_KEY_COLUMNS = 4
 MAX_SEEDS = 8
@@ -64,9 +61,7 @@ SPLIT_CHECKS = 6
 class KeySearch:
     """What measuring a candidate needs, the candidates measured and the queries spent."""
 
-    conn: psycopg.Connection
-    src: TableRef
-    partition_key: str
+    source: SourceProfiler
     partitions: list[PartitionValue]
     row_count: int
     columns: list[str]  # every column but the partition key and the row ids, in table order
@@ -85,8 +80,8 @@ class KeySearch:
             self.complete = False
             return None
         others = [c for c in self.columns if c not in key]
-        query, params = sqlbuild.key_evidence(self.src, self.partition_key, key, others, self.partitions)
-        row = self._fetch(query, params)[0]
+        self.queries += 1
+        row = self.source.key_evidence(key, others, self.partitions)
         groups, rows, multi, versions = (int(v) for v in row[:4])
         varying = dict(zip(others, (int(v) for v in row[4:])))
         cand = KeyCandidate(key, rows, self.row_count - rows, groups, multi, versions, varying)
@@ -98,15 +93,10 @@ class KeySearch:
         parts that each hold rows that differ."""
         if cand.columns not in self.split_counts:
             others = [c for c in self.columns if c not in cand.columns]
-            query, params = sqlbuild.key_splits(
-                self.src, self.partition_key, cand.columns, split, others, self.partitions
-            )
-            self.split_counts[cand.columns] = {split[int(i)]: int(n) for i, n in self._fetch(query, params)}
+            self.queries += 1
+            found = self.source.key_splits(cand.columns, split, others, self.partitions)
+            self.split_counts[cand.columns] = {split[i]: n for i, n in found}
         return self.split_counts[cand.columns]
-
-    def _fetch(self, query: Any, params: dict[str, Any]) -> list[tuple]:
-        self.queries += 1
-        return self.conn.execute(query, params).fetchall()
 
 
 def search_keys(search: KeySearch, pool: list[str], distinct: dict[str, int], times: set[str]) -> None:

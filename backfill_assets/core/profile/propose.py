@@ -15,17 +15,15 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-
-from backfill_assets.core.build import refuse_unless_supported
-from backfill_assets.core.catalog import ColumnInfo
+from backfill_assets.core.build import open_build_engine, refuse_unless_supported
+from backfill_assets.core.catalog import ColumnInfo, partition_kind_of
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import table_columns
+from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.profile.keyrule import KeyCandidate, choose
 from backfill_assets.core.profile.keysearch import KEY_SAMPLE_ROWS, KeySearch, confirm, judge, search_keys, verify
+from backfill_assets.core.profiling import SourceProfiler
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.vocabulary import PartitionValue, partition_label
+from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, partition_label
 
 # Keys are integers, strings (typcategory S), uuids (U) or date/times (D); orderings are
 # date/times or integers. Floats and fractional numerics are values, not identities.
@@ -109,23 +107,41 @@ class Profile:
         return shown
 
 
-def _ties(conn: psycopg.Connection, spec: Spec, cols: list[ColumnInfo], key: list[str],
+def profile_spec(spec: Spec, factory: ConnectionFactory, request: PartitionRequest | None = None,
+                 **limits: int) -> Profile:
+    """Profile the spec's source where its build engine reads it (:func:`profile_source`), over
+    the partitions ``request`` names (default: the first ones present).
+
+    Raises:
+        SpecError: the engine cannot profile its source (naming why), the source or its
+            partition key does not exist.
+    """
+    refuse_unless_supported(spec, "profile")
+    with factory() as conn, open_build_engine(conn, factory, spec) as engine:
+        source = engine.profiler()
+        partitions = None
+        if request is not None:
+            key = next((c for c in source.columns() if c.name == spec.partition_key), None)
+            problems: list[str] = []
+            kind = partition_kind_of(key, problems) if key is not None else None
+            if problems:
+                raise SpecError(problems[0])
+            partitions = request.resolve(kind or "text")
+        return profile_source(source, spec, partitions, **limits)
+
+
+def _ties(source: SourceProfiler, names: list[str], partition_key: str, key: list[str],
           ordering: tuple[str, ...], partitions: list[PartitionValue]) -> tuple[int, int]:
-    src = spec.source_ref
-    names = [c.name for c in cols]
-    input_rel = sqlbuild.input_relation(src, names, spec.partition_key, names, None, filtered=True)
-    params = {"partitions": partitions}
-    query, qp = sqlbuild.ordering_null_counts(input_rel, key, list(ordering), params)
-    nulls = sum(int(n) for n in (conn.execute(query, qp).fetchone() or ()))
-    others = [c for c in names if c not in {spec.partition_key, *key, *ordering}]
-    query, qp = sqlbuild.ordering_ties(input_rel, spec.partition_key, key, list(ordering), others, params)
-    rows = conn.execute(query, qp).fetchall()
-    return nulls, int(rows[0][-1]) if rows else 0
+    """The NULLs in ``ordering`` and the (partition, key, ordering) groups tied under it."""
+    others = [c for c in names if c not in {partition_key, *key, *ordering}]
+    nulls = source.ordering_nulls(key, ordering, partitions) if ordering else 0
+    return nulls, source.tied_groups(key, ordering, others, partitions)
 
 
-def profile_source(conn: psycopg.Connection, spec: Spec, partitions: list[PartitionValue] | None,
+def profile_source(source: SourceProfiler, spec: Spec, partitions: list[PartitionValue] | None,
                    *, max_partitions: int = 31, key_sample_rows: int = KEY_SAMPLE_ROWS) -> Profile:
-    """Profile the spec's source over ``partitions`` (default: its first ``max_partitions``).
+    """Profile ``source`` (the spec's source, as its build engine reads it) over ``partitions``
+    (default: its first ``max_partitions``).
 
     The declared business key and ordering are ignored for the proposal and tried as
     candidates like any other, so a wrong declaration shows up. The key follows the rule in
@@ -136,44 +152,40 @@ def profile_source(conn: psycopg.Connection, spec: Spec, partitions: list[Partit
     Raises:
         SpecError: the source or its partition key does not exist.
     """
-    refuse_unless_supported(spec, "profile")
-    src = spec.source_ref
-    cols = table_columns(conn, src)
+    cols = source.columns()
     if not cols:
-        raise SpecError(f"source table {src} does not exist")
+        raise SpecError(f"source {source.name} does not exist")
     if spec.partition_key not in {c.name for c in cols}:
-        raise SpecError(f"source {src} has no partition_key column {spec.partition_key}")
+        raise SpecError(f"source {source.name} has no partition_key column {spec.partition_key}")
     if partitions is None:
-        query, params = sqlbuild.distinct_partitions(src, spec.partition_key, max_partitions)
-        partitions = [r[0] for r in conn.execute(query, params).fetchall()]
-    query, params = sqlbuild.partition_counts(src, spec.partition_key, partitions)
-    counts = {p: int(n) for p, n in conn.execute(query, params).fetchall()}
+        partitions = source.first_partitions(max_partitions)
+    counts = source.partition_counts(partitions)
     row_count = sum(counts.values())
     stats = []
     for c in cols:
         if c.name == spec.partition_key:
             continue
-        query, params = sqlbuild.column_profile(src, spec.partition_key, c.name, partitions)
-        nulls, distinct = conn.execute(query, params).fetchone() or (0, 0)
-        stats.append(ColumnStats(c.name, c.type_name, int(nulls), int(distinct)))
-    profile = Profile(str(src), [partition_label(p) for p in partitions], row_count, stats, None, "")
+        nulls, distinct = source.column_profile(c.name, partitions)
+        stats.append(ColumnStats(c.name, c.type_name, nulls, distinct))
+    profile = Profile(source.name, [partition_label(p) for p in partitions], row_count, stats, None, "")
     if row_count == 0:
         profile.key_reason = "the source has no rows in these partitions; nothing to profile"
         return profile
-    chosen = _propose_key(profile, conn, spec, cols, [(p, counts[p]) for p in partitions if p in counts],
+    chosen = _propose_key(profile, source, spec, cols, [(p, counts[p]) for p in partitions if p in counts],
                           key_sample_rows)
     if chosen is None:
         profile.ordering_reason = "none tried: an ordering is proposed for a business key"
         return profile
     profile.business_key = list(chosen)
-    _propose_ordering(profile, conn, spec, cols, list(chosen), partitions)
+    _propose_ordering(profile, source, spec, cols, list(chosen), partitions)
     return profile
 
 
-def _propose_key(profile: Profile, conn: psycopg.Connection, spec: Spec, cols: list[ColumnInfo],
+def _propose_key(profile: Profile, source: SourceProfiler, spec: Spec, cols: list[ColumnInfo],
                  counts: list[tuple[PartitionValue, int]], sample_rows: int) -> tuple[str, ...] | None:
     """Search, judge and choose a business key; fill the profile's key fields."""
     by_name = {c.name: c for c in cols}
+    names = [c.name for c in cols]
     distinct_enough = {
         s.name for s in profile.columns
         if s.distinct_per_partition >= MIN_KEY_DISTINCT_SHARE * max(profile.row_count - s.null_count, 1)
@@ -181,7 +193,7 @@ def _propose_key(profile: Profile, conn: psycopg.Connection, spec: Spec, cols: l
     row_ids = [
         s.name for s in profile.columns
         if s.name in distinct_enough and _key_type(by_name[s.name])
-        and _ties(conn, spec, cols, [s.name], (), [p for p, _ in counts])[1] == 0
+        and _ties(source, names, spec.partition_key, [s.name], (), [p for p, _ in counts])[1] == 0
     ]
     profile.row_id_columns = row_ids
     # A column can tell groups apart only if it takes several values (or NULL and a value) in
@@ -195,8 +207,7 @@ def _propose_key(profile: Profile, conn: psycopg.Connection, spec: Spec, cols: l
         if sum(m for _, m in sample) + n > sample_rows:
             break
         sample.append((p, n))
-    search = KeySearch(conn, spec.source_ref, spec.partition_key, [p for p, _ in sample],
-                     sum(n for _, n in sample), columns)
+    search = KeySearch(source, [p for p, _ in sample], sum(n for _, n in sample), columns)
     search_keys(search, [c for c in columns if _key_type(by_name[c]) and c in variety],
                  {s.name: s.distinct_per_partition for s in profile.columns}, times)
     judge(search, variety, times)
@@ -208,7 +219,7 @@ def _propose_key(profile: Profile, conn: psycopg.Connection, spec: Spec, cols: l
                     for c in candidates)
     chosen, profile.key_reason = choose(candidates, row_ids, repeating, search.complete)
     if chosen is not None and chosen in {c.columns for c in candidates} and len(sample) < len(counts):
-        full = KeySearch(conn, spec.source_ref, spec.partition_key, [p for p, _ in counts], profile.row_count, columns)
+        full = KeySearch(source, [p for p, _ in counts], profile.row_count, columns)
         chosen, profile.key_reason = verify(full, candidates, chosen, row_ids, variety, times)
         search.queries += full.queries
     profile.key_candidates = sorted(candidates, key=lambda c: (not c.safe, c.written, len(c.columns), c.columns))
@@ -217,7 +228,7 @@ def _propose_key(profile: Profile, conn: psycopg.Connection, spec: Spec, cols: l
     return chosen
 
 
-def _propose_ordering(profile: Profile, conn: psycopg.Connection, spec: Spec, cols: list[ColumnInfo],
+def _propose_ordering(profile: Profile, source: SourceProfiler, spec: Spec, cols: list[ColumnInfo],
                       key: list[str], partitions: list[PartitionValue]) -> None:
     """Try date/time and integer orderings, alone or in pairs, for totality under ``key``."""
     by_name = {c.name: c for c in cols}
@@ -228,7 +239,7 @@ def _propose_ordering(profile: Profile, conn: psycopg.Connection, spec: Spec, co
     trials = [(c.name,) for c in ordering_cols]
     trials += [(a.name, b.name) for a, b in itertools.permutations(ordering_cols, 2) if not _is_time(b) or _is_time(a)]
     for trial in trials:
-        nulls, ties = _ties(conn, spec, cols, key, trial, partitions)
+        nulls, ties = _ties(source, [c.name for c in cols], spec.partition_key, key, trial, partitions)
         profile.orderings.append(OrderingTrial(trial, nulls, ties))
     total = [t for t in profile.orderings if t.total]
     # "Newest" is a time when there is one: prefer a total ordering led by a date/time column.

@@ -15,8 +15,8 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core.profile import keysearch as profile_mod
-from backfill_assets.core.profile.propose import profile_source
 from backfill_assets.render import render_profile
+from backfill_assets_tests.support.profiles import profile_source
 from backfill_assets_tests.support.specs import make_spec
 
 UTC = dt.timezone.utc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from backfill_assets.core.profile.propose import profile_source
+from backfill_assets_tests.support.profiles import profile_source
 from backfill_assets_tests.support.specs import make_spec
 
 

@@ -37,6 +37,7 @@ from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor, database
 from backfill_assets.core.engines.duckdb.inspect import inspect, resolve
+from backfill_assets.core.engines.duckdb.profiling import DuckProfiler
 from backfill_assets.core.engines.duckdb.snapshot import input_reports, take_snapshot
 from backfill_assets.core.engines.duckdb.stages import (
     build_both,
@@ -52,7 +53,7 @@ from backfill_assets.core.lake import compare
 from backfill_assets.core.lake.diff import diff_partition
 from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.kinds import lake_schema
-from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine, refusals
+from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
 from backfill_assets.core.lake.sources import LakeSource, lake_source
 from backfill_assets.core.lake.target import StagedLakeTarget
 from backfill_assets.core.pg.db import ConnectionFactory
@@ -87,8 +88,6 @@ class DuckBuildEngine(PinnedBuildEngine):
     """The DuckDB build engine (core.build.BuildEngine): the lake source pinned at its version,
     both stages in the spec's DuckDB database; plans, approvals and the ledger in the control
     store (``control``)."""
-
-    REFUSES = refusals("duckdb")
 
     def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
                  factory: ConnectionFactory, spec: Spec, stack: contextlib.ExitStack) -> None:
@@ -151,6 +150,11 @@ class DuckBuildEngine(PinnedBuildEngine):
         return finish_plan(self.control, ctx, snapshot, self.db, reports, a, b, clock, progress)
 
     # -- approval and apply ---------------------------------------------------------------
+    def profiler(self) -> DuckProfiler:
+        profiler = DuckProfiler(self.spec, self.source)
+        self._stack.callback(profiler.close)
+        return profiler
+
     def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
         """The partitions of stage A that no longer carry ``expected`` (by their seals, or
         fingerprinted in full where a seal does not hold: :func:`seals_hold`)."""

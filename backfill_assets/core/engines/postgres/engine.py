@@ -19,6 +19,7 @@ from backfill_assets.core.differences import Against, PartitionDiff, equal_by_fi
 from backfill_assets.core.engines.postgres import exported, planned, review, snapshot, stages
 from backfill_assets.core.engines.postgres.diff import diff_against, rows_per_partition
 from backfill_assets.core.engines.postgres.guard.transform import GUARD
+from backfill_assets.core.engines.postgres.profiling import PostgresProfiler
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.staged import staged, staged_target
 from backfill_assets.core.engines.postgres.watch import WatchState, watch_tick
@@ -108,6 +109,9 @@ class PostgresBuildEngine:
     def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
         tick = watch_tick(self.conn, self.spec, WatchState.from_json(state), budget_s=budget_s)
         return SourceMoves(tick.changed, tick.state.as_json(), tick.summary(), list(tick.notes))
+
+    def profiler(self) -> PostgresProfiler:
+        return PostgresProfiler(self.conn, self.spec)
 
     def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
         """Stage A's partitions ``labels`` against the target or stage B, in one snapshot,

@@ -36,6 +36,7 @@ from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.spark.inspect import fields_of, inspect, resolve
+from backfill_assets.core.engines.spark.profiling import SparkProfiler
 from backfill_assets.core.engines.spark.session import session_for, staging_dir
 from backfill_assets.core.engines.spark.snapshot import input_reports, take_snapshot
 from backfill_assets.core.engines.spark.source import SparkSource, spark_source
@@ -54,7 +55,7 @@ from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare
 from backfill_assets.core.lake.diff import diff_partition
 from backfill_assets.core.lake.engine import lake_engine_for
-from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine, refusals
+from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
 from backfill_assets.core.lake.target import StagedLakeTarget
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned import LakeSnapshot, keys_detail, require_plan_pin
@@ -82,8 +83,6 @@ class SparkBuildEngine(PinnedBuildEngine):
     in Spark; plans, approvals and the ledger in the control store (``control``). For approval
     and apply, Spark is started only where a seal does not hold (the stage is then
     fingerprinted again)."""
-
-    REFUSES = refusals("spark")
 
     def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
                  factory: ConnectionFactory, spec: Spec, source: SparkSource) -> None:
@@ -179,6 +178,9 @@ class SparkBuildEngine(PinnedBuildEngine):
         finally:
             target.close()
         return out
+
+    def profiler(self) -> SparkProfiler:
+        return SparkProfiler(self.spec, self.source, self.session)
 
     def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
         if not stage_dir(self.spec, "a").is_dir():

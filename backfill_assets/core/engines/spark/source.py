@@ -47,9 +47,14 @@ class SparkSource:
 
     name: str
 
+    def newest(self, session: SparkSession) -> Any:
+        """Every row of the source as it is now, as a DataFrame that reads them when asked
+        (what ``profile`` reads; nothing is pinned or copied)."""
+        raise NotImplementedError
+
     def schema_frame(self, session: SparkSession) -> Any:
         """The newest columns of the source, as a DataFrame that reads no row."""
-        raise NotImplementedError
+        return self.newest(session).limit(0)
 
     def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         """Pin the partitions ``values`` (a JDBC source is copied here)."""
@@ -94,12 +99,12 @@ class ParquetFolderSource(SparkSource):
         self.folder = _Folder(spec)
         self.root, self.name = self.folder.root, self.folder.name
 
-    def schema_frame(self, session: SparkSession) -> Any:
+    def newest(self, session: SparkSession) -> Any:
         if not self.root.is_dir():
             raise SpecError(f"source {self.name} is not a folder; check source.location")
         if next((p for p in self.root.rglob("*.parquet") if p.is_file()), None) is None:
             raise SpecError(f"source {self.name} holds no Parquet file; check source.location")
-        return session.read.parquet(str(self.root)).limit(0)
+        return session.read.parquet(str(self.root))
 
     def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         return self.folder.latest(partition_key, values)
@@ -170,7 +175,7 @@ class JdbcSource(SparkSource):
                                  | (F.col("data_type") == "timestamp without time zone")))
         return [f"{r[0]} ({r[1]})" for r in found.select("column_name", "data_type").collect()]
 
-    def schema_frame(self, session: SparkSession) -> Any:
+    def newest(self, session: SparkSession) -> Any:
         from psycopg import sql
         url = self._url()
         with self._errors("reading the columns of", url):
@@ -182,7 +187,7 @@ class JdbcSource(SparkSource):
                     "the executors' time zone; declare numeric(p,s) and timestamptz in the source, or read a view "
                     "that casts them")
             frame = self._reader(session, url, sql.Identifier(self.table.schema, self.table.name).as_string(None))
-            return frame.load().limit(0)
+            return frame.load()
 
     def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         """Copy the partitions ``values`` in one SELECT on one connection, and pin the copy."""
@@ -245,7 +250,7 @@ class CatalogSource(SparkSource):
                             "and the session's catalog settings (engine.conf)")
         return catalog
 
-    def schema_frame(self, session: SparkSession) -> Any:
+    def newest(self, session: SparkSession) -> Any:
         catalog = self._catalog(session)
         if catalog.provider() != "parquet":
             raise SpecError(f"source {self.name} is a {catalog.provider() or 'non-file'} table; a spark_table source is "
@@ -253,7 +258,7 @@ class CatalogSource(SparkSource):
         if catalog.partitioned_by() != [self.partition_key]:
             raise SpecError(f"source {self.name} is partitioned by ({', '.join(catalog.partitioned_by()) or 'nothing'}), "
                             f"not by the partition key ({self.partition_key})")
-        return session.table(self.table).limit(0)
+        return session.table(self.table)
 
     def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         files = []

@@ -1,0 +1,148 @@
+"""The DuckDB engine's answers to ``profile`` (core.profiling): the lake source's newest
+version read by DuckDB in memory (nothing pinned, nothing written, the spec's DuckDB file not
+opened), each question one statement filtered to the profiled partitions, which DuckDB pushes
+down to the lake's files.
+
+The questions are PostgreSQL's (core.pg.sqlbuild.profiling and checks) in DuckDB's SQL: a
+value's text form is ``CAST(... AS VARCHAR)``, hashed by DuckDB's 64-bit ``hash``, a NULL as 0;
+distinct values are DuckDB's (typed, as PostgreSQL's DISTINCT). Statements are composed with
+psycopg.sql and rendered to text without a PostgreSQL connection; the partitions are the named
+parameter ``$partitions``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import sql
+
+from backfill_assets.core.catalog import ColumnInfo
+from backfill_assets.core.lake.duck import connect
+from backfill_assets.core.lake.duck_types import column_info, source_types
+from backfill_assets.core.lake.sources import SOURCE_ROWS, LakeSource
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.vocabulary import PartitionValue
+
+_SRC = sql.Identifier(SOURCE_ROWS)
+_IN = sql.SQL("{} IN (SELECT unnest($partitions))")
+_TEXT_HASH = sql.SQL("CASE WHEN {c} IS NULL THEN 0 ELSE hash(CAST({c} AS VARCHAR)) END")
+
+
+def _ids(names: Sequence[str]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+def _rows_hash(names: Sequence[str]) -> sql.Composable:
+    """A 64-bit hash of the text forms of ``names`` (a NULL apart from every text)."""
+    if not names:
+        return sql.SQL("0")
+    return sql.SQL("hash([{}])").format(sql.SQL(", ").join(
+        sql.SQL("CAST({} AS VARCHAR)").format(sql.Identifier(n)) for n in names))
+
+
+def _keyed(partition_key: str, key: Sequence[str]) -> sql.Composed:
+    """The profiled partitions' rows whose ``key`` has no NULL."""
+    return sql.SQL(" AND ").join([_IN.format(sql.Identifier(partition_key)),
+                                  *(sql.SQL("{} IS NOT NULL").format(sql.Identifier(k)) for k in key)])
+
+
+def _text(composed: sql.Composable) -> str:
+    return composed.as_string(None)
+
+
+class DuckProfiler:
+    """The spec's lake source at its newest version, profiled in DuckDB
+    (core.profiling.SourceProfiler)."""
+
+    def __init__(self, spec: Spec, source: LakeSource) -> None:
+        config = {k: v for k, v in (("memory_limit", spec.engine.memory_limit), ("threads", spec.engine.threads))
+                  if v is not None}
+        self.spec, self.name = spec, source.name
+        self.duck = connect(config={k: str(v).replace(" ", "") for k, v in config.items()})
+        source.attach_newest(self.duck)
+        types = source_types(self.duck)
+        self._columns = [column_info(n, t) or ColumnInfo(n, t.lower(), "X", False, t.lower()) for n, t in types]
+
+    def close(self) -> None:
+        self.duck.close()
+
+    def _all(self, statement: sql.Composable, partitions: Sequence[PartitionValue] | None = None) -> list[tuple]:
+        params: dict[str, Any] = {} if partitions is None else {"partitions": list(partitions)}
+        return self.duck.execute(_text(statement), params).fetchall()
+
+    def columns(self) -> list[ColumnInfo]:
+        return list(self._columns)
+
+    def first_partitions(self, limit: int) -> list[PartitionValue]:
+        pk = sql.Identifier(self.spec.partition_key)
+        return [r[0] for r in self._all(sql.SQL("SELECT DISTINCT {pk} FROM {src} WHERE {pk} IS NOT NULL "
+                                                 "ORDER BY {pk} LIMIT {n}").format(pk=pk, src=_SRC, n=sql.Literal(limit)))]
+
+    def partition_counts(self, partitions: Sequence[PartitionValue]) -> dict[PartitionValue, int]:
+        pk = sql.Identifier(self.spec.partition_key)
+        found = self._all(sql.SQL("SELECT {pk}, count(*) FROM {src} WHERE {inside} GROUP BY {pk}").format(
+            pk=pk, src=_SRC, inside=_IN.format(pk)), partitions)
+        return {p: int(n) for p, n in found}
+
+    def column_profile(self, column: str, partitions: Sequence[PartitionValue]) -> tuple[int, int]:
+        pk, c = sql.Identifier(self.spec.partition_key), sql.Identifier(column)
+        ((nulls, distinct),) = self._all(sql.SQL(
+            "SELECT (SELECT count(*) FROM {src} WHERE {inside} AND {c} IS NULL), "
+            "(SELECT count(*) FROM (SELECT DISTINCT {pk}, {c} FROM {src} WHERE {inside} AND {c} IS NOT NULL))").format(
+            src=_SRC, inside=_IN.format(pk), pk=pk, c=c), partitions)
+        return int(nulls), int(distinct)
+
+    def key_evidence(self, key: Sequence[str], others: Sequence[str],
+                     partitions: Sequence[PartitionValue]) -> tuple[int, ...]:
+        grain = _ids([self.spec.partition_key, *key])
+        flags = [sql.Identifier(f"__v{i}") for i in range(len(others))]
+        hashes = sql.SQL("").join(sql.SQL(", {} AS {}").format(_TEXT_HASH.format(c=sql.Identifier(c)), a)
+                                  for c, a in zip(others, flags))
+        varies = sql.SQL("").join(sql.SQL(", min({a}) <> max({a}) AS {a}").format(a=a) for a in flags)
+        varying = sql.SQL("").join(sql.SQL(", count(*) FILTER (WHERE {})").format(a) for a in flags)
+        versions = sql.SQL(" OR ").join(flags) if flags else sql.SQL("false")
+        ((*row,),) = self._all(sql.SQL(
+            "SELECT count(*), coalesce(sum(__n), 0), count(*) FILTER (WHERE __n > 1), "
+            "count(*) FILTER (WHERE {versions}){varying} FROM "
+            "(SELECT {grain}, count(*) AS __n{varies} FROM (SELECT {grain}{hashes} FROM {src} WHERE {keyed}) "
+            "GROUP BY {grain})").format(
+            versions=versions, varying=varying, grain=grain, varies=varies, hashes=hashes, src=_SRC,
+            keyed=_keyed(self.spec.partition_key, key)), partitions)
+        return tuple(int(v) for v in row)
+
+    def key_splits(self, key: Sequence[str], split: Sequence[str], others: Sequence[str],
+                   partitions: Sequence[PartitionValue]) -> list[tuple[int, int]]:
+        if not split:
+            return []
+        grain = _ids([self.spec.partition_key, *key])
+        parts = sql.SQL(" UNION ALL ").join(
+            sql.SQL("SELECT {grain}, {i} AS __i, {value} AS __c, __h FROM r").format(
+                grain=grain, i=sql.Literal(i), value=_TEXT_HASH.format(c=sql.Identifier(c)))
+            for i, c in enumerate(split))
+        found = self._all(sql.SQL(
+            "WITH r AS MATERIALIZED (SELECT {grain}, {split_cols}, {row} AS __h FROM {src} WHERE {keyed}) "
+            "SELECT __i, count(*) FROM (SELECT {grain}, __i FROM "
+            "(SELECT {grain}, __i, min(__h) <> max(__h) AS __v FROM ({parts}) GROUP BY {grain}, __i, __c) "
+            "GROUP BY {grain}, __i HAVING count(*) FILTER (WHERE __v) >= 2) GROUP BY __i ORDER BY __i").format(
+            grain=grain, split_cols=_ids(split), row=_rows_hash(others), src=_SRC,
+            keyed=_keyed(self.spec.partition_key, key), parts=parts), partitions)
+        return [(int(i), int(n)) for i, n in found]
+
+    def ordering_nulls(self, key: Sequence[str], ordering: Sequence[str], partitions: Sequence[PartitionValue]) -> int:
+        counts = sql.SQL(" + ").join(sql.SQL("count(*) FILTER (WHERE {} IS NULL)").format(sql.Identifier(c))
+                                     for c in ordering)
+        ((n,),) = self._all(sql.SQL("SELECT {counts} FROM {src} WHERE {keyed}").format(
+            counts=counts, src=_SRC, keyed=_keyed(self.spec.partition_key, key)), partitions)
+        return int(n or 0)
+
+    def tied_groups(self, key: Sequence[str], ordering: Sequence[str], others: Sequence[str],
+                    partitions: Sequence[PartitionValue]) -> int:
+        if not others:
+            return 0  # rows equal in every other column are not a tie
+        grain = _ids([self.spec.partition_key, *key, *ordering])
+        ((n,),) = self._all(sql.SQL(
+            "SELECT count(*) FROM (SELECT {grain} FROM {src} WHERE {keyed} GROUP BY {grain} "
+            "HAVING count(*) > 1 AND count(DISTINCT {row}) > 1)").format(
+            grain=grain, src=_SRC, keyed=_keyed(self.spec.partition_key, key), row=_rows_hash(others)), partitions)
+        return int(n)

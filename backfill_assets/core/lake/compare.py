@@ -98,7 +98,8 @@ def partition_diff(left: str, right: str, partition_key: str, business_key: Sequ
                    fields: Sequence[tuple[str, str]], most: int) -> str:
     """For partition ``$partition``, the ``diff`` of ``left`` (the rows a replacement writes)
     against ``right`` (what is there), keyed by the business key and decided by each row's
-    canonical text (a 128-bit digest of it: a changed row escapes only by a collision): rows
+    canonical text (its 64-bit hash, as the PostgreSQL engine's diff: a changed row escapes only by a
+    collision, about 1 in 2^64; plans and verifications are decided by the fingerprint): rows
     (``'count'``, kind, count, NULL, NULL, NULL) per kind, then up to ``most`` differing keys
     in key order as (``'example'``, kind, their rank, NULL, left's row, right's row), each row
     a struct of the columns (NULL where that side has no row; of a key a side holds more than
@@ -106,7 +107,7 @@ def partition_diff(left: str, right: str, partition_key: str, business_key: Sequ
     keys = identifiers(business_key)
 
     def grouped(rel: str) -> sql.Composed:
-        return sql.SQL("(SELECT {keys}, count(*) AS __n, min(md5_number({text})) AS __h FROM {rel} AS t "
+        return sql.SQL("(SELECT {keys}, count(*) AS __n, min(hash({text})) AS __h FROM {rel} AS t "
                        "WHERE t.{pk} = $partition GROUP BY ALL)").format(
             keys=identifiers(business_key, "t"), text=sql.SQL(digest.row_text(fields)), rel=sql.Identifier(rel),
             pk=sql.Identifier(partition_key))

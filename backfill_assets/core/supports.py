@@ -50,6 +50,53 @@ def refused(reason: str, *, yet: bool = False) -> Option:
     return Option(refused=reason, yet=yet)
 
 
+# The rows of the capability table (docs/engines.md), in its order: what each engine can do,
+# declared in its supports.toml (an option's row from its ``[options.<name>]``, any other's from
+# ``[capabilities.<name>]``). A test checks that every cell that says an engine can names the
+# tests that show it there, and that every refused option and command refuses with its reason.
+CAPABILITIES = {
+    "diff": "`diff`: which keys and columns differ",
+    "profile": "`profile`: a key and a tiebreak proposed with evidence, never a guess",
+    "parallel": "multi-run backfills in Dagster (`parallel`)",
+    "records_can_move": "moved records (`records_can_move`)",
+    "replace_batch_rows": "small partitions replaced in batches (`replace_batch_rows`)",
+    "trusted_functions": "the user's own functions in a transform (`trusted_functions`)",
+    "source_sensor": "source sensor",
+    "memory": "memory within the engine's limit",
+    "own_control_store": "runs with no PostgreSQL of the user's",
+    "jdbc_timestamp": "JDBC `timestamp without time zone`",
+}
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One cell of the capability table: the engine can (``how``), can in part (``limited``:
+    what it cannot), cannot (``refused``: why; ``yet``: not built yet, not by design), or the
+    question does not arise (``na``: why); ``tests`` name the tests that show it on this engine
+    (``path::test``), ``measured`` a figure of BENCHMARKS.md."""
+
+    how: str = ""
+    limited: str = ""
+    refused: str = ""
+    yet: bool = False
+    na: str = ""
+    tests: tuple[str, ...] = ()
+    measured: str = ""
+
+    @property
+    def can(self) -> bool:
+        return not (self.refused or self.na)
+
+    def cell(self) -> str:
+        if self.refused:
+            return f"{'not yet' if self.yet else 'refused'}: {self.refused}"
+        if self.na:
+            return f"-: {self.na}"
+        if self.limited:
+            return f"in part: {self.limited}"
+        return f"yes: {self.how}" if self.how else "yes"
+
+
 @dataclass(frozen=True)
 class Supports:
     """One engine's allow-list.
@@ -71,6 +118,7 @@ class Supports:
     options: Mapping[str, Option] = field(default_factory=dict)
     settings: tuple[str, ...] = ()
     notes: Mapping[str, str] = field(default_factory=dict)
+    capabilities: Mapping[str, Capability] = field(default_factory=dict)
 
 
 def engine_problems(supports: Supports, source: str, target: str, options: Iterable[str],
@@ -169,19 +217,60 @@ def _option(data: Mapping[str, object]) -> Option:
     return supported(*[str(n) for n in data.get("needs", [])], why=str(data.get("why", "")))  # type: ignore[union-attr]
 
 
+def _capability(name: str, data: Mapping[str, object], options: Mapping[str, Option]) -> Capability:
+    """A row's cell from ``data`` (its table in supports.toml); an option's from its Option too."""
+    tests = tuple(str(t) for t in data.get("tests", ()))  # type: ignore[union-attr]
+    measured = str(data.get("measured", ""))
+    option = options.get(name)
+    if option is not None:
+        if option.refused:
+            return Capability(refused=option.refused, yet=option.yet, tests=tests, measured=measured)
+        needs = f"with {_article(_either([_name(f) for f in option.needs]))} {_either([_name(f) for f in option.needs])} source" \
+            if option.needs else ""
+        limited = f"only {needs}: {option.why}" if option.needs else ""
+        return Capability(how=str(data.get("how", "")), limited=limited, tests=tests, measured=measured)
+    return Capability(how=str(data.get("how", "")), limited=str(data.get("limited", "")),
+                      refused=str(data.get("refused", "")), yet=bool(data.get("yet", False)),
+                      na=str(data.get("na", "")), tests=tests, measured=measured)
+
+
 def declared(engine: str) -> Supports:
     """What ``engine`` declares it supports (its ``supports.toml``)."""
     path = importlib.resources.files("backfill_assets.core.engines").joinpath(engine, "supports.toml")
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     if data.get("engine") != engine:
         raise ValueError(f"{path} declares engine {data.get('engine')!r}, not {engine!r}")
+    options = {name: _option(o) for name, o in data.get("options", {}).items()}
+    tables = {**data.get("capabilities", {}), **data.get("options", {})}
     return Supports(
         engine=engine, builds=data["builds"], sources=tuple(data["sources"]), targets=tuple(data["targets"]),
         reads=data["reads"], writes=data["writes"], settings=tuple(data.get("settings", ())),
-        options={name: _option(o) for name, o in data.get("options", {}).items()},
-        notes=dict(data.get("notes", {})),
+        options=options, notes=dict(data.get("notes", {})),
+        capabilities={name: _capability(name, tables[name], options) for name in CAPABILITIES if name in tables},
     )
 
 
 # Every engine's allow-list by its ``engine.type``, read once.
 SUPPORTS: dict[str, Supports] = {engine: declared(engine) for engine in ENGINE_TYPES}
+
+
+def capability_table(engines: Mapping[str, Supports] | None = None) -> str:
+    """The capability table of docs/engines.md, as Markdown: a row per :data:`CAPABILITIES`, a
+    column per engine, each cell what the engine declares (a row it does not declare: "not
+    declared")."""
+    engines = SUPPORTS if engines is None else engines
+    lines = ["| | " + " | ".join(_label_short(e) for e in engines) + " |",
+             "|---|" + "---|" * len(engines)]
+    for name, label in CAPABILITIES.items():
+        cells = [(e.capabilities[name].cell() if name in e.capabilities else "not declared").replace("|", "\\|")
+                 for e in engines.values()]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _label_short(engine: str) -> str:
+    return {"postgres": "PostgreSQL", "duckdb": "DuckDB", "spark": "Spark"}.get(engine, engine)
+
+
+if __name__ == "__main__":  # python -m backfill_assets.core.supports: the table for docs/engines.md
+    print(capability_table())

@@ -272,5 +272,22 @@ def _label_short(engine: str) -> str:
     return {"postgres": "PostgreSQL", "duckdb": "DuckDB", "spark": "Spark"}.get(engine, engine)
 
 
-if __name__ == "__main__":  # python -m backfill_assets.core.supports: the table for docs/engines.md
-    print(capability_table())
+TABLE_START, TABLE_END = "<!-- capabilities: generated, do not edit -->", "<!-- /capabilities -->"
+
+
+def write_capability_table(path: str) -> None:
+    """Put :func:`capability_table` between the markers of ``path`` (docs/engines.md)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    head, rest = text.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{TABLE_START}\n{capability_table()}\n{TABLE_END}{tail}")
+
+
+if __name__ == "__main__":  # python -m backfill_assets.core.supports [docs/engines.md]: the table, or written there
+    import sys
+    if len(sys.argv) > 1:
+        write_capability_table(sys.argv[1])
+    else:
+        print(capability_table())

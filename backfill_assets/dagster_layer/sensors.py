@@ -211,7 +211,7 @@ def source_snapshot_sensor(
             context.log.info(f"{spec.name}: {moves.summary}")
             for note in moves.notes:
                 context.log.warning(f"{spec.name}: {note}")
-            if moves.state is not None:  # an engine whose source keeps its versions keeps no state
+            if moves.state is not None:  # an engine that keeps no state between ticks gives None
                 kept[spec.name] = moves.state
             requests.extend(source_requests(spec, moves.changed))
         return dg.SensorResult(run_requests=requests, cursor=json.dumps(kept, sort_keys=True, separators=(",", ":")))

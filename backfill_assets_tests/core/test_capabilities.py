@@ -12,18 +12,25 @@ import pytest
 from backfill_assets.core.build import build_engine_class, refuse_unless_supported
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import spec_from_mapping
-from backfill_assets.core.supports import CAPABILITIES, ENGINE_TYPES, OPTIONS, SUPPORTS, capability_table
+from backfill_assets.core.supports import (
+    CAPABILITIES,
+    ENGINE_TYPES,
+    OPTIONS,
+    SUPPORTS,
+    TABLE_END,
+    TABLE_START,
+    capability_table,
+)
 from backfill_assets_tests.core.test_spec import OPTION_VALUES, _mapping, _refusal
 from backfill_assets_tests.support.specs import REPO
 
-START, END = "<!-- capabilities: generated, do not edit -->", "<!-- /capabilities -->"
 COMMANDS = ("diff", "profile")  # the rows that are commands an engine may refuse (BuildEngine.REFUSES)
 
 
 def test_the_table_in_the_docs_is_what_the_engines_declare():
     text = (REPO / "docs" / "engines.md").read_text(encoding="utf-8")
-    shown = text.split(START, 1)[1].split(END, 1)[0].strip()
-    assert shown == capability_table(), "run `.venv/bin/python -m backfill_assets.core.supports` into docs/engines.md"
+    shown = text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
+    assert shown == capability_table(), "run `.venv/bin/python -m backfill_assets.core.supports docs/engines.md`"
 
 
 @pytest.mark.parametrize("engine", ENGINE_TYPES)

@@ -59,10 +59,10 @@ def test_a_duckdb_spec_is_staged_checked_gated_and_applied(db_url, tmp_path):
         assert delta_rows(tmp_path / "orders_daily", day) == newest(rows, day)
 
 
-def _source_tick(defs, resources):
+def _source_tick(defs, resources, cursor=None):
     sensor = defs.resolve_sensor_def("source_snapshot_sensor")
     with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), resources=resources,
-                                 definitions=defs) as context:
+                                 definitions=defs, cursor=cursor) as context:
         return sensor.evaluate_tick(context)
 
 
@@ -83,10 +83,18 @@ def test_the_source_sensor_restages_the_partitions_whose_lake_files_changed(db_u
     day = source_table().filter(pa.compute.equal(source_table()["order_date"], pa.scalar(dt.date(2024, 1, 2))))
     write_deltalake(DeltaTable(str(tmp_path / "orders_raw")), day, mode="overwrite",
                     predicate=delta_predicate("order_date", [dt.date(2024, 1, 2)]))
-    (request,) = _source_tick(defs, resources).run_requests
+    first = _source_tick(defs, resources)
+    (request,) = first.run_requests
     assert request.job_name == f"{spec.name}__build_stages" and request.partition_key == "2024-01-02"
-    again = _source_tick(defs, resources).run_requests  # no state between ticks: the run key dedupes it
-    assert [r.run_key for r in again] == [request.run_key]
+    # Requested once: the next tick, with the cursor, requests nothing for the same change.
+    assert _source_tick(defs, resources, first.cursor).run_requests == []
+    # Without the cursor (reset in the UI) it is requested again, under the same run key.
+    assert [r.run_key for r in _source_tick(defs, resources).run_requests] == [request.run_key]
+    # Another change of the same day is a new request.
+    write_deltalake(DeltaTable(str(tmp_path / "orders_raw")), day.slice(0, 3), mode="overwrite",
+                    predicate=delta_predicate("order_date", [dt.date(2024, 1, 2)]))
+    (changed_again,) = _source_tick(defs, resources, first.cursor).run_requests
+    assert changed_again.partition_key == "2024-01-02" and changed_again.run_key != request.run_key
 
 
 def test_a_tie_in_the_lake_source_fails_the_stages_and_plans_nothing(db_url, tmp_path):

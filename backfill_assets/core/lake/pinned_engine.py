@@ -74,8 +74,14 @@ class PinnedBuildEngine:
         return StagesNow(ctx, now, built)
 
     def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
+        """The partitions whose files changed since their snapshot and that no earlier tick
+        requested with the same files (``state``: label -> the files' digest requested; a
+        partition snapshotted again leaves it, so its next change is requested again)."""
         changed = lake_changes(self.control, self.spec)
-        return SourceMoves(changed, None, f"{len(changed)} partition(s) changed since their snapshot")
+        requested = state if isinstance(state, dict) else {}
+        new = {label: digest for label, digest in changed.items() if requested.get(label) != digest}
+        return SourceMoves(new, dict(changed), f"{len(changed)} partition(s) changed since their snapshot, "
+                                               f"{len(new)} of them not requested before")
 
     def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
         """The partitions of stage A that no longer carry ``expected`` (label -> readings), by

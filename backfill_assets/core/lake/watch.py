@@ -1,10 +1,11 @@
 """The source sensor's question for a DuckDB spec: which snapshotted partitions of the lake
 source changed since their newest snapshot?
 
-A lake keeps its versions, so no state is needed between ticks: for each partition, the files
-that hold it at the version its newest snapshot pinned are compared with the files that hold
-it at the newest version, from the lake's metadata only (the Delta log, Iceberg manifests, a
-Parquet folder's listing). Where they differ, the partition's stages are requested again.
+A lake keeps its versions: for each partition, the files that hold it at the version its
+newest snapshot pinned are compared with the files that hold it at the newest version, from
+the lake's metadata only (the Delta log, Iceberg manifests, a Parquet folder's listing). Where
+they differ, the partition's stages are requested again, once: the sensor's cursor keeps the
+files' digest each changed partition was requested with (core.lake.pinned_engine).
 The Spark engine's Parquet source is watched the same way; its JDBC and catalog sources are not.
 """
 

@@ -16,6 +16,7 @@ import pytest
 from backfill_assets.core import plan as plan_module
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, review
+from backfill_assets.core.build import open_build_engine
 from backfill_assets.core.errors import ApprovalError, SpecError
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.duck_lakes import (
@@ -215,7 +216,13 @@ def test_the_lake_sensor_finds_the_partitions_whose_files_changed(tmp_path, fact
         write_deltalake(DeltaTable(delta_source["location"]), day, mode="overwrite",
                         predicate=delta_predicate("order_date", [dt.date(2024, 1, 2)]))
         assert list(lake_changes(conn, spec)) == ["2024-01-02"]
-    # Snapshotted again, nothing is due.
+        with open_build_engine(conn, factory, spec) as engine:
+            first = engine.source_moves(None, None)
+            assert list(first.changed) == ["2024-01-02"]
+            assert engine.source_moves(first.state, None).changed == {}  # requested once
+    # Snapshotted again, nothing is due, and the cursor forgets the day: its next change is new.
     plan_module.make_plan(spec, DAYS, factory)
     with factory() as conn:
         assert lake_changes(conn, spec) == {}
+        with open_build_engine(conn, factory, spec) as engine:
+            assert engine.source_moves(first.state, None).state == {}

@@ -102,7 +102,7 @@ class Output:
 def _url(spec: Spec, args: argparse.Namespace) -> DatabaseUrl:
     if args.embedded:
         return embedded.database_url()
-    return url_from_env(spec.database_url_env)
+    return embedded.spec_url(spec)
 
 
 def _factory(spec: Spec, args: argparse.Namespace) -> ConnectionFactory:

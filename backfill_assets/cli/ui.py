@@ -42,7 +42,8 @@ def launch(port: int, say: Callable[[str], None]) -> int:
             demo.load(conn)
     specs = load_specs()
     for spec in specs:
-        env[spec.database_url_env] = data.reveal()  # the embedded default, for this process tree only
+        if spec.database_url_env is not None:
+            env[spec.database_url_env] = data.reveal()  # the embedded default, for this process tree only
     dagster = Path(sys.executable).parent / "dagster"
     for spec in specs:
         for pool, limit in pool_limits(spec).items():  # a spec with `parallel`

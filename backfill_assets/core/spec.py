@@ -86,7 +86,10 @@ class Spec(BaseModel):
     model_config = STRICT
 
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$", max_length=MAX_SPEC_NAME)]
-    database_url_env: EnvName
+    # The variable holding the URL of the PostgreSQL database the spec reads (engine postgres)
+    # and keeps its control store in; optional on an engine whose data is not in PostgreSQL,
+    # whose control store is then the embedded server's (core.pg.embedded.spec_url).
+    database_url_env: EnvName | None = None
     # The control store (plans, approvals, ledger, the runs' locks) in another PostgreSQL
     # database, named by this variable; without it they live in control_schema of the data's.
     control_database_url_env: EnvName | None = None
@@ -158,6 +161,12 @@ class Spec(BaseModel):
 
     def _option_problems(self) -> list[str]:
         problems = []
+        own = SUPPORTS[self.engine.type].capabilities.get("own_control_store")
+        if self.database_url_env is None and not (own is not None and own.can):
+            problems.append(
+                f"database_url_env is required on engine {self.engine.type}: name the environment variable that "
+                "holds the URL of the PostgreSQL database the source is read from"
+            )
         if isinstance(self.source, SourceSpec) and self.source.change_column == self.partition_key:
             problems.append(
                 "source.change_column must not be the partition_key: it must move on every write "

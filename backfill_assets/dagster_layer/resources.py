@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from backfill_assets.core.errors import ConcurrentRunError, TransientDatabaseError
+from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, connection_factory
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.waits import explained_waits
@@ -25,14 +26,16 @@ class PostgresResource(dg.ConfigurableResource):
     variable: str = "DATABASE_URL"
     control_database_url: str | None = None
     control_variable: str | None = None
+    # Where the URL came from, for messages, when not from ``variable`` (the embedded server).
+    source: str | None = None
 
     def factory(self, spec: Spec, application_name: str = "backfill_assets:dagster") -> ConnectionFactory:
         """Open pinned connections carrying the spec's lock and statement timeouts from their
         first statement (see core.pg.db); errors never contain the URL."""
         control = (None if self.control_database_url is None
                    else DatabaseUrl(self.control_database_url, source=f"${self.control_variable}"))
-        return connection_factory(DatabaseUrl(self.database_url, source=f"${self.variable}"), spec.limits,
-                                  application_name, control_url=control)
+        return connection_factory(DatabaseUrl(self.database_url, source=self.source or f"${self.variable}"),
+                                  spec.limits, application_name, control_url=control)
 
 
 def resource_key(spec: Spec) -> str:
@@ -85,9 +88,16 @@ def spark_resource(specs: list[Spec]) -> dict[str, SparkResource]:
 
 
 def resource_for(spec: Spec) -> PostgresResource:
+    """The spec's connections: its variables, read by Dagster at run time; for a spec that names
+    no database (a lake-native engine), the control store named by control_database_url_env, or
+    else the embedded PostgreSQL the project starts under its home (core.pg.embedded.spec_url)."""
     control = spec.control_database_url_env
+    name = spec.database_url_env or control
+    if name is None:
+        url = embedded.spec_url(spec)
+        return PostgresResource(database_url=url.reveal(), source=url.source)
     return PostgresResource(
-        database_url=dg.EnvVar(spec.database_url_env), variable=spec.database_url_env,
+        database_url=dg.EnvVar(name), variable=name,
         control_database_url=None if control is None else dg.EnvVar(control), control_variable=control,
     )
 

@@ -14,11 +14,15 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.pg.db import DatabaseUrl
+from backfill_assets.core.pg.db import DatabaseUrl, url_from_env
+from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 
 HOME_ENV = "BACKFILL_ASSETS_HOME"
 DEFAULT_DATABASE = "backfill_demo"
+# The control store of a spec that names no database (an engine whose data is not in
+# PostgreSQL: plans, approvals, the ledger and the runs' locks).
+CONTROL_DATABASE = "backfill_control"
 
 _servers: dict[Path, object] = {}
 
@@ -65,3 +69,16 @@ def database_url(database: str = DEFAULT_DATABASE, pgdata: Path | None = None) -
     # Keep the URL form (SQLAlchemy, used by dagster-postgres, takes URLs only).
     parts = urlsplit(admin)
     return DatabaseUrl(urlunsplit(parts._replace(path="/" + quote(database))), source="the embedded PostgreSQL")
+
+
+def spec_url(spec: Spec) -> DatabaseUrl:
+    """The URL a spec's connections open: its ``database_url_env``'s; for a spec without one
+    (an engine whose data is not in PostgreSQL, which then needs PostgreSQL only for the
+    control store), ``control_database_url_env``'s, or else the embedded server's control
+    database, started here if it is not running.
+
+    Raises:
+        ConnectionConfigError: the named variable is unset or empty.
+    """
+    name = spec.database_url_env or spec.control_database_url_env
+    return url_from_env(name) if name is not None else database_url(CONTROL_DATABASE)

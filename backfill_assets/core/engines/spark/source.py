@@ -167,31 +167,44 @@ class JdbcSource(SparkSource):
         return (session.read.format("jdbc").option("url", url).option("driver", JDBC_DRIVER)
                 .option("dbtable", table).option("fetchsize", "10000"))
 
-    def _unscaled(self, session: SparkSession, url: str) -> list[str]:
+    def _relation(self, session: SparkSession, url: str) -> str:
+        """What the reader reads: the table or, where it has time stamps without time zone, a
+        SELECT of its columns in order that sends each of those as the instant of its
+        wall-clock time in UTC (``AT TIME ZONE 'UTC'``: a timestamp with time zone, which the
+        driver reads exactly whatever the JVM's zone; the driver would read the wall-clock
+        time itself in the JVM's zone, so two executors in two zones would read two instants).
+
+        Raises:
+            SpecError: a numeric without a declared scale (it would become decimal(38,18)).
+        """
+        from psycopg import sql
         from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
-        columns = self._reader(session, url, "information_schema.columns").load()
-        found = columns.where((F.col("table_schema") == self.table.schema) & (F.col("table_name") == self.table.name)
-                              & (((F.col("data_type") == "numeric") & F.col("numeric_scale").isNull())
-                                 | (F.col("data_type") == "timestamp without time zone")))
-        return [f"{r[0]} ({r[1]})" for r in found.select("column_name", "data_type").collect()]
+        columns = self._reader(session, url, "information_schema.columns").load().where(
+            (F.col("table_schema") == self.table.schema) & (F.col("table_name") == self.table.name))
+        found = sorted(columns.select("ordinal_position", "column_name", "data_type", "numeric_scale").collect())
+        unscaled = [f"{name} ({kind})" for _, name, kind, scale in found if kind == "numeric" and scale is None]
+        if unscaled:
+            raise SpecError(
+                f"source {self.name} column(s) {', '.join(unscaled)} have no exact form over JDBC: a numeric without "
+                "a declared scale becomes decimal(38,18); declare numeric(p,s) in the source, or read a view that "
+                "casts it")
+        table = sql.Identifier(self.table.schema, self.table.name)
+        if not any(kind == "timestamp without time zone" for _, _, kind, _ in found):
+            return table.as_string(None)
+        utc = sql.SQL("{} AT TIME ZONE 'UTC' AS {}")
+        return sql.SQL("(SELECT {columns} FROM {table}) AS {alias}").format(
+            columns=sql.SQL(", ").join(utc.format(sql.Identifier(name), sql.Identifier(name))
+                                       if kind == "timestamp without time zone" else sql.Identifier(name)
+                                       for _, name, kind, _ in found),
+            table=table, alias=sql.Identifier("source")).as_string(None)
 
     def newest(self, session: SparkSession) -> Any:
-        from psycopg import sql
         url = self._url()
         with self._errors("reading the columns of", url):
-            unscaled = self._unscaled(session, url)
-            if unscaled:
-                raise SpecError(
-                    f"source {self.name} column(s) {', '.join(unscaled)} have no exact form over JDBC: a numeric "
-                    "without a declared scale becomes decimal(38,18), a timestamp without time zone is shifted by "
-                    "the executors' time zone; declare numeric(p,s) and timestamptz in the source, or read a view "
-                    "that casts them")
-            frame = self._reader(session, url, sql.Identifier(self.table.schema, self.table.name).as_string(None))
-            return frame.load()
+            return self._reader(session, url, self._relation(session, url)).load()
 
     def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         """Copy the partitions ``values`` in one SELECT on one connection, and pin the copy."""
-        from psycopg import sql
         from pyspark.sql import functions as F  # noqa: N812
         url = self._url()
         copy = f"copy-{uuid.uuid4().hex}"
@@ -199,7 +212,7 @@ class JdbcSource(SparkSource):
         self.copies.mkdir(parents=True, exist_ok=True)
         try:
             with self._errors("copying", url):
-                frame = self._reader(session, url, sql.Identifier(self.table.schema, self.table.name).as_string(None))
+                frame = self._reader(session, url, self._relation(session, url))
                 (frame.load().where(F.col(partition_key).isin(list(values))).write
                  .partitionBy(partition_key).parquet(str(target)))
         except BaseException:

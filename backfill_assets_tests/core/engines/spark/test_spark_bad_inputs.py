@@ -150,9 +150,50 @@ def test_an_unscaled_numeric_over_jdbc_is_refused_naming_the_column(tmp_path, sp
     with jdbc_url(db_url.reveal()) as url:
         monkeypatch.setenv(JDBC_ENV, url)
         spec = spark_spec(tmp_path, {"format": "jdbc", "table": "public.raw_n", "url_env": JDBC_ENV})
-        with pytest.raises(SpecError, match=r"no exact form over JDBC.*numeric\(p,s\) and timestamptz") as err:
+        with pytest.raises(SpecError, match=r"no exact form over JDBC.*declare numeric\(p,s\)") as err:
             plan_module.make_plan(spec, DAYS, factory)
-    assert "amount (numeric)" in str(err.value) and "updated_at (timestamp without time zone)" in str(err.value)
+    assert "amount (numeric)" in str(err.value) and "updated_at" not in str(err.value)
+
+
+def test_a_timestamp_without_time_zone_over_jdbc_is_read_exactly_in_any_jvm_time_zone(tmp_path, spark, factory,
+                                                                                     url_env, conn, db_url,
+                                                                                     monkeypatch):
+    """The same instants, stored once as timestamptz and once as their UTC wall-clock time in a
+    timestamp without time zone, give the same stages: planned in this process's JVM from the
+    first, and from the second by two processes whose JVMs run in New York and in Kolkata (a
+    driver reading the wall-clock time in its own zone would give three different instants)."""
+    load_postgres_source(conn)
+    conn.execute("CREATE TABLE public.orders_ntz AS SELECT order_date, order_id, customer_id, "
+                 "updated_at AT TIME ZONE 'UTC' AS updated_at, ingest_seq, amount, status, note FROM public.orders_raw")
+    conn.commit()
+    assert conn.execute("SELECT data_type FROM information_schema.columns WHERE table_name = 'orders_ntz' "
+                        "AND column_name = 'updated_at'").fetchone()[0] == "timestamp without time zone"
+    with jdbc_url(db_url.reveal()) as url:
+        monkeypatch.setenv(JDBC_ENV, url)
+        reference = plan_module.make_plan(spark_spec(
+            tmp_path / "tz", {"format": "jdbc", "table": "public.orders_raw", "url_env": JDBC_ENV}), DAYS, factory)
+        assert reference.status == "ready", reference.problems
+        env = {**os.environ, URL_ENV: db_url.reveal(), JDBC_ENV: url}
+        found = {}
+        for zone in ("America/New_York", "Asia/Kolkata"):
+            folder = tmp_path / zone.replace("/", "_")
+            spec_file = tmp_path / f"{folder.name}.yaml"
+            spec_file.write_text(yaml.safe_dump(spark_mapping(
+                folder, {"format": "jdbc", "table": "public.orders_ntz", "url_env": JDBC_ENV},
+                name=f"ntz_{folder.name.lower()}",
+                engine={"type": "spark", "master": "local[1]", "staging": str(folder / "staging"),
+                        "conf": {"spark.ui.enabled": "false"}})), encoding="utf-8")
+            planned = subprocess.run(
+                [sys.executable, "-m", "backfill_assets.cli", "plan", "--spec", str(spec_file),
+                 "--partitions", "2024-01-01..2024-01-03", "--json"],
+                cwd=REPO, env={**env, "JAVA_TOOL_OPTIONS": f"-Duser.timezone={zone}"}, capture_output=True,
+                text=True, timeout=300)
+            assert planned.returncode == 0, planned.stderr[-2000:]
+            assert f"-Duser.timezone={zone}" in planned.stderr  # the JVM took the zone
+            import json
+            found[zone] = {p["partition"]: p["stage_a"] for p in json.loads(planned.stdout)["partitions"]}
+    expected = {e.partition: e.stage_a.as_dict() for e in reference.document.partitions}
+    assert found["America/New_York"] == found["Asia/Kolkata"] == expected
 
 
 def test_the_cli_flow_over_jdbc_converges_and_a_later_source_change_does_not_move_the_plan(

@@ -167,7 +167,7 @@ class Spec(BaseModel):
                 f"database_url_env is required on engine {self.engine.type}: name the environment variable that "
                 "holds the URL of the PostgreSQL database the source is read from"
             )
-        if isinstance(self.source, SourceSpec) and self.source.change_column == self.partition_key:
+        if getattr(self.source, "change_column", None) == self.partition_key:
             problems.append(
                 "source.change_column must not be the partition_key: it must move on every write "
                 "within a partition (an ingest sequence or an updated_at column)"

@@ -222,12 +222,16 @@ class JdbcSourceSpec(Strict):
     format: Literal["jdbc"]
     table: TableName
     url_env: EnvName
+    # A column every write changes (an ingest sequence, an updated_at), by which the source
+    # sensor finds the partitions that moved, as for a PostgreSQL source.
+    change_column: Identifier | None = None
 
     @pydantic.model_validator(mode="before")
     @classmethod
     def _fields(cls, given: object) -> object:
-        return _only(given, "jdbc", {"table", "url_env"},
-                     "`table: schema.table` and `url_env: <NAME of a variable holding the JDBC URL>`", "source")
+        return _only(given, "jdbc", {"table", "url_env", "change_column"},
+                     "`table: schema.table`, `url_env: <NAME of a variable holding the JDBC URL>` and optionally "
+                     "`change_column`", "source")
 
     @property
     def ref(self) -> TableRef:

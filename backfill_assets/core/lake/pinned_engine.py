@@ -77,11 +77,17 @@ class PinnedBuildEngine:
         """The partitions whose files changed since their snapshot and that no earlier tick
         requested with the same files (``state``: label -> the files' digest requested; a
         partition snapshotted again leaves it, so its next change is requested again)."""
-        changed = lake_changes(self.control, self.spec)
+        changed, notes = self.source_changes()
         requested = state if isinstance(state, dict) else {}
         new = {label: digest for label, digest in changed.items() if requested.get(label) != digest}
         return SourceMoves(new, dict(changed), f"{len(changed)} partition(s) changed since their snapshot, "
-                                               f"{len(new)} of them not requested before")
+                                               f"{len(new)} of them not requested before", notes)
+
+    def source_changes(self) -> tuple[dict[str, str], list[str]]:
+        """The snapshotted partitions whose source changed since their snapshot (label -> its
+        signature now; core.lake.watch), and what the sensor should say about what it cannot
+        watch."""
+        return lake_changes(self.control, self.spec), []
 
     def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
         """The partitions of stage A that no longer carry ``expected`` (label -> readings), by

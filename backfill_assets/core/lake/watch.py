@@ -1,15 +1,20 @@
-"""The source sensor's question for a DuckDB spec: which snapshotted partitions of the lake
-source changed since their newest snapshot?
+"""The source sensor's question for a source pinned at a version (engines duckdb and spark):
+which snapshotted partitions changed since their newest snapshot?
 
-A lake keeps its versions: for each partition, the files that hold it at the version its
-newest snapshot pinned are compared with the files that hold it at the newest version, from
-the lake's metadata only (the Delta log, Iceberg manifests, a Parquet folder's listing). Where
-they differ, the partition's stages are requested again, once: the sensor's cursor keeps the
-files' digest each changed partition was requested with (core.lake.pinned_engine).
-The Spark engine's Parquet source is watched the same way; its JDBC and catalog sources are not.
+For each partition, a signature of what holds it at the version its newest snapshot pinned is
+compared with the same signature now. A lake keeps its versions, so both come from its
+metadata only: the files that hold the partition (the Delta log, Iceberg manifests, a Parquet
+folder's listing). A Spark catalog table's are its partition's location and the files there
+(core.engines.spark.watch); a JDBC source's, its row count and newest change-column value, from
+the pinned copy and from the database (core.engines.spark.watch). Where they differ, the
+partition's stages are requested again, once: the sensor's cursor keeps the signature each
+changed partition was requested with (core.lake.pinned_engine).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
 
 import psycopg
 
@@ -18,16 +23,32 @@ from backfill_assets.core.lake.duck_types import column_info, source_types
 from backfill_assets.core.lake.sources import LakeSource, Pin, lake_source
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
-from backfill_assets.core.vocabulary import PartitionKind, parse_labels
+from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, parse_labels
 
 
-def lake_changes(conn: psycopg.Connection, spec: Spec) -> dict[str, str]:
-    """The partitions whose files changed since their newest snapshot, each with the digest of
-    its files now (what a run key names the change by), in label order (``conn``: the control
-    store)."""
+class Signatures(Protocol):
+    """Per partition, a digest of what holds it (see the module docstring)."""
+
+    def kind(self) -> PartitionKind:
+        """The partition key's kind (from the source's schema)."""
+        ...
+
+    def now(self, values: Sequence[PartitionValue]) -> dict[str, str]:
+        """Each partition's signature now, by label."""
+        ...
+
+    def at(self, pin: Pin, values: Sequence[PartitionValue]) -> dict[str, str]:
+        """Each partition's signature at ``pin``, by label."""
+        ...
+
+
+def pinned_changes(conn: psycopg.Connection, spec: Spec, signatures: Signatures) -> dict[str, str]:
+    """The snapshotted partitions whose signature changed since their newest snapshot, each
+    with its signature now (what a run key names the change by), in label order (``conn``: the
+    control store)."""
     schema = spec.control_schema
-    if spec.source.format in ("jdbc", "spark_table") or not store.control_ready(conn, schema):
-        return {}  # a JDBC or catalog source (engine spark) is not watched: plan again to restage it
+    if not store.control_ready(conn, schema):
+        return {}
     labels = sorted(store.latest_snapshotted(conn, schema, spec.source_name))
     if not labels:
         return {}
@@ -35,30 +56,45 @@ def lake_changes(conn: psycopg.Connection, spec: Spec) -> dict[str, str]:
     by_snapshot: dict[str, list[str]] = {}
     for label, (snapshot_id, _) in newest.items():
         by_snapshot.setdefault(snapshot_id, []).append(label)
-    source = lake_source(spec, conn)
+    kind = signatures.kind()
+    now = signatures.now(parse_labels(labels, kind))
     changed: list[str] = []
+    for snapshot_id, members in by_snapshot.items():
+        found = store.find_snapshot(conn, schema, snapshot_id)
+        if found is None or not (found["scope"] or {}).get("pin"):
+            changed.extend(members)
+            continue
+        then = signatures.at(Pin.of(found["scope"]["pin"]), parse_labels(members, kind))
+        changed.extend(label for label in members if then.get(label) != now.get(label))
+    return {label: now.get(label, "gone") for label in sorted(changed)}
+
+
+class LakeSignatures:
+    """A lake source's partitions by the files that hold them (metadata only)."""
+
+    def __init__(self, spec: Spec, source: LakeSource) -> None:
+        self.spec, self.source = spec, source
+
+    def kind(self) -> PartitionKind:
+        from backfill_assets.core.lake.duck import connect
+        with connect() as duck:
+            self.source.attach_schema(duck)
+            types = dict(source_types(duck))
+        info = column_info(self.spec.partition_key, types.get(self.spec.partition_key, ""))
+        kind = None if info is None else partition_kind_of(info, [])
+        return kind or "text"
+
+    def now(self, values: Sequence[PartitionValue]) -> dict[str, str]:
+        return self.source.signature(self.spec.partition_key, values)[1]
+
+    def at(self, pin: Pin, values: Sequence[PartitionValue]) -> dict[str, str]:
+        return self.source.signature_at(pin, self.spec.partition_key, values)
+
+
+def lake_changes(conn: psycopg.Connection, spec: Spec) -> dict[str, str]:
+    """:func:`pinned_changes` of a lake source (Delta, Iceberg, a Parquet folder)."""
+    source = lake_source(spec, conn)
     try:
-        kind = _kind(spec, source)
-        all_values = parse_labels(labels, kind)
-        _, now = source.signature(spec.partition_key, all_values)
-        for snapshot_id, members in by_snapshot.items():
-            found = store.find_snapshot(conn, schema, snapshot_id)
-            if found is None or not (found["scope"] or {}).get("pin"):
-                changed.extend(members)
-                continue
-            then = source.signature_at(Pin.of(found["scope"]["pin"]), spec.partition_key, parse_labels(members, kind))
-            changed.extend(label for label in members if then.get(label) != now.get(label))
+        return pinned_changes(conn, spec, LakeSignatures(spec, source))
     finally:
         source.close()
-    return {label: now[label] for label in sorted(changed)}
-
-
-def _kind(spec: Spec, source: LakeSource) -> PartitionKind:
-    """The partition key's kind, from the source's schema (metadata only)."""
-    from backfill_assets.core.lake.duck import connect
-    with connect() as duck:
-        source.attach_schema(duck)
-        types = dict(source_types(duck))
-    info = column_info(spec.partition_key, types.get(spec.partition_key, ""))
-    kind = None if info is None else partition_kind_of(info, [])
-    return kind or "text"

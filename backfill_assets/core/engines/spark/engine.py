@@ -50,6 +50,7 @@ from backfill_assets.core.engines.spark.stages import (
     stage_dir,
     stage_readings,
 )
+from backfill_assets.core.engines.spark.watch import signatures_for
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare
@@ -57,6 +58,7 @@ from backfill_assets.core.lake.diff import diff_partition
 from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
 from backfill_assets.core.lake.target import StagedLakeTarget
+from backfill_assets.core.lake.watch import pinned_changes
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned import LakeSnapshot, keys_detail, require_plan_pin
 from backfill_assets.core.planning import compare_readings
@@ -178,6 +180,15 @@ class SparkBuildEngine(PinnedBuildEngine):
         finally:
             target.close()
         return out
+
+    def source_changes(self) -> tuple[dict[str, str], list[str]]:
+        if self.spec.source.format == "parquet":
+            return super().source_changes()
+        signatures = signatures_for(self.spec, self.source, self.session)
+        if signatures is None:
+            return {}, [f"source {self.spec.source_name} is not watched: a JDBC source is watched by its "
+                        "source.change_column (a column every write changes); declare one, or plan again to restage"]
+        return pinned_changes(self.control, self.spec, signatures), []
 
     def profiler(self) -> SparkProfiler:
         return SparkProfiler(self.spec, self.source, self.session)

@@ -198,10 +198,14 @@ class JdbcSource(SparkSource):
                                        for _, name, kind, _ in found),
             table=table, alias=sql.Identifier("source")).as_string(None)
 
-    def newest(self, session: SparkSession) -> Any:
+    def newest(self, session: SparkSession, push_down_aggregates: bool = False) -> Any:
+        """(``push_down_aggregates``: a GROUP BY over the frame is sent to the database.)"""
         url = self._url()
         with self._errors("reading the columns of", url):
-            return self._reader(session, url, self._relation(session, url)).load()
+            reader = self._reader(session, url, self._relation(session, url))
+            if push_down_aggregates:
+                reader = reader.option("pushDownAggregate", "true")
+            return reader.load()
 
     def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         """Copy the partitions ``values`` in one SELECT on one connection, and pin the copy."""
@@ -262,6 +266,10 @@ class CatalogSource(SparkSource):
             raise SpecError(f"source {self.name} does not exist in the Spark session's catalog; check source.table "
                             "and the session's catalog settings (engine.conf)")
         return catalog
+
+    def locations(self, session: SparkSession, values: Sequence[PartitionValue]) -> dict[str, Path | None]:
+        """Each partition's location in the catalog (None: not there)."""
+        return self._catalog(session).locations(values)
 
     def newest(self, session: SparkSession) -> Any:
         catalog = self._catalog(session)

@@ -257,3 +257,36 @@ def test_a_transform_that_moves_rows_out_of_the_partitions_is_refused(tmp_path, 
         "status, note FROM source"))
     with pytest.raises(SourceDataError, match=r"outside the declared partitions.*partition 2024-01-04"):
         plan_module.make_plan(spec, DAYS, factory)
+
+
+def test_the_source_sensor_watches_a_jdbc_source_by_its_change_column(tmp_path, spark, factory, url_env, conn,
+                                                                      db_url, monkeypatch):
+    """As on PostgreSQL: a write that moves the change column, an insert and a delete are found
+    by each partition's row count and newest change value (now from the database, at the pin
+    from the copy), each requested once; without a change column the sensor says why it cannot
+    watch."""
+    from backfill_assets.core.build import open_build_engine
+    load_postgres_source(conn)
+    with jdbc_url(db_url.reveal()) as url:
+        monkeypatch.setenv(JDBC_ENV, url)
+        source = {"format": "jdbc", "table": "public.orders_raw", "url_env": JDBC_ENV}
+        spec = spark_spec(tmp_path, {**source, "change_column": "updated_at"})
+        assert plan_module.make_plan(spec, DAYS, factory).status == "ready"
+
+        def tick(state, watched=spec):
+            with factory() as c, open_build_engine(c, factory, watched) as engine:
+                return engine.source_moves(state, None)
+
+        assert tick(None).changed == {}
+        conn.execute("UPDATE public.orders_raw SET updated_at = '2024-02-01 00:00:00+00', note = 'late' "
+                     "WHERE order_id = (SELECT min(order_id) FROM public.orders_raw WHERE order_date = '2024-01-02')")
+        conn.commit()
+        first = tick(None)
+        assert list(first.changed) == ["2024-01-02"]
+        assert tick(first.state).changed == {}  # requested once
+        conn.execute("DELETE FROM public.orders_raw WHERE order_id = (SELECT max(order_id) FROM public.orders_raw "
+                     "WHERE order_date = '2024-01-03')")
+        conn.commit()
+        assert list(tick(first.state).changed) == ["2024-01-03"]
+        unwatched = tick(None, spark_spec(tmp_path / "u", source, name="orders_unwatched"))
+        assert unwatched.changed == {} and "declare one" in unwatched.notes[0]

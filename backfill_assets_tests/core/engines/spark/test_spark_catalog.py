@@ -9,6 +9,8 @@ import threading
 import uuid
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pytest
 
 from backfill_assets.core import plan as plan_module
@@ -101,3 +103,27 @@ def test_a_missing_or_unpartitioned_catalog_table_is_refused(tmp_path, spark, fa
     spark.sql(f"CREATE TABLE {flat} ({DDL}) USING parquet LOCATION '{tmp_path / flat}'")
     with pytest.raises(SpecError, match="partitioned by \\(nothing\\)"):
         plan_module.make_plan(spark_spec(tmp_path, {"format": "spark_table", "table": flat}), DAYS, factory)
+
+
+def test_the_source_sensor_finds_a_catalog_partition_whose_files_changed_and_asks_once(tmp_path, spark, factory,
+                                                                                       url_env):
+    from backfill_assets.core.build import open_build_engine
+    source = _table(spark, tmp_path, "raw", source_table())
+    spec = spark_spec(tmp_path, {"format": "spark_table", "table": source})
+    assert plan_module.make_plan(spec, DAYS, factory).status == "ready"
+
+    def tick(state):
+        with factory() as conn, open_build_engine(conn, factory, spec) as engine:
+            return engine.source_moves(state, None)
+
+    assert tick(None).changed == {}
+    # Another writer appends to 2024-01-02 through the catalog: a new file in its location.
+    rows = source_table().filter(pa.compute.equal(source_table()["order_date"], pa.scalar(dt.date(2024, 1, 2))))
+    folder = tmp_path / "more_rows"
+    write_parquet_source(folder, rows.slice(0, 2))
+    spark.read.parquet(str(folder)).select(*spark.table(source).columns).write.insertInto(source)
+    first = tick(None)
+    assert list(first.changed) == ["2024-01-02"]
+    assert tick(first.state).changed == {}  # requested once
+    plan_module.make_plan(spec, DAYS, factory)  # staged again: nothing is due
+    assert tick(first.state).changed == {}

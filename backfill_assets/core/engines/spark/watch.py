@@ -1,0 +1,122 @@
+"""The source sensor's signatures of the Spark engine's sources that are not lake folders
+(core.lake.watch asks them; a Parquet folder is watched as a lake source):
+
+- a catalog table (``format: spark_table``): per partition, its location and the names and
+  sizes of the files there, from the catalog and a listing (no file read); the pin recorded
+  the same files, with their SHA-256, which approval and apply check again;
+- a JDBC source with ``change_column``: per partition, its row count and newest change value,
+  as the PostgreSQL engine's second gate reads them (core.engines.postgres.watch): now from the
+  database (one aggregate the JDBC reader pushes down to it), at the pin from the pinned copy's
+  Parquet files. An UPDATE that leaves the change column is missed, as on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from backfill_assets.core.catalog import partition_kind_of
+from backfill_assets.core.engines.spark.session import column_info
+from backfill_assets.core.engines.spark.source import CatalogSource, JdbcSource, SparkSource
+from backfill_assets.core.lake.sources import Pin, files_digest
+from backfill_assets.core.spec import Spec
+from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, partition_label
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def _kind(frame: Any, partition_key: str) -> PartitionKind:
+    field = next((f for f in frame.schema.fields if f.name == partition_key), None)
+    info = None if field is None else column_info(field.name, field.dataType.simpleString())
+    kind = None if info is None else partition_kind_of(info, [])
+    return kind or "text"
+
+
+class CatalogSignatures:
+    """A catalog table's partitions by their locations' files (names and sizes)."""
+
+    def __init__(self, spec: Spec, source: CatalogSource, session: SparkSession) -> None:
+        self.spec, self.source, self.session = spec, source, session
+
+    def kind(self) -> PartitionKind:
+        return _kind(self.source.schema_frame(self.session), self.spec.partition_key)
+
+    def now(self, values: Sequence[PartitionValue]) -> dict[str, str]:
+        out = {}
+        for label, location in self.source.locations(self.session, values).items():
+            files = [] if location is None or not location.is_dir() else [
+                (str(p), str(p.stat().st_size)) for p in sorted(location.iterdir())
+                if p.is_file() and not p.name.startswith(("_", "."))]
+            out[label] = files_digest(files)
+        return out
+
+    def at(self, pin: Pin, values: Sequence[PartitionValue]) -> dict[str, str]:
+        per: dict[str, list[tuple[str, str]]] = {partition_label(v): [] for v in values}
+        for entry, size, _ in pin.files:
+            label, path = entry.split("\t", 1)
+            if label in per:
+                per[label].append((path, str(size)))
+        return {label: files_digest(sorted(files)) for label, files in per.items()}
+
+
+def _newest_text(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
+class JdbcSignatures:
+    """A JDBC source's partitions by their row count and newest change value."""
+
+    def __init__(self, spec: Spec, source: JdbcSource, session: SparkSession, change_column: str) -> None:
+        self.spec, self.source, self.session, self.change = spec, source, session, change_column
+
+    def kind(self) -> PartitionKind:
+        return _kind(self.source.schema_frame(self.session), self.spec.partition_key)
+
+    def now(self, values: Sequence[PartitionValue]) -> dict[str, str]:
+        from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+        frame = self.source.newest(self.session, push_down_aggregates=True)
+        newest = F.max(self.change)
+        if dict(frame.dtypes)[self.change] == "timestamp":
+            newest = F.unix_micros(newest)
+        pk = self.spec.partition_key
+        rows = (frame.where(F.col(pk).isin(list(values))).groupBy(pk)
+                .agg(F.count(F.lit(1)), newest.cast("string")).collect())
+        found = {partition_label(r[0]): f"{int(r[1])}:{_newest_text(r[2])}" for r in rows}
+        return {partition_label(v): found.get(partition_label(v), "0:none") for v in values}
+
+    def at(self, pin: Pin, values: Sequence[PartitionValue]) -> dict[str, str]:
+        wanted = {partition_label(v) for v in values}
+        per: dict[str, list[Path]] = {label: [] for label in wanted}
+        for path, _, _ in pin.files:
+            directory = next(p for p in path.split("/") if p.startswith(f"{self.spec.partition_key}="))
+            label = urllib.parse.unquote(directory.partition("=")[2])
+            if label in per:
+                per[label].append(self.source.copies / path)
+        out = {}
+        for label, files in per.items():
+            data = (pa.concat_tables([pq.read_table(f, columns=[self.change]) for f in files]) if files
+                    else pa.table({self.change: pa.array([], pa.int64())}))
+            column = data.column(self.change)
+            newest = pc.max(column).as_py() if data.num_rows else None
+            if pa.types.is_timestamp(column.type) and newest is not None:
+                newest = pc.cast(pc.max(pc.cast(column, pa.timestamp("us", tz="UTC"))), pa.int64()).as_py()
+            out[label] = f"{data.num_rows}:{_newest_text(newest)}"
+        return out
+
+
+def signatures_for(spec: Spec, source: SparkSource, session: SparkSession) -> Any:
+    """The signatures of a catalog table or a JDBC source with a change column (None: a JDBC
+    source without one, which the sensor cannot watch without reading every row)."""
+    if isinstance(source, CatalogSource):
+        return CatalogSignatures(spec, source, session)
+    change = getattr(spec.source, "change_column", None)
+    if isinstance(source, JdbcSource) and change is not None:
+        return JdbcSignatures(spec, source, session, change)
+    return None

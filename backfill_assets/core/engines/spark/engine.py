@@ -92,6 +92,7 @@ class SparkBuildEngine(PinnedBuildEngine):
         self._source = source
         self._target: SparkTarget | None = None
         self._session: Any | None = None
+        self._profilers: list[SparkProfiler] = []
 
     @classmethod
     @contextlib.contextmanager
@@ -99,9 +100,13 @@ class SparkBuildEngine(PinnedBuildEngine):
                factory: ConnectionFactory, spec: Spec) -> Iterator[SparkBuildEngine]:
         """The spec's source, open for the block; the session is started when first asked for."""
         source = spark_source(spec)
+        engine = None
         try:
-            yield cls(conn, control_store, factory, spec, source)
+            engine = cls(conn, control_store, factory, spec, source)
+            yield engine
         finally:
+            for profiler in engine._profilers if engine is not None else ():
+                profiler.close()
             source.close()
 
     @property
@@ -191,7 +196,9 @@ class SparkBuildEngine(PinnedBuildEngine):
         return pinned_changes(self.control, self.spec, signatures), []
 
     def profiler(self) -> SparkProfiler:
-        return SparkProfiler(self.spec, self.source, self.session)
+        profiler = SparkProfiler(self.spec, self.source, self.session)
+        self._profilers.append(profiler)
+        return profiler
 
     def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
         if not stage_dir(self.spec, "a").is_dir():

@@ -44,13 +44,23 @@ class SparkProfiler:
         self.spec, self.name = spec, source.name
         self.frame: DataFrame = source.newest(session)
         self._columns = [column_info(n, t) or ColumnInfo(n, t, "X", False, t) for n, t in types_of(self.frame)]
+        # The profiled partitions' rows, kept by the executors for the questions that follow
+        # (a profile asks up to ~80, each a job over the same partitions).
+        self._kept: dict[tuple, DataFrame] = {}
+
+    def close(self) -> None:
+        for frame in self._kept.values():
+            frame.unpersist()
 
     def _in(self, partitions: Sequence[PartitionValue], key: Sequence[str] = ()) -> DataFrame:
         from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
-        cond = F.col(self.spec.partition_key).isin(list(partitions))
+        wanted = tuple(partitions)
+        if wanted not in self._kept:
+            self._kept[wanted] = self.frame.where(F.col(self.spec.partition_key).isin(list(partitions))).cache()
+        frame = self._kept[wanted]
         for k in key:
-            cond = cond & F.col(k).isNotNull()
-        return self.frame.where(cond)
+            frame = frame.where(F.col(k).isNotNull())
+        return frame
 
     def columns(self) -> list[ColumnInfo]:
         return list(self._columns)

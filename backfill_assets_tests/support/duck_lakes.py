@@ -93,8 +93,9 @@ def delta_source(tmp_path: Path) -> dict[str, Any]:
 
 
 class LakeSource:
-    """A Delta table, or an Iceberg table in a SQLite catalog named by a variable, holding a
-    test's source rows, which the test moves on as another writer would."""
+    """A Delta table, an Iceberg table in a SQLite catalog named by a variable, or a
+    Hive-partitioned Parquet folder, holding a test's source rows, which the test moves on as
+    another writer would."""
 
     def __init__(self, fmt: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.fmt, self.folder = fmt, folder
@@ -111,12 +112,19 @@ class LakeSource:
                             "warehouse": str(folder / "source_warehouse")},
             }
         else:
-            self.spec = {"format": "delta", "location": str(folder / "orders_raw")}
+            self.spec = {"format": fmt, "location": str(folder / "orders_raw")}
 
     def write(self, data: pa.Table) -> None:
         """Replace the source's rows with ``data`` (a new version)."""
         if self.fmt == "delta":
             write_delta(self.folder / "orders_raw", data)
+        elif self.fmt == "parquet":  # every partition's files rewritten, one per partition
+            import shutil
+
+            import pyarrow.dataset as pads
+            shutil.rmtree(self.folder / "orders_raw", ignore_errors=True)
+            pads.write_dataset(data, self.folder / "orders_raw", format="parquet", partitioning=["order_date"],
+                               partitioning_flavor="hive")
         else:
             self.catalog.load_table("raw.orders_raw").overwrite(data)
 

@@ -63,6 +63,9 @@ class LakeSource:
     """A lake source (Delta, Iceberg or Parquet; see the module docstring)."""
 
     name: str
+    # Whether a pin holds every partition at its version (a table format's log); a folder's pin
+    # holds only the files of the partitions it was taken for.
+    keeps_versions = True
 
     def latest(self, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
         """The newest version, for the partitions ``values``."""
@@ -294,6 +297,8 @@ def sha256_file(path: Path) -> str:
 
 
 class ParquetSource(LakeSource):
+    keeps_versions = False
+
     def __init__(self, spec: ParquetSourceSpec) -> None:
         self.root = Path(local_path(spec.location))
         self.name = spec.display_name
@@ -350,6 +355,21 @@ class ParquetSource(LakeSource):
                                 f"{', '.join(partition_label(v) for v in values)}; check the partitions and the folder")
         # hive_partitioning: the partition key comes from the folder names, typed by DuckDB.
         duck.register(SOURCE_ROWS, duck.read_parquet(files, hive_partitioning=True))  # this connection's only
+
+    def attach_all(self, duck: DuckDBPyConnection, pin: Pin) -> None:
+        """The pinned partitions' files and, for every other partition, its files now: where
+        moved keys' versions are looked for (the snapshot pins the partitions that hold them
+        and looks again at that pin, core.engines.duckdb.snapshot)."""
+        if any(not (self.root / f[0]).is_file() for f in pin.files):
+            raise _plan_again(self.name, pin, "a file is gone")
+        pinned = {f[0].split("/", 1)[0] for f in pin.files}
+        files = [str(self.root / f[0]) for f in pin.files]
+        for entry in sorted(self.root.iterdir()) if self.root.is_dir() else []:
+            if entry.is_dir() and "=" in entry.name and entry.name not in pinned:
+                files += [str(p) for p in sorted(entry.rglob("*.parquet")) if p.is_file()]
+        if not files:
+            raise SnapshotError(f"source {self.name} holds no Parquet file; check source.location")
+        duck.register(SOURCE_ROWS, duck.read_parquet(files, hive_partitioning=True))
 
     def attach_newest(self, duck: DuckDBPyConnection) -> None:
         self.attach_schema(duck)  # the folder holds a Parquet file

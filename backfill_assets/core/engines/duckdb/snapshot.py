@@ -16,7 +16,7 @@ from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor
 from backfill_assets.core.engines.duckdb.stages import fields_of
-from backfill_assets.core.errors import SourceDataError
+from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.lake.duck_types import source_types
 from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
 from backfill_assets.core.lake.kinds import lake_schema
@@ -129,6 +129,11 @@ def _moved_scope(control: psycopg.Connection, ctx: Context, source: LakeSource, 
     return dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
 
 
+# How often a folder source is pinned again for the partitions moved keys add (each round
+# the scope can only grow unless the folder changes meanwhile).
+_PIN_ROUNDS = 5
+
+
 def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource, db: DuckDBPyConnection, clock: Clock,
                   progress: Progress) -> tuple[LakeSnapshot, Context]:
     """Pin the source's newest version, count and check the declared partitions at it (with
@@ -139,7 +144,21 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
     pin = source.latest(spec.partition_key, ctx.partitions)
     progress(ProgressEvent("snapshot", f"pinned {spec.source_name} at version {pin.version[:16]}"))
     if spec.records_can_move:
-        ctx = _moved_scope(control, ctx, source, db, pin, progress)
+        asked = ctx
+        ctx = _moved_scope(control, asked, source, db, pin, progress)
+        # A folder's pin holds only the partitions it was taken for: pin the partitions moved
+        # keys added, and close the scope again from those asked for, at that pin, until the
+        # pin holds the scope (the files of the partitions outside it are read as they are).
+        pinned_for = set(asked.labels)
+        for _ in range(_PIN_ROUNDS):
+            if source.keeps_versions or set(ctx.labels) == pinned_for:
+                break
+            pinned_for = set(ctx.labels)
+            pin = source.latest(spec.partition_key, ctx.partitions)
+            ctx = _moved_scope(control, asked, source, db, pin, progress)
+        else:
+            raise SnapshotError(f"source {spec.source_name} kept changing while moved keys' partitions were "
+                                "pinned; plan again when its writers are done")
     with contextlib.closing(cursor(db)) as duck:
         source.attach(duck, pin, spec.partition_key, ctx.partitions)
         names = set([name for name, _ in source_types(duck)])

@@ -11,7 +11,6 @@ import pytest
 from backfill_assets.core import plan as plan_module
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
-from backfill_assets.core.errors import SpecError
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.duck_lakes import LakeSource, duck_spec, source_table
 from backfill_assets_tests.support.lakes import Lake
@@ -34,13 +33,15 @@ def _target(spec, factory) -> dict[str, list[int]]:
     return out
 
 
-@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+@pytest.mark.parametrize("fmt", ["delta", "iceberg", "parquet"])
 def test_a_key_that_moves_adds_its_new_partition_and_both_are_replaced_together(tmp_path, factory, url_env,
                                                                                   monkeypatch, fmt):
     source = LakeSource(fmt, tmp_path, monkeypatch)
     base = [_row(1, 5, T0, 1, "placed"), _row(1, 6, T0, 2, "placed"), _row(3, 7, T0, 3, "placed")]
     source.write(source_table(base))
-    spec = duck_spec(tmp_path, source.spec, target=fmt, records_can_move=True)
+    # A Parquet folder's pin holds only the partitions it is taken for: the snapshot pins the
+    # partition the moved key adds too, and the builds read it from that pin.
+    spec = duck_spec(tmp_path, source.spec, target="delta" if fmt == "parquet" else fmt, records_can_move=True)
     first = plan_module.make_plan(spec, PartitionRequest("2024-01-01..2024-01-03"), factory)
     assert first.status == "ready", first.problems
     with factory() as conn:
@@ -65,11 +66,36 @@ def test_a_key_that_moves_adds_its_new_partition_and_both_are_replaced_together(
     assert _target(spec, factory) == {"2024-01-01": [6], "2024-01-03": [5, 7]}
 
 
-def test_records_can_move_is_refused_on_a_parquet_source():
-    from backfill_assets_tests.support.specs import make_spec
-    with pytest.raises(SpecError, match="records_can_move needs a Delta or Iceberg source"):
-        make_spec(engine={"type": "duckdb"}, source={"format": "parquet", "location": "p"},
-                  target={"format": "delta", "location": "t"}, records_can_move=True)
+def test_a_moved_key_in_a_parquet_folder_is_found_in_a_partition_no_one_asked_for(tmp_path, factory, url_env,
+                                                                                  monkeypatch):
+    """The folder's pin is taken for the partitions asked for; the moved key's old home is
+    found among the other partitions' files, pinned, and read from that pin by both builds:
+    a file of it changed after the plan is refused as any pinned file is."""
+    source = LakeSource("parquet", tmp_path, monkeypatch)
+    source.write(source_table([_row(1, 5, T0, 1, "placed"), _row(2, 6, T0, 2, "placed")]))
+    spec = duck_spec(tmp_path, source.spec, records_can_move=True)
+    first = plan_module.make_plan(spec, PartitionRequest("2024-01-01..2024-01-02"), factory)
+    with factory() as conn:
+        approve_plan(conn, factory, spec, first, "tester")
+    apply_plan(spec, first.plan_id, factory, run_id="run-1")
+    # Order 5 is re-dated to 2024-01-02; only 2024-01-02 is asked for.
+    source.write(source_table([_row(1, 5, T0, 1, "placed"), _row(2, 6, T0, 2, "placed"),
+                               _row(2, 5, T1, 9, "re-dated")]))
+    plan = plan_module.make_plan(spec, PartitionRequest("2024-01-02"), factory)
+    assert plan.status == "ready", plan.problems
+    assert [a.partition for a in plan.document.added_partitions] == ["2024-01-01"]
+    assert {e.partition: e.stage_a.row_count for e in plan.document.partitions} == {"2024-01-01": 0, "2024-01-02": 2}
+    from backfill_assets.core.store import control as store
+    with factory() as conn, factory.control(conn) as control:
+        pin = store.find_snapshot(control, spec.control_schema, plan.document.snapshot.id)["scope"]["pin"]
+    assert {f[0].split("/", 1)[0] for f in pin["files"]} == {"order_date=2024-01-01", "order_date=2024-01-02"}
+    (old_file,) = (tmp_path / "orders_raw" / "order_date=2024-01-01").glob("*.parquet")
+    old_file.write_bytes(old_file.read_bytes())  # the same bytes: still the pinned file
+    with factory() as conn:
+        approve_plan(conn, factory, spec, plan, "tester")
+    result = apply_plan(spec, plan.plan_id, factory, run_id="run-2")
+    assert [p["status"] for p in result.partitions] == ["verified", "verified"]
+    assert _target(spec, factory) == {"2024-01-02": [5, 6]}
 
 
 def test_a_target_key_in_two_partitions_is_refused_naming_it(tmp_path, factory, url_env, monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from backfill_assets.core.apply import MAX_BATCH_PARTITIONS, batched
+from backfill_assets.core.apply import MAX_BATCH_PARTITIONS, apply_plan, batched
 from backfill_assets.core.errors import SpecError, VerificationError
 from backfill_assets.core.store import ledger
 from backfill_assets_tests.support.duck_lakes import duck_spec
@@ -67,7 +67,29 @@ def test_batches_follow_the_plan_order_and_their_limits():
 
 
 def test_replace_batch_rows_is_refused_where_a_partition_is_its_own_commit(tmp_path):
-    with pytest.raises(SpecError, match="replace_batch_rows is not supported on engine duckdb"):
-        duck_spec(tmp_path, {"format": "delta", "location": str(tmp_path / "src")}, replace_batch_rows=1000)
+    from backfill_assets_tests.support.spark_lakes import spark_spec
+    with pytest.raises(SpecError, match="replace_batch_rows is not supported on engine spark"):
+        spark_spec(tmp_path, {"format": "parquet", "location": str(tmp_path / "src")}, replace_batch_rows=1000)
     with pytest.raises(SpecError, match="replace_batch_rows"):
         make_spec(replace_batch_rows=-1)
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_small_lake_partitions_are_replaced_in_one_commit_each_verified(tmp_path, factory, url_env, monkeypatch, fmt):
+    """engine duckdb: three small partitions in one batch are one lake commit; each is verified
+    at that commit, and a rerun finds them all in place."""
+    from backfill_assets.core.approve import approve_plan
+    from backfill_assets.core.plan import make_plan
+    from backfill_assets_tests.support.duck_lakes import DAYS, LakeSource, source_table
+    source = LakeSource("delta", tmp_path, monkeypatch)
+    source.write(source_table())
+    spec = duck_spec(tmp_path, source.spec, target=fmt, replace_batch_rows=100_000)
+    plan = make_plan(spec, DAYS, factory)
+    assert plan.status == "ready", plan.problems
+    with factory() as conn:
+        approve_plan(conn, factory, spec, plan, "tester")
+    result = apply_plan(spec, plan.plan_id, factory, run_id="run-1")
+    assert [p["status"] for p in result.partitions] == ["verified"] * 3
+    assert len({p["target_version"] for p in result.partitions}) == 1  # one commit for the batch
+    again = apply_plan(spec, plan.plan_id, factory, run_id="run-2")
+    assert [p["status"] for p in again.partitions] == ["skipped-already-verified"] * 3

@@ -182,6 +182,12 @@ class Spec(BaseModel):
                 "records_can_move cannot be combined with transform_sql yet: a key's versions "
                 "are found by the source's own business key columns"
             )
+        if self.engine.type == "duckdb" and self.parallel is not None and self.parallel.max_concurrent_builds > 1:
+            problems.append(
+                "parallel.max_concurrent_builds must be 1 on engine duckdb: its stages live in one DuckDB database "
+                "file, which one process writes at a time, so the runs of a multi-run backfill build one after "
+                "another (a second would wait for the file, then fail as a lock wait does)"
+            )
         if self.parallel is not None and self.records_can_move:
             problems.append(
                 "parallel cannot be combined with records_can_move: the partitions a moved key "

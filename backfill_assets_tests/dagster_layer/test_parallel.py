@@ -230,3 +230,45 @@ def test_a_multi_run_backfill_builds_groups_at_once_within_the_pool_and_replaces
                               (plan.plan_id,)).fetchone()[0] == 3
     hashes = target_day_hashes(unmoved_db)
     assert {d: hashes[d] for d in SIX} == {p.partition: p.stage_a.content_hash for p in plan.document.partitions}
+
+
+def test_a_multi_run_duckdb_backfill_builds_its_runs_one_at_a_time_and_replaces_them_in_turn(
+    admin_url, db_url, conn, factory, tmp_path,
+):
+    """engine duckdb with ``parallel``: a backfill of four days is two runs of two days; their
+    builds go one after another (the build pool holds one, as the DuckDB file admits one
+    writer), each run plans its own days, and the target's runs apply one plan of all four."""
+    from backfill_assets_tests.support.duck_lakes import delta_source, duck_spec
+    spec = duck_spec(tmp_path, delta_source(tmp_path), parallel={"max_partitions_per_run": 2,
+                                                                 "max_concurrent_builds": 1})
+    mapping = spec.model_dump(mode="json", exclude_none=True)
+    four = SIX[:4]
+    queued = {"run_coordinator": {"module": "dagster", "class": "QueuedRunCoordinator",
+                                  "config": {"dequeue_interval_seconds": 1}}}
+    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, mapping, queued) as (gql, _):
+        gql.stop_sensor("approval_sensor")
+        gql.set_pool_limit(build_pool(spec), 1)
+        gql.set_pool_limit(replace_pool(spec), 0)
+        stages = gql.launch_backfill([["orders_daily", n] for n in ("snapshot", "stage_a", "stage_b")], four)
+        target = gql.launch_backfill([["orders_daily", "target"]], four)
+        runs = wait_runs(gql, {"dagster/backfill": stages}, 2)
+        assert [r["status"] for r in runs] == ["SUCCESS"] * 2
+        assert run_ranges(runs) == [("2024-01-01", "2024-01-02"), ("2024-01-03", "2024-01-04")]
+        assert most_at_once(runs) == 1
+        matched = gql.check_executions(["orders_daily", "stage_b"], "stages_match")
+        assert sorted(matched) == four and all(e["evaluation"]["success"] for e in matched.values())
+        plan = make_plan(spec, PartitionRequest("2024-01-01..2024-01-04"), factory)
+        with factory() as c:
+            approve_plan(c, factory, spec, find_plan(c, spec, plan.plan_id), "e2e")
+        gql.set_pool_limit(replace_pool(spec), 1)
+        runs = wait_runs(gql, {"dagster/backfill": target}, 2)
+        assert [r["status"] for r in runs] == ["SUCCESS"] * 2 and most_at_once(runs) == 1
+    assert latest_ledger(conn, plan.plan_id) == {d: "verified" for d in four}
+
+
+def test_a_duckdb_spec_builds_one_run_at_a_time(tmp_path):
+    from backfill_assets.core.errors import SpecError
+    from backfill_assets_tests.support.duck_lakes import duck_spec
+    with pytest.raises(SpecError, match="max_concurrent_builds must be 1 on engine duckdb"):
+        duck_spec(tmp_path, {"format": "delta", "location": str(tmp_path)},
+                  parallel={"max_partitions_per_run": 2, "max_concurrent_builds": 2})

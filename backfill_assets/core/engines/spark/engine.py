@@ -12,7 +12,7 @@ swap (core.engines.spark.parquet) through the same apply protocol as every other
   (where an ascending column is text, per ordering column the newest value joined back). Each is written as Parquet under the staging folder (``stage_a/``, ``stage_b/``),
   read back and fingerprinted in Spark (format 3, equal to PostgreSQL's and DuckDB's for the
   same rows), and sealed: the readings and the digest of each partition's files (sizes and
-  SHA-256) go to ``seals_<stage>.json``.
+  SHA-256) go to ``seals_<stage>/<partition>.json``.
 - Approval and apply (:class:`SparkBuildEngine`, core.build.BuildEngine): the pin must still hold its
   files; stage A must carry the approved readings, by its seals or fingerprinted again in
   Spark. Under each partition's lock apply reads stage A's partition into Arrow and

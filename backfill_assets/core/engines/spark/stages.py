@@ -10,6 +10,9 @@ import contextlib
 import json
 import os
 import shutil
+import time
+import urllib.parse
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -45,8 +48,14 @@ def stage_dir(spec: Spec, variant: str) -> Path:
     return staging_dir(spec) / f"stage_{variant}"
 
 
-def _seals_path(spec: Spec, variant: str) -> Path:
-    return staging_dir(spec) / f"seals_{variant}.json"
+def _seals_dir(spec: Spec, variant: str) -> Path:
+    """One seal file per partition, so that builds of other partitions (another run of a
+    multi-run backfill) never write the same file."""
+    return staging_dir(spec) / f"seals_{variant}"
+
+
+def _seal_path(spec: Spec, variant: str, label: str) -> Path:
+    return _seals_dir(spec, variant) / f"{urllib.parse.quote(label, safe='')}.json"
 
 
 def newest(inp: DataFrame, spec: Spec, variant: Literal["a", "b"], partitions: Sequence[PartitionValue]) -> Any:
@@ -132,15 +141,39 @@ def _files_of(directory: Path) -> str:
 
 
 def _recorded(spec: Spec, variant: str) -> dict[str, Any]:
-    path = _seals_path(spec, variant)
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """Every partition's seal, by label."""
+    folder = _seals_dir(spec, variant)
+    found = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        with contextlib.suppress(FileNotFoundError):  # unsealed meanwhile by its own build
+            found[urllib.parse.unquote(path.stem)] = json.loads(path.read_text())
+    return found
 
 
-def _record(spec: Spec, variant: str, seals: dict[str, Any]) -> None:
-    path = _seals_path(spec, variant)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(seals, sort_keys=True))
+def _seal(spec: Spec, variant: str, label: str, seal: dict[str, Any] | None) -> None:
+    """Record one partition's seal (None: remove it), atomically."""
+    path = _seal_path(spec, variant, label)
+    if seal is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps(seal, sort_keys=True))
     os.replace(tmp, path)
+
+
+# A build's own folder under its stage (skipped by readers: it starts with "_"), and how long
+# one a killed build left is kept before a later build removes it.
+_BUILDING = "_building-"
+_ABANDONED_AFTER = 86400.0
+
+
+def _remove_abandoned(base: Path) -> None:
+    """Remove what builds killed long ago left under ``base`` (never a running build's)."""
+    for folder in base.glob(f"{_BUILDING}*"):
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - folder.stat().st_mtime > _ABANDONED_AFTER:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def build_stage(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, source: SparkSource,
@@ -150,22 +183,28 @@ def build_stage(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, sou
     step, total = f"stage {variant}", len(ctx.partitions)
     progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
     base = stage_dir(spec, variant)
-    seals = _recorded(spec, variant)
     for label in ctx.labels:  # unsealed until rebuilt: a failed build leaves nothing that passes as built
-        seals.pop(label, None)
+        _seal(spec, variant, label, None)
     base.mkdir(parents=True, exist_ok=True)
-    _record(spec, variant, seals)
-    for value in ctx.partitions:
-        shutil.rmtree(base / partition_dir(spec.partition_key, value), ignore_errors=True)
-    shutil.rmtree(base / "_temporary", ignore_errors=True)  # a killed build's task output: never merged in
-    inp = input_of(session, source.frame(session, snapshot.pin), spec, ctx.transform)
-    newest(inp, spec, variant, ctx.partitions).write.mode("append").partitionBy(spec.partition_key).parquet(str(base))
+    _remove_abandoned(base)
+    # Written apart (a folder of this build's own, which readers skip), then each partition
+    # moved in: another run's build of other partitions never shares Spark's job folder.
+    private = base / f"{_BUILDING}{uuid.uuid4().hex}"
+    try:
+        inp = input_of(session, source.frame(session, snapshot.pin), spec, ctx.transform)
+        newest(inp, spec, variant, ctx.partitions).write.partitionBy(spec.partition_key).parquet(str(private))
+        for value in ctx.partitions:
+            directory = partition_dir(spec.partition_key, value)
+            shutil.rmtree(base / directory, ignore_errors=True)
+            if (private / directory).is_dir():
+                os.replace(private / directory, base / directory)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     found = stage_readings(session, ctx, variant, ctx.partitions)
     out = dict(zip(ctx.labels, found))
     for label, value in zip(ctx.labels, ctx.partitions):
-        seals[label] = {"snapshot_id": snapshot.snapshot_id, "readings": out[label].as_dict(),
-                        "files": _files_of(base / partition_dir(spec.partition_key, value))}
-    _record(spec, variant, seals)
+        _seal(spec, variant, label, {"snapshot_id": snapshot.snapshot_id, "readings": out[label].as_dict(),
+                                     "files": _files_of(base / partition_dir(spec.partition_key, value))})
     for n, (label, fp) in enumerate(out.items(), 1):
         progress(ProgressEvent(step, f"{fp.row_count} row(s)", partition=label, done=n, total=total,
                                rows=fp.row_count, status="built"))

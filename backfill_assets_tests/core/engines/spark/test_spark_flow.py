@@ -9,6 +9,7 @@ from pathlib import Path
 from backfill_assets.core import plan as plan_module
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, review
+from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.duck_lakes import COLUMNS, DAYS, LABELS, load_postgres_source, newest, source_table
 from backfill_assets_tests.support.spark_lakes import spark_spec, target_rows, write_parquet_source
 
@@ -58,3 +59,42 @@ def test_the_content_hash_on_spark_equals_postgresql_and_duckdb(tmp_path, spark,
         assert len({(e.stage_a, e.stage_b) for e in entries}) == 1
         assert len({e.source.rows_read for e in entries}) == 1
     assert on_pg.document.columns == on_spark.document.columns == over_jdbc.document.columns
+
+
+def test_two_runs_building_other_partitions_at_once_keep_each_others_stages(tmp_path, spark, factory, url_env):
+    """Two runs of a multi-run backfill (spec ``parallel``) build at once, each its own days,
+    into one staging folder: each writes in a folder of its own and moves its partitions in,
+    and seals each partition in a file of its own, so neither loses the other's stages; both
+    plans then apply, and give the stages one run of all three days gives."""
+    import threading
+
+    from backfill_assets.core.engines.spark.stages import stage_dir
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "orders_raw"),
+                      parallel={"max_partitions_per_run": 2, "max_concurrent_builds": 2})
+    plans: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    def build(request: str) -> None:
+        try:  # the snapshot and stages steps of a Dagster run, holding their own partitions
+            snapshot = plan_module.snapshot_step(spec, PartitionRequest(request), factory)
+            plans[request] = plan_module.stages_step(spec, snapshot.snapshot_id, factory)[1]
+        except BaseException as err:  # noqa: BLE001 - reported below, in the test's thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in ("2024-01-01", "2024-01-02..2024-01-03")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert [p.status for p in plans.values()] == ["ready", "ready"], [p.problems for p in plans.values()]
+    assert not list(stage_dir(spec, "a").glob("_building-*"))
+    for plan in plans.values():
+        with factory() as conn:
+            approve_plan(conn, factory, spec, plan, "tester")
+        result = apply_plan(spec, plan.plan_id, factory, run_id=f"run-{plan.plan_id[:8]}")
+        assert {p["status"] for p in result.partitions} == {"verified"}
+    whole = plan_module.make_plan(spark_spec(tmp_path / "one", write_parquet_source(tmp_path / "one" / "raw"),
+                                             name="orders_one_run"), DAYS, factory)
+    apart = {e.partition: e.stage_a for p in plans.values() for e in p.document.partitions}
+    assert apart == {e.partition: e.stage_a for e in whole.document.partitions}

@@ -188,6 +188,11 @@ class Spec(BaseModel):
                 "file, which one process writes at a time, so the runs of a multi-run backfill build one after "
                 "another (a second would wait for the file, then fail as a lock wait does)"
             )
+        if self.records_can_move and self.target.format == "spark_table":
+            problems.append(
+                "records_can_move needs a Parquet folder target on engine spark: where a key lives in a catalog "
+                "table's partitions is not read yet; use `target: {format: parquet}` or leave records_can_move off"
+            )
         if self.parallel is not None and self.records_can_move:
             problems.append(
                 "parallel cannot be combined with records_can_move: the partitions a moved key "

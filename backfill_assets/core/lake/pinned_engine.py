@@ -74,8 +74,8 @@ class PinnedBuildEngine:
         return StagesNow(ctx, now, built)
 
     def source_moves(self, state: Any, budget_s: float | None) -> SourceMoves:
-        """The partitions whose files changed since their snapshot and that no earlier tick
-        requested with the same files (``state``: label -> the files' digest requested; a
+        """The partitions whose source changed since their snapshot and that no earlier tick
+        requested with the same signature (``state``: label -> the signature requested; a
         partition snapshotted again leaves it, so its next change is requested again)."""
         changed, notes = self.source_changes()
         requested = state if isinstance(state, dict) else {}
@@ -112,8 +112,8 @@ class PinnedBuildEngine:
                                 f"in partition(s) {', '.join(changed)}; plan again", plan_id=stored.plan_id)
         unkept = unwritten_b(self.control, self.spec, self.rows_in_b(ctx, labels)) if against == "stage_b" else {}
         equal = [label for label in labels if unkept.get(label) == stored.approved(label)]
-        found = dict(zip(rest := [label for label in labels if label not in equal],
-                         self.diff_partitions(ctx, rest, against, limit)))
+        rest = [label for label in labels if label not in equal]
+        found = dict(zip(rest, self.diff_partitions(ctx, rest, against, limit)))
         return [equal_by_fingerprint(label, stored.approved(label)) if label in equal else found[label]
                 for label in labels]
 

@@ -100,13 +100,14 @@ class SparkBuildEngine(PinnedBuildEngine):
                factory: ConnectionFactory, spec: Spec) -> Iterator[SparkBuildEngine]:
         """The spec's source, open for the block; the session is started when first asked for."""
         source = spark_source(spec)
-        engine = None
         try:
             engine = cls(conn, control_store, factory, spec, source)
-            yield engine
+            try:
+                yield engine
+            finally:
+                for profiler in engine._profilers:  # what they cached on the executors
+                    profiler.close()
         finally:
-            for profiler in engine._profilers if engine is not None else ():
-                profiler.close()
             source.close()
 
     @property

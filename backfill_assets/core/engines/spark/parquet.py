@@ -271,8 +271,9 @@ class ParquetFolderTable(LakeTable):
         refused before anything is switched (TransientDatabaseError, safe to retry). The handle
         lists a partition's files when it is first read through it (apply reads each partition
         under its lock before it writes it), or else here."""
-        if exclusive:  # only records_can_move asks for it, which this target refuses before any write
-            raise SpecError("records_can_move is not supported on a parquet target")
+        # ``exclusive`` (records_can_move): a folder has no log to fail a commit on, so the
+        # written keys were checked in no other partition just before (keys_elsewhere), and
+        # partitions a moved key links never get here (the plan is refused).
         now = self._listing()
         dirs = [partition_dir(column, v) for v in values]
         # Each partition's files as this run read them (the handle lists a directory when it is
@@ -339,7 +340,22 @@ class ParquetFolderTable(LakeTable):
 
     def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
                        keys: pa.Table) -> pa.Table | None:
-        raise SpecError("records_can_move is not supported on a parquet target")
+        if handle is None:
+            return None
+        skip = {partition_dir(column, v) for v in values}
+        names = [column, *keys.column_names]
+        parts = []
+        for directory, files in sorted(handle.partitions.items()):
+            if directory in skip:
+                continue
+            data = self._read_dir(directory, files, urllib.parse.unquote(directory.partition("=")[2]))
+            if data is not None:
+                parts.append(data.select(names))
+        if not parts:
+            return None
+        found = pa.concat_tables(parts, promote_options="permissive")
+        wanted = keys.group_by(keys.column_names).aggregate([]).cast(found.select(keys.column_names).schema)
+        return found.join(wanted, keys=keys.column_names, join_type="inner").select(names)
 
     def follows(self, handle: Any, base: str | None, metadata: Mapping[str, str]) -> bool:
         return True

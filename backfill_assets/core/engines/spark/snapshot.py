@@ -78,7 +78,9 @@ def check_source(inp: DataFrame, ctx: Context) -> dict[str, tuple[int, int]]:
             "Check business_key against the source (run `backfill-assets profile`)", keyless[:3],
         )
     ordering = [o.column for o in spec.ordering]
-    group = [spec.partition_key, *spec.business_key, *ordering]
+    # A key that can move has one newest version across partitions, so ties are per key.
+    scope = [] if spec.records_can_move else [spec.partition_key]
+    group = [*scope, *spec.business_key, *ordering]
     keyed = inp.where(in_scope(spec, ctx.partitions))
     # Groups of one row (nearly all) are found by a plain GROUP BY; only the rows of the others
     # are rendered and compared, by their canonical text (the output rows decide).
@@ -91,14 +93,14 @@ def check_source(inp: DataFrame, ctx: Context) -> dict[str, tuple[int, int]]:
     # The text is projected first: Spark counts a double's rendering (``reflect``) as not
     # deterministic, which no aggregate may take as its argument.
     text = spark_fp.row_text(fields_of(ctx.target_columns)).alias("__text")
-    grain = [spec.partition_key, *spec.business_key]
+    grain = [*scope, *spec.business_key]
     tied = (left.join(right, same, "left_semi").select(*[F.col(c) for c in grain], text).groupBy(*grain)
             .agg(F.count_distinct("__text").alias("n")).where(F.col("n") > 1).limit(3).collect())
     if tied:
         raise SourceDataError(
             f"rows tie on every ordering column ({', '.join(ordering)}) within a key but differ, so newest-wins would "
             "pick one of them by chance", "Add a final tiebreak column to ordering (an ingest sequence, a unique id)",
-            [", ".join(f"{k}={v}" for k, v in zip([spec.partition_key, *spec.business_key], r[:-1]))
+            [", ".join(f"{k}={v}" for k, v in zip(grain, r[:-1]))
              + f" ({r[-1]} different rows)" for r in tied],
         )
     return reports
@@ -112,6 +114,9 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource
     requested = list(ctx.labels)
     pin = source.latest(session, spec.partition_key, ctx.partitions)
     progress(ProgressEvent("snapshot", f"pinned {spec.source_name} at {pin.version[:16]}"))
+    if spec.records_can_move:
+        from backfill_assets.core.engines.spark.moves import moved_scope
+        pin, ctx = moved_scope(control, ctx, source, session, pin, progress)
     frame = source.frame(session, pin)
     names = {n for n, _ in types_of(frame)}
     columns = [c for c in ctx.inspection.source_columns if c.name in names]

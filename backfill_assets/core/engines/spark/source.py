@@ -68,6 +68,23 @@ class SparkSource:
         """The pinned rows, as a DataFrame of ``session``."""
         raise NotImplementedError
 
+    def frame_all(self, session: SparkSession, pin: Pin, partition_key: str) -> Any:
+        """Every partition of the source: the pinned ones as pinned, the others as they are now
+        (where records_can_move looks for a key's versions; core.engines.spark.moves)."""
+        from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+        pinned = sorted(self.pinned_labels(pin, partition_key))
+        others = self.newest(session).where(~F.col(partition_key).cast("string").isin(pinned))
+        return self.frame(session, pin).unionByName(others) if pin.files else others
+
+    def pinned_labels(self, pin: Pin, partition_key: str) -> set[str]:
+        """The partitions ``pin`` holds files of."""
+        found = set()
+        for path, _, _ in pin.files:
+            directory = next((p for p in path.split("/") if p.startswith(f"{partition_key}=")), None)
+            if directory is not None:
+                found.add(_label(directory))
+        return found
+
     def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
         """Per partition, the digest of its files at the pin (the snapshot's partition hash)."""
         per: dict[str, list[tuple[str, str]]] = {partition_label(v): [] for v in values}
@@ -307,6 +324,9 @@ class CatalogSource(SparkSource):
             if label in per:
                 per[label].append((f"{size}:{digest}",))
         return {label: files_digest(sorted(files)) for label, files in per.items()}
+
+    def pinned_labels(self, pin: Pin, partition_key: str) -> set[str]:
+        return {entry.split("\t", 1)[0] for entry, _, _ in pin.files}
 
     def frame(self, session: SparkSession, pin: Pin) -> Any:
         from pyspark.sql import functions as F  # noqa: N812

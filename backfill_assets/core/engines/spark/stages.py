@@ -59,10 +59,12 @@ def _seal_path(spec: Spec, variant: str, label: str) -> Path:
 
 
 def newest(inp: DataFrame, spec: Spec, variant: Literal["a", "b"], partitions: Sequence[PartitionValue]) -> Any:
-    """Each key's newest row of the partitions: stage A by a window, stage B by aggregates."""
+    """Each key's newest row of the partitions: stage A by a window, stage B by aggregates.
+    With records_can_move a key's newest version is chosen across the partitions (a closed
+    scope holds every version of its keys), so a key that moved lands in its newest partition."""
     from pyspark.sql import Window
     F = functions()  # noqa: N806
-    grain = [spec.partition_key, *spec.business_key]
+    grain = [*([] if spec.records_can_move else [spec.partition_key]), *spec.business_key]
     keyed = inp.where(in_scope(spec, partitions))
     if variant == "a":
         order = [getattr(F.col(o.column), f"{o.direction}_nulls_{o.nulls or 'last'}")() for o in spec.ordering]
@@ -302,8 +304,9 @@ def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapsho
                 clock: Clock, progress: Progress) -> Plan:
     """Compare the stages, store the plan; a refused plan's differing stage partitions are
     deleted so that nothing can apply them."""
+    from backfill_assets.core.engines.spark.moves import linked_problems
     spec = ctx.spec
-    problems = unholdable(session, ctx)
+    problems = unholdable(session, ctx) + linked_problems(ctx)
     for label in ctx.labels:
         if a[label] != b[label]:
             keys = differing_keys(ctx, label, arrow_stage(ctx, "a", label), arrow_stage(ctx, "b", label))

@@ -115,8 +115,8 @@ def test_spec_shapes_name_the_engine(tmp_path):
     with pytest.raises(SpecError, match="engine spark writes a Parquet folder or a table of its catalog: target.format "
                                         "is parquet or spark_table, not postgres"):
         spec_from_mapping({**base, "target": {"table": "public.orders_daily"}})
-    with pytest.raises(SpecError, match="records_can_move is not supported on engine spark"):
-        spec_from_mapping({**base, "records_can_move": True})
+    with pytest.raises(SpecError, match="records_can_move needs a Parquet folder target on engine spark"):
+        spec_from_mapping({**base, "records_can_move": True, "target": {"format": "spark_table", "table": "t"}})
     with pytest.raises(SpecError, match=r"not jdbc \(a JDBC source is read by `engine: \{type: spark\}`\)"):
         spec_from_mapping({**base, "engine": {"type": "postgres"}, "source": {
             "format": "jdbc", "table": "public.t", "url_env": "X"}, "target": {"table": "public.orders_daily"}})

@@ -46,7 +46,8 @@ def _target_keys(session: SparkSession, control: psycopg.Connection, ctx: Contex
     """
     spec = ctx.spec
     names = [spec.partition_key, *spec.business_key]
-    schema = lake_schema([c for c in ctx.target_columns if c.name in names])
+    by_name = {c.name: c for c in ctx.target_columns}
+    schema = lake_schema([by_name[n] for n in names])  # in the order the keys are selected
     table = lake_engine_for(spec).table(control)
     try:
         handle = table.open()

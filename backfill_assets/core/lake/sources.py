@@ -55,6 +55,11 @@ def _dataset(table: Any, name: str) -> Any:
                         f"{' '.join(str(err).split())[:300]}; rewrite it without that table feature") from None
 
 
+def _quoted(name: str) -> str:
+    """A column name as DuckDB's quoted identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _plan_again(name: str, pin: Pin, why: str) -> SnapshotError:
     return SnapshotError(f"the pinned version {pin.version} of {name} can no longer be read ({why}); plan again")
 
@@ -179,8 +184,37 @@ class DeltaSource(LakeSource):
         table, why = self._at(pin)
         if table is None:
             raise _plan_again(self.name, pin, why or "")
-        dataset = _dataset(table, self.name)
-        duck.register(SOURCE_ROWS, dataset.filter(pads.field(partition_key).isin(list(values))))
+        self._register(duck, table, partition_key, values)
+
+    def _register(self, duck: DuckDBPyConnection, table: Any, partition_key: str | None,
+                  values: Sequence[PartitionValue] | None) -> None:
+        """The version's rows (of the partitions ``values``, where given) as :data:`SOURCE_ROWS`,
+        read by DuckDB's own Parquet reader, within its memory_limit (an Arrow dataset's scanner
+        decodes whole row groups outside it, several at once). The partition columns' values
+        come from the log, joined to each file by its name; a table with a reader feature that
+        delta-rs cannot read as plain files is refused first (:func:`_dataset`)."""
+        schema = _dataset(table, self.name).schema
+        partitioned = list(table.metadata().partition_columns)
+        actions = pa.table(table.get_add_actions(flatten=True))
+        files = [str(Path(self.path) / urllib.parse.unquote(p) if "://" not in p else Path(local_path(p)))
+                 for p in actions.column("path").to_pylist()]
+        meta = pa.table({"__file": pa.array(files, pa.string()),
+                         **{c: actions.column(f"partition.{c}") for c in partitioned}})
+        if partition_key is not None and values is not None and partition_key in partitioned:
+            meta = meta.filter(pads.field(partition_key).isin(list(values)))
+        if meta.num_rows == 0:
+            duck.register(SOURCE_ROWS, schema.empty_table())
+            return
+        name = f"{SOURCE_ROWS}_files"
+        duck.register(name, meta)
+        data = duck.read_parquet(meta.column("__file").to_pylist(), filename=True, union_by_name=True)
+        columns = ", ".join(f"m.{_quoted(c)}" if c in partitioned else f"f.{_quoted(c)}" for c in schema.names)
+        relation = data.set_alias("f").join(duck.table(name).set_alias("m"), "f.filename = m.__file").select(columns)
+        if partition_key is not None and values is not None and partition_key not in partitioned:
+            wanted = f"{SOURCE_ROWS}_values"  # a table not partitioned by the key: its rows are filtered
+            duck.register(wanted, pa.table({"v": pa.array(list(values))}))
+            relation = relation.filter(f"{_quoted(partition_key)} IN (SELECT v FROM {wanted})")
+        duck.register(SOURCE_ROWS, relation)
 
     def attach_schema(self, duck: DuckDBPyConnection) -> None:
         duck.register(SOURCE_ROWS, _dataset(self._table(), self.name).schema.empty_table())
@@ -189,7 +223,7 @@ class DeltaSource(LakeSource):
         table, why = self._at(pin)
         if table is None:
             raise _plan_again(self.name, pin, why or "")
-        duck.register(SOURCE_ROWS, _dataset(table, self.name))
+        self._register(duck, table, None, None)
 
     def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
         table, why = self._at(pin)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
@@ -187,14 +186,13 @@ def seals_hold(duck: DuckDBPyConnection, ctx: Context, variant: str, expected: d
 
 def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: LakeSource, db: DuckDBPyConnection,
                clock: Clock, progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
-    """Build stages A and B at once, each on its own DuckDB connection, and record each build
-    in the control store."""
+    """Build stages A and B, one after the other, each on its own DuckDB connection (DuckDB
+    spreads each over its threads; two at once would share one memory_limit, which a
+    partition's build can fill alone), and record each build in the control store."""
     with contextlib.closing(cursor(db)) as duck:  # once, before the two builds record in it
         duck.execute(statements.create_builds(builds_table(ctx.spec)))
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="stage") as pool:
-        fa = pool.submit(build_stage, db, ctx, snapshot, source, "a", progress)
-        fb = pool.submit(build_stage, db, ctx, snapshot, source, "b", progress, keep=False)
-        a, b = fa.result(), fb.result()
+    a = build_stage(db, ctx, snapshot, source, "a", progress)
+    b = build_stage(db, ctx, snapshot, source, "b", progress, keep=False)
     # Stage B is kept only where it differs from stage A, so that the differing keys can be
     # shown: built again from the same pin, which the builds leave readable.
     # With records_can_move a key's newest version is chosen across every partition of the

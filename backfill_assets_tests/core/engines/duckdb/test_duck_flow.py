@@ -226,3 +226,20 @@ def test_the_lake_sensor_finds_the_partitions_whose_files_changed(tmp_path, fact
         assert lake_changes(conn, spec) == {}
         with open_build_engine(conn, factory, spec) as engine:
             assert engine.source_moves(first.state, None).state == {}
+
+
+def test_a_delta_source_not_partitioned_by_the_partition_key_reads_only_the_planned_partitions(tmp_path, factory,
+                                                                                                url_env):
+    """DuckDB reads a Delta version's files itself (within its memory_limit); a table that is
+    not partitioned by the spec's partition key has every partition in each file, and only the
+    planned ones are read: the plan is the same as over a partitioned table."""
+    from deltalake import write_deltalake
+    write_deltalake(str(tmp_path / "flat"), source_table())  # no partition_by
+    flat = plan_module.make_plan(duck_spec(tmp_path, {"format": "delta", "location": str(tmp_path / "flat")}),
+                                 PartitionRequest("2024-01-02"), factory)
+    assert flat.status == "ready", flat.problems
+    (tmp_path / "p").mkdir()
+    write_deltalake(str(tmp_path / "p" / "parted"), source_table(), partition_by=["order_date"])
+    parted = plan_module.make_plan(duck_spec(tmp_path / "p", {"format": "delta", "location": str(tmp_path / "p" / "parted")},
+                                             name="orders_parted"), PartitionRequest("2024-01-02"), factory)
+    assert [e.stage_a for e in flat.document.partitions] == [e.stage_a for e in parted.document.partitions]

@@ -130,8 +130,8 @@ def partition_diff(left: str, right: str, partition_key: str, business_key: Sequ
         "WITH j AS MATERIALIZED (SELECT {coalesced}, CASE WHEN r.__n IS NULL THEN 'added' "
         "WHEN l.__n IS NULL THEN 'removed' WHEN l.__n > 1 OR r.__n > 1 OR l.__h <> r.__h THEN 'changed' "
         "ELSE 'unchanged' END AS __kind FROM {l} AS l FULL JOIN {r} AS r ON {on}), "
-        "e AS (SELECT *, row_number() OVER (ORDER BY {keys}) AS __rank FROM "
-        "(SELECT * FROM j WHERE __kind <> 'unchanged' ORDER BY {keys} LIMIT {most})) "
+        "e AS (SELECT {keys}, __kind, row_number() OVER (ORDER BY {keys}) AS __rank FROM "
+        "(SELECT {keys}, __kind FROM j WHERE __kind <> 'unchanged' ORDER BY {keys} LIMIT {most})) "
         "SELECT 'count' AS __row, __kind, count(*) AS __n, NULL AS __a, NULL AS __b FROM j GROUP BY __kind "
         "UNION ALL SELECT 'example', __kind, __rank, {left_row}, {right_row} FROM e AS e "
         "ORDER BY __row, __n").format(

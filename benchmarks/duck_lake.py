@@ -18,6 +18,7 @@ than DuckDB's memory_limit (its peak RSS).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -44,15 +45,24 @@ _RAW = "SELECT count(*), sum(length(note)) FROM src WHERE d = $day"
 URL_ENV = "BENCH_DUCK_URL"  # the control store's URL, for the memory figure's process
 
 
-def spec(folder: Path, url_env: str, memory_limit: str | None = None) -> dict[str, Any]:
-    """The bench's spec on DuckDB: the Delta source in ``folder``, a new Delta target there."""
+ICEBERG_ENV = "BENCH_DUCK_ICEBERG"  # the SQLite catalog of an Iceberg source (set by this script)
+
+
+def spec(folder: Path, url_env: str, memory_limit: str | None = None, source: str = "delta",
+         target: str = "delta") -> dict[str, Any]:
+    """The bench's spec on DuckDB: the Delta (or Iceberg) source in ``folder``, a new Delta (or
+    Iceberg) target there."""
     engine: dict[str, Any] = {"type": "duckdb", "database": str(folder / "stages.duckdb")}
     if memory_limit is not None:
         engine["memory_limit"] = memory_limit
+    read = ({"format": "delta", "location": str(folder / "src")} if source == "delta" else
+            {"format": "iceberg", "table": "raw.src",
+             "catalog": {"type": "sql", "uri_env": ICEBERG_ENV, "warehouse": str(folder / "src_wh")}})
     return {
         "name": "bench_duck", "database_url_env": url_env, "engine": engine,
-        "source": {"format": "delta", "location": str(folder / "src")},
-        "target": {"format": "delta", "location": str(folder / "tgt")},
+        "source": read,
+        "target": ({"format": "delta", "location": str(folder / "tgt")} if target == "delta" else
+                   {"format": "iceberg", "table": "bench.tgt", "catalog": {"type": "sql", "warehouse": str(folder / "tgt_wh")}}),
         "partition_key": "d", "business_key": ["k"],
         "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
         "columns": ["d", "k", "updated_at", "seq", "amount", "status", "note"], "total": "amount",
@@ -123,24 +133,47 @@ def _big_partition(rows: int, note_bytes: int) -> pa.Table:
     return data.cast(SCHEMA)
 
 
-def prepare(folder: Path, rows: int, note_bytes: int) -> int:
-    """Write the memory figure's one-partition Delta source into ``folder``. Its size in Arrow (bytes)."""
-    from deltalake import write_deltalake
+def prepare(folder: Path, rows: int, note_bytes: int, source: str = "delta") -> int:
+    """Write the memory figure's one-partition Delta (or Iceberg) source into ``folder``. Its
+    size in Arrow (bytes)."""
     data = _big_partition(rows, note_bytes)
-    write_deltalake(str(folder / "src"), data, partition_by=["d"])
+    if source == "delta":
+        from deltalake import write_deltalake
+        write_deltalake(str(folder / "src"), data, partition_by=["d"])
+        return data.nbytes
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.transforms import IdentityTransform
+    (folder / "src_wh").mkdir(parents=True, exist_ok=True)
+    catalog = SqlCatalog("default", uri=_iceberg_catalog(folder), warehouse=f"file://{folder / 'src_wh'}")
+    catalog.create_namespace("raw")
+    table = catalog.create_table("raw.src", schema=SCHEMA)
+    with table.update_spec() as update:
+        update.add_field("d", IdentityTransform(), "d")
+    table.append(data)
     return data.nbytes
 
 
-def _peak_rss_mib() -> float:
+def _iceberg_catalog(folder: Path) -> str:
+    return f"sqlite:///{folder / 'cat.db'}"
+
+
+def _peak_rss_mib(reset: bool = False) -> float:
     """This process's peak RSS (VmHWM: its own image's high-water mark; ru_maxrss would start at
-    the peak of the process it was forked from, the benchmark)."""
+    the peak of the process it was forked from, the benchmark). ``reset``: the mark is set back
+    to the current RSS afterwards (Linux's clear_refs), so the next reading is the next step's."""
+    found = None
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            found = int(line.split()[1]) / 1024
+    if found is None:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if reset:
+        with contextlib.suppress(OSError):
+            Path("/proc/self/clear_refs").write_text("5")
+    return found
 
 
-def memory(url: str, folder: Path, memory_limit: str) -> dict[str, Any]:
+def memory(url: str, folder: Path, memory_limit: str, source: str = "delta", target: str = "delta") -> dict[str, Any]:
     """Plan, approve and apply the one partition in ``folder`` on DuckDB with ``memory_limit``,
     in this process (which did nothing else before); its peak RSS."""
     from backfill_assets.core.apply import apply_plan
@@ -150,16 +183,21 @@ def memory(url: str, folder: Path, memory_limit: str) -> dict[str, Any]:
     from backfill_assets.core.spec import spec_from_mapping
     from backfill_assets.core.vocabulary import PartitionRequest
     before = _peak_rss_mib()
-    duck = spec_from_mapping(spec(folder, URL_ENV, memory_limit))
+    os.environ[ICEBERG_ENV] = _iceberg_catalog(folder)
+    duck = spec_from_mapping(spec(folder, URL_ENV, memory_limit, source, target))
     factory = connection_factory(DatabaseUrl(url, "the bench database"), duck.limits)
     start = time.perf_counter()
+    steps: dict[str, float] = {}
     plan = make_plan(duck, PartitionRequest("2024-01-01"), factory)
+    steps["plan"] = _peak_rss_mib(reset=True)
     with factory() as conn:
         approve_plan(conn, factory, duck, plan, "bench")
+    steps["approve"] = _peak_rss_mib(reset=True)
     result = apply_plan(duck, plan.plan_id, factory, run_id=uuid.uuid4().hex)
-    return {"memory_limit": memory_limit, "status": plan.status, "rows": plan.document.partitions[0].stage_a.row_count,
+    steps["apply"] = _peak_rss_mib(reset=True)
+    return {"source": source, "target": target, "memory_limit": memory_limit, "status": plan.status, "rows": plan.document.partitions[0].stage_a.row_count,
             "applied": [p["status"] for p in result.partitions], "seconds": time.perf_counter() - start,
-            "peak_rss_mib": _peak_rss_mib(), "rss_before_mib": before}
+            "peak_rss_mib": max(steps.values()), "peak_rss_by_step_mib": steps, "rss_before_mib": before}
 
 
 def main() -> int:
@@ -169,14 +207,16 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_500_000)
     parser.add_argument("--note-bytes", type=int, default=200)
     parser.add_argument("--memory-limit", default="256MB")
+    parser.add_argument("--source", choices=["delta", "iceberg"], default="delta")
+    parser.add_argument("--target", choices=["delta", "iceberg"], default="delta")
     args = parser.parse_args()
     if args.what == "prepare":
-        print(json.dumps({"source_rows": args.rows, "partition_mib": prepare(args.folder, args.rows, args.note_bytes) / 2**20}))
+        print(json.dumps({"source_rows": args.rows, "partition_mib": prepare(args.folder, args.rows, args.note_bytes, args.source) / 2**20}))
         return 0
     url = os.environ.get(URL_ENV)
     if not url:
         parser.error(f"set {URL_ENV} to the PostgreSQL URL of the control store")
-    print(json.dumps(memory(url, args.folder, args.memory_limit)))
+    print(json.dumps(memory(url, args.folder, args.memory_limit, args.source, args.target)))
     return 0
 
 

@@ -11,7 +11,11 @@ core.lake.tables for what every lake table promises.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
+import time
+import urllib.parse
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ from backfill_assets.core.lake.tables import (
     META_PREFIX,
     LakeTable,
     TableShape,
+    WrittenFile,
     among,
     commit_failed,
     key_bounds,
@@ -133,8 +138,10 @@ class DeltaLakeTable:
 
     def shape(self) -> TableShape | None:
         table = self._load()
-        if table is None:
-            return None
+        return None if table is None else self._shape_of(table)
+
+    @staticmethod
+    def _shape_of(table: Any) -> TableShape:
         schema = table.schema().to_arrow()
         schema = pa.schema(schema) if not isinstance(schema, pa.Schema) else schema
         metadata = table.metadata()
@@ -237,6 +244,111 @@ class DeltaLakeTable:
         self._check_commit(version, column, values, predicate, metadata)
         return str(version)
 
+    # -- files a build engine writes (core.lake.tables.FileLakeTable) --------------------------
+    carries_partition = False  # the log carries a file's partition value
+
+    def partition_files(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                        version: str | None = None) -> dict[str, list[str]] | None:
+        if version is not None and handle.version() != int(version):
+            handle = self._at_version(version)
+        if self._unplain(handle) or list(handle.metadata().partition_columns) != [column]:
+            return None
+        # delta-rs prunes the log's file list by the partition's value in Rust.
+        return {partition_label(v): [local_path(uri) for uri in
+                                     handle.file_uris(file_pruning_predicate=delta_predicate(column, [v]))]
+                for v in values}
+
+    def writable_as_files(self, handle: Any) -> bool:
+        return handle is None or not self._unplain(handle)
+
+    def _unplain(self, handle: Any) -> bool:
+        """Whether a version's files are not simply its rows (deletion vectors hide rows, column
+        mapping renames columns), or the table asks of a writer what delta-rs's own writer
+        would do and plain files would not (constraints, generated columns, a change feed,
+        append only). Such a table is read and written through delta-rs instead."""
+        protocol = handle.protocol()
+        writer = set(protocol.writer_features or [])
+        plain_protocol = protocol.min_reader_version == 1 and (
+            protocol.min_writer_version <= 2 or (protocol.min_writer_version == 7 and writer <= {"invariants"}))
+        config = {k: str(v).lower() for k, v in (handle.metadata().configuration or {}).items()}
+        flags = config.get("delta.enablechangedatafeed") == "true" or config.get("delta.appendonly") == "true"
+        shape = self._shape_of(handle)
+        return not plain_protocol or flags or bool(shape.constraints or shape.required)
+
+    def _at_version(self, version: str) -> Any:
+        """The table loaded at exactly ``version`` (kept for the next partition of it)."""
+        if self._version_read is not None and self._version_read[0] == int(version):
+            return self._version_read[1]
+        handle = self._load(int(version))
+        if handle is None:
+            raise VerificationError("", "read of the committed version", f"{self.name} at version {version}", "no table")
+        self._version_read = (int(version), handle)
+        return handle
+
+    def new_file(self, handle: Any, column: str, label: str, tag: str) -> tuple[str, str]:
+        # A partition's folder as Hive names it, the name and value escaped (a '/' or '..' in
+        # a value stays inside one folder name). delta-rs encodes the path for the log.
+        folder = f"{urllib.parse.quote(column, safe='')}={urllib.parse.quote(label, safe='')}"
+        name = f"part-00000-{tag}-{uuid.uuid4()}.c000.parquet"
+        Path(self.path, folder).mkdir(parents=True, exist_ok=True)
+        return str(Path(self.path, folder, name)), f"{folder}/{name}"
+
+    def commit_files(self, handle: Any, column: str, values: Sequence[PartitionValue], files: Sequence[WrittenFile],
+                     schema: pa.Schema, metadata: Mapping[str, str], exclusive: bool = False) -> str:
+        from deltalake import CommitProperties
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import AddAction
+        base = handle.version()
+        now = int(time.time() * 1000)
+        adds = [AddAction(f.logged, f.size, {column: f.label}, now, True, json.dumps({"numRecords": f.rows}))
+                for f in files]
+        properties = CommitProperties(custom_metadata=dict(metadata), max_commit_retries=0 if exclusive else None)
+        try:
+            handle.create_write_transaction(
+                adds, "overwrite", schema, partition_by=[column],
+                partition_filters=[(column, "in", [partition_label(v) for v in values])], commit_properties=properties,
+            )
+        except CommitFailedError as err:
+            for f in files:
+                Path(f.path).unlink(missing_ok=True)
+            raise TransientDatabaseError(
+                commit_failed(self.name, values, base, exclusive, " ".join(str(err).split())[:200])
+            ) from err
+        handle.update_incremental()
+        version = handle.version()
+        self._check_files_commit(version, column, values, files, metadata)
+        return str(version)
+
+    def _check_files_commit(self, version: int, column: str, values: Sequence[PartitionValue],
+                            files: Sequence[WrittenFile], metadata: Mapping[str, str]) -> None:
+        """Read OUR commit from the log: an overwrite carrying our plan that added exactly our
+        files and removed files of our partitions only.
+
+        Raises:
+            VerificationError: naming what the commit did instead.
+        """
+        info, actions = self._commit(version)
+        ours = {partition_label(v) for v in values}
+        added = sorted(urllib.parse.unquote(a["add"]["path"]) for a in actions if "add" in a)
+        touched = {(a.get("add") or a.get("remove") or {}).get("partitionValues", {}).get(column)
+                   for a in actions if "add" in a or "remove" in a}
+        if (info.get("operation") != "WRITE" or info.get("operationParameters", {}).get("mode") != "Overwrite"
+                or info.get(META_PREFIX + "plan_id") != metadata.get(META_PREFIX + "plan_id")
+                or added != sorted(f.logged for f in files) or not touched <= ours):
+            raise VerificationError(
+                ", ".join(sorted(ours)), f"the log of {self.name} at version {version}",
+                f"an overwrite of partition(s) {', '.join(sorted(ours))} by plan "
+                f"{metadata.get(META_PREFIX + 'plan_id', '')[:16]} adding {len(files)} file(s) of ours",
+                f"{info.get('operation')} {info.get('operationParameters', {}).get('mode')} adding {len(added)} "
+                f"file(s), touching {', '.join(sorted(str(t) for t in touched))}",
+            )
+
+    def _commit(self, version: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """A version's commit info and actions, from its file in the log."""
+        log = Path(self.path) / "_delta_log" / f"{version:020d}.json"
+        actions = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return next((a["commitInfo"] for a in actions if "commitInfo" in a), {}), actions
+
     def _check_commit(self, version: int, column: str, values: Sequence[PartitionValue], predicate: str,
                       metadata: Mapping[str, str]) -> None:
         """Read OUR commit from the table's log: an overwrite with a predicate, carrying our
@@ -247,10 +359,7 @@ class DeltaLakeTable:
         Raises:
             VerificationError: naming what the commit did instead.
         """
-        import json
-        log = Path(self.path) / "_delta_log" / f"{version:020d}.json"
-        actions = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
-        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        info, actions = self._commit(version)
         params = info.get("operationParameters", {})
         ours = {partition_label(v) for v in values}
         touched = {(a.get("add") or a.get("remove") or {}).get("partitionValues", {}).get(column)

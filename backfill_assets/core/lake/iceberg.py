@@ -13,10 +13,12 @@ table promises.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import pyarrow as pa
@@ -24,10 +26,12 @@ from psycopg.conninfo import conninfo_to_dict
 
 from backfill_assets.core.errors import ConnectionConfigError, SpecError, TransientDatabaseError, VerificationError
 from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.lake_files import plain_iceberg_files
 from backfill_assets.core.lake.tables import (
     META_PREFIX,
     LakeTable,
     TableShape,
+    WrittenFile,
     among,
     check_rows_in,
     commit_failed,
@@ -317,6 +321,65 @@ class IcebergLakeTable:
         return Table(handle.name(), handle.metadata.model_copy(update={"properties": properties}),
                      handle.metadata_location, handle.io, handle.catalog, handle.config)
 
+    # -- files a build engine writes (core.lake.tables.FileLakeTable) --------------------------
+    carries_partition = True  # an Iceberg data file holds its identity partition column
+
+    def partition_files(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                        version: str | None = None) -> dict[str, list[str]] | None:
+        snapshot = version if version is not None else self.version(handle)
+        if snapshot is None:
+            return {partition_label(v): [] for v in values}
+        if handle.snapshot_by_id(int(snapshot)) is None:
+            handle = self._load()
+        found: dict[str, list[str]] = {}
+        for v in values:
+            tasks = list(handle.scan(snapshot_id=int(snapshot), row_filter=self._filter(column, [v])).plan_files())
+            paths = plain_iceberg_files(handle.schema(), handle.schema().as_arrow(), tasks)
+            if paths is None:
+                return None
+            found[partition_label(v)] = paths
+        return found
+
+    def writable_as_files(self, handle: Any) -> bool:
+        """Our files carry column names, not field ids: readers find their columns through the
+        table's name mapping (add_files sets one from the current schema where there is none),
+        which must then map each column's current name to its field id."""
+        mapping = None if handle is None else handle.metadata.name_mapping()
+        if mapping is None:
+            return True
+        mapped = {name: field.field_id for field in mapping for name in field.names}
+        return all(mapped.get(f.name) == f.field_id for f in handle.schema().fields)
+
+    def new_file(self, handle: Any, column: str, label: str, tag: str) -> tuple[str, str]:
+        folder = Path(local_path(handle.location()), "data", f"{quote(column, safe='')}={quote(label, safe='')}")
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"00000-{tag}-{uuid.uuid4()}.parquet"
+        return str(path), "file://" + str(path)
+
+    def commit_files(self, handle: Any, column: str, values: Sequence[PartitionValue], files: Sequence[WrittenFile],
+                     schema: pa.Schema, metadata: Mapping[str, str], exclusive: bool = False) -> str | None:
+        """One transaction: the partitions' files deleted by their filter (whole files, from the
+        metadata), ours added (pyiceberg infers each file's partition from its column
+        statistics, and sets the table's name mapping if it has none, since our files carry
+        names, not field ids): a delete and an append snapshot in one catalog commit."""
+        from pyiceberg.exceptions import CommitFailedException, ValidationException
+        before = self.version(handle)
+        table = self._without_retries(handle) if exclusive else handle
+        try:
+            with warnings.catch_warnings(), table.transaction() as txn:
+                warnings.filterwarnings("ignore", "Delete operation did not match", UserWarning)
+                txn.delete(self._filter(column, values), snapshot_properties=dict(metadata))
+                if files:
+                    txn.add_files([f.logged for f in files], snapshot_properties=dict(metadata),
+                                  check_duplicate_files=False)
+        except (CommitFailedException, ValidationException) as err:
+            for f in files:
+                Path(f.path).unlink(missing_ok=True)
+            raise TransientDatabaseError(
+                commit_failed(self.name, values, before, exclusive, err.__class__.__name__)
+            ) from err
+        return self._committed(handle, table, before, values, metadata)
+
     def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
         known = self._loaded is not None and version is not None and self._loaded.snapshot_by_id(int(version))
         handle = self._loaded if known else self._load()
@@ -362,6 +425,12 @@ class IcebergLakeTable:
             raise TransientDatabaseError(
                 commit_failed(self.name, values, before, exclusive, err.__class__.__name__)
             ) from err
+        return self._committed(handle, table, before, values, metadata)
+
+    def _committed(self, handle: Any, table: Any, before: str | None, values: Sequence[PartitionValue],
+                   metadata: Mapping[str, str]) -> str | None:
+        """Our commit's snapshot, checked to carry our plan (``before`` where nothing was
+        committed); the handle then reads it."""
         if table is not handle:  # the handle reads what we committed, as after a commit of its own
             handle.metadata, handle.metadata_location = table.metadata, table.metadata_location
         snapshot = handle.current_snapshot()

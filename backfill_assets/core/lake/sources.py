@@ -11,16 +11,14 @@ A plan pins what it read, and both builds, approval and apply read exactly that:
   SHA-256, and the version is the SHA-256 of that list. Any file added, removed or rewritten
   in those partitions breaks it.
 
-:meth:`LakeSource.unreadable` says why a pin can no longer be read ("plan again"); the
-rows are handed to DuckDB as Arrow (Delta, Iceberg) or read by DuckDB itself (Parquet),
-on the caller's DuckDB connection, as the relation ``source_rows``. :meth:`LakeSource.signature`
-is the cheap per-partition signal of the source sensor: metadata only, no data file read.
+:meth:`LakeSource.unreadable` says why a pin can no longer be read ("plan again"). DuckDB
+reads the pinned files itself, as ``source_rows`` on the caller's connection (see
+IcebergSource._register for the exception). :meth:`LakeSource.signature` is the source
+sensor's cheap per-partition signal: metadata only, no data file read.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +29,14 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from backfill_assets.core.errors import SnapshotError, SpecError
+from backfill_assets.core.lake.duck import copy_batches
+from backfill_assets.core.lake.lake_files import (
+    delta_dataset,
+    files_digest,
+    plain_iceberg_files,
+    sha256_file,
+    task_files,
+)
 from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pinned import Pin
 from backfill_assets.core.spec import DeltaSourceSpec, IcebergSourceSpec, LakeSourceSpec, ParquetSourceSpec, Spec
@@ -41,18 +47,6 @@ if TYPE_CHECKING:
 
 # The relation the pinned rows are visible as, on the connection that reads them.
 SOURCE_ROWS = "source_rows"
-
-
-def _dataset(table: Any, name: str) -> Any:
-    """A Delta version as a PyArrow dataset, or SpecError naming what delta-rs cannot read
-    that way (deletion vectors, column mapping: reader features of tables that other engines
-    wrote)."""
-    from deltalake.exceptions import DeltaProtocolError
-    try:
-        return table.to_pyarrow_dataset()
-    except DeltaProtocolError as err:
-        raise SpecError(f"source {name} cannot be read as the engine reads Delta tables: "
-                        f"{' '.join(str(err).split())[:300]}; rewrite it without that table feature") from None
 
 
 def _quoted(name: str) -> str:
@@ -117,10 +111,6 @@ class LakeSource:
 
     def close(self) -> None:
         """Release what the source opened (an Iceberg catalog's connections)."""
-
-
-def files_digest(files: Sequence[tuple[str, ...]]) -> str:
-    return hashlib.sha256(json.dumps(sorted(files), separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 class DeltaSource(LakeSource):
@@ -193,7 +183,7 @@ class DeltaSource(LakeSource):
         decodes whole row groups outside it, several at once). The partition columns' values
         come from the log, joined to each file by its name; a table with a reader feature that
         delta-rs cannot read as plain files is refused first (:func:`_dataset`)."""
-        schema = _dataset(table, self.name).schema
+        schema = delta_dataset(table, self.name).schema
         partitioned = list(table.metadata().partition_columns)
         actions = pa.table(table.get_add_actions(flatten=True))
         files = [str(Path(self.path) / urllib.parse.unquote(p) if "://" not in p else Path(local_path(p)))
@@ -217,7 +207,7 @@ class DeltaSource(LakeSource):
         duck.register(SOURCE_ROWS, relation)
 
     def attach_schema(self, duck: DuckDBPyConnection) -> None:
-        duck.register(SOURCE_ROWS, _dataset(self._table(), self.name).schema.empty_table())
+        duck.register(SOURCE_ROWS, delta_dataset(self._table(), self.name).schema.empty_table())
 
     def attach_all(self, duck: DuckDBPyConnection, pin: Pin) -> None:
         table, why = self._at(pin)
@@ -236,12 +226,6 @@ class DeltaSource(LakeSource):
         table = self._table()
         files = self._files(table, partition_key, values)
         return str(table.version()), {label: files_digest([(f,) for f in found]) for label, found in files.items()}
-
-
-def _task_files(task: Any) -> list[str]:
-    """The files an Iceberg scan task reads: its data file and its delete files (a
-    merge-on-read delete changes a partition's rows without changing its data files)."""
-    return [task.file.file_path, *sorted(d.file_path for d in task.delete_files)]
 
 
 class IcebergSource(LakeSource):
@@ -278,7 +262,7 @@ class IcebergSource(LakeSource):
             tasks = self._tasks(handle, pin, partition_key, values)
         except Exception as err:  # noqa: BLE001 - a manifest that cannot be read is the answer
             return f"its manifests cannot be read: {err.__class__.__name__}"
-        for path in (p for task in tasks for p in _task_files(task)):
+        for path in (p for task in tasks for p in task_files(task)):
             if not Path(local_path(path)).exists():
                 return f"file {path} is gone"
         return None
@@ -289,10 +273,10 @@ class IcebergSource(LakeSource):
         if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
             raise _plan_again(self.name, pin, "the snapshot was expired")
         if pin.version == "none":
-            data = handle.schema().as_arrow().empty_table()
-        else:
-            data = handle.scan(snapshot_id=int(pin.version), row_filter=self._filter(partition_key, values)).to_arrow()
-        duck.register(SOURCE_ROWS, data)
+            duck.register(SOURCE_ROWS, handle.schema().as_arrow().empty_table())
+            return
+        scan = handle.scan(snapshot_id=int(pin.version), row_filter=self._filter(partition_key, values))
+        self._register(duck, handle, scan, (partition_key, values))
 
     def attach_schema(self, duck: DuckDBPyConnection) -> None:
         duck.register(SOURCE_ROWS, self._handle().schema().as_arrow().empty_table())
@@ -301,9 +285,35 @@ class IcebergSource(LakeSource):
         handle = self._handle()
         if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
             raise _plan_again(self.name, pin, "the snapshot was expired")
-        data = (handle.schema().as_arrow().empty_table() if pin.version == "none"
-                else handle.scan(snapshot_id=int(pin.version)).to_arrow())
-        duck.register(SOURCE_ROWS, data)
+        if pin.version == "none":
+            duck.register(SOURCE_ROWS, handle.schema().as_arrow().empty_table())
+            return
+        self._register(duck, handle, handle.scan(snapshot_id=int(pin.version)), None)
+
+    def _register(self, duck: DuckDBPyConnection, handle: Any, scan: Any,
+                  wanted: tuple[str, Sequence[PartitionValue]] | None) -> None:
+        """The scan's rows (of the partitions ``wanted``, where given) as :data:`SOURCE_ROWS`,
+        within DuckDB's memory_limit: its files read by DuckDB where they are the rows as they
+        stand (:func:`plain_iceberg_files`), else pyiceberg's batches copied in. Either way with
+        the table's current column names, which inspection described (not the snapshot's)."""
+        from pyiceberg.io.pyarrow import ArrowScan
+        schema = handle.schema().as_arrow()
+        tasks = list(scan.plan_files())
+        files = plain_iceberg_files(handle.schema(), schema, tasks)
+        if files is None:  # streamed into DuckDB, a batch at a time
+            read = ArrowScan(handle.metadata, handle.io, handle.schema(), scan.row_filter, scan.case_sensitive)
+            duck.register(SOURCE_ROWS, copy_batches(duck, f"{SOURCE_ROWS}_copy", read.to_record_batches(tasks), schema))
+            return
+        if not files:
+            duck.register(SOURCE_ROWS, schema.empty_table())
+            return
+        columns = ", ".join(_quoted(c) for c in schema.names)
+        relation = duck.read_parquet(files, union_by_name=True).select(columns)
+        if wanted is not None:  # the planned files may hold other partitions' rows too
+            key, values = wanted
+            duck.register(f"{SOURCE_ROWS}_values", pa.table({"v": pa.array(list(values))}))
+            relation = relation.filter(f"{_quoted(key)} IN (SELECT v FROM {SOURCE_ROWS}_values)")
+        duck.register(SOURCE_ROWS, relation)
 
     def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
         pin = self.latest(partition_key, values)
@@ -315,19 +325,11 @@ class IcebergSource(LakeSource):
             return {partition_label(v): "unreadable" for v in values}
         # One planning per partition: its files are pruned by its value.
         return {partition_label(v): files_digest([(p,) for t in self._tasks(handle, pin, partition_key, [v])
-                                                    for p in _task_files(t)])
+                                                    for p in task_files(t)])
                 for v in values}
 
     def close(self) -> None:
         self.table.close()
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class ParquetSource(LakeSource):

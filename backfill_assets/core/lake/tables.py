@@ -39,7 +39,7 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -328,6 +328,55 @@ def commit_failed(name: str, values: Sequence[PartitionValue], base: object, exc
             "nothing of ours was committed")
 
 
-# --- Delta Lake ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WrittenFile:
+    """A data file a build engine wrote into a lake table's folder for one partition, not yet
+    committed: its full local path, the path the table's metadata names it by (Delta: relative
+    to the table's folder; Iceberg: a URI), its size and rows."""
+
+    label: str
+    path: str
+    logged: str
+    size: int
+    rows: int
 
 
+@runtime_checkable
+class FileLakeTable(LakeTable, Protocol):
+    """A lake table whose partitions a build engine can write as plain Parquet files and
+    commit itself (Delta, Iceberg): the engine writes and fingerprints the files within its own
+    memory limit, the table commits exactly those files in one replacement of the partitions,
+    and a version's files of a partition can be read back by the engine. None of the rows pass
+    through Python."""
+
+    carries_partition: bool  # whether a data file holds the partition column (Iceberg) or the log does (Delta)
+
+    def partition_files(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                        version: str | None = None) -> dict[str, list[str]] | None:
+        """Per partition label, the full local paths of the data files holding its rows at the
+        handle's version (or at ``version``). None: that version cannot be read as plain
+        files (deletion vectors, delete files, columns renamed or retyped since a file was
+        written...); read it through the library then."""
+        ...
+
+    def writable_as_files(self, handle: Any) -> bool:
+        """Whether files an engine writes, committed as they are, are read by every reader of
+        the table as the rows they hold (None: a table about to be created)."""
+        ...
+
+    def new_file(self, handle: Any, column: str, label: str, tag: str) -> tuple[str, str]:
+        """A fresh file name in the partition's folder (its folder made): its full local path
+        and the path the table's metadata will name it by."""
+        ...
+
+    def commit_files(self, handle: Any, column: str, values: Sequence[PartitionValue], files: Sequence[WrittenFile],
+                     schema: pa.Schema, metadata: Mapping[str, str], exclusive: bool = False) -> str | None:
+        """Replace the partitions with exactly ``files`` in one commit based on the handle's
+        version; return the committed version (the handle then reads it). As
+        :meth:`LakeTable.overwrite` otherwise.
+
+        Raises:
+            TransientDatabaseError: another writer changed these partitions since (nothing
+                committed; the files are deleted).
+        """
+        ...

@@ -84,16 +84,20 @@ class LakeTarget(AdvisoryLocked):
         return read_committed(self.conn)
 
     @contextlib.contextmanager
-    def writing(self, labels: list[str]) -> Iterator[_LakeWrite]:
+    def writing(self, labels: list[str]) -> Iterator[LakeWrite]:
         spec = self.ctx.spec
         with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
                 lake_errors(self.table, f"replacing partition(s) {', '.join(labels)} of"), self.data_transaction():
-            write = _LakeWrite(self, self.table.open())
+            write = self.new_write(self.table.open())
             yield write
             # Our commit's version; for partitions found already carrying the approved rows
             # (nothing written), the version they were read at.
             version = write.commit(labels) if write.pending is not None else self.table.version(write.handle)
             self._committed.update(dict.fromkeys(labels, version))
+
+    def new_write(self, handle: Any) -> LakeWrite:
+        """The write of one group of partitions, based on the handle's version."""
+        return LakeWrite(self, handle)
 
     def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
         version, pk = self._committed[labels[0]], self.ctx.spec.partition_key
@@ -150,7 +154,7 @@ class StagedLakeTarget(LakeTarget):
         return readings
 
     @contextlib.contextmanager
-    def writing(self, labels: list[str]) -> Iterator[_LakeWrite]:
+    def writing(self, labels: list[str]) -> Iterator[LakeWrite]:
         try:
             with super().writing(labels) as write:
                 yield write
@@ -163,7 +167,10 @@ class StagedLakeTarget(LakeTarget):
         yield  # stage A is rechecked outside PostgreSQL under the partition lock; nothing to hold there
 
 
-class _LakeWrite:
+class LakeWrite:
+    """One write of a group of partitions: its readings before and after the replace, then one
+    commit of the rows the replace read (a subclass writes them another way)."""
+
     def __init__(self, target: LakeTarget, handle: Any) -> None:
         self.target, self.handle = target, handle
         self.pending: dict[str, pa.Table] | None = None  # each partition's rows to commit
@@ -186,36 +193,27 @@ class _LakeWrite:
         """One commit of every pending partition (creating the table first if it is missing)."""
         t = self.target
         assert self.pending is not None
-        handle = self.handle
-        if handle is None:
-            created = t.table.create(t.schema, t.ctx.spec.partition_key)
-            handle = t.table.open()
-            # Our commit is based on this handle: it must be the table as created, or the rows
-            # of a writer that came in between would be overwritten without a conflict.
-            if t.table.version(handle) != created:
-                raise TransientDatabaseError(
-                    f"another writer wrote to {t.table.name} right after this run created it; nothing "
-                    "of ours was committed"
-                )
+        handle = self.created()
         spec = t.ctx.spec
-        data = pa.concat_tables([self.pending[label] for label in labels])
         values = [t.ctx.value_of(label) for label in labels]
         # With records_can_move: the keys written here, in no other partition at the version
         # our commit is based on, and nothing committed between that version and ours.
-        guarded = spec.records_can_move and data.num_rows > 0
-        keys = data.select(list(spec.business_key))
+        keys = self.keys(labels) if spec.records_can_move else None
+        guarded = keys is not None and keys.num_rows > 0
         base = t.table.version(handle) if guarded else None  # a folder's version lists all of it
         if guarded:
+            assert keys is not None
             found = self._keys_elsewhere(handle, values, keys)
             if found is not None:
                 raise KeysElsewhereError(
                     int(self.note.get("approval_id", "0")), self.note.get("plan_id", ""), spec.target_name, base,
                     labels, found.partitions, found.count, found.examples,
                 )
-        version = t.table.overwrite(handle, spec.partition_key, values, data, self.metadata, exclusive=guarded)
+        version = self.overwrite(handle, labels, values, exclusive=guarded)
         if guarded and not t.table.follows(handle, base, self.metadata):
             # The engine based our commit on a later version than the one checked: check the
             # version we committed (the handle reads it now). Committed already: say so loudly.
+            assert keys is not None
             found = self._keys_elsewhere(handle, values, keys)
             if found is not None:
                 raise VerificationError(
@@ -227,6 +225,34 @@ class _LakeWrite:
                     "their partitions",
                 )
         return version
+
+    def created(self) -> Any:
+        """The handle our commit is based on, the table created first if it is missing."""
+        t = self.target
+        if self.handle is None:
+            created = t.table.create(t.schema, t.ctx.spec.partition_key)
+            self.handle = t.table.open()
+            # Our commit is based on this handle: it must be the table as created, or the rows
+            # of a writer that came in between would be overwritten without a conflict.
+            if t.table.version(self.handle) != created:
+                raise TransientDatabaseError(
+                    f"another writer wrote to {t.table.name} right after this run created it; nothing "
+                    "of ours was committed"
+                )
+        return self.handle
+
+    def keys(self, labels: list[str]) -> pa.Table:
+        """The business keys of the rows being written."""
+        assert self.pending is not None
+        keys = list(self.target.ctx.spec.business_key)
+        return pa.concat_tables([self.pending[label].select(keys) for label in labels])
+
+    def overwrite(self, handle: Any, labels: list[str], values: list[PartitionValue], exclusive: bool) -> str | None:
+        """The commit of the pending rows of ``labels``, based on the handle's version."""
+        t = self.target
+        assert self.pending is not None
+        data = pa.concat_tables([self.pending[label] for label in labels])
+        return t.table.overwrite(handle, t.ctx.spec.partition_key, values, data, self.metadata, exclusive=exclusive)
 
     def _keys_elsewhere(self, handle: Any, values: list[PartitionValue], keys: pa.Table) -> KeysFound | None:
         t = self.target

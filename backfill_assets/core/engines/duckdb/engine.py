@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-import pyarrow as pa
 
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
@@ -47,15 +46,13 @@ from backfill_assets.core.engines.duckdb.stages import (
     seals_hold,
     stage_name,
 )
+from backfill_assets.core.engines.duckdb.target import DuckLakeTarget
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare
 from backfill_assets.core.lake.diff import diff_partition
-from backfill_assets.core.lake.engine import lake_engine_for
-from backfill_assets.core.lake.kinds import lake_schema
 from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
 from backfill_assets.core.lake.sources import LakeSource, lake_source
-from backfill_assets.core.lake.target import StagedLakeTarget
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned import LakeSnapshot, keys_detail, require_plan_pin
 from backfill_assets.core.planning import compare_readings
@@ -66,22 +63,6 @@ from backfill_assets.core.vocabulary import PartitionRequest
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
-
-
-class DuckLakeTarget(StagedLakeTarget):
-    """A lake target whose approved rows come from stage A in DuckDB (core.lake.target.StagedLakeTarget)."""
-
-    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, db: DuckDBPyConnection,
-                 checkpoint: Checkpoint = no_checkpoint) -> None:
-        super().__init__(conn, control, ctx, lake_engine_for(ctx.spec).table(control), checkpoint)
-        self.db = db
-
-    def read_stage(self, label: str) -> pa.Table:
-        spec = self.ctx.spec
-        query = statements.stage_rows(stage_name(spec, "a"), spec.columns, spec.partition_key, spec.business_key)
-        with contextlib.closing(cursor(self.db)) as duck:
-            data = duck.sql(query, params={"partition": self.ctx.value_of(label)}).to_arrow_table()
-        return data.cast(lake_schema(self.ctx.target_columns))
 
 
 class DuckBuildEngine(PinnedBuildEngine):
@@ -250,8 +231,18 @@ class DuckBuildEngine(PinnedBuildEngine):
         return out
 
     def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
-        now = self._target.recheck(labels) if self._target is not None else self._stage_now(ctx, labels)
-        compare_readings({label: stored.approved(label) for label in labels}, now, "recheck of the approved stage")
+        """Stage A under the partition lock: by its seals where the write goes by files (what is
+        written from it is fingerprinted in full before the commit), otherwise from the rows
+        read into Arrow to be written; a partition found changed is fingerprinted in full for
+        the error."""
+        approved = {label: stored.approved(label) for label in labels}
+        target = self._target
+        if target is not None and target.writes_files:
+            changed = self.stage_changed(ctx, approved)
+            now = {**approved, **self._stage_now(ctx, changed)} if changed else approved
+        else:
+            now = target.recheck(labels) if target is not None else self._stage_now(ctx, labels)
+        compare_readings(approved, now, "recheck of the approved stage")
 
     def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
                     ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:

@@ -256,3 +256,25 @@ def keys_in_several_partitions(target_keys: str, business_key: Sequence[str]) ->
         "SELECT {shown}, count(*) FROM {tgt} GROUP BY {bk} HAVING count(*) > 1 ORDER BY {bk} LIMIT 5"
     ).format(shown=sql.SQL(", ").join(sql.SQL("CAST({} AS VARCHAR)").format(sql.Identifier(k)) for k in business_key),
              tgt=sql.Identifier(target_keys), bk=_ids(business_key)))
+
+
+def partition_files(files: str, value: str, columns: Sequence[str], partition_key: str, carried: bool) -> str:
+    """A lake partition's rows from its data files (the relation ``files``) as the spec's
+    ``columns``: with the partition value the log gives them (the one-row relation ``value``),
+    or, where the files carry the partition column (``carried``), their rows of that value."""
+    if carried:
+        return _text(sql.SQL("SELECT {} FROM {} AS f WHERE {} IN (SELECT {} FROM {} AS v)").format(
+            sql.SQL(", ").join(sql.Identifier("f", c) for c in columns), sql.Identifier(files),
+            sql.Identifier("f", partition_key), sql.Identifier("v", partition_key), sql.Identifier(value)))
+    picked = sql.SQL(", ").join(sql.Identifier("v" if c == partition_key else "f", c) for c in columns)
+    return _text(sql.SQL("SELECT {} FROM {} AS f CROSS JOIN {} AS v").format(
+        picked, sql.Identifier(files), sql.Identifier(value)))
+
+
+def columns_of(relation: str, columns: Sequence[str]) -> str:
+    """Some columns of every row of a relation."""
+    return _text(sql.SQL("SELECT {} FROM {}").format(_ids(columns), sql.Identifier(relation)))
+
+
+# The rows of one Parquet file ($path), from its footer.
+FILE_ROWS = "SELECT count(*) FROM read_parquet($path)"

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.engines.spark.session import staging_dir
 from backfill_assets.core.errors import SnapshotError, SpecError
+from backfill_assets.core.lake.lake_files import files_digest, sha256_file
 from backfill_assets.core.lake.sources import ParquetSource as _Folder
-from backfill_assets.core.lake.sources import files_digest, sha256_file
 from backfill_assets.core.pinned import Pin
 from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, SparkTableSpec, Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label

@@ -32,7 +32,7 @@ from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake import compare
 from backfill_assets.core.lake.kinds import lake_schema
-from backfill_assets.core.lake.sources import files_digest, sha256_file
+from backfill_assets.core.lake.lake_files import files_digest, sha256_file
 from backfill_assets.core.pinned import LakeSnapshot, keys_detail, record_builds, record_plan
 from backfill_assets.core.planning import assemble
 from backfill_assets.core.progress import Progress, ProgressEvent

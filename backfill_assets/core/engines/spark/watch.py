@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 from backfill_assets.core.catalog import partition_kind_of
 from backfill_assets.core.engines.spark.session import column_info
 from backfill_assets.core.engines.spark.source import CatalogSource, JdbcSource, SparkSource
-from backfill_assets.core.lake.sources import Pin, files_digest
+from backfill_assets.core.lake.lake_files import files_digest
+from backfill_assets.core.lake.sources import Pin
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, partition_label
 

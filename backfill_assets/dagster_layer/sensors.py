@@ -234,7 +234,7 @@ def approvals_board(specs: list[Spec], *, clock: Clock = utc_now) -> dg.SensorDe
     spec, the board's content hash and time and the stale previews already marked.
     """
 
-    @dg.sensor(name=BOARD_SENSOR, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+    @dg.sensor(name=BOARD_SENSOR, minimum_interval_seconds=10, default_status=dg.DefaultSensorStatus.RUNNING,
                required_resource_keys={resource_key(s) for s in specs},
                description="Lists the plans waiting for an approval and the approvals not yet applied (the "
                            "approvals asset of each spec), and marks change previews stale.")

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.dataset as pads
+import pytest
 
 from backfill_assets.core.profile.propose import Profile, profile_spec
 from backfill_assets.core.spec import spec_from_mapping
@@ -102,6 +103,7 @@ def _evidence(profile: Profile) -> dict[str, Any]:
     return found
 
 
+@pytest.mark.slow
 def test_every_engine_gives_the_same_profile_of_the_shipped_flights(tmp_path, factory, url_env, conn, spark):
     flights = _flights([dt.date(2013, 1, d) for d in (1, 2, 3)])
     answers = {}

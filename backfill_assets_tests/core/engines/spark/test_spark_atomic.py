@@ -128,6 +128,7 @@ def _killed_at(step: str, spec, plan_id: str, tmp_path: Path, url: str) -> None:
     proc.wait()
 
 
+@pytest.mark.slow
 def test_apply_killed_before_and_after_the_switch_leaves_old_or_new_and_the_rerun_converges(
         tmp_path, spark, factory, url_env, db_url):
     spec, first, second = _applied_then_replanned(tmp_path, factory)

@@ -155,6 +155,7 @@ def test_an_unscaled_numeric_over_jdbc_is_refused_naming_the_column(tmp_path, sp
     assert "amount (numeric)" in str(err.value) and "updated_at" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_a_timestamp_without_time_zone_over_jdbc_is_read_exactly_in_any_jvm_time_zone(tmp_path, spark, factory,
                                                                                      url_env, conn, db_url,
                                                                                      monkeypatch):
@@ -199,6 +200,7 @@ def test_a_timestamp_without_time_zone_over_jdbc_is_read_exactly_in_any_jvm_time
     assert found["here"] == found["Asia/Kolkata"] == expected
 
 
+@pytest.mark.slow
 def test_the_cli_flow_over_jdbc_converges_and_a_later_source_change_does_not_move_the_plan(
         tmp_path, spark, factory, url_env, conn, db_url, monkeypatch):
     load_postgres_source(conn)

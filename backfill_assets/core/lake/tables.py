@@ -3,7 +3,8 @@
 (``pyiceberg``, core.lake.iceberg).
 
 Each is written with its engine's native partition overwrite, in one commit per partition
-(or group of partitions):
+(or group of partitions), or, by a build engine that writes the files itself (DuckDB), as those
+files committed in one replacement of the partition (:class:`FileLakeTable`):
 
 - Delta: ``write_deltalake(mode="overwrite", predicate=<the partition>)`` on a handle loaded
   at the version the partition was read at. delta-rs refuses rows outside the predicate, and

@@ -55,9 +55,10 @@ def start_session(master: str, conf: dict[str, str], app: str = "backfill_assets
         return active
     builder = SparkSession.builder.appName(app)
     builder = builder.remote(master) if master.startswith("sc://") else builder.master(master)
-    conf = {"spark.ui.showConsoleProgress": "false", **conf}
-    if "spark.jars" not in conf and Path(DEBIAN_DRIVER_JAR).is_file() and not master.startswith("sc://"):
-        conf["spark.jars"] = DEBIAN_DRIVER_JAR
+    if not master.startswith("sc://"):  # a Connect server's driver has its own UI and jars
+        conf = {"spark.ui.showConsoleProgress": "false", **conf}
+        if "spark.jars" not in conf and Path(DEBIAN_DRIVER_JAR).is_file():
+            conf["spark.jars"] = DEBIAN_DRIVER_JAR
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

@@ -957,8 +957,8 @@ def figure_spark(b: Bench, report: Report) -> None:
                       "build A and B in Spark, each written, read back, fingerprinted and sealed",
                       "compare and store the plan",
                       "approve (stage A by its seals, the target it is given against, the change preview)",
-                      "apply (per partition: stage A read into Arrow and fingerprinted, written beside the target and "
-                      "swapped in, read back and fingerprinted)"), steps.values()))
+                      "apply (per partition, by Spark's executors: the target fingerprinted, stage A written beside it "
+                      "and fingerprinted, swapped in, fingerprinted again)"), steps.values()))
     report.row("14. whole safe backfill on Spark local[2], Parquet to Parquet, vs naive", safe, naive, "s",
                "<= 2.5x", paired.ratio, paired.ratio <= 2.5)
     report.note(

@@ -4,9 +4,10 @@ added) against one fingerprint of that partition, on each engine, side by side i
 
 - DuckDB: both sides DuckDB tables (the engine's stage and a target read into DuckDB);
   the diff is core.lake.diff, the fingerprint the stage readings (core.engines.duckdb.stages).
-- Spark: both sides Parquet partitions as Spark writes them; the diff reads both into Arrow
-  in the driver and compares them in DuckDB (what the Spark engine's ``diff`` does), the
-  fingerprint is Spark's format-3 aggregate over the partition's files.
+- Spark: both sides Parquet partitions as Spark writes them; the diff is the Spark engine's
+  (core.engines.spark.compare: Spark jobs over both sides' files, then the first differing
+  keys' rows compared in DuckDB), the fingerprint Spark's format-3 aggregate over the
+  partition's files.
 
     .venv/bin/python benchmarks/diff_engines.py [--rows 1000000] [--no-spark]
 """
@@ -20,12 +21,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 
 from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.engines.duckdb.stages import readings_of
@@ -90,6 +91,7 @@ def on_duckdb(src: pa.Table, tgt: pa.Table) -> tuple[float, float]:
 def on_spark(src: pa.Table, tgt: pa.Table, folder: Path) -> tuple[float, float]:
     from pyspark.sql import SparkSession
 
+    from backfill_assets.core.engines.spark import compare as spark_compare
     from backfill_assets.core.engines.spark import fingerprint as spark_fp
     for name, data in (("stage", src), ("target", tgt)):
         pads.write_dataset(data, folder / name, format="parquet", partitioning=["d"], partitioning_flavor="hive",
@@ -97,18 +99,16 @@ def on_spark(src: pa.Table, tgt: pa.Table, folder: Path) -> tuple[float, float]:
     session = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC").getOrCreate())
 
-    def read(name: str) -> pa.Table:  # a partition's files into Arrow in the driver, as arrow_stage reads them
-        files = sorted(str(p) for p in (folder / name / f"d={DAY.isoformat()}").glob("*.parquet"))
-        data = pq.read_table(files[0]) if len(files) == 1 else pads.dataset(files, format="parquet").to_table()
-        return data.append_column("d", pa.array([DAY] * data.num_rows, pa.date32())).select([c.name for c in COLUMNS])
+    # What the engine's diff is given: each side's files of the partition, and the context's
+    # columns and keys (a stand-in: the diff reads nothing else of it).
+    ctx: Any = SimpleNamespace(spec=SimpleNamespace(partition_key="d", business_key=["k"], columns=[c.name for c in COLUMNS]),
+                               target_columns=COLUMNS, value_of=lambda label: DAY)
+    files = {name: {DAY.isoformat(): sorted(str(p) for p in (folder / name / f"d={DAY.isoformat()}").glob("*.parquet"))}
+             for name in ("stage", "target")}
 
-    def diff() -> None:
-        duck = connect()
-        duck.register("stage_rows", read("stage"))
-        duck.register("target_rows", read("target"))
-        found = diff_relations(duck, "stage_rows", "target_rows", COLUMNS, "d", ["k"], DAY.isoformat(), DAY, 10)
+    def diff() -> None:  # as the Spark engine's diff: Spark jobs, then the first keys' rows in DuckDB
+        found = spark_compare.diffs(session, ctx, files["stage"], files["target"], 10)[DAY.isoformat()]
         assert (found.added, found.removed, found.changed) == (1, 1, 3), found
-        duck.close()
 
     frame = session.read.parquet(str(folder / "stage"))
     try:

@@ -97,12 +97,19 @@ def connect_server(master: str, workdir: Path) -> Iterator[str]:
         yield f"sc://127.0.0.1:{port}"
 
 
-def run_flow(master: str, root: Path, spec: dict) -> dict:
-    """Plan, approve, apply and apply again the spec (engine.master set to ``master``) in a
-    process of its own; what it found, as JSON."""
+def on_cluster(spec: dict, master: str) -> dict:
+    """The spec with its engine on ``master``, taking one of the workers' two cores (the other
+    is the Connect server's)."""
     conf = {} if master.startswith("sc://") else {"spark.cores.max": "1", "spark.executor.memory": "512m"}
-    mapping = {**spec, "engine": {**spec["engine"], "master": master, "conf": conf}}
-    done = subprocess.run([sys.executable, "-m", "backfill_assets_tests.support.cluster_flow", json.dumps(mapping)],
+    return {**spec, "engine": {**spec["engine"], "master": master, "conf": conf}}
+
+
+def run_flow(master: str, root: Path, spec: dict, *more: str) -> dict:
+    """Plan, approve, apply and apply again the spec (engine.master set to ``master``) in a
+    process of its own (``more``: "planned" stops after the approval); what it found, as JSON."""
+    mapping = on_cluster(spec, master)
+    done = subprocess.run([sys.executable, "-m", "backfill_assets_tests.support.cluster_flow", json.dumps(mapping),
+                           *more],
                           capture_output=True, text=True, timeout=300, cwd=str(root),
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     found = [line for line in done.stdout.splitlines() if line.startswith("{")]

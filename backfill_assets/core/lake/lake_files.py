@@ -30,6 +30,11 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def sha256_files(paths: Sequence[str]) -> dict[str, str]:
+    """Each file's SHA-256, by path, read here through a small buffer."""
+    return {p: sha256_file(Path(p)) for p in paths}
+
+
 def task_files(task: Any) -> list[str]:
     """The files an Iceberg scan task reads: its data file and its delete files (a
     merge-on-read delete changes a partition's rows without changing its data files)."""

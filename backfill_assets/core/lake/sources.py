@@ -34,7 +34,7 @@ from backfill_assets.core.lake.lake_files import (
     delta_dataset,
     files_digest,
     plain_iceberg_files,
-    sha256_file,
+    sha256_files,
     task_files,
 )
 from backfill_assets.core.lake.tables import local_path
@@ -338,6 +338,7 @@ class ParquetSource(LakeSource):
     def __init__(self, spec: ParquetSourceSpec) -> None:
         self.root = Path(local_path(spec.location))
         self.name = spec.display_name
+        self.hash_files = sha256_files  # the pinned files' SHA-256 (an engine may hash them on its executors)
 
     def _listing(self, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, list[Path]]:
         """Per partition label, its files (``<key>=<value>/``, any depth below)."""
@@ -356,10 +357,10 @@ class ParquetSource(LakeSource):
 
     def _pin(self, listing: dict[str, list[Path]], hashed: bool) -> Pin:
         files = []
+        digests = self.hash_files([str(p) for paths in listing.values() for p in paths]) if hashed else {}
         for paths in listing.values():
             for p in paths:
-                files.append((p.relative_to(self.root).as_posix(), p.stat().st_size,
-                              sha256_file(p) if hashed else ""))
+                files.append((p.relative_to(self.root).as_posix(), p.stat().st_size, digests.get(str(p), "")))
         files.sort()
         return Pin(files_digest(files), tuple(files))
 

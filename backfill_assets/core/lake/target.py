@@ -198,12 +198,10 @@ class LakeWrite:
         values = [t.ctx.value_of(label) for label in labels]
         # With records_can_move: the keys written here, in no other partition at the version
         # our commit is based on, and nothing committed between that version and ours.
-        keys = self.keys(labels) if spec.records_can_move else None
-        guarded = keys is not None and keys.num_rows > 0
+        guarded = spec.records_can_move and self.writes_keys(labels)
         base = t.table.version(handle) if guarded else None  # a folder's version lists all of it
         if guarded:
-            assert keys is not None
-            found = self._keys_elsewhere(handle, values, keys)
+            found = self.keys_elsewhere(handle, labels, values)
             if found is not None:
                 raise KeysElsewhereError(
                     int(self.note.get("approval_id", "0")), self.note.get("plan_id", ""), spec.target_name, base,
@@ -213,8 +211,7 @@ class LakeWrite:
         if guarded and not t.table.follows(handle, base, self.metadata):
             # The engine based our commit on a later version than the one checked: check the
             # version we committed (the handle reads it now). Committed already: say so loudly.
-            assert keys is not None
-            found = self._keys_elsewhere(handle, values, keys)
+            found = self.keys_elsewhere(handle, labels, values)
             if found is not None:
                 raise VerificationError(
                     labels[0], f"business key check after the commit of partition(s) {', '.join(labels)}",
@@ -254,8 +251,13 @@ class LakeWrite:
         data = pa.concat_tables([self.pending[label] for label in labels])
         return t.table.overwrite(handle, t.ctx.spec.partition_key, values, data, self.metadata, exclusive=exclusive)
 
-    def _keys_elsewhere(self, handle: Any, values: list[PartitionValue], keys: pa.Table) -> KeysFound | None:
+    def writes_keys(self, labels: list[str]) -> bool:
+        """Whether the write puts any row (so any business key) into ``labels``."""
+        return self.keys(labels).num_rows > 0
+
+    def keys_elsewhere(self, handle: Any, labels: list[str], values: list[PartitionValue]) -> KeysFound | None:
+        """The keys being written that the handle's version holds outside ``values``."""
         t = self.target
         spec = t.ctx.spec
-        return keys_found(t.table.keys_elsewhere(handle, spec.partition_key, values, keys), spec.partition_key,
-                          spec.business_key)
+        return keys_found(t.table.keys_elsewhere(handle, spec.partition_key, values, self.keys(labels)),
+                          spec.partition_key, spec.business_key)

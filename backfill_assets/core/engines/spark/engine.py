@@ -15,10 +15,12 @@ swap (core.engines.spark.parquet) through the same apply protocol as every other
   SHA-256) go to ``seals_<stage>/<partition>.json``.
 - Approval and apply (:class:`SparkBuildEngine`, core.build.BuildEngine): the pin must still hold its
   files; stage A must carry the approved readings, by its seals or fingerprinted again in
-  Spark. Under each partition's lock apply reads stage A's partition into Arrow and
-  fingerprints it (the recheck), writes exactly those rows beside the target partition and
-  swaps them in, and reads the committed partition back to verify it
-  (:class:`SparkTarget`).
+  Spark. Under each partition's lock Spark writes stage A's partition beside the target
+  partition, fingerprints the written files, the table switches them in, and Spark
+  fingerprints the committed partition (core.engines.spark.apply: the driver moves file lists
+  and readings, never rows).
+- The change preview, ``diff`` and the first differing keys a refused plan names are Spark
+  jobs (core.engines.spark.compare): only the rows of a few keys reach the driver.
 
 Plans, approvals, the ledger and the locks stay in the control store (PostgreSQL).
 """
@@ -30,34 +32,30 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
-import pyarrow as pa
 
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff
-from backfill_assets.core.engines.spark.inspect import fields_of, inspect, resolve
+from backfill_assets.core.engines.spark import compare as spark_compare
+from backfill_assets.core.engines.spark.apply import SparkTarget
+from backfill_assets.core.engines.spark.inspect import inspect, resolve
 from backfill_assets.core.engines.spark.profiling import SparkProfiler
-from backfill_assets.core.engines.spark.session import session_for, staging_dir
+from backfill_assets.core.engines.spark.session import release, session_for, staging_dir
 from backfill_assets.core.engines.spark.snapshot import input_reports, take_snapshot
 from backfill_assets.core.engines.spark.source import SparkSource, spark_source
 from backfill_assets.core.engines.spark.stages import (
-    arrow_stage,
     build_both,
-    compared,
-    differing_keys,
     finish_plan,
     seals_hold,
     stage_dir,
+    stage_files,
     stage_readings,
+    stage_rows,
 )
 from backfill_assets.core.engines.spark.watch import signatures_for
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.lake import compare
-from backfill_assets.core.lake.diff import diff_partition
-from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
-from backfill_assets.core.lake.target import StagedLakeTarget
 from backfill_assets.core.lake.watch import pinned_changes
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned import LakeSnapshot, keys_detail, require_plan_pin
@@ -66,18 +64,6 @@ from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionRequest
-
-
-class SparkTarget(StagedLakeTarget):
-    """A Spark spec's target (a Parquet folder or a catalog table), whose approved rows come
-    from stage A's files (core.lake.target.StagedLakeTarget)."""
-
-    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context,
-                 checkpoint: Checkpoint = no_checkpoint) -> None:
-        super().__init__(conn, control, ctx, lake_engine_for(ctx.spec).table(control), checkpoint)
-
-    def read_stage(self, label: str) -> pa.Table:
-        return arrow_stage(self.ctx, "a", label)
 
 
 class SparkBuildEngine(PinnedBuildEngine):
@@ -102,11 +88,13 @@ class SparkBuildEngine(PinnedBuildEngine):
         source = spark_source(spec)
         try:
             engine = cls(conn, control_store, factory, spec, source)
+            source.use_session(lambda: engine.session)
             try:
                 yield engine
             finally:
                 for profiler in engine._profilers:  # what they cached on the executors
                     profiler.close()
+                release(engine._session)
         finally:
             source.close()
 
@@ -152,40 +140,25 @@ class SparkBuildEngine(PinnedBuildEngine):
         require_plan_pin(self.control, self.source, spec, stored, ctx)
         if not stage_dir(spec, "a").is_dir():
             raise ApprovalError(f"stage A of spec {spec.name} does not exist in {staging_dir(spec)}; plan again")
-        changed = seals_hold(self._session, ctx, "a", {label: stored.approved(label) for label in stored.labels})
+        changed = seals_hold(lambda: self.session, ctx, "a", {label: stored.approved(label) for label in stored.labels})
         if changed:
             raise ApprovalError(f"stage A of spec {spec.name} no longer has the planned fingerprint in partition(s) "
                                 f"{', '.join(changed)}; plan again")
-        target = SparkTarget(self.control, self.control, ctx)
+        target = SparkTarget(self.control, self.control, ctx, lambda: self.session)
         try:
             return target.readings(wanted)
         finally:
             target.close()
 
     def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
-        spec = self.spec
-        target = SparkTarget(self.control, self.control, ctx)
-        out: dict[str, dict[str, Any]] = {}
-        fields = fields_of(ctx.target_columns)
+        """The change preview, as Spark jobs over stage A's and the target's files
+        (core.engines.spark.compare)."""
+        target = SparkTarget(self.control, self.control, ctx, lambda: self.session)
         try:
-            handle = target.table.open()
-            for label in stored.labels:
-                value = ctx.value_of(label)
-                now = target.table.read(handle, spec.partition_key, [value])
-                with compared(ctx, arrow_stage(ctx, "a", label), now) as duck:
-                    added, removed, changed, unchanged = duck.execute(compare.change_counts(
-                        "stage_rows", "target_rows", spec.partition_key, spec.business_key, fields),
-                        {"partition": value}).fetchall()[0]
-                    out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
-                                  "unchanged": int(unchanged)}
-                    if first:
-                        rows = duck.execute(compare.first_changes(
-                            "stage_rows", "target_rows", spec.partition_key, spec.business_key, fields, first),
-                            {"partition": value}).fetchall()
-                        out[label]["first"] = compare.first_changes_json(rows, spec.business_key)
+            now = target.files(target.table.open(), stored.labels)
         finally:
             target.close()
-        return out
+        return spark_compare.changes(self.session, ctx, stage_files(ctx, "a", stored.labels), now, first)
 
     def source_changes(self) -> tuple[dict[str, str], list[str]]:
         if self.spec.source.format == "parquet":
@@ -204,44 +177,38 @@ class SparkBuildEngine(PinnedBuildEngine):
     def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
         if not stage_dir(self.spec, "a").is_dir():
             raise ApprovalError(f"stage A of spec {self.spec.name} does not exist in {staging_dir(self.spec)}; plan again")
-        return seals_hold(self._session, ctx, "a", expected)
+        return seals_hold(lambda: self.session, ctx, "a", expected)
 
     def rows_in_b(self, ctx: Context, labels: list[str]) -> dict[str, int]:
-        return {label: arrow_stage(ctx, "b", label).num_rows for label in labels}
+        return stage_rows(ctx, "b", labels)
 
     def diff_partitions(self, ctx: Context, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
-        spec = self.spec
-        target = SparkTarget(self.control, self.control, ctx) if against == "target" else None
-        out = []
-        try:
-            handle = target.table.open() if target is not None else None
-            for label in labels:
-                right = (arrow_stage(ctx, "b", label) if target is None
-                         else target.table.read(handle, spec.partition_key, [ctx.value_of(label)]))
-                with compared(ctx, arrow_stage(ctx, "a", label), right) as duck:
-                    out.append(diff_partition(duck, ctx, "stage_rows", "target_rows", label, limit))
-        finally:
-            if target is not None:
+        """``diff`` as Spark jobs over the files of stage A and of the target or stage B
+        (core.engines.spark.compare)."""
+        if against == "target":
+            target = SparkTarget(self.control, self.control, ctx, lambda: self.session)
+            try:
+                right = target.files(target.table.open(), labels)
+            finally:
                 target.close()
-        return out
+        else:
+            right = stage_files(ctx, "b", labels)
+        found = spark_compare.diffs(self.session, ctx, stage_files(ctx, "a", labels), right, limit)
+        return [found[label] for label in labels]
 
     def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
-        if self._target is not None:
-            now = self._target.recheck(labels)
-        else:
-            now = {label: self._stage_now(ctx, label) for label in labels}
-        compare_readings({label: stored.approved(label) for label in labels}, now, "recheck of the approved stage")
-
-    def _stage_now(self, ctx: Context, label: str) -> dict[str, Any]:
-        target = SparkTarget(self.control, self.control, ctx)
-        try:
-            return target.readings_of(arrow_stage(ctx, "a", label))
-        finally:
-            target.close()
+        """Stage A by its seals: the sealed files unchanged (or, where not, the stage
+        fingerprinted again by Spark) still carry the approved readings."""
+        approved = {label: stored.approved(label) for label in labels}
+        changed = seals_hold(lambda: self.session, ctx, "a", approved)
+        if changed:
+            now = stage_readings(self.session, ctx, "a", [ctx.value_of(label) for label in changed])
+            compare_readings({label: approved[label] for label in changed},
+                             {label: fp.as_dict() for label, fp in zip(changed, now)}, "recheck of the approved stage")
 
     def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
                     ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
-        self._target = SparkTarget(conn, control, ctx, checkpoint)
+        self._target = SparkTarget(conn, control, ctx, lambda: self.session, checkpoint)
         return self._target
 
     def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:
@@ -250,9 +217,9 @@ class SparkBuildEngine(PinnedBuildEngine):
         if self._target is None:
             return err
         try:
-            value = ctx.value_of(err.partition)
-            now = self._target.table.read_version(version, spec.partition_key, [value])
-            keys = differing_keys(ctx, err.partition, arrow_stage(ctx, "a", err.partition), now)
+            label = err.partition
+            now = self._target.files(self._target.table.open(), [label])
+            keys = spark_compare.differing_keys(self.session, ctx, stage_files(ctx, "a", [label]), now)[label]
         except Exception:  # noqa: BLE001 - only an explanation failed; the verification error stands
             return err
         if not keys:

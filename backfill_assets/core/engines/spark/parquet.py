@@ -264,13 +264,45 @@ class ParquetFolderTable(LakeTable):
                 if now - entry.stat().st_mtime > grace:
                     shutil.rmtree(entry, ignore_errors=True)
 
+    def partition_paths(self, handle: Any, value: PartitionValue) -> list[str]:
+        """The data files of one partition as ``handle`` listed them (full paths)."""
+        directory = partition_dir(self.partition_key, value)
+        files = None if handle is None else handle.files(directory)
+        return [str(self.root / directory / name) for name, _, _ in files or () if name.endswith(".parquet")]
+
+    def place(self, run: str, value: PartitionValue) -> Path:
+        """Where one run writes one partition in full before it is switched in (not created)."""
+        return self.root / STAGING / run / partition_dir(self.partition_key, value)
+
+    def discard(self, run: str, values: Sequence[PartitionValue], placed: Mapping[str, Path]) -> None:
+        """Remove what a run wrote and did not switch in."""
+        shutil.rmtree(self.root / STAGING / run, ignore_errors=True)
+
     def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
                   metadata: Mapping[str, str], exclusive: bool = False) -> str | None:
-        """Write each partition under ``_backfill_staging`` and switch it in atomically (see
-        the module docstring); a partition whose files changed since ``handle`` listed them is
-        refused before anything is switched (TransientDatabaseError, safe to retry). The handle
-        lists a partition's files when it is first read through it (apply reads each partition
-        under its lock before it writes it), or else here."""
+        """Write each partition's rows of ``data`` from Arrow under ``_backfill_staging`` and
+        switch them in (:meth:`switch_in`)."""
+        run = uuid.uuid4().hex
+        placed = {}
+        try:
+            for value in values:
+                rows = data.filter(pc.equal(data[column], pa.scalar(value, data.schema.field(column).type)))
+                new = placed[partition_label(value)] = self.place(run, value)
+                new.mkdir(parents=True)
+                if rows.num_rows:
+                    path = new / f"part-00000-{uuid.uuid4()}.c000.snappy.parquet"
+                    pq.write_table(rows.drop_columns([column]), path, compression="snappy")
+            return self.switch_in(handle, column, values, placed)
+        finally:
+            self.discard(run, values, placed)
+
+    def switch_in(self, handle: Any, column: str, values: Sequence[PartitionValue], placed: Mapping[str, Path]) -> str | None:
+        """Make each partition's new directory (``placed``: label -> directory under
+        ``_backfill_staging``; no data file: the partition becomes empty) durable and switch it
+        in atomically (see the module docstring); a partition whose files changed since
+        ``handle`` listed them is refused before anything is switched (TransientDatabaseError,
+        safe to retry). The handle lists a partition's files when it is first read through it
+        (apply reads each partition under its lock before it writes it), or else here."""
         # ``exclusive`` (records_can_move): a folder has no log to fail a commit on, so the
         # written keys were checked in no other partition just before (keys_elsewhere), and
         # partitions a moved key links never get here (the plan is refused).
@@ -284,24 +316,23 @@ class ParquetFolderTable(LakeTable):
             raise TransientDatabaseError(f"another writer changed {', '.join(moved)} of {self.name} since this run "
                                          "read it; nothing of ours was switched in")
         self._purge()
-        run = self.root / STAGING / uuid.uuid4().hex
         written = []
         for value, directory in zip(values, dirs):
-            rows = data.filter(pc.equal(data[column], pa.scalar(value, data.schema.field(column).type)))
-            new = run / directory
-            new.mkdir(parents=True)
-            if rows.num_rows:
-                path = new / f"part-00000-{uuid.uuid4()}.c000.snappy.parquet"
-                pq.write_table(rows.drop_columns([column]), path, compression="snappy")
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
+            new = placed[partition_label(value)]
+            new.mkdir(parents=True, exist_ok=True)
+            for path in list(new.iterdir()):  # what a writer left beside the data (Spark's _SUCCESS, .crc)
+                if _hidden(path.name) and path.is_file():
+                    path.unlink()
+            for path in new.iterdir():
+                if path.is_file():
+                    with open(path, "rb") as f:
+                        os.fsync(f.fileno())
             _fsync_dir(new)
+            _fsync_dir(new.parent)
             written.append((new, directory))
-        _fsync_dir(run)
         for new, directory in written:
             self._switch(new, self.root / directory, before.get(directory))
         _fsync_dir(self.root)
-        shutil.rmtree(run, ignore_errors=True)
         after = self._listing()
         return None if after is None else after.version
 

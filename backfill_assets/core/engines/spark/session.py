@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,7 +63,43 @@ def start_session(master: str, conf: dict[str, str], app: str = "backfill_assets
             conf["spark.jars"] = DEBIAN_DRIVER_JAR
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    if master.startswith("sc://"):
+        _STARTED.append(session)
+    return session
+
+
+# Spark Connect sessions started here. A Connect client's channel is otherwise closed by the
+# session's __del__, which at interpreter shutdown can wait forever on gRPC's threads: they are
+# stopped while the process still runs.
+_STARTED: list[SparkSession] = []  # the process's own (start_session)
+_OPEN: list[SparkSession] = []  # each step's new one (session_for)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for started in (_OPEN, _STARTED):
+        while started:
+            _stop_quietly(started.pop())
+
+
+def _stop_quietly(session: SparkSession) -> None:
+    with contextlib.suppress(Exception):  # the server may be gone already; the process is ending
+        session.stop()
+
+
+def is_connect(session: SparkSession) -> bool:
+    """Whether ``session`` is a Spark Connect client's."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def release(session: SparkSession | None) -> None:
+    """End a session :func:`session_for` made over Spark Connect (its channel, its state on the
+    server). The process's own session, and any classic one (they share the process's context,
+    which stays up for the next step), are left alone."""
+    if session is not None and any(s is session for s in _OPEN):
+        _OPEN[:] = [s for s in _OPEN if s is not session]
+        _stop_quietly(session)
 
 
 def session_for(spec: Spec) -> SparkSession:
@@ -72,6 +110,8 @@ def session_for(spec: Spec) -> SparkSession:
         session = active.newSession()
     except Exception:  # noqa: BLE001 - Spark Connect keeps one session per client: its views are its own already
         session = active
+    if session is not active and is_connect(session):
+        _OPEN.append(session)  # a channel of its own: closed by release(), or at exit
     for key, value in REQUIRED_CONF.items():
         session.conf.set(key, value)
     return session

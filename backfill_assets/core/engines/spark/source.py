@@ -24,13 +24,14 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backfill_assets.core.engines.spark.files import sha256_files
 from backfill_assets.core.engines.spark.session import staging_dir
 from backfill_assets.core.errors import SnapshotError, SpecError
-from backfill_assets.core.lake.lake_files import files_digest, sha256_file
+from backfill_assets.core.lake.lake_files import files_digest
 from backfill_assets.core.lake.sources import ParquetSource as _Folder
 from backfill_assets.core.pinned import Pin
 from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, SparkTableSpec, Spec
@@ -46,6 +47,17 @@ class SparkSource:
     """What the Spark engine asks of its source (see the module docstring)."""
 
     name: str
+    # The engine's session, started when first asked for: pinned files are hashed on its
+    # executors where there is much to hash (core.engines.spark.files.sha256_files).
+    session_of: Callable[[], SparkSession] | None = None
+
+    def use_session(self, session_of: Callable[[], SparkSession]) -> None:
+        self.session_of = session_of
+
+    def sha256(self, paths: Sequence[Path]) -> dict[Path, str]:
+        """Each file's SHA-256, by path."""
+        found = sha256_files([str(p) for p in paths], self.session_of)
+        return {p: found[str(p)] for p in paths}
 
     def newest(self, session: SparkSession) -> Any:
         """Every row of the source as it is now, as a DataFrame that reads them when asked
@@ -115,6 +127,10 @@ class ParquetFolderSource(SparkSource):
     def __init__(self, spec: ParquetSourceSpec) -> None:
         self.folder = _Folder(spec)
         self.root, self.name = self.folder.root, self.folder.name
+
+    def use_session(self, session_of: Callable[[], SparkSession]) -> None:
+        super().use_session(session_of)
+        self.folder.hash_files = lambda paths: sha256_files(paths, session_of)
 
     def newest(self, session: SparkSession) -> Any:
         if not self.root.is_dir():
@@ -242,19 +258,22 @@ class JdbcSource(SparkSource):
         for old in self.copies.glob("copy-*"):
             if old != target and time.time() - old.stat().st_mtime > self.kept_for:
                 shutil.rmtree(old, ignore_errors=True)
-        files = []
-        for p in sorted(target.rglob("*.parquet")):
-            rel = p.relative_to(self.copies)
-            if p.is_file() and not any(part.startswith(("_", ".")) for part in rel.parts):
-                files.append((rel.as_posix(), p.stat().st_size, sha256_file(p)))
+        kept = [p for p in sorted(target.rglob("*.parquet"))
+                if p.is_file() and not any(part.startswith(("_", ".")) for part in p.relative_to(self.copies).parts)]
+        digests = self.sha256(kept)
+        files = [(p.relative_to(self.copies).as_posix(), p.stat().st_size, digests[p]) for p in kept]
         return Pin(files_digest([(f"{p.split('/', 1)[1]}", str(n), h) for p, n, h in files]), tuple(files))
 
     def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
-        for path, size, digest in pin.files:
+        for path, size, _ in pin.files:
             p = self.copies / path
             if not p.is_file():
                 return f"the copy's file {path} is gone"
-            if p.stat().st_size != size or sha256_file(p) != digest:
+            if p.stat().st_size != size:
+                return f"the copy's file {path} was rewritten"
+        digests = self.sha256([self.copies / path for path, _, _ in pin.files])
+        for path, _, digest in pin.files:
+            if digests[self.copies / path] != digest:
                 return f"the copy's file {path} was rewritten"
         return None
 
@@ -299,21 +318,27 @@ class CatalogSource(SparkSource):
         return session.table(self.table)
 
     def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
-        files = []
+        found = []
         for label, location in self._catalog(session).locations(values).items():
             if location is None or not location.is_dir():
                 continue
-            for p in sorted(location.iterdir()):  # every file Spark reads there, whatever its name
-                if p.is_file() and not p.name.startswith(("_", ".")):
-                    files.append((f"{label}\t{p}", p.stat().st_size, sha256_file(p)))
+            found += [(label, p) for p in sorted(location.iterdir())  # every file Spark reads there, whatever its name
+                      if p.is_file() and not p.name.startswith(("_", "."))]
+        digests = self.sha256([p for _, p in found])
+        files = [(f"{label}\t{p}", p.stat().st_size, digests[p]) for label, p in found]
         return Pin(files_digest(files), tuple(files))
 
     def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
-        for entry, size, digest in pin.files:
+        for entry, size, _ in pin.files:
             p = Path(entry.split("\t", 1)[1])
             if not p.is_file():
                 return f"file {p} is gone"
-            if p.stat().st_size != size or sha256_file(p) != digest:
+            if p.stat().st_size != size:
+                return f"file {p} was rewritten"
+        paths = [Path(entry.split("\t", 1)[1]) for entry, _, _ in pin.files]
+        digests = self.sha256(paths)
+        for p, (_, _, digest) in zip(paths, pin.files):
+            if digests[p] != digest:
                 return f"file {p} was rewritten"
         return None
 

@@ -157,8 +157,48 @@ class SparkCatalogTable(LakeTable):
                     shutil.rmtree(old, ignore_errors=True)
                 note.unlink(missing_ok=True)
 
+    def partition_paths(self, handle: Any, value: PartitionValue) -> list[str]:
+        """The data files of one partition as ``handle`` saw them (full paths)."""
+        location, files = (None, ()) if handle is None else handle.of(value)
+        return [] if location is None else [str(location / name) for name, _, _ in files if name.endswith(".parquet")]
+
+    def place(self, run: str, value: PartitionValue) -> Path:
+        """Where one run writes one partition in full: a new location of its own (not created)."""
+        return self.catalog.location() / VERSIONS / partition_dir(self.partition_key, value) / run
+
+    def discard(self, run: str, values: Sequence[PartitionValue], placed: Mapping[str, Path]) -> None:
+        """Remove the locations a run wrote that the catalog does not point at."""
+        if not placed:
+            return
+        live = self.catalog.locations([v for v in values if partition_label(v) in placed])
+        for label, path in placed.items():
+            if live.get(label) != path:
+                shutil.rmtree(path, ignore_errors=True)
+
     def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
                   metadata: Mapping[str, str], exclusive: bool = False) -> str | None:
+        """Write each partition's rows of ``data`` from Arrow at a new location and switch them
+        in (:meth:`switch_in`)."""
+        run = uuid.uuid4().hex
+        placed = {}
+        try:
+            for value in values:
+                rows = data.filter(pc.equal(data[column], pa.scalar(value, data.schema.field(column).type)))
+                new = placed[partition_label(value)] = self.place(run, value)
+                new.mkdir(parents=True)
+                if rows.num_rows:
+                    pq.write_table(rows.drop_columns([column]), new / f"part-00000-{uuid.uuid4()}.c000.snappy.parquet",
+                                   compression="snappy")
+            return self.switch_in(handle, column, values, placed)
+        except BaseException:
+            self.discard(run, values, placed)
+            raise
+
+    def switch_in(self, handle: Any, column: str, values: Sequence[PartitionValue], placed: Mapping[str, Path]) -> str | None:
+        """Make each partition's new location (``placed``: label -> a location under
+        ``_backfill_versions``; no data file: the partition leaves the catalog) durable and
+        point the catalog at it; a partition whose location or files changed since ``handle``
+        saw them is refused before anything is switched (TransientDatabaseError, safe to retry)."""
         assert handle is not None
         now = Seen(self)
         moved = [partition_label(v) for v in values if now.of(v) != handle.of(v)]
@@ -168,19 +208,22 @@ class SparkCatalogTable(LakeTable):
         base = self.catalog.location()
         self._purge(base)
         for value in values:
-            rows = data.filter(pc.equal(data[column], pa.scalar(value, data.schema.field(column).type)))
+            new = placed[partition_label(value)]
             old, _ = handle.of(value)
-            if rows.num_rows == 0:
+            data = [p for p in new.iterdir() if not p.name.startswith(("_", "."))] if new.is_dir() else []
+            if not data:
+                shutil.rmtree(new, ignore_errors=True)
                 if old is not None:
                     self.catalog.drop(value)  # an emptied partition leaves the catalog
                     self._note(base, old)
+                handle.partitions.pop(partition_label(value), None)
                 continue
-            new = base / VERSIONS / partition_dir(column, value) / uuid.uuid4().hex
-            new.mkdir(parents=True)
-            path = new / f"part-00000-{uuid.uuid4()}.c000.snappy.parquet"
-            pq.write_table(rows.drop_columns([column]), path, compression="snappy")
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
+            for path in list(new.iterdir()):  # what a writer left beside the data (Spark's _SUCCESS, .crc)
+                if path.name.startswith(("_", ".")) and path.is_file():
+                    path.unlink()
+            for path in data:
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
             _fsync_dir(new)
             self.catalog.set_location(value, new, exists=old is not None)
             if old is not None:

@@ -13,26 +13,24 @@ import shutil
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
-import pyarrow as pa
-import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.spark import fingerprint as spark_fp
-from backfill_assets.core.engines.spark.inspect import fields_of, functions, input_of
+from backfill_assets.core.engines.spark.files import sha256_files
+from backfill_assets.core.engines.spark.inspect import functions, input_of
 from backfill_assets.core.engines.spark.parquet import partition_dir
-from backfill_assets.core.engines.spark.session import schema_ddl, session_for, staging_dir
+from backfill_assets.core.engines.spark.session import schema_ddl, staging_dir
 from backfill_assets.core.engines.spark.snapshot import in_scope
 from backfill_assets.core.engines.spark.source import SparkSource
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.lake import compare
-from backfill_assets.core.lake.kinds import lake_schema
-from backfill_assets.core.lake.lake_files import files_digest, sha256_file
+from backfill_assets.core.lake.lake_files import files_digest
 from backfill_assets.core.pinned import LakeSnapshot, keys_detail, record_builds, record_plan
 from backfill_assets.core.planning import assemble
 from backfill_assets.core.progress import Progress, ProgressEvent
@@ -134,12 +132,13 @@ def stage_readings(session: SparkSession, ctx: Context, variant: str, values: Se
     return [found.get(partition_label(v)) or empty(ctx.target_columns, spec.total) for v in values]
 
 
-def _files_of(directory: Path) -> str:
-    """The seal of a stage partition: the digest of its files' names, sizes and SHA-256."""
-    if not directory.is_dir():
-        return files_digest([])
-    return files_digest([(p.name, str(p.stat().st_size), sha256_file(p))
-                         for p in sorted(directory.iterdir()) if p.is_file() and not p.name.startswith(("_", "."))])
+def _files_of(directories: Sequence[Path], session: Callable[[], SparkSession]) -> list[str]:
+    """The seal of each stage partition: the digest of its files' names, sizes and SHA-256
+    (hashed on the executors where there is much to hash)."""
+    found = [sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith(("_", ".")))
+             if d.is_dir() else [] for d in directories]
+    digests = sha256_files([str(p) for files in found for p in files], session)
+    return [files_digest([(p.name, str(p.stat().st_size), digests[str(p)]) for p in files]) for files in found]
 
 
 def _recorded(spec: Spec, variant: str) -> dict[str, Any]:
@@ -204,34 +203,36 @@ def build_stage(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, sou
         shutil.rmtree(private, ignore_errors=True)
     found = stage_readings(session, ctx, variant, ctx.partitions)
     out = dict(zip(ctx.labels, found))
-    for label, value in zip(ctx.labels, ctx.partitions):
+    seals = _files_of([base / partition_dir(spec.partition_key, v) for v in ctx.partitions], lambda: session)
+    for label, files in zip(ctx.labels, seals):
         _seal(spec, variant, label, {"snapshot_id": snapshot.snapshot_id, "readings": out[label].as_dict(),
-                                     "files": _files_of(base / partition_dir(spec.partition_key, value))})
+                                     "files": files})
     for n, (label, fp) in enumerate(out.items(), 1):
         progress(ProgressEvent(step, f"{fp.row_count} row(s)", partition=label, done=n, total=total,
                                rows=fp.row_count, status="built"))
     return out
 
 
-def seals_hold(session: SparkSession | None, ctx: Context, variant: str, expected: dict[str, dict[str, Any]]) -> list[str]:
+def seals_hold(session: Callable[[], SparkSession], ctx: Context, variant: str,
+               expected: dict[str, dict[str, Any]]) -> list[str]:
     """The partitions of ``expected`` (label -> readings) whose stage no longer carries them:
     those whose seal recorded exactly those readings and whose files still have the sealed
     names, sizes and SHA-256 are unchanged (Parquet files are immutable: a change is a new
     file or a rewritten one: changed, whatever it holds); one whose seal recorded other
-    readings is fingerprinted again in Spark."""
+    readings is fingerprinted again in Spark. ``session`` gives the session, started only if
+    needed."""
     spec = ctx.spec
     recorded = _recorded(spec, variant)
     base = stage_dir(spec, variant)
     # A stage's files are written once: other bytes than the sealed ones are another stage.
-    changed = [label for label in expected if label in recorded and recorded[label]["files"] != _files_of(
-        base / partition_dir(spec.partition_key, ctx.value_of(label)))]
+    sealed = [label for label in expected if label in recorded]
+    now = _files_of([base / partition_dir(spec.partition_key, ctx.value_of(label)) for label in sealed], session)
+    changed = [label for label, files in zip(sealed, now) if recorded[label]["files"] != files]
     doubtful = [label for label in expected
                 if label not in changed and recorded.get(label, {}).get("readings") != expected[label]]
     if not doubtful:
         return changed
-    if session is None:
-        session = session_for(spec)
-    found = stage_readings(session, ctx, variant, [ctx.value_of(label) for label in doubtful])
+    found = stage_readings(session(), ctx, variant, [ctx.value_of(label) for label in doubtful])
     return changed + [label for label, fp in zip(doubtful, found) if fp.as_dict() != expected[label]]
 
 
@@ -262,41 +263,20 @@ def unholdable(session: SparkSession, ctx: Context) -> list[str]:
     ]
 
 
-def arrow_stage(ctx: Context, variant: str, label: str) -> pa.Table:
-    """One stage partition's rows in Arrow, in the target's schema and business-key order."""
-    spec = ctx.spec
-    schema = lake_schema(ctx.target_columns)
-    directory = stage_dir(spec, variant) / partition_dir(spec.partition_key, ctx.value_of(label))
-    files = [str(p) for p in sorted(directory.glob("*.parquet"))] if directory.is_dir() else []
-    if not files:
-        return schema.empty_table()
-    data = pads.dataset(files, format="parquet").to_table()
-    value = ctx.value_of(label)
-    data = data.append_column(spec.partition_key, pa.array([value] * data.num_rows, schema.field(spec.partition_key).type))
-    return data.select(list(spec.columns)).cast(schema).sort_by([(k, "ascending") for k in spec.business_key])
+def stage_files(ctx: Context, variant: str, labels: Sequence[str]) -> dict[str, list[str]]:
+    """Each stage partition's data files (full paths), by label."""
+    base = stage_dir(ctx.spec, variant)
+    out = {}
+    for label in labels:
+        directory = base / partition_dir(ctx.spec.partition_key, ctx.value_of(label))
+        out[label] = [str(p) for p in sorted(directory.glob("*.parquet"))] if directory.is_dir() else []
+    return out
 
 
-@contextlib.contextmanager
-def compared(ctx: Context, left: pa.Table, right: pa.Table) -> Iterator[Any]:
-    """An in-memory DuckDB connection with ``left`` as stage_rows and ``right`` as
-    target_rows (core.lake.compare compares them by canonical text)."""
-    from backfill_assets.core.lake.duck import connect
-    duck = connect()
-    try:
-        duck.register("stage_rows", left.select(list(ctx.spec.columns)))
-        duck.register("target_rows", right.select(list(ctx.spec.columns)) if right.num_rows else
-                     lake_schema(ctx.target_columns).empty_table())
-        yield duck
-    finally:
-        duck.close()
-
-
-def differing_keys(ctx: Context, label: str, left: pa.Table, right: pa.Table) -> list[tuple]:
-    spec = ctx.spec
-    with compared(ctx, left, right) as duck:
-        return duck.execute(compare.differing_keys("stage_rows", "target_rows", spec.partition_key,
-                                                     spec.business_key, fields_of(ctx.target_columns)),
-                           {"partition": ctx.value_of(label)}).fetchall()
+def stage_rows(ctx: Context, variant: str, labels: Sequence[str]) -> dict[str, int]:
+    """Each stage partition's row count, from its files' footers (no row is read)."""
+    return {label: sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+            for label, paths in stage_files(ctx, variant, labels).items()}
 
 
 def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, session: SparkSession,
@@ -304,14 +284,15 @@ def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapsho
                 clock: Clock, progress: Progress) -> Plan:
     """Compare the stages, store the plan; a refused plan's differing stage partitions are
     deleted so that nothing can apply them."""
+    from backfill_assets.core.engines.spark.compare import differing_keys
     from backfill_assets.core.engines.spark.moves import linked_problems
     spec = ctx.spec
     problems = unholdable(session, ctx) + linked_problems(ctx)
-    for label in ctx.labels:
-        if a[label] != b[label]:
-            keys = differing_keys(ctx, label, arrow_stage(ctx, "a", label), arrow_stage(ctx, "b", label))
-            problems.append(f"partition {label}: first differing key(s), stage A against stage B: "
-                            + keys_detail(spec.business_key, keys))
+    differ = [label for label in ctx.labels if a[label] != b[label]]
+    if differ:
+        found = differing_keys(session, ctx, stage_files(ctx, "a", differ), stage_files(ctx, "b", differ))
+        problems += [f"partition {label}: first differing key(s), stage A against stage B: "
+                     + keys_detail(spec.business_key, found[label]) for label in differ]
     plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)  # type: ignore[arg-type]
     if plan.status == "refused":
         for entry in plan.document.partitions:

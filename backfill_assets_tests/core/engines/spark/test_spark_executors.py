@@ -1,0 +1,144 @@
+"""Approval, the change preview, apply and ``diff`` on Spark hold no partition's rows in the
+driver: every path that would read a partition into Arrow in this process is made to fail, and
+the whole flow still runs, on a Parquet folder and on a catalog table. What is switched in is
+what Spark wrote and fingerprinted; and files are hashed by Spark's executors exactly as the
+driver hashes them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import uuid
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+from backfill_assets.core import plan as plan_module
+from backfill_assets.core.apply import apply_plan
+from backfill_assets.core.approve import approve_plan, review
+from backfill_assets.core.diff import diff_plan
+from backfill_assets.core.engines.spark import apply as spark_apply
+from backfill_assets.core.engines.spark import files as spark_files
+from backfill_assets.core.engines.spark import stages as spark_stages
+from backfill_assets.core.engines.spark.parquet import STAGING, ParquetFolderTable
+from backfill_assets.core.engines.spark.spark_table import SparkCatalogTable
+from backfill_assets.core.errors import VerificationError
+from backfill_assets.core.lake import target as lake_target
+from backfill_assets_tests.support.duck_lakes import COLUMNS, DAYS, newest, source_table
+from backfill_assets_tests.support.spark_lakes import spark_spec, target_rows, write_parquet_source
+
+pytestmark = pytest.mark.spark
+
+DDL = ("order_date DATE, order_id BIGINT, customer_id BIGINT, updated_at TIMESTAMP, ingest_seq BIGINT, "
+       "amount DECIMAL(12,2), status STRING, note STRING")
+
+
+def _no_rows_in_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way this process would read a partition's rows into Arrow fails the test."""
+    def refused(*args, **kwargs):
+        raise AssertionError("a partition's rows were read into the driver")
+    for cls in (ParquetFolderTable, SparkCatalogTable):
+        monkeypatch.setattr(cls, "read", refused)
+        monkeypatch.setattr(cls, "read_version", refused)
+    monkeypatch.setattr(pq, "read_table", refused)
+    monkeypatch.setattr(pads, "dataset", refused)
+    monkeypatch.setattr(lake_target, "arrow_readings", refused)
+
+
+def _catalog_table(spark, tmp_path: Path) -> str:
+    table = f"daily_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE {table} ({DDL}) USING parquet PARTITIONED BY (order_date) LOCATION '{tmp_path / table}'")
+    return table
+
+
+@pytest.mark.parametrize("target", ["parquet", "spark_table"])
+def test_approval_preview_apply_and_diff_run_without_a_partition_in_the_driver(target, tmp_path: Path, spark, factory,
+                                                                               url_env, monkeypatch):
+    changes = {} if target == "parquet" else {"target": {"format": "spark_table", "table": _catalog_table(spark, tmp_path)}}
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "orders_raw"), **changes)
+    plan = plan_module.make_plan(spec, DAYS, factory)
+    assert plan.status == "ready", plan.problems
+    _no_rows_in_the_driver(monkeypatch)
+    if target == "spark_table":  # as where stage and target are on two file systems: Spark rewrites the files
+        monkeypatch.setattr(spark_apply, "_linked", lambda files, place: False)
+    with factory() as conn:
+        checked = review(conn, factory, spec, plan.plan_id)
+        assert checked.changes is not None
+        assert [c["added"] for c in checked.changes.values()] == [e.stage_a.row_count for e in plan.document.partitions]
+        approve_plan(conn, factory, spec, plan, "tester")
+    result = apply_plan(spec, plan.plan_id, factory, run_id="run-1")
+    assert [p["status"] for p in result.partitions] == ["verified"] * 3
+    found = diff_plan(spec, plan.plan_id, factory, against="target")
+    assert [(d.added, d.removed, d.changed) for d in found.partitions] == [(0, 0, 0)] * 3
+    assert [d.unchanged for d in found.partitions] == [e.stage_a.row_count for e in plan.document.partitions]
+    again = apply_plan(spec, plan.plan_id, factory, run_id="run-2")
+    assert [p["status"] for p in again.partitions] == ["skipped-already-verified"] * 3
+    monkeypatch.undo()
+    rows = [tuple(r[c] for c in COLUMNS) for r in source_table().to_pylist()]
+    if target == "parquet":
+        for day in (dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.date(2024, 1, 3)):
+            assert target_rows(tmp_path / "orders_daily", day) == newest(rows, day)
+            # Only data files were switched in (Spark's _SUCCESS and .crc files stayed behind).
+            assert all(p.suffix == ".parquet" for p in (tmp_path / "orders_daily" / f"order_date={day}").iterdir())
+        assert not any((tmp_path / "orders_daily" / STAGING).iterdir())
+
+
+@pytest.mark.parametrize("how", ["linked", "written"])
+def test_what_is_placed_is_fingerprinted_before_the_switch(how, tmp_path: Path, spark, factory, url_env, monkeypatch):
+    """A placed partition one row short of stage A (stage A's files linked and then one
+    rewritten; or, where they cannot be linked, Spark handed one row fewer) is caught by the
+    fingerprint of the placed files before anything is switched in; nothing of it stays."""
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "orders_raw"))
+    plan = plan_module.make_plan(spec, DAYS, factory)
+    with factory() as conn:
+        approve_plan(conn, factory, spec, plan, "tester")
+    if how == "linked":
+        real_link = spark_apply._linked
+
+        def linked_then_rewritten(files, place):
+            assert real_link(files, place)
+            victim = next(place.glob("*.parquet"))
+            rows = pq.read_table(victim)
+            victim.unlink()  # a new file, never the stage's own (a link shares it)
+            pq.write_table(rows.slice(1), victim)
+            return True
+
+        monkeypatch.setattr(spark_apply, "_linked", linked_then_rewritten)
+    else:
+        real = spark_stages.stage_frame
+        monkeypatch.setattr(spark_apply, "_linked", lambda files, place: False)
+        monkeypatch.setattr(spark_apply, "stage_frame",
+                            lambda session, ctx, variant, values: real(session, ctx, variant, values).offset(1))
+    with pytest.raises(VerificationError, match="verification before commit"):
+        apply_plan(spec, plan.plan_id, factory, run_id="run-1")
+    assert not (tmp_path / "orders_daily" / "order_date=2024-01-01").exists()
+    staging = tmp_path / "orders_daily" / STAGING
+    assert not staging.exists() or not any(staging.iterdir())
+    # Stage A itself is as it was sealed: the rerun writes it.
+    monkeypatch.undo()
+    result = apply_plan(spec, plan.plan_id, factory, run_id="run-2")
+    assert [p["status"] for p in result.partitions] == ["verified"] * 3
+
+
+def test_files_hashed_by_the_executors_have_the_drivers_digests(tmp_path: Path, spark, monkeypatch):
+    paths = []
+    for n, size in enumerate((0, 1, 70_000, 3 * 2**20 + 5)):
+        p = tmp_path / f"f{n}.bin"
+        p.write_bytes(bytes((i * 7 + n) % 251 for i in range(size)))
+        paths.append(str(p))
+    expected = {p: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths}
+    asked = []
+
+    def session():
+        asked.append(1)
+        return spark
+
+    assert spark_files.sha256_files(paths, session) == expected
+    assert not asked  # a few bytes: the driver hashes them, no Spark job
+    monkeypatch.setattr(spark_files, "DRIVER_HASH_BYTES", 0)
+    monkeypatch.setattr(spark_files, "driver_sha256", lambda found: pytest.fail(f"the driver hashed {found}") if found
+                        else {})
+    assert spark_files.sha256_files(paths, session) == expected
+    assert asked

@@ -107,8 +107,11 @@ def _first_rows(ctx: Context, sides: list[DataFrame], joined: DataFrame, grain: 
     first = F.broadcast(first)  # a few keys a partition: each side is scanned once against them
     wanted = functools.reduce(lambda a, b: a & b, [F.col(quoted(c)).eqNullSafe(F.col(f"__g{i}")) for i, c in enumerate(grain)])
     schema = lake_schema(ctx.target_columns)
-    rows = [_arrow(side.join(first, on=wanted, how="left_semi").select(*[quoted(c) for c in spec.columns])).cast(schema)
-            for side in sides]
+    # Both sides' rows of those keys in one job, told apart by a tag.
+    tagged = [side.join(first, on=wanted, how="left_semi").select(F.lit(i).alias("__side"), *[quoted(c) for c in spec.columns])
+              for i, side in enumerate(sides)]
+    both = _arrow(tagged[0].unionByName(tagged[1]))
+    rows = [both.filter(pc.equal(both["__side"], i)).drop_columns(["__side"]).cast(schema) for i in (0, 1)]
     for label, found in out.items():
         value = ctx.value_of(label)
         found.left, found.right = (r.filter(pc.equal(r[spec.partition_key], pa.scalar(value, schema.field(

@@ -82,7 +82,7 @@ def test_an_executor_killed_in_a_build_and_the_driver_killed_in_apply_change_not
     from backfill_assets.cli import demo
     from backfill_assets_tests.support.duck_lakes import edge_rows
     source = write_parquet_source(tmp_path / "orders_raw", source_table(
-        demo.source_rows(orders_per_day=30_000, moved=False) + edge_rows()))
+        demo.source_rows(orders_per_day=10_000, moved=False) + edge_rows()))
     mapping = spark_mapping(tmp_path, source, name="orders_daily_lost", control_schema="backfill_control_lost")
     building = Path(mapping["engine"]["staging"]) / "stage_a"
     logs = [cluster["workdir"] / "worker1.log", cluster["workdir"] / "worker2.log"]

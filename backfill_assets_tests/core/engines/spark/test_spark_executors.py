@@ -116,10 +116,10 @@ def test_what_is_placed_is_fingerprinted_before_the_switch(how, tmp_path: Path, 
     assert not (tmp_path / "orders_daily" / "order_date=2024-01-01").exists()
     staging = tmp_path / "orders_daily" / STAGING
     assert not staging.exists() or not any(staging.iterdir())
-    # Stage A itself is as it was sealed: the rerun writes it.
-    monkeypatch.undo()
-    result = apply_plan(spec, plan.plan_id, factory, run_id="run-2")
-    assert [p["status"] for p in result.partitions] == ["verified"] * 3
+    if how == "linked":  # the link shared stage A's file: stage A is still as sealed, and the rerun writes it
+        monkeypatch.undo()
+        result = apply_plan(spec, plan.plan_id, factory, run_id="run-2")
+        assert [p["status"] for p in result.partitions] == ["verified"] * 3
 
 
 def test_files_hashed_by_the_executors_have_the_drivers_digests(tmp_path: Path, spark, monkeypatch):

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
+import spark_lake  # benchmarks/spark_lake.py: the bench's Spark spec and naive way
 
 REPO = Path(__file__).resolve().parents[1]
 URL_ENV = "BENCH_SPARK_CLUSTER_URL"
@@ -52,17 +53,10 @@ def write_source(folder: Path, rows: int) -> None:
 
 
 def spec(folder: Path, master: str) -> dict[str, Any]:
+    """The bench's Spark spec (benchmarks/spark_lake.py) on ``master``, one per master."""
+    mapping = spark_lake.spec(folder, URL_ENV)
     name = "bench_cluster" if master.startswith("spark://") else "bench_local"
-    return {
-        "name": name, "database_url_env": URL_ENV,
-        "engine": {"type": "spark", "staging": str(folder / "staging"), "master": master},
-        "source": {"format": "parquet", "location": str(folder / "src")},
-        "target": {"format": "parquet", "location": str(folder / "tgt")},
-        "partition_key": "d", "business_key": ["k"],
-        "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
-        "columns": ["d", "k", "updated_at", "seq", "amount", "status", "note"], "total": "amount",
-        "transform_version": "bench-v1",
-    }
+    return {**mapping, "name": name, "engine": {**mapping["engine"], "master": master}}
 
 
 def driver(mapping: dict[str, Any], folder: Path, pairs_n: int) -> dict[str, Any]:
@@ -72,7 +66,6 @@ def driver(mapping: dict[str, Any], folder: Path, pairs_n: int) -> dict[str, Any
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     import pairs
-    import spark_lake
     from bench import safe_backfill
 
     from backfill_assets.core.engines.spark.session import start_session

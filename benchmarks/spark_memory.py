@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import spark_lake  # benchmarks/spark_lake.py: the bench's Spark spec
 
 REPO = Path(__file__).resolve().parents[1]
 DAY = dt.date(2024, 1, 1)
@@ -54,18 +55,12 @@ def write_source(folder: Path, rows: int) -> None:
 
 
 def spec(folder: Path, master: str, rows: int) -> dict[str, Any]:
-    return {
-        "name": f"bench_spark_memory_{rows}", "database_url_env": URL_ENV,
-        "engine": {"type": "spark", "staging": str(folder / "staging"), "master": master,
-                   "conf": {"spark.cores.max": "2", "spark.executor.memory": "1g", "spark.ui.enabled": "false",
-                            "spark.sql.shuffle.partitions": "4"}},
-        "source": {"format": "parquet", "location": str(folder / "src")},
-        "target": {"format": "parquet", "location": str(folder / "tgt")},
-        "partition_key": "d", "business_key": ["k"],
-        "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
-        "columns": ["d", "k", "updated_at", "seq", "amount", "status", "note"], "total": "amount",
-        "transform_version": "bench-v1",
-    }
+    """The bench's Spark spec (benchmarks/spark_lake.py) on ``master``, one per size."""
+    mapping = spark_lake.spec(folder, URL_ENV)
+    conf = {"spark.cores.max": "2", "spark.executor.memory": "1g", "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4"}
+    return {**mapping, "name": f"bench_spark_memory_{rows}", "engine": {**mapping["engine"], "master": master,
+                                                                        "conf": conf}}
 
 
 def _peak(pid: int) -> int:

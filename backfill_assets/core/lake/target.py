@@ -86,14 +86,19 @@ class LakeTarget(AdvisoryLocked):
     @contextlib.contextmanager
     def writing(self, labels: list[str]) -> Iterator[LakeWrite]:
         spec = self.ctx.spec
-        with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
-                lake_errors(self.table, f"replacing partition(s) {', '.join(labels)} of"), self.data_transaction():
-            write = self.new_write(self.table.open())
-            yield write
-            # Our commit's version; for partitions found already carrying the approved rows
-            # (nothing written), the version they were read at.
-            version = write.commit(labels) if write.pending is not None else self.table.version(write.handle)
-            self._committed.update(dict.fromkeys(labels, version))
+        write: LakeWrite | None = None
+        try:
+            with transient_errors(f"replacing partition(s) {', '.join(labels)} of {spec.target_name}"), \
+                    lake_errors(self.table, f"replacing partition(s) {', '.join(labels)} of"), self.data_transaction():
+                write = self.new_write(self.table.open())
+                yield write
+                # Our commit's version; for partitions found already carrying the approved rows
+                # (nothing written), the version they were read at.
+                version = write.commit(labels) if write.pending is not None else self.table.version(write.handle)
+                self._committed.update(dict.fromkeys(labels, version))
+        finally:
+            if write is not None:
+                write.discard()
 
     def new_write(self, handle: Any) -> LakeWrite:
         """The write of one group of partitions, based on the handle's version."""
@@ -250,6 +255,9 @@ class LakeWrite:
         assert self.pending is not None
         data = pa.concat_tables([self.pending[label] for label in labels])
         return t.table.overwrite(handle, t.ctx.spec.partition_key, values, data, self.metadata, exclusive=exclusive)
+
+    def discard(self) -> None:
+        """Remove what the write left outside the table and did not commit (nothing, here)."""
 
     def writes_keys(self, labels: list[str]) -> bool:
         """Whether the write puts any row (so any business key) into ``labels``."""

@@ -141,16 +141,6 @@ class DuckLakeTarget(StagedLakeTarget):
             return FilesWrite(self, self.table, handle)
         return super().new_write(handle)
 
-    @contextlib.contextmanager
-    def writing(self, labels: list[str]) -> Iterator[LakeWrite]:
-        write: LakeWrite | None = None
-        try:
-            with super().writing(labels) as write:
-                yield write
-        finally:
-            if isinstance(write, FilesWrite):
-                write.discard()
-
     def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
         version = self.committed_version(labels)
         if isinstance(self.table, FileLakeTable) and version is not None:

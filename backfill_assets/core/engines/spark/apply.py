@@ -98,16 +98,6 @@ class SparkTarget(LakeTarget):
     def new_write(self, handle: Any) -> LakeWrite:
         return SparkWrite(self, handle)
 
-    @contextlib.contextmanager
-    def writing(self, labels: list[str]) -> Iterator[LakeWrite]:
-        write: LakeWrite | None = None
-        try:
-            with super().writing(labels) as write:
-                yield write
-        finally:
-            if isinstance(write, SparkWrite):
-                write.discard()
-
     def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
         """The partitions as the table lists them now (a folder or a catalog keeps no old
         versions), fingerprinted by Spark."""

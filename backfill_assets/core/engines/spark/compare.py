@@ -110,16 +110,12 @@ def _first_rows(ctx: Context, sides: list[DataFrame], joined: DataFrame, grain: 
     # Both sides' rows of those keys in one job, told apart by a tag.
     tagged = [side.join(first, on=wanted, how="left_semi").select(F.lit(i).alias("__side"), *[quoted(c) for c in spec.columns])
               for i, side in enumerate(sides)]
-    both = _arrow(tagged[0].unionByName(tagged[1]))
+    both = tagged[0].unionByName(tagged[1]).toArrow()
     rows = [both.filter(pc.equal(both["__side"], i)).drop_columns(["__side"]).cast(schema) for i in (0, 1)]
     for label, found in out.items():
         value = ctx.value_of(label)
         found.left, found.right = (r.filter(pc.equal(r[spec.partition_key], pa.scalar(value, schema.field(
             spec.partition_key).type))) for r in rows)
-
-
-def _arrow(frame: DataFrame) -> pa.Table:
-    return frame.toArrow()
 
 
 @contextlib.contextmanager

@@ -153,12 +153,16 @@ class SparkBuildEngine(PinnedBuildEngine):
     def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
         """The change preview, as Spark jobs over stage A's and the target's files
         (core.engines.spark.compare)."""
+        return spark_compare.changes(self.session, ctx, stage_files(ctx, "a", stored.labels),
+                                     self._target_files(ctx, stored.labels), first)
+
+    def _target_files(self, ctx: Context, labels: list[str]) -> dict[str, list[str]]:
+        """Each partition's data files in the target now (full paths)."""
         target = SparkTarget(self.control, self.control, ctx, lambda: self.session)
         try:
-            now = target.files(target.table.open(), stored.labels)
+            return target.files(target.table.open(), labels)
         finally:
             target.close()
-        return spark_compare.changes(self.session, ctx, stage_files(ctx, "a", stored.labels), now, first)
 
     def source_changes(self) -> tuple[dict[str, str], list[str]]:
         if self.spec.source.format == "parquet":
@@ -185,14 +189,7 @@ class SparkBuildEngine(PinnedBuildEngine):
     def diff_partitions(self, ctx: Context, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
         """``diff`` as Spark jobs over the files of stage A and of the target or stage B
         (core.engines.spark.compare)."""
-        if against == "target":
-            target = SparkTarget(self.control, self.control, ctx, lambda: self.session)
-            try:
-                right = target.files(target.table.open(), labels)
-            finally:
-                target.close()
-        else:
-            right = stage_files(ctx, "b", labels)
+        right = self._target_files(ctx, labels) if against == "target" else stage_files(ctx, "b", labels)
         found = spark_compare.diffs(self.session, ctx, stage_files(ctx, "a", labels), right, limit)
         return [found[label] for label in labels]
 

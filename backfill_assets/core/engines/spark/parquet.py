@@ -39,7 +39,7 @@ import shutil
 import time
 import urllib.parse
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +174,20 @@ def _value_type(names: list[str]) -> pa.DataType:
     return pa.string()
 
 
+def place_arrow(place: Callable[[PartitionValue], Path], column: str, values: Sequence[PartitionValue],
+                data: pa.Table, placed: dict[str, Path]) -> None:
+    """Each partition's rows of ``data`` written from Arrow as one file (without ``column``) in
+    the directory ``place`` gives it, recorded in ``placed`` (label -> directory) as it is made,
+    so that a failure part way leaves ``placed`` naming what to discard."""
+    for value in values:
+        rows = data.filter(pc.equal(data[column], pa.scalar(value, data.schema.field(column).type)))
+        new = placed[partition_label(value)] = place(value)
+        new.mkdir(parents=True)
+        if rows.num_rows:
+            pq.write_table(rows.drop_columns([column]), new / f"part-00000-{uuid.uuid4()}.c000.snappy.parquet",
+                           compression="snappy")
+
+
 class ParquetFolderTable(LakeTable):
     """One Hive-partitioned Parquet folder (see the module docstring). A handle is a
     :class:`Listing` (None: no folder, or one without a data file yet)."""
@@ -283,15 +297,9 @@ class ParquetFolderTable(LakeTable):
         """Write each partition's rows of ``data`` from Arrow under ``_backfill_staging`` and
         switch them in (:meth:`switch_in`)."""
         run = uuid.uuid4().hex
-        placed = {}
+        placed: dict[str, Path] = {}
         try:
-            for value in values:
-                rows = data.filter(pc.equal(data[column], pa.scalar(value, data.schema.field(column).type)))
-                new = placed[partition_label(value)] = self.place(run, value)
-                new.mkdir(parents=True)
-                if rows.num_rows:
-                    path = new / f"part-00000-{uuid.uuid4()}.c000.snappy.parquet"
-                    pq.write_table(rows.drop_columns([column]), path, compression="snappy")
+            place_arrow(lambda value: self.place(run, value), column, values, data, placed)
             return self.switch_in(handle, column, values, placed)
         finally:
             self.discard(run, values, placed)

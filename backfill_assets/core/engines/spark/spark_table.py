@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from backfill_assets.core.engines.spark.parquet import _fsync_dir, partition_dir
+from backfill_assets.core.engines.spark.parquet import _fsync_dir, partition_dir, place_arrow
 from backfill_assets.core.errors import SpecError, TransientDatabaseError
 from backfill_assets.core.lake.engine import LakeEngine
 from backfill_assets.core.lake.kinds import lake_type
@@ -180,15 +179,9 @@ class SparkCatalogTable(LakeTable):
         """Write each partition's rows of ``data`` from Arrow at a new location and switch them
         in (:meth:`switch_in`)."""
         run = uuid.uuid4().hex
-        placed = {}
+        placed: dict[str, Path] = {}
         try:
-            for value in values:
-                rows = data.filter(pc.equal(data[column], pa.scalar(value, data.schema.field(column).type)))
-                new = placed[partition_label(value)] = self.place(run, value)
-                new.mkdir(parents=True)
-                if rows.num_rows:
-                    pq.write_table(rows.drop_columns([column]), new / f"part-00000-{uuid.uuid4()}.c000.snappy.parquet",
-                                   compression="snappy")
+            place_arrow(lambda value: self.place(run, value), column, values, data, placed)
             return self.switch_in(handle, column, values, placed)
         except BaseException:
             self.discard(run, values, placed)

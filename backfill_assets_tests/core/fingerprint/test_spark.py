@@ -57,3 +57,13 @@ def test_every_nan_renders_as_the_canonical_one(spark, bits):
     frame = spark.createDataFrame(pa.table({"x": pa.array([value, -0.0, 0.0, None], pa.float64())}))
     got = [r[0] for r in frame.select(spark_digest.row_text([("x", "double")])).collect()]
     assert got == [rows.NAN_BITS, "8000000000000000", "0000000000000000", rows.NULL]
+
+
+def test_a_partition_past_the_digest_s_64_bit_sums_is_refused(spark, monkeypatch):
+    """Each 60-bit slice is summed as two 30-bit halves in bigint, exact below 2**33 rows a
+    partition; past that the readings are refused, never wrapped (shown with the bound lowered)."""
+    from pyspark.sql import functions as F  # noqa: N812
+    frame, cols = _frame(spark)
+    monkeypatch.setattr(spark_digest, "_MAX_ROWS", 2)
+    with pytest.raises(ValueError, match=r"rows: Spark's digest sums them in 64 bits.*split the partition key"):
+        spark_digest.readings(frame.withColumn("__all", F.lit(1)), cols, ["k"], "__all", "amount")

@@ -13,8 +13,10 @@ is composed here at all. Each kind renders as the specification says:
   session's time zone.
 
 The digest is an aggregate Spark runs in parallel: per partition the row count, the NULL and
-duplicate business keys, the exact sums of three 60-bit slices of the rows' SHA-256 (as
-decimals: ANSI mode makes a ``bigint`` sum overflow an error), and the total.
+duplicate business keys, the exact sums of three 60-bit slices of the rows' SHA-256, and the
+total. Each slice is summed as two 30-bit halves in ``bigint`` (Spark's decimal sums cost
+about as much again as the rest of the digest): a half's sum cannot overflow below 2**33 rows
+a partition, whatever the session's ANSI mode, and a partition that large is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.fingerprint import rows
+
+_HALF = 30  # bits: a 60-bit slice is summed as its high and low 30 bits
+_MAX_ROWS = 1 << (63 - _HALF)  # below this, no half's sum reaches 2**63
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -73,21 +78,30 @@ def partition_readings(frame: DataFrame, fields: Sequence[tuple[str, str]], busi
         F.sha2(row_text(fields), 256).alias("__h"),
         *([F.col(total).alias("__t")] if total else []),
     )
-    slices = [F.conv(F.substring("__h", 1 + i * rows.SLICE_HEX, rows.SLICE_HEX), 16, 10).cast("decimal(38,0)")
-              for i in range(rows.SLICES)]
+    halves = []
+    for i in range(rows.SLICES):
+        piece = F.conv(F.substring("__h", 1 + i * rows.SLICE_HEX, rows.SLICE_HEX), 16, 10).cast("bigint")
+        halves += [F.shiftright(piece, _HALF), piece.bitwiseAND(F.lit((1 << _HALF) - 1))]
     # Two aggregates, no distinct count: per (partition, key) first, where a key's rows are
     # counted (its duplicates are all but one, unless the key has a NULL), then per partition.
     per_key = rows_of.groupBy("__p", *[f"__k{i}" for i in range(len(business_key))]).agg(
         F.count(F.lit(1)).alias("__n"), F.max("__nk").alias("__nk"),
-        *[F.sum(sl).alias(f"__s{i}") for i, sl in enumerate(slices)],
+        *[F.sum(half).alias(f"__s{i}") for i, half in enumerate(halves)],
         *([F.sum("__t").alias("__t")] if total else []),
     )
     found = per_key.groupBy("__p").agg(
         F.sum("__n"), F.sum(F.when(F.col("__nk") == 1, F.col("__n")).otherwise(0)),
         F.sum(F.when(F.col("__nk") == 0, F.col("__n") - 1).otherwise(0)),
-        *[F.sum(f"__s{i}") for i in range(rows.SLICES)], F.sum("__t") if total else F.lit(None),
+        *[F.sum(f"__s{i}") for i in range(len(halves))], F.sum("__t") if total else F.lit(None),
     ).collect()
-    return [tuple(r) for r in found]
+    out = []
+    for p, count, null_keys, duplicates, *rest in found:
+        if count >= _MAX_ROWS:
+            raise ValueError(f"partition {p!r} has {count:,} rows: Spark's digest sums them in 64 bits up to "
+                             f"{_MAX_ROWS:,} a partition; split the partition key finer")
+        sums = [((hi or 0) << _HALF) + (lo or 0) for hi, lo in zip(rest[0:-1:2], rest[1:-1:2], strict=True)]
+        out.append((p, count, null_keys, duplicates, *sums, rest[-1]))
+    return out
 
 
 def readings(frame: DataFrame, columns: Sequence[Any], business_key: Sequence[str], partition_key: str,

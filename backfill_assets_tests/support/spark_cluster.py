@@ -81,16 +81,18 @@ def standalone_cluster(workdir: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def connect_server(master: str, workdir: Path) -> Iterator[str]:
-    """``sc://127.0.0.1:<port>``: a Spark Connect server whose driver runs on ``master``."""
+def connect_server(master: str, workdir: Path, cores: int = 1) -> Iterator[str]:
+    """``sc://127.0.0.1:<port>``: a Spark Connect server whose driver runs on ``master``, its
+    application taking ``cores`` of the workers' two (by default one: the other stays free for
+    a driver started on the master itself, as an application holding every core would leave
+    the other none)."""
     port = _free_port()
     args = [str(_spark_home() / "bin" / "spark-submit"), "--class",
             "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master,
             "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
             "--conf", f"spark.connect.grpc.binding.port={port}",
-            # One of the two worker cores: the other stays free for a driver started on the
-            # master itself (an application holding every core would leave the other none).
-            "--conf", "spark.ui.enabled=false", "--conf", "spark.cores.max=1", "--conf", "spark.executor.memory=512m"]
+            "--conf", "spark.ui.enabled=false", "--conf", f"spark.cores.max={cores}",
+            "--conf", "spark.executor.memory=512m"]
     if Path("/usr/share/java/postgresql.jar").is_file():
         args += ["--jars", "/usr/share/java/postgresql.jar"]
     with _jvm([*args, "spark-internal"], workdir / "connect.log", "Spark Connect server started", workdir):
@@ -121,3 +123,21 @@ def executors_launched(log: Path) -> list[str]:
     """The executors a worker launched (from its log), for a test to see that the work ran on
     the cluster and not in a local driver."""
     return re.findall(r"Asked to launch executor (\S+)", log.read_text(errors="replace"))
+
+
+def applications(master_log: Path) -> dict[str, str]:
+    """The applications the master registered, id -> name, in the order they came (from its log)."""
+    return {app: name for name, app in re.findall(r"Registered app (\S+) with ID (\S+)",
+                                                  master_log.read_text(errors="replace"))}
+
+
+def executor_of(app: str) -> list:
+    """The executor processes (psutil) that run for application ``app`` on this machine."""
+    import psutil
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        line = p.info["cmdline"] or []
+        if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in line and app in line:
+            found.append(p)
+    return found
+

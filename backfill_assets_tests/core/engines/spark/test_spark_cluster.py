@@ -1,11 +1,13 @@
 """The whole flow on a real Spark cluster on 127.0.0.1 (a standalone master and two one-core
 workers started from the pyspark wheel) and through a Spark Connect server on it: the same
 content hashes as the DuckDB engine for the same rows, the target verified, a rerun writing
-nothing; on the master, an executor killed during a build and the driver killed during apply
-change nothing. Each flow runs in a driver process of its own."""
+nothing. On both, an executor killed during a build and the driver (through Connect, the
+client) killed during apply change nothing; through Connect, readers during the switch see a
+partition's old rows or its new ones. Each flow runs in a driver process of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -14,10 +16,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pyarrow.dataset as pads
 import pytest
 import yaml
 
@@ -26,7 +30,9 @@ from backfill_assets.core import plan as plan_module
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.duck_lakes import COLUMNS, duck_spec, newest, source_table
 from backfill_assets_tests.support.spark_cluster import (
+    applications,
     connect_server,
+    executor_of,
     executors_launched,
     on_cluster,
     run_flow,
@@ -47,15 +53,52 @@ def _cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield {"master": master, "connect": connect, "workdir": workdir}
 
 
-def test_the_flow_through_spark_connect_gives_the_hashes_of_the_other_engines(cluster, tmp_path: Path, factory,
-                                                                             url_env):
-    """Plan, approve, apply and a rerun through the Connect server (the flow on the master
-    itself is the next test's, with its failures)."""
+def _killing(victims: Callable[[], list], when: Callable[[], bool]) -> tuple[threading.Event, list[int], threading.Thread]:
+    """A thread that SIGKILLs the processes ``victims`` gives, once, as soon as ``when`` holds."""
+    done, killed = threading.Event(), []
+
+    def run() -> None:
+        while not done.is_set() and not killed:
+            if when():
+                for p in victims():
+                    p.kill()
+                    killed.append(p.pid)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return done, killed, thread
+
+
+def _read_rows(folder: Path, seen: list[int], stop: threading.Event) -> None:
+    """Read one partition of the target, as any Parquet reader does, until ``stop``: its row count each time."""
+    while not stop.is_set():
+        with contextlib.suppress(FileNotFoundError, OSError):  # listed before a switch, opened after: never wrong rows
+            seen.append(pads.dataset(str(folder), format="parquet").to_table().num_rows)
+
+
+def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_change_nothing(cluster, tmp_path: Path,
+                                                                                         factory, url_env):
+    """Through the Connect server: the executor of the server's application is killed (SIGKILL)
+    while stage A is written; Spark runs the lost tasks again and plan, approve, apply and a
+    rerun give the DuckDB engine's hashes. Then a changed day is planned again and applied from a
+    client killed (SIGKILL) before its switch: the day is as it was; a new client's apply
+    converges; readers of the day all the while see its old rows or its new ones, never a mix."""
+    from backfill_assets.cli import demo
+    from backfill_assets_tests.support.duck_lakes import edge_rows
     via = "connect"
-    source = write_parquet_source(tmp_path / "orders_raw")
-    mapping = spark_mapping(tmp_path, source, name=f"orders_daily_{via}",
-                            control_schema=f"backfill_control_{via}")
-    found = run_flow(cluster[via], tmp_path, mapping)
+    raw = demo.source_rows(orders_per_day=10_000, moved=False) + edge_rows()
+    source = write_parquet_source(tmp_path / "orders_raw", source_table(raw))
+    mapping = spark_mapping(tmp_path, source, name=f"orders_daily_{via}", control_schema=f"backfill_control_{via}")
+    building = Path(mapping["engine"]["staging"]) / "stage_a"
+    server = next(iter(applications(cluster["workdir"] / "master.log")))  # the Connect server registered first
+    done, killed, killer = _killing(lambda: executor_of(server), lambda: any(building.glob("_building-*")))
+    try:
+        found = run_flow(cluster[via], tmp_path, mapping)
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "the Connect server's executor was not seen while stage A was written"
     assert found["status"] == "ready", found["problems"]
     assert found["applied"] == ["verified"] * 3
     assert found["again"] == ["skipped-already-verified"] * 3
@@ -64,11 +107,53 @@ def test_the_flow_through_spark_connect_gives_the_hashes_of_the_other_engines(cl
     duck = plan_module.make_plan(duck_spec(tmp_path / "duck", source), PartitionRequest("2024-01-01..2024-01-03"),
                                  factory)
     assert found["hashes"] == {p.partition: p.stage_a.content_hash for p in duck.document.partitions}
-    rows = [tuple(r[c] for c in COLUMNS) for r in source_table().to_pylist()]
+    rows = [tuple(r[c] for c in COLUMNS) for r in source_table(raw).to_pylist()]
     for day in (dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.date(2024, 1, 3)):
         assert target_rows(tmp_path / "orders_daily", day) == newest(rows, day)
     # The work ran on the workers' executors, not in a local driver.
     assert executors_launched(cluster["workdir"] / "worker1.log") + executors_launched(cluster["workdir"] / "worker2.log")
+
+    # A third of the day's orders gone from the source: planned and approved again.
+    victim = dt.date.fromisoformat(VICTIM)
+    changed = [r for r in raw if not (r[0] == victim and (r[1] or 0) % 3 == 0)]
+    write_parquet_source(tmp_path / "orders_raw", source_table(changed))
+    old, new = len(newest(rows, victim)), len(newest([tuple(r[c] for c in COLUMNS) for r in
+                                                      source_table(changed).to_pylist()], victim))
+    assert old != new
+    again = run_flow(cluster[via], tmp_path, mapping, "planned")
+    assert again["status"] == "ready", again["problems"]
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(on_cluster(mapping, cluster[via])), encoding="utf-8")
+    apply = [sys.executable, "-m", "backfill_assets.cli", "apply", "--spec", str(spec_file), "--plan",
+             again["plan_id"], "--quiet", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    marker, seen, stop = tmp_path / "paused", [], threading.Event()
+    readers = [threading.Thread(target=_read_rows, args=(tmp_path / "orders_daily" / f"order_date={VICTIM}", seen,
+                                                         stop)) for _ in range(2)]
+    for r in readers:
+        r.start()
+    try:
+        proc = subprocess.Popen(apply, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**env, PAUSE_ENV: f"before-commit:{VICTIM}", PAUSE_FILE_ENV: str(marker)})
+        deadline = time.monotonic() + 180
+        while not marker.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"apply never reached the switch: {proc.communicate()[1][-3000:]!r}")
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)  # the client: the Connect server and its session live on
+        proc.wait()
+        assert target_rows(tmp_path / "orders_daily", victim) == newest(rows, victim)  # never switched in
+        rerun = subprocess.run(apply, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        stop.set()
+        for r in readers:
+            r.join()
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    statuses = {p["partition"]: p["status"] for p in json.loads(rerun.stdout)["partitions"]}
+    assert statuses[VICTIM] == "verified" and set(statuses.values()) <= {"verified", "skipped-already-verified"}
+    assert seen and set(seen) <= {old, new}, sorted(set(seen))
+    assert old in seen and seen[-1] == new
 
 
 def test_an_executor_killed_in_a_build_and_the_driver_killed_in_apply_change_nothing(cluster, tmp_path: Path, factory,
@@ -87,20 +172,13 @@ def test_an_executor_killed_in_a_build_and_the_driver_killed_in_apply_change_not
     building = Path(mapping["engine"]["staging"]) / "stage_a"
     logs = [cluster["workdir"] / "worker1.log", cluster["workdir"] / "worker2.log"]
     launched = sum(len(executors_launched(log)) for log in logs)
-    started, done, killed = time.time(), threading.Event(), []
+    started = time.time()
 
-    def kill_the_executor_while_stage_a_is_written() -> None:
-        while not done.is_set() and not killed:
-            if any(building.glob("_building-*")):
-                for p in psutil.process_iter(["cmdline", "create_time"]):
-                    if "CoarseGrainedExecutorBackend" in " ".join(p.info["cmdline"] or []) \
-                            and p.info["create_time"] >= started:  # this flow's, not the Connect server's
-                        p.kill()
-                        killed.append(p.pid)
-            time.sleep(0.05)
+    def the_flow_s_executors() -> list:  # not the Connect server's
+        return [p for p in psutil.process_iter(["cmdline", "create_time"])
+                if "CoarseGrainedExecutorBackend" in " ".join(p.info["cmdline"] or []) and p.info["create_time"] >= started]
 
-    killer = threading.Thread(target=kill_the_executor_while_stage_a_is_written)
-    killer.start()
+    done, killed, killer = _killing(the_flow_s_executors, lambda: any(building.glob("_building-*")))
     try:
         planned = run_flow(cluster["master"], tmp_path, mapping, "planned")
     finally:

@@ -77,6 +77,27 @@ def _read_rows(folder: Path, seen: list[int], stop: threading.Event) -> None:
             seen.append(pads.dataset(str(folder), format="parquet").to_table().num_rows)
 
 
+def _paused_apply(spec: dict, plan_id: str, root: Path) -> tuple[subprocess.Popen, list[str], dict[str, str]]:
+    """``apply`` of the plan as the command line runs it (``spec`` written under ``root``), paused
+    by the crash hook before VICTIM's switch: the process, once there; its command and environment
+    for a rerun."""
+    spec_file = root / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    marker = root / "paused"
+    apply = [sys.executable, "-m", "backfill_assets.cli", "apply", "--spec", str(spec_file), "--plan", plan_id,
+             "--quiet", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(apply, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**env, PAUSE_ENV: f"before-commit:{VICTIM}", PAUSE_FILE_ENV: str(marker)})
+    deadline = time.monotonic() + 180
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"apply never reached the switch: {proc.communicate()[1][-3000:]!r}")
+        time.sleep(0.1)
+    return proc, apply, env
+
+
 def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_change_nothing(cluster, tmp_path: Path,
                                                                                          factory, url_env):
     """Through the Connect server: the executor of the server's application is killed (SIGKILL)
@@ -122,25 +143,13 @@ def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_chang
     assert old != new
     again = run_flow(cluster[via], tmp_path, mapping, "planned")
     assert again["status"] == "ready", again["problems"]
-    spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(on_cluster(mapping, cluster[via])), encoding="utf-8")
-    apply = [sys.executable, "-m", "backfill_assets.cli", "apply", "--spec", str(spec_file), "--plan",
-             again["plan_id"], "--quiet", "--json"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    marker, seen, stop = tmp_path / "paused", [], threading.Event()
+    seen, stop = [], threading.Event()
     readers = [threading.Thread(target=_read_rows, args=(tmp_path / "orders_daily" / f"order_date={VICTIM}", seen,
                                                          stop)) for _ in range(2)]
     for r in readers:
         r.start()
     try:
-        proc = subprocess.Popen(apply, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env={**env, PAUSE_ENV: f"before-commit:{VICTIM}", PAUSE_FILE_ENV: str(marker)})
-        deadline = time.monotonic() + 180
-        while not marker.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError(f"apply never reached the switch: {proc.communicate()[1][-3000:]!r}")
-            time.sleep(0.1)
+        proc, apply, env = _paused_apply(on_cluster(mapping, cluster[via]), again["plan_id"], tmp_path)
         os.kill(proc.pid, signal.SIGKILL)  # the client: the Connect server and its session live on
         proc.wait()
         assert target_rows(tmp_path / "orders_daily", victim) == newest(rows, victim)  # never switched in
@@ -193,20 +202,7 @@ def test_an_executor_killed_in_a_build_and_the_driver_killed_in_apply_change_not
                                  factory)
     assert planned["hashes"] == {p.partition: p.stage_a.content_hash for p in duck.document.partitions}
 
-    spec_file = tmp_path / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(on_cluster(mapping, cluster["master"])), encoding="utf-8")
-    marker = tmp_path / "paused"
-    apply = [sys.executable, "-m", "backfill_assets.cli", "apply", "--spec", str(spec_file), "--plan",
-             planned["plan_id"], "--quiet", "--json"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(apply, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**env, PAUSE_ENV: f"before-commit:{VICTIM}", PAUSE_FILE_ENV: str(marker)})
-    deadline = time.monotonic() + 180
-    while not marker.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"apply never reached the switch: {proc.communicate()[1][-3000:]!r}")
-        time.sleep(0.1)
+    proc, apply, env = _paused_apply(on_cluster(mapping, cluster["master"]), planned["plan_id"], tmp_path)
     jvms = psutil.Process(proc.pid).children(recursive=True)
     assert jvms, "the driver started no JVM"
     os.kill(proc.pid, signal.SIGKILL)

@@ -199,14 +199,12 @@ def wait_runs(gql, tags: dict[str, str], count: int, timeout: float = 240, done:
 def test_a_multi_run_backfill_builds_groups_at_once_within_the_pool_and_replaces_one_run_at_a_time(
     admin_url, db_url, unmoved_db, factory, tmp_path,
 ):
-    queued = {"run_coordinator": {"module": "dagster", "class": "QueuedRunCoordinator",
-                                  "config": {"dequeue_interval_seconds": 1}}}
-    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, PARALLEL_SPEC, queued) as (gql, _):
+    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, PARALLEL_SPEC) as (gql, _):
         gql.stop_sensor("approval_sensor")  # the target is launched below as a backfill, by hand
         gql.set_pool_limit(build_pool(SPEC), 2)
         # The target's runs wait in the queue (their pool admits none yet) until the plan is
         # approved: both backfills are submitted at once, so the test waits for one tick of
-        # Dagster's backfill daemon (30 s), not two.
+        # Dagster's backfill daemon, not two.
         gql.set_pool_limit(replace_pool(SPEC), 0)
         stages = gql.launch_backfill([["orders_daily", n] for n in ("snapshot", "stage_a", "stage_b")], SIX)
         target = gql.launch_backfill([["orders_daily", "target"]], SIX)
@@ -243,9 +241,7 @@ def test_a_multi_run_duckdb_backfill_builds_its_runs_one_at_a_time_and_replaces_
                                                                  "max_concurrent_builds": 1})
     mapping = spec.model_dump(mode="json", exclude_none=True)
     four = SIX[:4]
-    queued = {"run_coordinator": {"module": "dagster", "class": "QueuedRunCoordinator",
-                                  "config": {"dequeue_interval_seconds": 1}}}
-    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, mapping, queued) as (gql, _):
+    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, mapping) as (gql, _):
         gql.stop_sensor("approval_sensor")
         gql.set_pool_limit(build_pool(spec), 1)
         gql.set_pool_limit(replace_pool(spec), 0)

@@ -32,9 +32,6 @@ from backfill_assets_tests.support.spark_lakes import spark_mapping, write_parqu
 from backfill_assets_tests.support.specs import REPO, URL_ENV
 
 FOUR = [f"2024-01-0{d}" for d in range(1, 5)]
-QUEUED = {"run_coordinator": {"module": "dagster", "class": "QueuedRunCoordinator",
-                              "config": {"dequeue_interval_seconds": 1}}}
-
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
@@ -61,7 +58,7 @@ def test_a_multi_run_spark_backfill_shares_the_cluster_and_applies_one_plan(admi
         spec = spec_from_mapping(mapping)
         spec_file = tmp_path / "cluster_spec.yaml"
         spec_file.write_text(yaml.safe_dump(mapping), encoding="utf-8")
-        with dagster_deployment(admin_url, db_url.reveal(), tmp_path, mapping, QUEUED) as (gql, _):
+        with dagster_deployment(admin_url, db_url.reveal(), tmp_path, mapping) as (gql, _):
             gql.stop_sensor("approval_sensor")  # the target is launched below as a backfill, by hand
             gql.set_pool_limit(build_pool(spec), 2)
             gql.set_pool_limit(replace_pool(spec), 0)  # the target's runs wait for the approval

@@ -7,6 +7,7 @@ from typing import Any
 
 from backfill_assets.core.apply import ApplyResult
 from backfill_assets.core.approve import Review
+from backfill_assets.core.audit import AuditResult
 from backfill_assets.core.coverage import OpenApproval, short_list, utc_text
 from backfill_assets.core.differences import DiffResult
 from backfill_assets.core.fingerprint.rows import Fingerprint
@@ -240,3 +241,44 @@ def render_diff(result: DiffResult) -> str:
             if e.kind == "changed":
                 lines += [f"      {c}: {e.values[c][0]!r} -> {e.values[c][1]!r}" for c in e.columns]
     return "\n".join(lines)
+
+
+def _when(value: object) -> str:
+    return value.isoformat(timespec="seconds") if hasattr(value, "isoformat") else str(value)
+
+
+def render_audit(result: AuditResult) -> str:
+    """Per partition: holds, drifted or never verified, how it was seen, and for a drifted one
+    what changed (keys and column names only) and since when it may have."""
+    counts = result.counts()
+    lines = [f"audit {result.audit_id[:16]} of {result.target}: {counts['holds']} hold, {counts['drifted']} drifted, "
+             f"{counts['never verified']} never verified",
+             f"  {'partition':<12} {'result':<15} {'seen by':<26} {'rows verified':>13} {'rows now':>9}"]
+    for p in result.partitions:
+        verified = "" if p.verified is None else str(p.verified["row_count"])
+        now = "" if p.now is None else str(p.now["row_count"])
+        lines.append(f"  {p.partition:<12} {p.result:<15} {p.signal:<26} {verified:>13} {now:>9}")
+        if p.result != "drifted":
+            continue
+        keys = (p.changes or {}).get("keys")
+        if keys:
+            lines.append(f"    since the verification: {keys['added']} row(s) added, {keys['removed']} removed, "
+                         f"{keys['changed']} changed")
+            for e in (p.changes or {}).get("first", []):
+                key = ", ".join(f"{k}={v}" for k, v in e["key"].items())
+                what = f" in {', '.join(e['columns'])}" if e["columns"] else ""
+                lines.append(f"      {e['kind']:<8} ({key}){what}")
+        elif p.changes is not None:
+            lines.append(f"    {p.changes.get('why') or 'the keys cannot be named'}")
+        since = p.since or {}
+        if "last_seen_holding" in since:
+            lines.append(f"    last seen holding {_when(since['last_seen_holding'])}")
+        elif "verified_at" in since:
+            lines.append(f"    verified {_when(since['verified_at'])}, not seen holding since")
+        if p.note:
+            lines.append(f"    {p.note}")
+    if counts["drifted"]:
+        lines.append("a drifted partition is planned again like any other: plan --partitions "
+                     + ",".join(p.partition for p in result.drifted))
+    return "\n".join(lines)
+

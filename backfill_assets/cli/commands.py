@@ -3,7 +3,8 @@
 Exit codes: 0 done; 1 unexpected error; 2 bad spec or arguments; 3 cannot connect;
 4 source data refused (ties, NULL ordering values, changed immutable source); 5 plan
 refused (the two builds differ or break the grain); 6 approval; 7 verification;
-8 transient (lock or statement timeout, another run holds the lock): safe to retry.
+8 transient (lock or statement timeout, another run holds the lock): safe to retry;
+9 audit found a partition that no longer holds what was verified.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from backfill_assets.cli.demo_run import run_demo
 from backfill_assets.cli.progress_bar import ProgressBar, plain
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import confirm, review
+from backfill_assets.core.audit import audit_spec
 from backfill_assets.core.coverage import open_approvals
 from backfill_assets.core.diff import diff_plan
 from backfill_assets.core.errors import ApprovalError, BackfillError
@@ -40,6 +42,7 @@ from backfill_assets.core.waits import explain
 from backfill_assets.render import (
     render_apply,
     render_approvals,
+    render_audit,
     render_diff,
     render_plan,
     render_profile,
@@ -53,7 +56,10 @@ EXIT_CODES = """exit codes:
   2  bad spec or arguments      7  verification failed
   3  cannot connect             8  transient (lock/statement timeout, busy): retry
   4  source data refused (ties, NULL ordering values, changed immutable source)
+  9  audit: a partition no longer holds what was verified (drifted)
 """
+
+EXIT_DRIFTED = 9
 
 
 class Output:
@@ -229,6 +235,18 @@ def cmd_diff(args: argparse.Namespace, out: Output) -> int:
     return 0  # differences are the answer, not a failure
 
 
+def cmd_audit(args: argparse.Namespace, out: Output) -> int:
+    spec = load_spec(args.spec)
+    request = PartitionRequest(args.partitions) if args.partitions else None
+    result = audit_spec(spec, _factory(spec, args), request=request, full=args.full, limit=args.limit,
+                        progress=out.progress)
+    if out.json_mode:
+        out.json(result.as_json())
+    else:
+        out.result(render_audit(result))
+    return EXIT_DRIFTED if result.drifted else 0
+
+
 def cmd_status(args: argparse.Namespace, out: Output) -> int:
     spec = load_spec(args.spec)
     factory = _factory(spec, args)
@@ -308,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--against", choices=("target", "stage_b"), default="target",
                       help="compare the approved stage with the target (default) or with stage B")
     diff.add_argument("--limit", type=int, default=10, metavar="N", help="example keys per partition (default 10)")
+    audit = command("audit", "Check that every verified partition of the spec's target still holds what was verified: "
+                             "a metadata signal first, the fingerprint where it cannot tell (read-only on the target; "
+                             "each audit is recorded).", cmd_audit, partitions="")
+    audit.add_argument("--full", action="store_true", help="fingerprint every partition, whatever the signals say")
+    audit.add_argument("--limit", type=int, default=10, metavar="N",
+                       help="differing keys named per drifted partition (default 10)")
     command("status", "Show the latest ledger state of every partition of the spec's target, and what each "
                       "open approval still covers.", cmd_status)
     ui = sub.add_parser("ui", help="Start the Dagster UI and daemon on loopback with the embedded PostgreSQL.",

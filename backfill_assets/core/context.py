@@ -108,8 +108,37 @@ class TargetWrite(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Signals:
+    """What each partition of a target is made of, read from metadata only (no row is read):
+    ``values`` maps each label to a signal, equal only while the partition's rows are (None:
+    this partition has none that is sound, ``why`` says why). ``kind`` names the signal
+    (core.audit shows it); ``at`` is what they were read at (a lake table's version), which
+    :meth:`Target.readings_at` reads the rows at."""
+
+    kind: str
+    values: dict[str, str | None]
+    why: str = ""
+    at: Any = None
+
+
 class Target(Protocol):
     """A table whose partitions apply replaces and verifies."""
+
+    def signals(self, labels: list[str]) -> Signals:
+        """Each partition's metadata signal now (core.audit's cheap check)."""
+        ...
+
+    def signals_at(self, version: str, labels: list[str]) -> dict[str, str | None] | None:
+        """Each partition's signal at a version the ledger recorded (a lake's version or snapshot
+        id), or None where the target keeps no versions."""
+        ...
+
+    def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Readings]:
+        """The partitions' readings as of what ``signals`` were read at: at that version for a
+        lake; for a PostgreSQL table, now (its counters only grow, so a write after them moves
+        them again)."""
+        ...
 
     def readings(self, labels: list[str]) -> dict[str, Readings]:
         """The partitions as they are now, in the caller's transaction where the engine has one."""

@@ -35,6 +35,7 @@ from backfill_assets.core.lake.tables import (
     commit_failed,
     key_bounds,
     local_path,
+    signature,
 )
 from backfill_assets.core.spec import DeltaTargetSpec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
@@ -257,6 +258,26 @@ class DeltaLakeTable:
         return {partition_label(v): [local_path(uri) for uri in
                                      handle.file_uris(file_pruning_predicate=delta_predicate(column, [v]))]
                 for v in values}
+
+    SIGNAL = "log files"
+
+    def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                             version: str | None = None) -> dict[str, str | None] | None:
+        """Each partition's data files in the log (a file of a Delta table is never written
+        again) and the table's schema, at the handle's version or at ``version``."""
+        if version is not None and (handle is None or handle.version() != int(version)):
+            handle = self._at_version(version)
+        if handle is None:
+            return dict.fromkeys((partition_label(v) for v in values), None)
+        protocol = handle.protocol()
+        config = {k.lower(): str(v).lower() for k, v in (handle.metadata().configuration or {}).items()}
+        if ("deletionVectors" in set(protocol.reader_features or []) or config.get("delta.columnmapping.mode", "none") != "none"
+                or list(handle.metadata().partition_columns) != [column]):
+            return None  # rows hidden by deletion vectors, columns renamed, or files not by partition
+        schema = handle.schema().to_json()
+        return {partition_label(v): signature(schema, sorted(
+            local_path(uri) for uri in handle.file_uris(file_pruning_predicate=delta_predicate(column, [v]))))
+            for v in values}
 
     def writable_as_files(self, handle: Any) -> bool:
         return handle is None or not self._unplain(handle)

@@ -37,6 +37,7 @@ from backfill_assets.core.lake.tables import (
     commit_failed,
     key_bounds,
     local_path,
+    signature,
 )
 from backfill_assets.core.pg.db import url_from_env
 from backfill_assets.core.spec import IcebergCatalogSpec, IcebergTargetSpec, Spec
@@ -339,6 +340,33 @@ class IcebergLakeTable:
                 return None
             found[partition_label(v)] = paths
         return found
+
+    SIGNAL = "manifest files"
+
+    def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                             version: str | None = None) -> dict[str, str | None] | None:
+        """Each partition's data and delete files in the manifests (an Iceberg file is never
+        written again) and the schema they are read with, at the handle's snapshot or at
+        snapshot ``version``."""
+        labels = [partition_label(v) for v in values]
+        if handle is None:
+            return dict.fromkeys(labels, None)
+        snapshot_id = version if version is not None else self.version(handle)
+        if snapshot_id is None:  # no snapshot yet: every partition is empty
+            return {label: signature(handle.schema().model_dump_json(), [], []) for label in labels}
+        snapshot = handle.snapshot_by_id(int(snapshot_id))
+        if snapshot is None:
+            handle = self._load()
+            snapshot = None if handle is None else handle.snapshot_by_id(int(snapshot_id))
+            if snapshot is None:
+                return None  # expired
+        schema = handle.schema() if version is None else handle.schemas().get(snapshot.schema_id, handle.schema())
+        out: dict[str, str | None] = {}
+        for label, v in zip(labels, values):
+            tasks = list(handle.scan(snapshot_id=int(snapshot_id), row_filter=self._filter(column, [v])).plan_files())
+            out[label] = signature(schema.model_dump_json(), sorted(t.file.file_path for t in tasks),
+                                   sorted(d.file_path for t in tasks for d in t.delete_files))
+        return out
 
     def writable_as_files(self, handle: Any) -> bool:
         """Our files carry column names, not field ids: readers find their columns through the

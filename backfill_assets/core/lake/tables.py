@@ -37,6 +37,8 @@ between, without relying on either library keeping that behaviour.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +135,23 @@ class LakeTable(Protocol):
         """Whether the version the handle reads was committed directly on ``base`` by the
         commit carrying ``metadata`` (nothing of another writer in between)."""
         ...
+
+    # The name of what partition_signatures reads (core.audit shows it).
+    SIGNAL: str
+
+    def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                             version: str | None = None) -> dict[str, str | None] | None:
+        """Label -> what each partition is made of, from metadata only (its data files, no row
+        read), as the handle's version holds it or, with ``version``, at that version; equal
+        only while its rows are. None where the table's files are not simply its rows (delete
+        files, deletion vectors, column mapping, a table not partitioned by ``column``) or,
+        with ``version``, where the table keeps no versions (a folder, a catalog table)."""
+        ...
+
+
+def signature(*parts: object) -> str:
+    """A partition's signature: the SHA-256 of its metadata parts (JSON)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _library_errors() -> tuple[type[BaseException], ...]:

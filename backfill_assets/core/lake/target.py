@@ -35,8 +35,8 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from backfill_assets.core.context import Checkpoint, Context, Readings, no_checkpoint
-from backfill_assets.core.errors import KeysElsewhereError, TransientDatabaseError, VerificationError
+from backfill_assets.core.context import Checkpoint, Context, Readings, Signals, no_checkpoint
+from backfill_assets.core.errors import BackfillError, KeysElsewhereError, TransientDatabaseError, VerificationError
 from backfill_assets.core.lake.arrow import arrow_readings
 from backfill_assets.core.lake.kinds import lake_schema
 from backfill_assets.core.lake.stage_arrow import read_stage_partition
@@ -71,6 +71,29 @@ class LakeTarget(AdvisoryLocked):
     def readings(self, labels: list[str]) -> dict[str, Readings]:
         with lake_errors(self.table, "reading"):
             return self._read(self.table.open(), labels)
+
+    def signals(self, labels: list[str]) -> Signals:
+        """Each partition's files as the table's current version lists them (LakeTable.partition_signatures)."""
+        values = [self.ctx.value_of(label) for label in labels]
+        with lake_errors(self.table, "listing the files of"):
+            handle = self.table.open()
+            found = self.table.partition_signatures(handle, self.ctx.spec.partition_key, values)
+        if found is None:
+            return Signals(self.table.SIGNAL, dict.fromkeys(labels), "its files are not simply its rows (deletion "
+                           "vectors, delete files, column mapping) or not by partition", at=handle)
+        return Signals(self.table.SIGNAL, found, at=handle)
+
+    def signals_at(self, version: str, labels: list[str]) -> dict[str, str | None] | None:
+        values = [self.ctx.value_of(label) for label in labels]
+        try:
+            with lake_errors(self.table, f"listing the files of version {version} of"):
+                return self.table.partition_signatures(self.table.open(), self.ctx.spec.partition_key, values, version)
+        except BackfillError:
+            return None  # that version is gone (vacuumed, expired): no baseline, the rows are read
+
+    def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Readings]:
+        with lake_errors(self.table, "reading"):
+            return self._read(signals.at, labels)
 
     def stage_rows(self, label: str) -> pa.Table:
         """Stage A's rows of one partition, in the lake schema and business-key order."""

@@ -1,5 +1,5 @@
 """The control schema: snapshots (and the seals of their copies), plans, approvals, the
-stage builds and the ledger.
+stage builds, the ledger and the audits.
 
 It lives in the same database as the target, so a plan, its stages and the target can be
 read in one transaction.
@@ -103,6 +103,17 @@ _DDL = (
     # The lake table's version (Delta) or snapshot id (Iceberg) a verified partition was
     # committed and read back at (NULL for a PostgreSQL target).
     sql.SQL("ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS target_version text"),  # added later
+    # Every audit of every partition (core.audit): what it was compared with (the verified
+    # run), by which signal, what was found, the readings read and what changed.
+    sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {schema}.audits ("
+        "audit_id text NOT NULL, spec_name text NOT NULL, target_table text NOT NULL, "
+        "partition text NOT NULL, audited_at timestamptz NOT NULL, "
+        "result text NOT NULL CHECK (result IN ('holds', 'drifted', 'never verified')), "
+        "signal text NOT NULL, signal_value text, verified_run_id text, readings jsonb, changes jsonb, "
+        "PRIMARY KEY (audit_id, partition))"
+    ),
+    sql.SQL("CREATE INDEX IF NOT EXISTS audits_by_partition ON {schema}.audits (target_table, partition, audited_at)"),
 )
 
 _SNAPSHOT_ROW = sql.SQL(
@@ -275,6 +286,7 @@ _SCHEMA_STATE = sql.SQL(
     "SELECT to_regclass(%(plans)s) IS NOT NULL, "
     "to_regclass(%(ledger)s) IS NOT NULL AND to_regclass(%(builds)s) IS NOT NULL "
     "AND to_regclass(%(copies)s) IS NOT NULL AND to_regclass(%(previews)s) IS NOT NULL "
+    "AND to_regclass(%(audits)s) IS NOT NULL "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
     "AND attname = 'scope' AND NOT attisdropped) "
     "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
@@ -305,6 +317,7 @@ def control_ready(conn: psycopg.Connection, schema: str) -> bool:
     names["builds"] = sql.Identifier(schema, "stage_builds").as_string(conn)
     names["copies"] = sql.Identifier(schema, "snapshot_copies").as_string(conn)
     names["previews"] = sql.Identifier(schema, "previews").as_string(conn)
+    names["audits"] = sql.Identifier(schema, "audits").as_string(conn)
     row = conn.execute(_SCHEMA_STATE, names).fetchone()
     if not row or not row[0]:
         return False

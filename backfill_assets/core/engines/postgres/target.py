@@ -7,6 +7,8 @@ transaction as the replace, and a comparison with the target reads it in place.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,17 +20,21 @@ from backfill_assets.core.context import (
     Checkpoint,
     Context,
     Readings,
+    Signals,
     Target,
     TargetWrite,
     TransformGuard,
     no_checkpoint,
 )
+from backfill_assets.core.engines.postgres.watch_state import read_relation
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import business_key_order, inspect_tables
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets.common import AdvisoryLocked
 from backfill_assets.core.vocabulary import PartitionValue, TableRef
+
+TABLE_COUNTERS = "table counters"  # the name of a PostgreSQL target's signal (core.audit)
 
 
 class PostgresEngine:
@@ -112,6 +118,24 @@ class PostgresTarget(AdvisoryLocked):
 
     def readings(self, labels: list[str]) -> dict[str, Readings]:
         return self.read(self.conn, labels)
+
+    def signals(self, labels: list[str]) -> Signals:
+        """The table's write counters, file nodes and columns (docs/reliability.md, "Watching a
+        target after the backfill"): one signal for every partition, since PostgreSQL counts
+        writes per table (per leaf of a partitioned one), not per partition."""
+        reading = read_relation(self.conn, self.ctx.spec.target_ref, "target")
+        if reading is None:
+            return Signals(TABLE_COUNTERS, dict.fromkeys(labels), "the target table does not exist")
+        if reading.blind:
+            return Signals(TABLE_COUNTERS, dict.fromkeys(labels), reading.blind)
+        value = hashlib.sha256(json.dumps(reading.as_json(), sort_keys=True).encode()).hexdigest()
+        return Signals(TABLE_COUNTERS, dict.fromkeys(labels, value))
+
+    def signals_at(self, version: str, labels: list[str]) -> dict[str, str | None] | None:
+        return None  # a table keeps no versions
+
+    def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Readings]:
+        return self.readings(labels)  # read after the counters, which only grow
 
     @contextlib.contextmanager
     def writing(self, labels: list[str]) -> Iterator[TargetWrite]:

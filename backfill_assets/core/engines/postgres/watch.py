@@ -50,8 +50,6 @@ enum label that a column shows) are not watched.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -68,6 +66,7 @@ from backfill_assets.core.engines.postgres.watch_state import (
     TableReading,
     Tick,
     WatchState,
+    read_relation,
 )
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg import sqlbuild
@@ -79,7 +78,6 @@ from backfill_assets.core.store import control as store
 # Base types (domains resolved) a change column may have: ordered, and exact.
 CHANGE_COLUMN_TYPES = ("int2", "int4", "int8", "numeric", "date", "timestamp", "timestamptz")
 _KEY_TYPES = ("date", "int2", "int4", "int8", "text", "varchar", "bpchar")
-_COUNTED_KINDS = ("r", "m")  # relations whose writes the statistics system counts
 
 
 def _short(digest: str) -> str:
@@ -95,31 +93,12 @@ def read_table(conn: psycopg.Connection, spec: Spec) -> TableReading:
             columns of an ordered, exact type.
     """
     src = spec.source_ref
-    kind = table_kind(conn, src)
-    if kind is None:
+    if table_kind(conn, src) is None:
         raise SpecError(f"source table {src} does not exist")
-    columns = table_columns(conn, src)
-    check_change_column(spec, {c.name: c.base_type for c in columns})
-    digest = hashlib.sha256(json.dumps([[c.name, c.type_name] for c in columns]).encode()).hexdigest()
-    track, standby, db_reset, shared_reset = conn.execute(*sqlbuild.statistics_state()).fetchone() or (True, False, None, None)
-    rows = conn.execute(*sqlbuild.table_counters(src)).fetchall()
-    relations = tuple((int(oid), relkind, int(node or 0), int(ins), int(upd), int(dele))
-                      for oid, relkind, node, ins, upd, dele, _ in rows)
-    inherited = any(children for *_, children in rows)
-    blind = None
-    if not track:
-        blind = "track_counts is off, so PostgreSQL counts no writes"
-    elif standby:
-        blind = "the server is a standby, which does not count the writes it replays"
-    elif kind not in (*_COUNTED_KINDS, "p"):
-        blind = f"the source is a {'view' if kind == 'v' else 'foreign table' if kind == 'f' else 'relation'} without write counters"
-    elif any(r[1] not in _COUNTED_KINDS for r in relations):
-        blind = "a partition of the source is a foreign table, without write counters"
-    elif inherited:
-        # A read of the source includes its inheritance children (INHERITS, trigger-based
-        # partitioning, hypertables); their writes are counted on them, not on the source.
-        blind = "the source has inheritance children, whose writes its counters do not show"
-    return TableReading(relations, (db_reset, shared_reset), _short(digest), blind)
+    check_change_column(spec, {c.name: c.base_type for c in table_columns(conn, src)})
+    reading = read_relation(conn, src, "source")
+    assert reading is not None
+    return reading
 
 
 def check_change_column(spec: Spec, base_types: dict[str, str]) -> None:

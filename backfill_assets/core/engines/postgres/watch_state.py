@@ -4,8 +4,16 @@ tick) and what one tick found (core.engines.postgres.watch)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import psycopg
+
+from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.pg.catalog import table_columns, table_kind
+from backfill_assets.core.vocabulary import TableRef
 
 STATE_FORMAT = 1
 # Hashes are kept as their first 16 hex digits (64 bits): the state only tells whether a
@@ -32,6 +40,39 @@ class TableReading:
     def from_json(cls, data: dict[str, Any]) -> TableReading:
         return cls(tuple(tuple(r) for r in data["relations"]), tuple(data["resets"]),  # type: ignore[arg-type]
                    data["columns"], data["blind"])
+
+
+_COUNTED_KINDS = ("r", "m")  # relations whose writes the statistics system counts
+
+
+def read_relation(conn: psycopg.Connection, rel: TableRef, role: str) -> TableReading | None:
+    """A table's counters, file nodes and columns from the catalog and the statistics system
+    (no row is read), with why they cannot be trusted where they cannot (``blind``); None when
+    the table does not exist. ``role`` names it in those reasons ("source", "target")."""
+    kind = table_kind(conn, rel)
+    if kind is None:
+        return None
+    columns = table_columns(conn, rel)
+    digest = hashlib.sha256(json.dumps([[c.name, c.type_name] for c in columns]).encode()).hexdigest()
+    track, standby, db_reset, shared_reset = conn.execute(*sqlbuild.statistics_state()).fetchone() or (True, False, None, None)
+    rows = conn.execute(*sqlbuild.table_counters(rel)).fetchall()
+    relations = tuple((int(oid), relkind, int(node or 0), int(ins), int(upd), int(dele))
+                      for oid, relkind, node, ins, upd, dele, _ in rows)
+    inherited = any(children for *_, children in rows)
+    blind = None
+    if not track:
+        blind = "track_counts is off, so PostgreSQL counts no writes"
+    elif standby:
+        blind = "the server is a standby, which does not count the writes it replays"
+    elif kind not in (*_COUNTED_KINDS, "p"):
+        blind = f"the {role} is a {'view' if kind == 'v' else 'foreign table' if kind == 'f' else 'relation'} without write counters"
+    elif any(r[1] not in _COUNTED_KINDS for r in relations):
+        blind = f"a partition of the {role} is a foreign table, without write counters"
+    elif inherited:
+        # A read of the table includes its inheritance children (INHERITS, trigger-based
+        # partitioning, hypertables); their writes are counted on them, not on the table.
+        blind = f"the {role} has inheritance children, whose writes its counters do not show"
+    return TableReading(relations, (db_reset, shared_reset), digest[:SHORT_DIGITS], blind)
 
 
 @dataclass(frozen=True)

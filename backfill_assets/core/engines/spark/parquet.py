@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 
 from backfill_assets.core.errors import SpecError, TransientDatabaseError
 from backfill_assets.core.lake.engine import LakeEngine
-from backfill_assets.core.lake.tables import LakeTable, TableShape, local_path
+from backfill_assets.core.lake.tables import LakeTable, TableShape, local_path, signature
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 STAGING = "_backfill_staging"  # new partitions being written, and what a killed run left
@@ -277,6 +277,17 @@ class ParquetFolderTable(LakeTable):
             for entry in base.iterdir():
                 if now - entry.stat().st_mtime > grace:
                     shutil.rmtree(entry, ignore_errors=True)
+
+    SIGNAL = "file listing"
+
+    def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                             version: str | None = None) -> dict[str, str | None] | None:
+        """Each partition directory's files with their sizes and modification times (a folder
+        keeps no versions: None with ``version``)."""
+        if version is not None:
+            return None
+        return {partition_label(v): signature(None if handle is None else handle.files(partition_dir(column, v)))
+                for v in values}
 
     def partition_paths(self, handle: Any, value: PartitionValue) -> list[str]:
         """The data files of one partition as ``handle`` listed them (full paths)."""

@@ -32,7 +32,7 @@ from backfill_assets.core.engines.spark.parquet import _fsync_dir, partition_dir
 from backfill_assets.core.errors import SpecError, TransientDatabaseError
 from backfill_assets.core.lake.engine import LakeEngine
 from backfill_assets.core.lake.kinds import lake_type
-from backfill_assets.core.lake.tables import LakeTable, TableShape
+from backfill_assets.core.lake.tables import LakeTable, TableShape, signature
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 if TYPE_CHECKING:
@@ -155,6 +155,16 @@ class SparkCatalogTable(LakeTable):
                 if old.is_dir() and old != base and old.is_relative_to(base) and old not in live:
                     shutil.rmtree(old, ignore_errors=True)
                 note.unlink(missing_ok=True)
+
+    SIGNAL = "catalog location and files"
+
+    def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
+                             version: str | None = None) -> dict[str, str | None] | None:
+        """Each partition's location in the catalog and its files with their sizes and
+        modification times (a catalog table keeps no versions: None with ``version``)."""
+        if version is not None:
+            return None
+        return {partition_label(v): signature(*((None, ()) if handle is None else handle.of(v))) for v in values}
 
     def partition_paths(self, handle: Any, value: PartitionValue) -> list[str]:
         """The data files of one partition as ``handle`` saw them (full paths)."""

@@ -34,6 +34,7 @@ Read-only on the target and the stages.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -125,10 +126,11 @@ def _partition_order(label: str) -> tuple:
 
 
 def audit_spec(spec: Spec, factory: ConnectionFactory, *, request: PartitionRequest | None = None,
-               full: bool = False, limit: int = DEFAULT_LIMIT, clock: Clock = utc_now,
-               progress: Progress = quiet) -> AuditResult:
+               among: Collection[str] | None = None, full: bool = False, limit: int = DEFAULT_LIMIT,
+               clock: Clock = utc_now, progress: Progress = quiet) -> AuditResult:
     """Audit the partitions of the spec's target that the ledger says were verified (with
-    ``request``: those partitions, a never verified one said so), record the audit and return it.
+    ``request``: those partitions, a never verified one said so; with ``among``: the verified
+    ones among these labels), record the audit and return it.
 
     Raises:
         SpecError: a negative limit; a spec that does not match the catalog.
@@ -143,7 +145,7 @@ def audit_spec(spec: Spec, factory: ConnectionFactory, *, request: PartitionRequ
             if request is not None:
                 wanted = engine.resolve(request).labels
             else:
-                wanted = sorted(verified, key=_partition_order)
+                wanted = sorted((label for label in verified if among is None or label in among), key=_partition_order)
             checked = [label for label in wanted if label in verified]
             progress(ProgressEvent("audit", f"{len(checked)} verified partition(s) of {spec.target_name}",
                                    done=0, total=len(checked), status="started"))

@@ -9,6 +9,7 @@ declares its own, as data, in its folder). Every name is importable from here.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -118,6 +119,9 @@ class Spec(BaseModel):
     # most this many approved rows (0: one partition, or one group of linked partitions, per
     # transaction). Each partition is still verified on its own; a failure rolls back its batch.
     replace_batch_rows: Annotated[int, Field(ge=0, le=100_000_000)] = 0
+    # When the Dagster code location audits the target (core.audit): a cron expression, five
+    # fields, in UTC; daily at 06:00 unless the spec says otherwise.
+    audit_schedule: str = "0 6 * * *"
 
     @pydantic.model_validator(mode="after")
     def _parts_agree(self) -> Spec:
@@ -200,6 +204,15 @@ class Spec(BaseModel):
                 "into runs without knowing them; remove `parallel` (one run) or records_can_move"
             )
         return problems
+
+    @pydantic.field_validator("audit_schedule")
+    @classmethod
+    def _cron(cls, value: str) -> str:
+        fields = value.split()
+        if len(fields) != 5 or not all(re.fullmatch(r"[0-9A-Za-z*/,?-]+", f) for f in fields):
+            raise ValueError(f"audit_schedule {value!r} is not a cron expression of five fields "
+                             "(minute hour day month weekday), for example '0 6 * * *' (daily at 06:00 UTC)")
+        return value
 
     @pydantic.field_validator("approval_expires_after")
     @classmethod

@@ -31,6 +31,7 @@ import dagster as dg
 import psycopg
 
 from backfill_assets.core.apply import apply_plan, approved_plan_for
+from backfill_assets.core.audit import audit_spec
 from backfill_assets.core.build import snapshot_with_builds
 from backfill_assets.core.errors import ApprovalError, BackfillError, SpecError, StageError, VerificationError
 from backfill_assets.core.plan import plan_step, snapshot_covering, snapshot_step, stages_step
@@ -329,11 +330,21 @@ def _target_asset(shape: _Shape) -> dg.AssetsDefinition:
                             description=f"{spec.target_name}: approved partitions replaced from stage A, "
                                         "one verified transaction each.")],
         check_specs=[shape.check(events.TARGET_CHECK, keys.target,
-                                 "After the replace, the target partition carries the approved fingerprint.")],
+                                 "After the replace, the target partition carries the approved fingerprint."),
+                     shape.check(events.AUDIT_CHECK, keys.target,
+                                 "The target partition still holds what its newest verification read back (the "
+                                 "audit: a metadata signal first, the fingerprint where it cannot tell). Evaluated "
+                                 "by the audit schedule and on demand; read-only. A drifted partition fails it "
+                                 "with what changed and a link that plans it again.")],
     )
     def target(context: dg.AssetExecutionContext):
         labels = list(context.partition_keys)
         factory = _factory(context, spec)
+        if keys.target not in context.selected_asset_keys:  # only the audit check: nothing is written
+            with transient_retry(factory, spec), _progress(context) as progress:
+                result = audit_spec(spec, factory, among=set(labels), progress=progress)
+            yield from events.audit_events(keys, parts, result)
+            return
         results: list[dict[str, Any]] = []
         plan_id = context.run.tags.get(PLAN_TAG)
         require_pool_limit(context, spec, replace_pool(spec), 1,
@@ -353,5 +364,7 @@ def _target_asset(shape: _Shape) -> dg.AssetsDefinition:
             raise
         yield dg.MaterializeResult(asset_key=keys.target, metadata={"plan_id": plan_id})
         yield from events.target_events(keys, parts, labels, results, plan_id)
+        if dg.AssetCheckKey(keys.target, events.AUDIT_CHECK) in context.selected_asset_check_keys:
+            yield from events.just_verified(keys, parts, results, plan_id)
 
     return target

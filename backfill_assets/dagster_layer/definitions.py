@@ -16,7 +16,7 @@ import dagster as dg
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import Spec, load_spec
 from backfill_assets.dagster_layer.assets import spec_assets
-from backfill_assets.dagster_layer.jobs import approval_job, not_launched_job, spec_jobs
+from backfill_assets.dagster_layer.jobs import approval_job, audit_schedule, not_launched_job, spec_jobs
 from backfill_assets.dagster_layer.resources import resource_for, resource_key, spark_resource
 from backfill_assets.dagster_layer.sensors import approval_sensor, approvals_board, source_snapshot_sensor
 
@@ -47,14 +47,16 @@ def load_specs(value: str | None = None) -> list[Spec]:
 
 
 def build_definitions(specs: list[Spec]) -> dg.Definitions:
-    """Assets, checks, jobs, sensors and resources for ``specs``."""
+    """Assets, checks, jobs, schedules, sensors and resources for ``specs``."""
     jobs = {s.name: spec_jobs(s) for s in specs}
     stage_jobs = [j[0] for j in jobs.values()]
     target_jobs = [j[1] for j in jobs.values()]
+    audit_jobs = [j[2] for j in jobs.values()]
     not_launched = not_launched_job()
     return dg.Definitions(
         assets=[a for s in specs for a in spec_assets(s)],
-        jobs=[*stage_jobs, *target_jobs, approval_job(specs), not_launched],
+        jobs=[*stage_jobs, *target_jobs, *audit_jobs, approval_job(specs), not_launched],
+        schedules=[audit_schedule(s, jobs[s.name][2]) for s in specs],
         sensors=[approval_sensor(specs, [*target_jobs, not_launched]), source_snapshot_sensor(specs, stage_jobs),
                  approvals_board(specs)],
         resources={**{resource_key(s): resource_for(s) for s in specs}, **spark_resource(specs)},

@@ -11,6 +11,7 @@ from typing import Any
 
 import dagster as dg
 
+from backfill_assets.core.audit import AuditResult, PartitionAudit
 from backfill_assets.core.coverage import utc_text
 from backfill_assets.core.errors import ApprovalOutdatedError, BackfillError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
@@ -18,13 +19,14 @@ from backfill_assets.core.planning import differing_keys_prefix
 from backfill_assets.core.preview import Preview, Waiting
 from backfill_assets.core.spec import ParallelSpec
 from backfill_assets.core.store.plan_document import PartitionEntry, Plan
-from backfill_assets.dagster_layer.names import Keys, approve_link, checks_link
+from backfill_assets.dagster_layer.names import Keys, approve_link, checks_link, partition_link
 from backfill_assets.render import plan_markdown
 
 KEY_CHECK = "business_key_unique_and_not_null"
 MATCH_CHECK = "stages_match"
 TARGET_CHECK = "target_matches_approved_plan"
 PREVIEW_CHECK = "target_change_preview"
+AUDIT_CHECK = "target_still_verified"
 
 
 def readings_metadata(fp: dict[str, Any] | Fingerprint) -> dict[str, Any]:
@@ -287,3 +289,75 @@ def board_markdown(keys: Keys, found: Waiting, now: Any) -> str:
             out.append(f"| {a.approval_id} | `{a.plan_id[:12]}` | {_cell(a.approved_by)} | {_age(now, a.approved_at)} "
                        f"| {len(a.verified)} of {len(a.partitions)} | {state} |")
     return "\n".join(out)
+
+
+def _drift_markdown(p: PartitionAudit) -> str:
+    keys = (p.changes or {}).get("keys")
+    if not keys:
+        return (p.changes or {}).get("why") or "the keys cannot be named"
+    lines = [f"{keys['added']} row(s) added, {keys['removed']} removed, {keys['changed']} changed since the "
+             "verification", "", "| key | what | columns |", "|---|---|---|"]
+    for e in (p.changes or {}).get("first", []):
+        key = ", ".join(f"{k}={v}" for k, v in e["key"].items())
+        lines.append(f"| {_cell(key)} | {e['kind']} | {_cell(', '.join(e['columns']) if e['kind'] == 'changed' else '')} |")
+    return "\n".join(lines)
+
+
+def audit_events(keys: Keys, parts: dg.PartitionsDefinition, result: AuditResult) -> Iterator[Any]:
+    """The audit of some partitions: per partition, the ``target_still_verified`` check (a
+    drifted partition fails it with what changed, since when, and the link that plans it again;
+    one never verified is a warning); then one observation of the target with the audit's
+    counts, which the asset's plots show over time."""
+    for p in result.partitions:
+        if not parts.has_partition_key(p.partition):
+            continue
+        metadata: dict[str, Any] = {"result": p.result, "seen_by": p.signal, "audit_id": result.audit_id,
+                                    "audited_at": utc_text(result.audited_at)}
+        if p.verified is not None:
+            metadata.update({"verified_run": p.verified["run_id"], "plan_id": p.verified["plan_id"],
+                             "rows_verified": p.verified["row_count"], "verified_hash": p.verified["content_hash"]})
+        if p.now is not None:
+            metadata.update({"rows_now": p.now["row_count"], "hash_now": p.now["content_hash"]})
+        since = p.since or {}
+        if since.get("last_seen_holding") is not None:
+            metadata["last_seen_holding"] = utc_text(since["last_seen_holding"])
+        if p.result == "drifted":
+            metadata.update({"changes": dg.MetadataValue.md(_drift_markdown(p)),
+                             "plan_again": dg.MetadataValue.url(partition_link(keys.stage_a, p.partition))})
+            if p.note:
+                metadata["note"] = p.note
+        yield dg.AssetCheckEvaluation(
+            asset_key=keys.target, check_name=AUDIT_CHECK, passed=p.result == "holds", partition=p.partition,
+            severity=dg.AssetCheckSeverity.ERROR if p.result == "drifted" else dg.AssetCheckSeverity.WARN,
+            metadata=metadata,
+        )
+    counts = result.counts()
+    yield dg.AssetObservation(keys.target, metadata={
+        "audit/holds": counts["holds"], "audit/drifted": counts["drifted"],
+        "audit/never_verified": counts["never verified"],
+        "audit/fingerprinted": sum(1 for p in result.partitions if p.signal == "fingerprint"),
+        "audit_id": result.audit_id, "audited_at": utc_text(result.audited_at)})
+
+
+def drifted_markdown(keys: Keys, drifted: list[dict[str, Any]]) -> str:
+    """The board's list of the partitions the newest audit of each found drifted."""
+    out = [f"\n#### Drifted since verified ({len(drifted)})"]
+    if drifted:
+        out += ["| partition | audited | |", "|---|---|---|"]
+        for d in drifted:
+            out.append(f"| {_cell(d['partition'])} | {utc_text(d['audited_at'])} "
+                       f"| [plan again]({partition_link(keys.stage_a, d['partition'])}) |")
+    return "\n".join(out)
+
+
+def just_verified(keys: Keys, parts: dg.PartitionsDefinition, results: list[dict[str, Any]],
+                  plan_id: str | None) -> Iterator[dg.AssetCheckEvaluation]:
+    """The audit check of the partitions a run of the target just verified: they hold what
+    their verification read back (no audit is recorded; the next audit reads them)."""
+    for r in results:
+        if r["status"] in ("verified", "skipped-already-verified") and parts.has_partition_key(r["partition"]):
+            yield dg.AssetCheckEvaluation(
+                asset_key=keys.target, check_name=AUDIT_CHECK, passed=True, partition=r["partition"],
+                metadata={"result": "holds", "seen_by": "apply's verification", "plan_id": plan_id or "none",
+                          "rows_verified": r["row_count"], "verified_hash": r["content_hash"]})
+

@@ -1,5 +1,8 @@
-"""Jobs: per spec, the stages job and the target job; and the manual approval gate."""
+"""Jobs: per spec, the stages job, the target job and the audit job with its schedule; and the
+manual approval gate."""
 
+
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -8,15 +11,18 @@ from backfill_assets.core.coverage import utc_text
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.preview import approve_previewed
 from backfill_assets.core.spec import Spec
+from backfill_assets.dagster_layer.events import AUDIT_CHECK
 from backfill_assets.dagster_layer.names import (
     APPROVE_JOB,
     APPROVE_OP,
     UNLAUNCHABLE_JOB,
     UNLAUNCHABLE_OP,
     Keys,
+    audit_job_name,
     stages_job_name,
     target_job_name,
 )
+from backfill_assets.dagster_layer.partitions import partitions_def
 from backfill_assets.dagster_layer.resources import (
     PostgresResource,
     engine_keys,
@@ -28,14 +34,36 @@ from backfill_assets.render import plan_markdown, render_review
 
 
 def spec_jobs(spec: Spec) -> list:
-    """Snapshot and both stages (what a source change reruns); the target (what an approval runs)."""
+    """Snapshot and both stages (what a source change reruns); the target (what an approval
+    runs); the audit of the target (what its schedule runs)."""
     keys = Keys.of(spec)
     return [
         dg.define_asset_job(stages_job_name(spec), selection=[keys.snapshot, keys.stage_a, keys.stage_b],
                             description=f"Snapshot and build both stages of {spec.name}."),
         dg.define_asset_job(target_job_name(spec), selection=[keys.target],
                             description=f"Replace approved partitions of {spec.target_name}."),
+        dg.define_asset_job(audit_job_name(spec), selection=dg.AssetSelection.checks(
+                                dg.AssetCheckKey(keys.target, AUDIT_CHECK)),
+                            description=f"Audit the verified partitions of {spec.target_name} (read-only)."),
     ]
+
+
+def audit_schedule(spec: Spec, job: Any) -> dg.ScheduleDefinition:
+    """The audit of every verified partition of the spec's target, at the spec's
+    ``audit_schedule`` (UTC): one run over the whole partition range."""
+    parts = partitions_def(spec)
+
+    @dg.schedule(name=f"{spec.name}__audit_schedule", cron_schedule=spec.audit_schedule, job=job,
+                 execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.RUNNING,
+                 description=f"Audits the verified partitions of {spec.target_name} ({spec.audit_schedule}, UTC).")
+    def _schedule(context: dg.ScheduleEvaluationContext):
+        labels = parts.get_partition_keys(current_time=context.scheduled_execution_time)  # never dynamic
+        if not labels:
+            return dg.SkipReason("the spec has no partitions yet")
+        return dg.RunRequest(tags={"dagster/asset_partition_range_start": labels[0],
+                                   "dagster/asset_partition_range_end": labels[-1]})
+
+    return _schedule
 
 
 class ApproveConfig(dg.Config):

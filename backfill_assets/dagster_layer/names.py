@@ -100,6 +100,17 @@ def checks_link(key: dg.AssetKey, base: str | None = None) -> str:
     return f"{_ui(base)}/assets/{'/'.join(quote(p, safe='') for p in key.path)}?view=checks"
 
 
+def partition_link(key: dg.AssetKey, partition: str, base: str | None = None) -> str:
+    """One partition of an asset's partitions tab, where it is materialized again (for a stage:
+    planned again)."""
+    return (f"{_ui(base)}/assets/{'/'.join(quote(p, safe='') for p in key.path)}?"
+            + urlencode({"view": "partitions", "partition": partition}, quote_via=quote))
+
+
+def audit_job_name(spec: Spec) -> str:
+    return f"{spec.name}__audit_target"
+
+
 def approval_run_key(spec: Spec, approval_id: int, segment: int) -> str:
     """Unique to its approval (run keys are deduplicated forever): approving the same
     partitions again launches again."""

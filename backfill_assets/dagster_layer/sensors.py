@@ -17,6 +17,7 @@ from backfill_assets.core.preview import waiting
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
 from backfill_assets.core.store import ledger
+from backfill_assets.core.store.audits import latest_audits
 from backfill_assets.core.waits import explained_waits
 from backfill_assets.dagster_layer import events
 from backfill_assets.dagster_layer.names import (
@@ -225,8 +226,9 @@ BOARD_REFRESH_S = 15 * 60
 
 def approvals_board(specs: list[Spec], *, clock: Clock = utc_now) -> dg.SensorDefinition:
     """Per spec, an observation of ``<spec>/approvals``: the ready plans nobody approved yet
-    (newest first, with their preview and an approve link) and the approvals not yet applied,
-    each with its age. And the next evaluation of a preview a run made stale: a warning on
+    (newest first, with their preview and an approve link), the approvals not yet applied,
+    each with its age, and the partitions the newest audit found drifted (with a link that
+    plans each again). And the next evaluation of a preview a run made stale: a warning on
     ``target_change_preview`` for each partition of a waiting plan that a verified run replaced
     after its preview was made (once per preview and partition).
 
@@ -251,6 +253,8 @@ def approvals_board(specs: list[Spec], *, clock: Clock = utc_now) -> dg.SensorDe
             factory = _factory(context, spec)
             with explained_waits(factory, spec), factory() as conn, factory.control(conn) as control:
                 found = waiting(control, spec, now=now)
+                drifted = [a for a in latest_audits(control, spec.control_schema, spec.target_name).values()
+                           if a["result"] == "drifted"]
             marked = set(before.get("stale", []))
             still = set()
             parts = partitions_def(spec)
@@ -260,15 +264,17 @@ def approvals_board(specs: list[Spec], *, clock: Clock = utc_now) -> dg.SensorDe
                     still.add(mark)
                     if mark not in marked:
                         out.append(events.stale_preview(keys, label, plan.plan_id, plan.review_id, plan.previewed_at))
-            board = events.board_markdown(keys, found, now)
+            board = events.board_markdown(keys, found, now) + events.drifted_markdown(keys, drifted)
             content = hashlib.sha256(json.dumps(
                 [[p.plan_id, p.review_id, p.stale] for p in found.plans]
-                + [[a.approval_id, a.verified, a.expired] for a in found.approvals]).encode()).hexdigest()[:16]
+                + [[a.approval_id, a.verified, a.expired] for a in found.approvals]
+                + [[d["partition"], utc_text(d["audited_at"])] for d in drifted]).encode()).hexdigest()[:16]
             last = before.get("at", 0.0)
             if content != before.get("content") or now.timestamp() - last >= BOARD_REFRESH_S:
                 oldest = min([p.created_at for p in found.plans] + [a.approved_at for a in found.approvals], default=None)
                 out.append(dg.AssetObservation(keys.approvals, metadata={
                     "plans_waiting": len(found.plans), "approvals_waiting": len(found.approvals),
+                    "partitions_drifted": len(drifted),
                     "oldest_waiting_hours": round((now - oldest).total_seconds() / 3600, 2) if oldest else 0.0,
                     "board": dg.MetadataValue.md(board), "as_of": utc_text(now),
                 }))

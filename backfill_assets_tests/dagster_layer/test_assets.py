@@ -1,12 +1,18 @@
-"""The Dagster layer in process: real PostgreSQL, an ephemeral Dagster instance, public APIs."""
+"""The Dagster layer in process: real PostgreSQL, an ephemeral Dagster instance, public APIs.
+The audit too: the target's ``target_still_verified`` check holds after apply; the audit
+schedule's run (read-only) fails it for a partition a hand fix changed, with what changed and a
+link that plans it again; the approvals board lists that partition; the audit's counts are
+observed on the target, to be plotted over time."""
 
 from __future__ import annotations
+
+import datetime as dt
 
 import dagster as dg
 import psycopg
 import pytest
 
-from backfill_assets.core.errors import TransientDatabaseError, VerificationError
+from backfill_assets.core.errors import SpecError, TransientDatabaseError, VerificationError
 from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import PLAN_TAG, RANGE_END, RANGE_START
@@ -355,3 +361,69 @@ def test_one_stage_alone_is_refused_naming_what_to_select(dagster_env):
     assert not alone.success
     message = alone.failure_data_for_node("orders_daily__stages").error.cause.message
     assert "select both, or only their checks to check the stages again without building them" in message
+
+
+AUDIT_CHECK = "target_still_verified"
+
+
+def test_a_hand_fix_fails_the_scheduled_audit_check_and_shows_on_the_board(dagster_env, demo_db):
+    defs, resources, instance = dagster_env
+    staged = stage_week(defs, resources, instance)
+    assert approve(defs, resources, instance, staged).success
+    sensor = defs.resolve_sensor_def("approval_sensor")
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        (request,) = sensor.evaluate_tick(context).run_requests
+    applied = materialize(defs, resources, instance, ["target"], request.tags)
+    assert applied.success
+    just = evaluations(applied, AUDIT_CHECK)  # what apply verified holds, by its own verification
+    assert sorted(just) == [d.isoformat() for d in DAYS8] and all(e.passed for e in just.values())
+    assert {e.metadata["seen_by"].value for e in just.values()} == {"apply's verification"}
+
+    # A hand fix after the backfill.
+    demo_db.execute("UPDATE public.orders_daily SET amount = amount + 1 "
+                    "WHERE order_date = '2024-01-03' AND order_id = (SELECT min(order_id) FROM public.orders_daily "
+                    "WHERE order_date = '2024-01-03')")
+    demo_db.commit()
+    before = target_day_hashes(demo_db)
+
+    schedule = defs.resolve_schedule_def("orders_daily__audit_schedule")
+    assert schedule.cron_schedule == "0 6 * * *" and schedule.execution_timezone == "UTC"
+    at = dt.datetime(2026, 12, 6, 6, tzinfo=dt.timezone.utc)
+    with dg.build_schedule_context(instance=instance, scheduled_execution_time=at) as context:
+        (run,) = schedule.evaluate_tick(context).run_requests
+    assert (run.tags["dagster/asset_partition_range_start"], run.tags["dagster/asset_partition_range_end"]) == (
+        "2024-01-01", "2024-01-08")
+    audited = defs.resolve_job_def("orders_daily__audit_target").execute_in_process(
+        tags=run.tags, resources=resources, instance=instance, raise_on_error=False)
+    assert audited.success
+    checks = {e.partition: e for e in audited.get_asset_check_evaluations()}
+    assert sorted(checks) == [d.isoformat() for d in DAYS8]
+    assert [label for label, e in checks.items() if not e.passed] == ["2024-01-03"]
+    drifted = checks["2024-01-03"]
+    assert drifted.severity == dg.AssetCheckSeverity.ERROR and drifted.metadata["result"].value == "drifted"
+    assert "0 row(s) added, 0 removed, 1 changed" in drifted.metadata["changes"].value
+    assert "| amount |" in drifted.metadata["changes"].value
+    link = drifted.metadata["plan_again"].value
+    assert link.endswith("/assets/orders_daily/stage_a?view=partitions&partition=2024-01-03")
+    assert checks["2024-01-01"].metadata["seen_by"].value == "fingerprint"  # the first audit reads the rows
+    (observed,) = [e for e in audited.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    counts = observed.event_specific_data.asset_observation.metadata
+    assert (counts["audit/holds"].value, counts["audit/drifted"].value) == (7, 1)
+    assert target_day_hashes(demo_db) == before  # read-only
+
+    board = defs.resolve_sensor_def("approvals_board")
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        result = board.evaluate_tick(context)
+    (observation,) = [e for e in result.asset_events if e.asset_key == dg.AssetKey(["orders_daily", "approvals"])]
+    assert observation.metadata["partitions_drifted"].value == 1
+    assert "Drifted since verified (1)" in observation.metadata["board"].value
+    assert "partition=2024-01-03" in observation.metadata["board"].value
+    assert drifted.asset_key == KEYS["target"]
+
+
+def test_the_audit_schedule_is_the_specs_and_a_bad_one_is_refused_at_load():
+    from backfill_assets.dagster_layer.definitions import build_definitions
+    defs = build_definitions([make_spec(audit_schedule="30 2 * * 1")])
+    assert defs.resolve_schedule_def("orders_daily__audit_schedule").cron_schedule == "30 2 * * 1"
+    with pytest.raises(SpecError, match="audit_schedule 'daily' is not a cron expression of five fields"):
+        make_spec(audit_schedule="daily")

@@ -34,9 +34,11 @@ def test_every_asset_of_a_spec_shares_one_partitions_definition():
     assert len(parts) == 1 and parts.pop().get_partition_keys()[-1] == "2024-01-08"
     checks = {k.name for k in graph.asset_check_keys}
     assert checks == {"stages_match", "business_key_unique_and_not_null", "target_matches_approved_plan",
-                      "target_change_preview"}
-    assert {j.name for j in defs.jobs} >= {"approve_backfill", "orders_daily__build_stages", "orders_daily__replace_target"}
+                      "target_change_preview", "target_still_verified"}
+    assert {j.name for j in defs.jobs} >= {"approve_backfill", "orders_daily__build_stages", "orders_daily__replace_target",
+                                           "orders_daily__audit_target"}
     assert {s.name for s in defs.sensors} == {"approval_sensor", "source_snapshot_sensor", "approvals_board"}
+    assert {s.name for s in defs.schedules} == {"orders_daily__audit_schedule"}
 
 
 def test_specs_load_from_files_and_folders_and_names_must_be_unique(tmp_path):

@@ -138,6 +138,10 @@ def render_status(rows: list[dict[str, Any]]) -> str:
         )
         if r["error"]:
             lines.append(f"  {'':<12} error: {r['error']}")
+        if r.get("audit"):
+            seen = r.get("last_seen_holding")
+            lines.append(f"  {'':<12} audit {_when(r['audited_at'])}: {r['audit']}"
+                         + (f"; last seen holding {_when(seen)}" if seen and r["audit"] != "holds" else ""))
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ from backfill_assets.core.profile.propose import profile_spec
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.resolve import inspect
 from backfill_assets.core.spec import Spec, load_spec
+from backfill_assets.core.store.audits import latest_audits
 from backfill_assets.core.store.ledger import ledger_status
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets.core.waits import explain
@@ -253,6 +254,11 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
     with factory() as conn:
         with factory.control(conn) as store:
             rows = ledger_status(store, spec)
+            audits = latest_audits(store, spec.control_schema, spec.target_name)
+        for r in rows:  # when each partition was last audited, and last seen holding
+            last = audits.get(r["partition"])
+            if last is not None:
+                r.update(audit=last["result"], audited_at=last["audited_at"], last_seen_holding=last["last_holding_at"])
         approvals = open_approvals(conn, factory, spec)
     if out.json_mode:
         out.json({"target": spec.target_name, "partitions": [

@@ -1,8 +1,8 @@
 """The scripted demo (``backfill-assets demo``): the whole flow on the embedded PostgreSQL.
 
 It loads the messy sample source of :mod:`backfill_assets.cli.demo`, then inspects, profiles,
-plans, approves, applies, shows the ledger, and runs the same backfill again, printing each
-step. The command line only parses its arguments and calls :func:`run_demo`.
+plans, approves, applies, shows the ledger, runs the same backfill again, then (with the lake
+specs) into Delta and on DuckDB, and ends with an audit of the targets, printing each step. The command line only parses its arguments and calls :func:`run_demo`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from psycopg import sql
+
 from backfill_assets.cli import demo
 from backfill_assets.core.apply import ApplyResult, apply_plan
 from backfill_assets.core.approve import confirm, review
+from backfill_assets.core.audit import audit_spec
 from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.db import ConnectionFactory, connection_factory, url_from_env
@@ -27,7 +30,14 @@ from backfill_assets.core.spec import DeltaSourceSpec, DeltaTargetSpec, Spec
 from backfill_assets.core.store.ledger import ledger_status
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionRequest
-from backfill_assets.render import render_apply, render_plan, render_profile, render_replacement, render_status
+from backfill_assets.render import (
+    render_apply,
+    render_audit,
+    render_plan,
+    render_profile,
+    render_replacement,
+    render_status,
+)
 
 
 class Printer(Protocol):
@@ -78,6 +88,32 @@ def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None =
         delta = _lake_demo(lake_spec, request, factory, out, second)
     if duck_spec is not None:
         _duck_demo(duck_spec, request, factory, out, delta)
+    _audit_demo(spec, lake_spec, factory, out)
+
+
+def _audit_demo(spec: Spec, lake_spec: Spec | None, factory: ConnectionFactory, out: Printer) -> None:
+    """The targets audited after the backfill: they hold; a hand fix to one row is named, by
+    key and column; put back, the partition holds again."""
+    out.result("\n-- 11. audit: is each target still what was verified?")
+    out.result(render_audit(audit_spec(spec, factory, progress=out.progress)))
+    if lake_spec is not None:  # a lake holds by its files in the log, from its first audit: no row read
+        out.result(render_audit(audit_spec(lake_spec, factory, progress=out.progress)))
+    target = spec.target_ref
+    day = "2024-01-03"
+    fix = sql.SQL("UPDATE {t} SET amount = amount + %s WHERE order_date = %s AND order_id = "
+                  "(SELECT min(order_id) FROM {t} WHERE order_date = %s)").format(t=sql.Identifier(target.schema, target.name))
+    with factory() as conn:
+        conn.execute(fix, (1, day, day))
+    out.result(f"a hand fix adds 1 to the amount of one order of {day} in {spec.target_name}:")
+    drifted = audit_spec(spec, factory, progress=out.progress)
+    out.result(render_audit(drifted))
+    with factory() as conn:
+        conn.execute(fix, (-1, day, day))
+    again = audit_spec(spec, factory, progress=out.progress)
+    out.result(f"put back: {again.counts()['holds']} of {len(again.partitions)} partition(s) hold again")
+    if [p.partition for p in drifted.drifted] != [day] or again.drifted:
+        raise VerificationError(day, "the demo's audit", "only the fixed day drifted, then held again",
+                                f"{[p.partition for p in drifted.drifted]} drifted, then {len(again.drifted)}")
 
 
 def _demo_lake_table(location: str) -> Path:

@@ -199,7 +199,17 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path):
     assert "added 2024-01-08: key (order_id=" in done.stdout
     assert "the same 8 partitions and stage hashes" in done.stdout
     assert "target hashes unchanged in 8 of 8 partition(s)" in done.stdout
+    # It ends with the audit: the Delta target holds by its log files, a hand fix is named.
+    audit = done.stdout[done.stdout.index("-- 11. audit"):]
+    assert "of public.orders_daily: 8 hold, 0 drifted" in audit and "2024-01-01   holds           log files" in audit
+    assert "7 hold, 1 drifted" in audit and "in amount" in audit and "put back: 8 of 8 partition(s) hold again" in audit
     assert (tmp_path / "home" / "pgdata").is_dir()
+    # status then says when each partition was last audited.
+    status = subprocess.run([sys.executable, "-m", "backfill_assets.cli", "status", "--spec",
+                             "backfills/orders_daily.yaml", "--embedded"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count(": holds") == 8, status.stdout
 
 
 def test_approve_apply_and_status_from_the_command_line(demo_db, url_env, tmp_path, capsys, monkeypatch):

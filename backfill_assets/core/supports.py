@@ -62,6 +62,7 @@ CAPABILITIES = {
     "replace_batch_rows": "small partitions replaced in batches (`replace_batch_rows`)",
     "trusted_functions": "the user's own functions in a transform (`trusted_functions`)",
     "source_sensor": "source sensor",
+    "audit": "`audit`: each verified partition checked against its verification, a metadata signal first",
     "memory": "memory within the engine's limit",
     "own_control_store": "runs with no PostgreSQL of the user's",
     "jdbc_timestamp": "JDBC `timestamp without time zone`",

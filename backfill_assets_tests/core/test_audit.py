@@ -1,6 +1,6 @@
 """``audit`` on every engine and target: the same rows backfilled into a PostgreSQL table, a
-Delta table and an Iceberg table (engine postgres), a Delta table (engine duckdb) and a Parquet
-folder (engine spark); nothing touched, every partition holds, and where the target has a
+Delta table and an Iceberg table (engine postgres), a Delta table (engine duckdb), a Parquet
+folder and a Spark catalog table (engine spark); nothing touched, every partition holds, and where the target has a
 sound metadata signal without a row read; then the same drift planted in each, as another
 writer would (a row updated, a row deleted, a stray row appended, a partition rewritten with
 the same rows, a partition dropped), and the audit names each exactly, down to its --json and
@@ -13,6 +13,7 @@ import decimal
 import json
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,15 @@ def on_spark(tmp_path: Path, conn: Any) -> dict[str, Any]:
     return _mapping(engine={"type": "spark", "staging": str(tmp_path / "staging")},
                     source={"format": "parquet", "location": str(tmp_path / "source")},
                     target={"format": "parquet", "location": str(tmp_path / "target")})
+
+
+def on_spark_table(tmp_path: Path, conn: Any) -> dict[str, Any]:
+    from pyspark.sql import SparkSession
+    spark = SparkSession.getActiveSession()
+    table = f"vals_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE {table} (k BIGINT, f DOUBLE, n DECIMAL(12,2), t STRING, d DATE) USING parquet "
+              f"PARTITIONED BY (d) LOCATION '{tmp_path / table}'")
+    return {**on_spark(tmp_path, conn), "target": {"format": "spark_table", "table": table}}
 
 
 class Writer:
@@ -211,6 +221,20 @@ class FolderWriter(Writer):
         self._write(day, rows, "part-stray.parquet")
 
 
+class SparkTableWriter(FolderWriter):
+    """A Spark catalog table's partitions, at the locations its catalog gives them now."""
+
+    def __init__(self, spec: Any) -> None:
+        from pyspark.sql import SparkSession
+
+        from backfill_assets.core.engines.spark.spark_table import SparkCatalogTable
+        self.table = SparkCatalogTable(SparkSession.getActiveSession(), spec.target.table, "d")
+
+    def _dir(self, day: dt.date) -> Path:
+        location, _ = self.table.open().of(day)
+        return Path(location)
+
+
 ENGINES = {
     # name: (build, the signal of an untouched target, whether its first audit needs no row read)
     "postgres": (on_postgres, "table counters", False),
@@ -218,6 +242,7 @@ ENGINES = {
     "iceberg": (on_iceberg, "manifest files", True),
     "duckdb": (on_duckdb, "log files", True),
     "spark": (on_spark, "file listing", False),
+    "spark_table": (on_spark_table, "catalog location and files", False),
 }
 
 
@@ -228,6 +253,8 @@ def _writer(engine: str, spec: Any, tmp_path: Path, conn: Any, url: str) -> Writ
         return IcebergWriter(spec, conn)
     if engine == "spark":
         return FolderWriter(tmp_path / "target")
+    if engine == "spark_table":
+        return SparkTableWriter(spec)
     return DeltaWriter(tmp_path / "target")
 
 
@@ -251,7 +278,7 @@ def _results(result) -> dict[str, tuple[str, str]]:
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_every_engine_names_each_planted_drift_and_an_untouched_target_holds_by_its_signal(
         engine, tmp_path, factory, url_env, conn, db_url, request, capsys):
-    if engine == "spark":
+    if engine.startswith("spark"):
         request.getfixturevalue("spark")
     build, cheap, first_is_cheap = ENGINES[engine]
     mapping = build(tmp_path, conn)

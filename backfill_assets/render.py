@@ -275,6 +275,8 @@ def render_audit(result: AuditResult) -> str:
         elif p.changes is not None:
             lines.append(f"    {p.changes.get('why') or 'the keys cannot be named'}")
         since = p.since or {}
+        if since.get("commits_since_verified"):
+            lines.append(f"    touched by version(s) {', '.join(since['commits_since_verified'])} since the verified one")
         if "last_seen_holding" in since:
             lines.append(f"    last seen holding {_when(since['last_seen_holding'])}")
         elif "verified_at" in since:

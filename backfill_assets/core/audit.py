@@ -25,7 +25,8 @@ A drifted partition says what changed: rows added, removed and changed since the
 verification, with the first differing keys and the columns that differ (keys and column
 names only, as ``diff``), when the approved stage still holds the verified rows; otherwise the
 row counts and totals. And since when it may have changed: the last audit that found it
-holding (or its verification), and for a lake the versions since the verified one.
+holding (or its verification), and for a lake that keeps versions the commits after the
+verified one that touched the partition's files.
 
 Every audit is recorded in the control store (core.store.audits), partition by partition.
 Read-only on the target and the stages.
@@ -219,26 +220,41 @@ def _audit(engine: BuildEngine, conn: psycopg.Connection, control: psycopg.Conne
             else:
                 to_read.append(label)
         readings = target.readings_at(signals, to_read) if to_read else {}
+        now_of = {label: {k: readings[label][k] for k in READINGS} for label in to_read}
+        drifted = [label for label in to_read if now_of[label] != _verified_readings(verified[label])]
+        touched = _commits_touching(target, drifted, verified)
     finally:
         target.close()
-    drifted = []
     for label in to_read:
-        row, now = verified[label], {k: readings[label][k] for k in READINGS}
-        value = signals.values.get(label)
-        if now == _verified_readings(row):
+        row, now, value = verified[label], now_of[label], signals.values.get(label)
+        since = _since(row, previous.get(label))
+        if label not in drifted:
             out[label] = PartitionAudit(label, "holds", FINGERPRINT, verified=_verified_of(row), now=now,
-                                        since=_since(row, previous.get(label)), signal_value=value)
-        else:
-            drifted.append(label)
-            out[label] = PartitionAudit(label, "drifted", FINGERPRINT, verified=_verified_of(row), now=now,
-                                        since=_since(row, previous.get(label)), signal_value=value,
-                                        note=_later_run_note(row))
+                                        since=since, signal_value=value)
+            continue
+        if label in touched:
+            since["commits_since_verified"] = touched[label]
+        out[label] = PartitionAudit(label, "drifted", FINGERPRINT, verified=_verified_of(row), now=now,
+                                    since=since, signal_value=value, note=_later_run_note(row))
     for label, changes in _changes(engine, control, drifted, verified, limit).items():
         p = out[label]
         out[label] = PartitionAudit(p.partition, p.result, p.signal, p.verified, p.now, changes, p.since, p.note,
                                     p.signal_value)
     progress(ProgressEvent("audit", f"{len(labels) - len(to_read)} held by {signals.kind}, {len(to_read)} "
                            f"fingerprinted, {len(drifted)} drifted", done=len(labels), total=len(labels)))
+    return out
+
+
+def _commits_touching(target: Any, labels: list[str], verified: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """For the drifted partitions of a lake that keeps versions: the versions (snapshot ids)
+    after the verified one whose files of the partition changed."""
+    by_version: dict[str, list[str]] = {}
+    for label in labels:
+        if verified[label]["target_version"] is not None:
+            by_version.setdefault(verified[label]["target_version"], []).append(label)
+    out: dict[str, list[str]] = {}
+    for version, some in by_version.items():
+        out.update(target.versions_touching(version, some) or {})
     return out
 
 

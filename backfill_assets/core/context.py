@@ -134,6 +134,11 @@ class Target(Protocol):
         id), or None where the target keeps no versions."""
         ...
 
+    def versions_touching(self, version: str, labels: list[str], most: int = 100) -> dict[str, list[str]] | None:
+        """Of the versions committed after ``version`` (a lake's), those that touched each
+        partition's files; None where the target keeps no versions (or too many came since)."""
+        ...
+
     def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Readings]:
         """The partitions' readings as of what ``signals`` were read at: at that version for a
         lake; for a PostgreSQL table, now (its counters only grow, so a write after them moves

@@ -322,6 +322,14 @@ def test_every_engine_names_each_planted_drift_and_an_untouched_target_holds_by_
         "2024-01-05": ({"added": 0, "removed": 1, "changed": 0, "unchanged": 0}, [("removed", {"k": "9"}, None)]),
     }
     assert got["2024-01-05"].now["row_count"] == 0 and got["2024-01-05"].verified["row_count"] == 1
+    if engine in ("delta", "iceberg", "duckdb"):  # the commits after the verified one that touched each
+        touched = {label: p.since["commits_since_verified"] for label, p in got.items() if p.result == "drifted"}
+        assert all(touched.values()) and len({v for vs in touched.values() for v in vs}) == sum(
+            len(vs) for vs in touched.values()), touched  # each its own writes (an Iceberg overwrite: two)
+        if engine != "iceberg":
+            assert all(len(vs) == 1 for vs in touched.values()), touched  # one commit each
+    else:
+        assert all("commits_since_verified" not in p.since for p in got.values())
     assert got["2024-01-01"].since["last_seen_holding"] == full.audited_at
 
     # The command line: the same answer as JSON, and exit code 9 for a scheduler.

@@ -87,6 +87,7 @@ CLI_COMMANDS: dict[str, Callable[[Path, str], list[str]]] = {
     "apply": lambda spec, plan: ["apply", "--spec", str(spec), "--plan", plan],
     "diff": lambda spec, plan: ["diff", "--spec", str(spec), "--plan", plan],
     "status": lambda spec, plan: ["status", "--spec", str(spec)],
+    "audit": lambda spec, plan: ["audit", "--spec", str(spec)],
 }
 DAGSTER_STEPS = ("snapshot", "stages", "target")  # each spec's multi-assets
 DAGSTER_JOBS = (APPROVE_JOB,)
@@ -420,6 +421,7 @@ MUST_BLOCK = {
     "cli:apply": {"target", "stage_a", "approvals", "ledger"},
     "cli:diff": {"target", "stage_a"},
     "cli:status": {"source", "approvals", "ledger"},  # the source: each open approval's transform is checked
+    "cli:audit": {"ledger", "audits"},  # what was verified, and the audits before
     "step:snapshot": {"source", "snapshots"},
     "step:stages": {"stage_a", "stage_b", "plans"},
     "step:target": {"target", "stage_a", "ledger"},

@@ -279,6 +279,11 @@ class DeltaLakeTable:
             local_path(uri) for uri in handle.file_uris(file_pruning_predicate=delta_predicate(column, [v]))))
             for v in values}
 
+    def versions_after(self, handle: Any, version: str) -> list[str] | None:
+        if handle is None or int(version) > handle.version():
+            return None
+        return [str(v) for v in range(int(version) + 1, handle.version() + 1)]
+
     def writable_as_files(self, handle: Any) -> bool:
         return handle is None or not self._unplain(handle)
 

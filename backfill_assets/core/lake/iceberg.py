@@ -368,6 +368,14 @@ class IcebergLakeTable:
                                    sorted(d.file_path for t in tasks for d in t.delete_files))
         return out
 
+    def versions_after(self, handle: Any, version: str) -> list[str] | None:
+        chain, snapshot = [], None if handle is None else handle.current_snapshot()
+        while snapshot is not None and str(snapshot.snapshot_id) != version:
+            chain.append(str(snapshot.snapshot_id))
+            parent = snapshot.parent_snapshot_id
+            snapshot = None if parent is None else handle.snapshot_by_id(parent)
+        return None if snapshot is None else chain[::-1]
+
     def writable_as_files(self, handle: Any) -> bool:
         """Our files carry column names, not field ids: readers find their columns through the
         table's name mapping (add_files sets one from the current schema where there is none),

@@ -139,6 +139,12 @@ class LakeTable(Protocol):
     # The name of what partition_signatures reads (core.audit shows it).
     SIGNAL: str
 
+    def versions_after(self, handle: Any, version: str) -> list[str] | None:
+        """The versions (Delta) or snapshot ids (Iceberg) committed after ``version`` up to the
+        handle's, oldest first; None where the table keeps no versions or ``version`` is no
+        longer an ancestor of the handle's."""
+        ...
+
     def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
                              version: str | None = None) -> dict[str, str | None] | None:
         """Label -> what each partition is made of, from metadata only (its data files, no row

@@ -91,6 +91,33 @@ class LakeTarget(AdvisoryLocked):
         except BackfillError:
             return None  # that version is gone (vacuumed, expired): no baseline, the rows are read
 
+    def versions_touching(self, version: str, labels: list[str], most: int = 100) -> dict[str, list[str]] | None:
+        """Of the versions committed after ``version`` (at most ``most``), those whose files of
+        each partition differ from the version before (the commits that touched it: a write, a
+        compaction, a delete); None where the table keeps no versions, ``version`` is gone, or
+        there are more than ``most``."""
+        values = [self.ctx.value_of(label) for label in labels]
+        pk = self.ctx.spec.partition_key
+        try:
+            with lake_errors(self.table, f"listing the versions after {version} of"):
+                handle = self.table.open()
+                after = self.table.versions_after(handle, version)
+                if after is None or len(after) > most:
+                    return None
+                before = self.table.partition_signatures(handle, pk, values, version)
+                touched: dict[str, list[str]] = {label: [] for label in labels}
+                for each in after:
+                    now = self.table.partition_signatures(handle, pk, values, each)
+                    if before is None or now is None:
+                        return None
+                    for label in labels:
+                        if now[label] != before[label]:
+                            touched[label].append(each)
+                    before = now
+                return touched
+        except BackfillError:
+            return None
+
     def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Readings]:
         with lake_errors(self.table, "reading"):
             return self._read(signals.at, labels)

@@ -134,6 +134,9 @@ class PostgresTarget(AdvisoryLocked):
     def signals_at(self, version: str, labels: list[str]) -> dict[str, str | None] | None:
         return None  # a table keeps no versions
 
+    def versions_touching(self, version: str, labels: list[str], most: int = 100) -> dict[str, list[str]] | None:
+        return None  # a table keeps no versions
+
     def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Readings]:
         return self.readings(labels)  # read after the counters, which only grow
 

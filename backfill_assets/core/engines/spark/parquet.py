@@ -289,6 +289,9 @@ class ParquetFolderTable(LakeTable):
         return {partition_label(v): signature(None if handle is None else handle.files(partition_dir(column, v)))
                 for v in values}
 
+    def versions_after(self, handle: Any, version: str) -> list[str] | None:
+        return None  # a folder keeps no versions
+
     def partition_paths(self, handle: Any, value: PartitionValue) -> list[str]:
         """The data files of one partition as ``handle`` listed them (full paths)."""
         directory = partition_dir(self.partition_key, value)

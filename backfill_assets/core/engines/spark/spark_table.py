@@ -166,6 +166,9 @@ class SparkCatalogTable(LakeTable):
             return None
         return {partition_label(v): signature(*((None, ()) if handle is None else handle.of(v))) for v in values}
 
+    def versions_after(self, handle: Any, version: str) -> list[str] | None:
+        return None  # a catalog table keeps no versions
+
     def partition_paths(self, handle: Any, value: PartitionValue) -> list[str]:
         """The data files of one partition as ``handle`` saw them (full paths)."""
         location, files = (None, ()) if handle is None else handle.of(value)

@@ -12,7 +12,9 @@ partition or the new one, and what it left under ``_backfill_staging`` is remove
 write, a day later (:data:`STAGING_GRACE`). The old files are moved under
 ``_backfill_replaced/`` and deleted by a later write after :data:`REPLACED_GRACE`: a reader that
 already opened one reads it to the end; one that listed the partition just before the switch
-and opens a file after it gets "file not found" and must read again (never other rows).
+and opens a file after it gets "file not found" and must read again (never other rows). A
+reader that skips names gone since its listing (PyArrow's dataset discovery on a local folder)
+can read the partition as empty across the switch (docs/spark.md).
 
 Local disks (ext4, XFS, tmpfs, Btrfs) swap directories atomically; HDFS renames atomically but
 has no exchange, and object stores (S3, GCS, ADLS) do not rename at all: there a catalog table

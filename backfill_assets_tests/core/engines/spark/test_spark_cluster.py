@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pyarrow.dataset as pads
 import pytest
 import yaml
 
@@ -38,7 +37,7 @@ from backfill_assets_tests.support.spark_cluster import (
     run_flow,
     standalone_cluster,
 )
-from backfill_assets_tests.support.spark_lakes import spark_mapping, target_rows, write_parquet_source
+from backfill_assets_tests.support.spark_lakes import listed_rows, spark_mapping, target_rows, write_parquet_source
 from backfill_assets_tests.support.specs import REPO
 
 VICTIM = "2024-01-02"
@@ -74,7 +73,7 @@ def _read_rows(folder: Path, seen: list[int], stop: threading.Event) -> None:
     """Read one partition of the target, as any Parquet reader does, until ``stop``: its row count each time."""
     while not stop.is_set():
         with contextlib.suppress(FileNotFoundError, OSError):  # listed before a switch, opened after: never wrong rows
-            seen.append(pads.dataset(str(folder), format="parquet").to_table().num_rows)
+            seen.append(listed_rows(folder))
 
 
 def _paused_apply(spec: dict, plan_id: str, root: Path) -> tuple[subprocess.Popen, list[str], dict[str, str]]:

@@ -136,15 +136,18 @@ def _walk(person: Person, gql, demo_db) -> None:
             body = person.page.inner_text("body")
             return f"Plans ready, not approved ({plans})" in body and f"Approved, not yet applied ({approvals})" in body
         return probe
-    until("the board listing the plan", board_lists(1, 0), timeout=120, every=5)
-    assert page.locator('a[href*="/guess/approve_backfill/playground/setup"]').count() == 1
+    # The board is observed every 10 s: one observation may list the plan before its preview
+    # is recorded (no approve link yet), so wait for the one that has both.
+    approve_link = 'a[href*="/guess/approve_backfill/playground/setup"]'
+    until("the board listing the plan with its approve link",
+          lambda: board_lists(1, 0)() and page.locator(approve_link).count() == 1, timeout=120, every=5)
     person.shot("approvals-board-waiting", height=1250)
 
     # 3. The change preview on the dashboard: stage_a's checks, the preview of one partition.
     person.open("/assets/orders_daily/stage_a?view=checks")
     page.get_by_text("target_change_preview").first.click()
     page.wait_for_load_state("networkidle")
-    approve = page.locator('a[href*="/guess/approve_backfill/playground/setup"]').first
+    approve = page.locator(approve_link).first
     approve.wait_for()
     body = page.inner_text("body")
     assert "first_keys" in body and "review_id" in body and "previewed_at" in body  # the evaluation's metadata

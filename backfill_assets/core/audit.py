@@ -50,6 +50,7 @@ from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import audits as store
 from backfill_assets.core.store.control import control_ready
+from backfill_assets.core.store.ledger import partition_order
 from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest
 
@@ -122,10 +123,6 @@ def _verified_readings(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in READINGS}
 
 
-def _partition_order(label: str) -> tuple:
-    return (0, int(label), "") if label.lstrip("-").isdigit() else (1, 0, label)
-
-
 def audit_spec(spec: Spec, factory: ConnectionFactory, *, request: PartitionRequest | None = None,
                among: Collection[str] | None = None, full: bool = False, limit: int = DEFAULT_LIMIT,
                clock: Clock = utc_now, progress: Progress = quiet) -> AuditResult:
@@ -146,7 +143,7 @@ def audit_spec(spec: Spec, factory: ConnectionFactory, *, request: PartitionRequ
             if request is not None:
                 wanted = engine.resolve(request).labels
             else:
-                wanted = sorted((label for label in verified if among is None or label in among), key=_partition_order)
+                wanted = sorted((label for label in verified if among is None or label in among), key=partition_order)
             checked = [label for label in wanted if label in verified]
             progress(ProgressEvent("audit", f"{len(checked)} verified partition(s) of {spec.target_name}",
                                    done=0, total=len(checked), status="started"))

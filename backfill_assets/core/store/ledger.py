@@ -193,7 +193,12 @@ def ledger_status(conn: psycopg.Connection, spec: Any) -> list[dict[str, Any]]:
     if not control_ready(conn, spec.control_schema):
         return []
     rows = ledger_latest(conn, spec.control_schema, spec.target_name)
-    return sorted(rows, key=lambda r: (0, int(r["partition"])) if r["partition"].lstrip("-").isdigit() else (1, r["partition"]))
+    return sorted(rows, key=lambda r: partition_order(r["partition"]))
+
+
+def partition_order(label: str) -> tuple:
+    """A partition label's place: integer partitions in numeric order, then the others as text."""
+    return (0, int(label), "") if label.lstrip("-").isdigit() else (1, 0, label)
 
 
 _APPROVED_PLAN_WITH = sql.SQL(

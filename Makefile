@@ -49,8 +49,10 @@ test: $(VENV)/.installed browser server java
 bench: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/bench.py
 
+# UI_PORT: the UI's port on 127.0.0.1.
+UI_PORT ?= 3000
 ui: $(VENV)/.installed
-	$(VENV)/bin/backfill-assets ui
+	$(VENV)/bin/backfill-assets ui --port $(UI_PORT)
 
 clean:
 	rm -rf $(VENV) .backfill_assets .pytest_cache .hypothesis

@@ -11,13 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from backfill_assets.cli import demo
+from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.catalog import table_kind
 from backfill_assets.core.pg.db import connection_factory
 from backfill_assets.core.vocabulary import DEFAULT_LIMITS, TableRef
 from backfill_assets.dagster_layer.names import pool_limits
 
-REPO = Path(__file__).resolve().parents[1]
+# The checkout this package was installed from (``pip install -e .``): deploy/ and workspace.yaml
+# sit beside the package, not in it.
+REPO = Path(__file__).resolve().parents[2]
 
 
 def launch(port: int, say: Callable[[str], None]) -> int:
@@ -28,6 +31,10 @@ def launch(port: int, say: Callable[[str], None]) -> int:
     """
     from backfill_assets.dagster_layer.definitions import load_specs
 
+    missing = [p for p in (REPO / "deploy" / "dagster.yaml", REPO / "workspace.yaml") if not p.is_file()]
+    if missing:
+        raise SpecError(f"`ui` runs from a clone of the project, installed with `pip install -e .`: "
+                        f"{', '.join(str(p) for p in missing)} not found")
     home = embedded.home()
     dagster_home = home / "dagster_home"
     dagster_home.mkdir(parents=True, exist_ok=True)

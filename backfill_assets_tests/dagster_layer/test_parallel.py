@@ -199,8 +199,9 @@ def wait_runs(gql, tags: dict[str, str], count: int, timeout: float = 240, done:
 def test_a_multi_run_backfill_builds_groups_at_once_within_the_pool_and_replaces_one_run_at_a_time(
     admin_url, db_url, unmoved_db, factory, tmp_path,
 ):
-    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, PARALLEL_SPEC) as (gql, _):
-        gql.stop_sensor("approval_sensor")  # the target is launched below as a backfill, by hand
+    # The target is launched below as a backfill, by hand.
+    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, PARALLEL_SPEC,
+                            stopped_sensors=("approval_sensor",)) as (gql, _):
         gql.set_pool_limit(build_pool(SPEC), 2)
         # The target's runs wait in the queue (their pool admits none yet) until the plan is
         # approved: both backfills are submitted at once, so the test waits for one tick of
@@ -241,8 +242,8 @@ def test_a_multi_run_duckdb_backfill_builds_its_runs_one_at_a_time_and_replaces_
                                                                  "max_concurrent_builds": 1})
     mapping = spec.model_dump(mode="json", exclude_none=True)
     four = SIX[:4]
-    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, mapping) as (gql, _):
-        gql.stop_sensor("approval_sensor")
+    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, mapping,
+                            stopped_sensors=("approval_sensor",)) as (gql, _):
         gql.set_pool_limit(build_pool(spec), 1)
         gql.set_pool_limit(replace_pool(spec), 0)
         stages = gql.launch_backfill([["orders_daily", n] for n in ("snapshot", "stage_a", "stage_b")], four)

@@ -58,8 +58,9 @@ def test_a_multi_run_spark_backfill_shares_the_cluster_and_applies_one_plan(admi
         spec = spec_from_mapping(mapping)
         spec_file = tmp_path / "cluster_spec.yaml"
         spec_file.write_text(yaml.safe_dump(mapping), encoding="utf-8")
-        with dagster_deployment(admin_url, db_url.reveal(), tmp_path, mapping) as (gql, _):
-            gql.stop_sensor("approval_sensor")  # the target is launched below as a backfill, by hand
+        # The target is launched below as a backfill, by hand.
+        with dagster_deployment(admin_url, db_url.reveal(), tmp_path, mapping,
+                                stopped_sensors=("approval_sensor",)) as (gql, _):
             gql.set_pool_limit(build_pool(spec), 2)
             gql.set_pool_limit(replace_pool(spec), 0)  # the target's runs wait for the approval
             stages = gql.launch_backfill([["orders_daily", n] for n in ("snapshot", "stage_a", "stage_b")], FOUR)

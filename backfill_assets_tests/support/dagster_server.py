@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -153,10 +154,19 @@ def wait_http(url: str, procs: list[subprocess.Popen], timeout: float = 180) -> 
 
 @contextlib.contextmanager
 def dagster_deployment(admin_url: str, data_url: str, tmp_path: Path, spec: dict,
-                       instance_settings: dict | None = None) -> Iterator[tuple[GraphQL, int]]:
+                       instance_settings: dict | None = None,
+                       stopped_sensors: tuple[str, ...] = ()) -> Iterator[tuple[GraphQL, int]]:
     """dagster-webserver and dagster-daemon on 127.0.0.1 for one spec, with the instance of
     ``deploy/dagster.yaml`` (plus ``instance_settings``) in a fresh dagster-postgres database;
-    yields the GraphQL client and the port. Both processes' logs are printed on failure."""
+    yields the GraphQL client and the port. Both processes' logs are printed on failure.
+
+    ``stopped_sensors`` are stopped through the webserver before the daemon starts. Stopped
+    while the daemon runs, a sensor that has no stored state yet races the daemon's first tick:
+    both insert its state, and the loser's unique violation is GraphQL's HTTP 500.
+
+    Each process runs in a session of its own, which is killed whole at the end: the code
+    servers the webserver and the daemon start (``dagster api grpc``) and the runs the daemon
+    launches do not outlive the test."""
     instance_db = f"bfa_dagster_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(instance_db)))
@@ -175,16 +185,25 @@ def dagster_deployment(admin_url: str, data_url: str, tmp_path: Path, spec: dict
     port = free_port()
     bin_dir = Path(sys.executable).parent
     logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("webserver", "daemon")}
-    procs = [
-        subprocess.Popen([str(bin_dir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port),
-                          "-w", str(REPO / "workspace.yaml")], cwd=REPO, env=env,
-                         stdout=logs["webserver"], stderr=subprocess.STDOUT),
-        subprocess.Popen([sys.executable, "-c", SHORT_TICK_DAEMON, "run", "-w", str(REPO / "workspace.yaml")],
-                         cwd=REPO, env=env, stdout=logs["daemon"], stderr=subprocess.STDOUT),
-    ]
+    workspace = str(REPO / "workspace.yaml")
+    commands = {"webserver": [str(bin_dir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(port), "-w", workspace],
+                "daemon": [sys.executable, "-c", SHORT_TICK_DAEMON, "run", "-w", workspace]}
+
+    def start(name: str) -> subprocess.Popen:
+        return subprocess.Popen(commands[name], cwd=REPO, env=env, stdout=logs[name], stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    procs = [start("webserver")]
     try:
+        if not stopped_sensors:
+            procs.append(start("daemon"))
         wait_http(f"http://127.0.0.1:{port}/server_info", procs)
-        yield GraphQL(f"http://127.0.0.1:{port}/graphql"), port
+        gql = GraphQL(f"http://127.0.0.1:{port}/graphql")
+        if stopped_sensors:
+            for name in stopped_sensors:
+                gql.stop_sensor(name)
+            procs.append(start("daemon"))
+        yield gql, port
     except BaseException:
         for name in logs:
             print((tmp_path / f"{name}.log").read_text(errors="replace")[-6000:])
@@ -196,7 +215,9 @@ def dagster_deployment(admin_url: str, data_url: str, tmp_path: Path, spec: dict
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                p.kill()
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # what is left of its session: code servers, runs
         for f in logs.values():
             f.close()
         with psycopg.connect(admin_url, autocommit=True) as admin:

@@ -37,11 +37,36 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+SERVER_FREE_ENV = "BACKFILL_TEST_SERVER_FREE"  # set by `make check`
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """The project's local state (DuckDB files, Spark staging, the demo's lake) goes to a
     folder of this test process, never to the working directory or the user's own."""
     config._bfa_home = tempfile.mkdtemp(prefix="bfa-home-")  # type: ignore[attr-defined]
     os.environ[embedded.HOME_ENV] = config._bfa_home  # type: ignore[attr-defined]
+    if os.environ.get(SERVER_FREE_ENV):
+        _forbid_servers()
+
+
+def _forbid_servers() -> None:
+    """The server-free tier (`make check`) starts no server: starting the embedded PostgreSQL or
+    the machine's own, or launching a JVM, fails the test that tries, which then needs the
+    marker (`postgres` or `spark`) that moves it to the tiers above. (Its tests may still try
+    an address where nothing listens, to see the error a user gets.)"""
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError(f"{SERVER_FREE_ENV}: this tier starts no server and no JVM; a test that needs one "
+                           "uses the admin_url or spark fixture, or is marked postgres or spark")
+
+    import pgserver
+    import pyspark.core.context
+
+    import backfill_assets_tests.support.servers as servers
+
+    pgserver.get_server = refuse
+    servers.server_bin = refuse  # the machine's own PostgreSQL
+    pyspark.core.context.launch_gateway = refuse
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

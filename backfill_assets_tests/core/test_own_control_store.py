@@ -19,6 +19,8 @@ from backfill_assets.core.pg import embedded
 from backfill_assets_tests.support.duck_lakes import delta_source, duck_spec
 from backfill_assets_tests.support.spark_lakes import spark_mapping, write_parquet_source
 
+pytestmark = pytest.mark.postgres  # the embedded server, started by the command line under `home`
+
 
 @pytest.fixture(name="home")
 def _home(monkeypatch: pytest.MonkeyPatch):
@@ -41,7 +43,7 @@ def _mapping(engine: str, tmp_path: Path) -> dict:
     return data
 
 
-@pytest.mark.parametrize("engine", ["duckdb", "spark"])
+@pytest.mark.parametrize("engine", ["duckdb", pytest.param("spark", marks=pytest.mark.spark)])
 def test_a_lake_spec_without_a_database_runs_on_the_embedded_control_store(engine, tmp_path, home, request, capsys):
     if engine == "spark":
         request.getfixturevalue("spark")

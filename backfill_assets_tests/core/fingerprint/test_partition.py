@@ -87,6 +87,7 @@ def default_server() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.postgres
 def test_the_golden_vectors_in_the_machines_postgresql_with_default_settings(default_server):
     with psycopg.connect(default_server, autocommit=True) as conn:
         version = conn.execute(b"SHOW server_version").fetchone()[0]

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -61,6 +62,13 @@ EXIT_CODES = """exit codes:
 """
 
 EXIT_DRIFTED = 9
+
+DESCRIPTION = (
+    "Idempotent, verified backfills of partitioned tables, built on one of three engines: PostgreSQL (a table "
+    "of the database, into a PostgreSQL, Delta Lake or Apache Iceberg target), DuckDB (a Delta, Iceberg or "
+    "Parquet source, into a Delta or Iceberg target) and Apache Spark (a Parquet folder, a table of Spark's "
+    "catalog or a PostgreSQL table over JDBC, into a Parquet folder or a catalog table)."
+)
 
 
 class Output:
@@ -291,7 +299,7 @@ def cmd_ui(args: argparse.Namespace, out: Output) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="backfill-assets",
-        description="Idempotent, verified backfills of partitioned tables (PostgreSQL, Delta Lake, Apache Iceberg).",
+        description=textwrap.fill(DESCRIPTION, 88),
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -344,8 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Start the Dagster UI and daemon on loopback with the embedded PostgreSQL.")
     ui.add_argument("--port", type=int, default=3000, help="the UI's port on 127.0.0.1 (default 3000)")
     ui.set_defaults(fn=cmd_ui, json=False, quiet=False)
-    demo_cmd = command("demo", "Run the whole flow on the embedded PostgreSQL with a messy sample source, then "
-                               "the same backfill into a Delta Lake table.",
+    demo_cmd = command("demo", "Run the whole flow on the embedded PostgreSQL with a messy sample source (inspect, "
+                               "profile, plan, approve, apply, the ledger, the same backfill again), then the same "
+                               "backfill into a Delta Lake table, then the whole process on DuckDB from a Delta "
+                               "source into a Delta table, and end with an audit of the targets (a hand fix found, "
+                               "then put back).",
                        cmd_demo, partitions="2024-01-01..2024-01-07", spec_default="backfills/orders_daily.yaml")
     demo_cmd.add_argument("--lake-spec", default="deploy/examples/orders_delta.yaml", metavar="FILE",
                           help="the Delta-target spec of the demo's step 9 ('none' to skip it)")

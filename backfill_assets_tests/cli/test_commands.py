@@ -186,6 +186,33 @@ def test_help_documents_the_exit_codes(capsys):
     assert "exit codes:" in capsys.readouterr().out
 
 
+def _help(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())  # as one line: argparse wraps it
+
+
+def test_help_names_the_three_engines_and_their_targets_as_the_readme_does(capsys):
+    text = _help(capsys)
+    assert "one of three engines: PostgreSQL (a table of the database, into a PostgreSQL, Delta Lake or Apache " \
+           "Iceberg target), DuckDB (a Delta, Iceberg or Parquet source, into a Delta or Iceberg target) and " \
+           "Apache Spark (a Parquet folder, a table of Spark's catalog or a PostgreSQL table over JDBC, into a " \
+           "Parquet folder or a catalog table)" in text
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    for engine in ("**PostgreSQL** (a table of the database, into a PostgreSQL, Delta Lake or Apache Iceberg target)",
+                   "**DuckDB** (a Delta, Iceberg or Parquet source, into a Delta or Iceberg target)",
+                   "**Apache Spark** (a Parquet folder, a table of Spark's catalog or a PostgreSQL table over JDBC, "
+                   "into a Parquet folder or a catalog table)"):
+        assert engine in readme and engine.replace("**", "") in text
+
+
+def test_demo_help_says_it_runs_duckdb_and_ends_with_an_audit(capsys):
+    text = _help(capsys, "demo")
+    assert "the same backfill into a Delta Lake table, then the whole process on DuckDB from a Delta source" in text
+    assert text.split(" options: ")[0].endswith("and end with an audit of the targets (a hand fix found, then put "
+                                                "back).")
+
+
 @pytest.mark.postgres  # the demo starts the embedded server of its own
 def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path):
     env = {**os.environ, "BACKFILL_ASSETS_HOME": str(tmp_path / "home")}

@@ -116,7 +116,7 @@ class Output:
 
 def _url(spec: Spec, args: argparse.Namespace) -> DatabaseUrl:
     if args.embedded:
-        return embedded.database_url()
+        return embedded.embedded_url(spec)
     return embedded.spec_url(spec)
 
 
@@ -313,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
         p.add_argument("--quiet", action="store_true", help="no progress on stderr")
         p.add_argument("--embedded", action="store_true",
-                       help="use the project's embedded PostgreSQL instead of the spec's variable")
+                       help="use the project's embedded PostgreSQL instead of the spec's variable (a spec that "
+                            "names no database: its control store there, as without --embedded)")
         if partitions == "required":
             p.add_argument("--partitions", required=True, metavar="P",
                            help="2024-01-01..2024-01-31 (inclusive) or a comma list")

@@ -56,7 +56,13 @@ def test_a_lake_spec_without_a_database_runs_on_the_embedded_control_store(engin
     assert main(["apply", "--spec", str(path), "--plan", plan["plan_id"], "--json"]) == 0
     out = capsys.readouterr().out
     assert [p["status"] for p in json.loads(out[out.index("{"):])["partitions"]] == ["verified"] * 3
-    assert main(["status", "--spec", str(path)]) == 0 and "verified" in capsys.readouterr().out
+    assert main(["status", "--spec", str(path)]) == 0
+    status = capsys.readouterr().out
+    assert "verified" in status
+    # --embedded names the embedded server, which this spec's control store already is: the same
+    # plans and ledger (not the demo's database, where no run of this spec was recorded).
+    assert main(["status", "--spec", str(path), "--embedded"]) == 0
+    assert capsys.readouterr().out == status
     # Everything the runs recorded is in the embedded server's control database, under the home.
     assert (home / "pgdata").is_dir()
     with psycopg.connect(embedded.database_url(embedded.CONTROL_DATABASE).reveal()) as conn:

@@ -82,3 +82,12 @@ def spec_url(spec: Spec) -> DatabaseUrl:
     """
     name = spec.database_url_env or spec.control_database_url_env
     return url_from_env(name) if name is not None else database_url(CONTROL_DATABASE)
+
+
+def embedded_url(spec: Spec) -> DatabaseUrl:
+    """The URL a spec's connections open with ``--embedded`` (the embedded server instead of
+    the spec's variable): the demo's database for a spec whose data is in PostgreSQL (its
+    ``database_url_env`` named), else the control database :func:`spec_url` gives a spec
+    that names no database, so that its plans, approvals and ledger are the same with
+    ``--embedded`` as without."""
+    return database_url(DEFAULT_DATABASE if spec.database_url_env is not None else CONTROL_DATABASE)

@@ -123,8 +123,11 @@ def _url(spec: Spec, args: argparse.Namespace) -> DatabaseUrl:
 def _factory(spec: Spec, args: argparse.Namespace) -> ConnectionFactory:
     """The command's connections, carrying the spec's timeouts; kept on ``args`` so that
     :func:`main` can say what a wait that ran out waited for (core.waits)."""
-    name = spec.control_database_url_env  # read when a command first uses the control store
-    factory = connection_factory(_url(spec, args), spec.limits, application_name=f"backfill_assets:{spec.name}",
+    # Each URL is read when a command first opens a connection of its role: inspect and profile
+    # of an engine whose data is not in PostgreSQL open none, and need no variable or server.
+    name = spec.control_database_url_env
+    factory = connection_factory(lambda: _url(spec, args), spec.limits,
+                                 application_name=f"backfill_assets:{spec.name}",
                                  control_url=None if name is None else lambda: url_from_env(name))
     args.opened = (factory, spec)
     return factory

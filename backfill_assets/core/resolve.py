@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from backfill_assets.core.build import open_build_engine
+from backfill_assets.core.build import open_reading_engine
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
@@ -16,6 +16,7 @@ def inspect(spec: Spec, factory: ConnectionFactory) -> Inspection:
     Raises:
         TransformError: the spec's transform is refused.
     """
-    # Inspection reads the data's database only: it needs no control store (nor its variable).
-    with factory() as conn, open_build_engine(conn, factory, spec, control=conn) as engine:
+    # Inspection reads the data's database only: it needs no control store (nor its variable),
+    # and on an engine whose data is not in PostgreSQL no database at all (core.build).
+    with open_reading_engine(factory, spec, control_is_data=True) as engine:
         return engine.inspect()

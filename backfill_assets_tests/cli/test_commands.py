@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from backfill_assets.cli import commands as cli
 from backfill_assets.cli import crash_hook
@@ -20,8 +21,10 @@ from backfill_assets.core.errors import (
     StageDifference,
     VerificationError,
 )
+from backfill_assets.core.pg import embedded
 from backfill_assets.core.store.plans import find_plan
 from backfill_assets_tests.support.cli_runs import run, write_spec
+from backfill_assets_tests.support.duck_lakes import delta_source, duck_spec
 from backfill_assets_tests.support.specs import CANARY, REPO, URL_ENV, make_spec
 
 
@@ -178,6 +181,22 @@ def test_profile_json_has_a_proposal(demo_db, url_env, tmp_path, capsys):
     proposal = json.loads(out)["proposal"]
     assert code == 0 and proposal["business_key"] == ["order_id"]
     assert [o["column"] for o in proposal["ordering"]] == ["updated_at", "ingest_seq"]
+
+
+def test_inspect_and_profile_of_a_duckdb_spec_read_no_variable_and_start_no_postgresql(tmp_path, capsys, monkeypatch):
+    home = tmp_path / "home"  # where the embedded server would keep its data if it were started
+    monkeypatch.setenv(embedded.HOME_ENV, str(home))
+    monkeypatch.delenv(URL_ENV, raising=False)  # named by the spec, and unset: reading it exits 3
+    named = duck_spec(tmp_path, delta_source(tmp_path)).model_dump(mode="json", exclude_none=True)
+    unnamed = {k: v for k, v in named.items() if k != "database_url_env"}  # the embedded control store
+    for data in (named, unnamed):
+        path = tmp_path / "spec.yaml"
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        code, out, err = run(capsys, "inspect", "--spec", str(path))
+        assert code == 0 and "the spec matches the catalog; it can be planned" in out, err
+        code, out, err = run(capsys, "profile", "--spec", str(path), "--json", "--partitions", "2024-01-01..2024-01-03")
+        assert code == 0 and json.loads(out)["proposal"]["business_key"] == ["order_id"], err
+    assert not home.exists()
 
 
 def test_help_documents_the_exit_codes(capsys):

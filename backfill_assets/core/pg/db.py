@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
@@ -185,16 +186,24 @@ class Connections:
       transactions.
 
     Every connection carries ``limits`` from its first statement; errors never contain a URL.
+    Either URL may be given as what reads it (a variable, the embedded server), called when a
+    connection of that role is first opened: a step that opens none needs neither.
     """
 
-    def __init__(self, url: DatabaseUrl, limits: Limits, application_name: str = "backfill_assets",
+    def __init__(self, url: DatabaseUrl | Callable[[], DatabaseUrl], limits: Limits,
+                 application_name: str = "backfill_assets",
                  control_url: DatabaseUrl | Callable[[], DatabaseUrl] | None = None) -> None:
         self._url, self._control_url = url, control_url
         self.limits, self.application_name = limits, application_name
+        self._reading = threading.Lock()  # two builds may open their first connections at once
 
     def __call__(self) -> psycopg.Connection:
         """A new connection to the data."""
-        return connect(self._url, self.limits, application_name=self.application_name)
+        with self._reading:
+            if callable(self._url):
+                self._url = self._url()  # read once, when the first connection is opened
+            url = self._url
+        return connect(url, self.limits, application_name=self.application_name)
 
     @property
     def separate(self) -> bool:
@@ -213,11 +222,13 @@ class Connections:
             yield conn
 
 
-def connection_factory(url: DatabaseUrl, limits: Limits, application_name: str = "backfill_assets",
+def connection_factory(url: DatabaseUrl | Callable[[], DatabaseUrl], limits: Limits,
+                       application_name: str = "backfill_assets",
                        control_url: DatabaseUrl | Callable[[], DatabaseUrl] | None = None) -> Connections:
     """A spec's connections (:class:`Connections`): calling it opens a new pinned connection to
-    the data with ``limits``; ``control_url``: the control store's database, if another (or
-    what reads it when first needed, so that a command that never uses it never needs it)."""
+    the data (``url``) with ``limits``; ``control_url``: the control store's database, if
+    another. Either may be what reads the URL when first needed, so that a command that never
+    opens a connection of that role never needs it."""
     return Connections(url, limits, application_name, control_url)
 
 

@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from backfill_assets.core.build import open_build_engine, refuse_unless_supported
+from backfill_assets.core.build import open_reading_engine, refuse_unless_supported
 from backfill_assets.core.catalog import ColumnInfo, partition_kind_of
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg.db import ConnectionFactory
@@ -117,7 +117,7 @@ def profile_spec(spec: Spec, factory: ConnectionFactory, request: PartitionReque
             partition key does not exist.
     """
     refuse_unless_supported(spec, "profile")
-    with factory() as conn, open_build_engine(conn, factory, spec) as engine:
+    with open_reading_engine(factory, spec) as engine:  # no PostgreSQL where the engine needs none
         source = engine.profiler()
         partitions = None
         if request is not None:

@@ -29,7 +29,7 @@ from backfill_assets.core.approve import confirm, review
 from backfill_assets.core.audit import audit_spec
 from backfill_assets.core.coverage import open_approvals
 from backfill_assets.core.diff import diff_plan
-from backfill_assets.core.errors import ApprovalError, BackfillError
+from backfill_assets.core.errors import ApprovalError, BackfillError, SpecError
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, as_transient, connection_factory, url_from_env
 from backfill_assets.core.plan import make_plan
@@ -286,7 +286,11 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
 def cmd_demo(args: argparse.Namespace, out: Output) -> int:
     lake = None if args.lake_spec == "none" else load_spec(args.lake_spec)
     duck = None if args.duckdb_spec == "none" else load_spec(args.duckdb_spec)
-    run_demo(load_spec(args.spec), args.partitions, out, lake, duck)
+    spark = None if args.spark_spec == "none" else load_spec(args.spark_spec)
+    if spark is not None and spark.source.format != "parquet":
+        raise SpecError(f"--spark-spec {args.spark_spec}: its source is not a Parquet folder "
+                        "(source.format: parquet); name a spec whose source is, or 'none'")
+    run_demo(load_spec(args.spec), args.partitions, out, lake, duck, spark)
     return 0
 
 
@@ -360,12 +364,16 @@ def build_parser() -> argparse.ArgumentParser:
                                "profile, plan, approve, apply, the ledger, the same backfill again), then the same "
                                "backfill into a Delta Lake table, then the whole process on DuckDB from a Delta "
                                "source into a Delta table, and end with an audit of the targets (a hand fix found, "
-                               "then put back).",
+                               "then put back). It also writes the sample rows as the Parquet folder "
+                               "deploy/examples/orders_spark.yaml reads, to run on Spark afterwards.",
                        cmd_demo, partitions="2024-01-01..2024-01-07", spec_default="backfills/orders_daily.yaml")
     demo_cmd.add_argument("--lake-spec", default="deploy/examples/orders_delta.yaml", metavar="FILE",
                           help="the Delta-target spec of the demo's step 9 ('none' to skip it)")
     demo_cmd.add_argument("--duckdb-spec", default="deploy/examples/orders_duckdb.yaml", metavar="FILE",
                           help="the DuckDB spec of the demo's step 10, lake to lake ('none' to skip it)")
+    demo_cmd.add_argument("--spark-spec", default="deploy/examples/orders_spark.yaml", metavar="FILE",
+                          help="the Spark spec whose Parquet source folder step 1 writes from the sample rows, "
+                               "to run on Spark after the demo (docs/spark.md; 'none' to skip it)")
     return parser
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -56,6 +57,19 @@ def arrow_schema() -> object:
         ("updated_at", pa.timestamp("us", tz="UTC")), ("ingest_seq", pa.int64()), ("amount", pa.decimal128(12, 2)),
         ("status", pa.string()), ("note", pa.string()),
     ])
+
+
+def write_parquet_folder(folder: Path, partition_key: str = "order_date", rows: list[tuple] | None = None) -> int:
+    """The sample source rows (default: those :func:`load` inserts) as a Hive-partitioned
+    Parquet folder, ``<partition_key>=<value>/part-0.parquet`` (the partitions written are
+    replaced): the source of ``deploy/examples/orders_spark.yaml``. Returns the rows written."""
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+    rows = source_rows() if rows is None else rows
+    data = pa.Table.from_pylist([dict(zip(COLUMNS, r)) for r in rows], schema=arrow_schema())
+    pads.write_dataset(data, str(folder), format="parquet", partitioning=[partition_key], partitioning_flavor="hive",
+                       existing_data_behavior="delete_matching")
+    return data.num_rows
 
 
 def source_rows(orders_per_day: int = 24, seed: int = 20240101, *, moved: bool = True) -> list[tuple]:

@@ -1,6 +1,7 @@
 """The scripted demo (``backfill-assets demo``): the whole flow on the embedded PostgreSQL.
 
-It loads the messy sample source of :mod:`backfill_assets.cli.demo`, then inspects, profiles,
+It loads the messy sample source of :mod:`backfill_assets.cli.demo` (and writes it as the Spark
+example's Parquet folder), then inspects, profiles,
 plans, approves, applies, shows the ledger, runs the same backfill again, then (with the lake
 specs) into Delta and on DuckDB, and ends with an audit of the targets, printing each step. The command line only parses its arguments and calls :func:`run_demo`.
 """
@@ -26,7 +27,7 @@ from backfill_assets.core.plan import make_plan
 from backfill_assets.core.profile.propose import profile_spec
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.resolve import inspect
-from backfill_assets.core.spec import DeltaSourceSpec, DeltaTargetSpec, Spec
+from backfill_assets.core.spec import DeltaSourceSpec, DeltaTargetSpec, ParquetSourceSpec, Spec
 from backfill_assets.core.store.ledger import ledger_status
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionRequest
@@ -49,10 +50,12 @@ class Printer(Protocol):
 
 
 def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None = None,
-             duck_spec: Spec | None = None) -> None:
+             duck_spec: Spec | None = None, spark_spec: Spec | None = None) -> None:
     """Run the demo of ``spec`` over ``partitions`` on the embedded PostgreSQL; then, with
     ``lake_spec`` (a Delta target), the same backfill into a Delta Lake table; then, with
-    ``duck_spec`` (engine duckdb), the whole process on DuckDB from a Delta source.
+    ``duck_spec`` (engine duckdb), the whole process on DuckDB from a Delta source. With
+    ``spark_spec`` (engine spark, a Parquet folder source), its source folder is written from
+    the sample rows at the start, for the user to run on Spark (the demo starts no Spark).
 
     Raises:
         DeterminismError: the plan was refused.
@@ -66,6 +69,8 @@ def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None =
     with factory() as conn:
         demo.load(conn)
     out.result(f"\n-- 1. loaded a messy sample source {spec.source_ref} and a stale target {spec.target_name}")
+    if spark_spec is not None:
+        _spark_source(spark_spec, out)
     _inspect_and_profile(spec, factory, out)
     request = PartitionRequest(partitions)
     out.result(f"\n-- 4. plan {partitions}: snapshot, build twice, fingerprint, compare")
@@ -114,6 +119,15 @@ def _audit_demo(spec: Spec, lake_spec: Spec | None, factory: ConnectionFactory, 
     if [p.partition for p in drifted.drifted] != [day] or again.drifted:
         raise VerificationError(day, "the demo's audit", "only the fixed day drifted, then held again",
                                 f"{[p.partition for p in drifted.drifted]} drifted, then {len(again.drifted)}")
+
+
+def _spark_source(spec: Spec, out: Printer) -> None:
+    """The Spark spec's Parquet source folder, written from the sample rows (docs/spark.md runs
+    the spec on it)."""
+    assert isinstance(spec.source, ParquetSourceSpec)
+    folder = _demo_lake_table(spec.source.location)
+    rows = demo.write_parquet_folder(folder, spec.partition_key)
+    out.result(f"the same {rows} rows as a Parquet folder, the source of spec {spec.name} on Spark: {folder}")
 
 
 def _demo_lake_table(location: str) -> Path:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -225,11 +228,11 @@ def test_help_names_the_three_engines_and_their_targets_as_the_readme_does(capsy
         assert engine in readme and engine.replace("**", "") in text
 
 
-def test_demo_help_says_it_runs_duckdb_and_ends_with_an_audit(capsys):
+def test_demo_help_says_it_runs_duckdb_ends_with_an_audit_and_writes_the_spark_source(capsys):
     text = _help(capsys, "demo")
     assert "the same backfill into a Delta Lake table, then the whole process on DuckDB from a Delta source" in text
-    assert text.split(" options: ")[0].endswith("and end with an audit of the targets (a hand fix found, then put "
-                                                "back).")
+    assert "and end with an audit of the targets (a hand fix found, then put back)." in text
+    assert "writes the sample rows as the Parquet folder deploy/examples/orders_spark.yaml reads" in text
 
 
 @pytest.mark.postgres  # the demo starts the embedded server of its own
@@ -256,6 +259,49 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0, status.stderr
     assert status.stdout.count(": holds") == 8, status.stdout
+
+
+@pytest.fixture(name="home")
+def _home(monkeypatch):
+    """A project home of the test's own, where the embedded server keeps its data (not under
+    pytest's temporary root: as root the server runs as a user of its own, see conftest)."""
+    home = Path(tempfile.mkdtemp(prefix="bfa-home-"))
+    home.chmod(0o755)
+    monkeypatch.setenv(embedded.HOME_ENV, str(home))
+    yield home
+    embedded.stop(home / "pgdata")
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.postgres  # the demo starts the embedded server under the home
+def test_the_spark_example_plans_ready_from_the_parquet_folder_the_demo_writes(spark, home, tmp_path, monkeypatch,
+                                                                               capsys):
+    """docs/spark.md: after `make demo`, deploy/examples/orders_spark.yaml plans with --embedded as
+    it is written (its source folder, .backfill_assets/lake/orders_raw_parquet, is the demo's)."""
+    monkeypatch.chdir(tmp_path)  # where the example's relative locations lie, as the checkout for `make demo`
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    example = str(REPO / "deploy" / "examples" / "orders_spark.yaml")
+    code, out, err = run(capsys, "demo", "--spec", str(REPO / "backfills" / "orders_daily.yaml"),
+                         "--lake-spec", "none", "--duckdb-spec", "none", "--spark-spec", example)
+    folder = tmp_path / ".backfill_assets" / "lake" / "orders_raw_parquet"
+    assert code == 0, err
+    assert f"the same 254 rows as a Parquet folder, the source of spec orders_daily_spark on Spark: {folder}" in out
+    code, out, err = run(capsys, "plan", "--spec", example, "--embedded", "--partitions", "2024-01-01..2024-01-07",
+                         "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["status"] == "ready"
+    rows = {p["partition"]: p["stage_a"]["row_count"] for p in plan["partitions"]}
+    assert rows == {"2024-01-01": 24, "2024-01-02": 24, "2024-01-03": 24, "2024-01-04": 25, "2024-01-05": 0,
+                    "2024-01-06": 24, "2024-01-07": 24}
+
+
+def test_a_demo_spark_spec_without_a_parquet_source_exits_2_before_the_demo_starts(capsys):
+    # Refused before the demo starts the embedded server (this test runs where none may start).
+    code, out, err = run(capsys, "demo", "--lake-spec", "none", "--duckdb-spec", "none",
+                         "--spark-spec", str(REPO / "deploy" / "examples" / "orders_duckdb.yaml"))
+    assert code == 2 and out == ""
+    assert err.startswith("error: --spark-spec ") and "its source is not a Parquet folder" in err
 
 
 def test_approve_apply_and_status_from_the_command_line(demo_db, url_env, tmp_path, capsys, monkeypatch):

@@ -11,14 +11,15 @@ The steps, in process order (each a module here), each written once:
    the change preview a person approves from; ``coverage`` - what an approval still covers,
    and when it expires;
 4. ``apply`` - replace one partition (or group) per transaction, verified;
-5. the ledger records every run; ``diff`` compares a stage with the target.
+5. the ledger records every run; ``diff`` compares a stage with the target;
+6. ``audit`` - later: does each verified partition still hold what was verified?
 
 Where a step needs the source, the snapshot or the stages, it asks the spec's build engine
 (``build``: chosen once by ``engine.type``, each engine one folder of ``engines``, what each
 supports read by ``supports``); where it needs the target, the target engine its ``context``
 holds (``targets``). What the engines share sits below them: ``planning`` (the plan's rules),
 ``catalog`` (the catalog model), ``differences``, ``pinned`` (a source pinned at a version),
-``moves``, and the ``lake`` folder (Delta and Iceberg targets, lake sources, Arrow readings);
+``moves``, ``profiling`` (what ``profile`` asks every engine's source), and the ``lake`` folder (Delta and Iceberg targets, lake sources, Arrow readings);
 ``errors``, ``progress`` and ``waits`` serve every step. The other families sit in folders:
 ``fingerprint`` (format 3, PostgreSQL's readings, and the plan and snapshot ids), ``store``
 (the control store: plans, approvals, ledger), ``profile`` (proposing a key and a tiebreak)

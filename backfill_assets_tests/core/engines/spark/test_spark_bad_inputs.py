@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from backfill_assets.cli.commands import main
 from backfill_assets.core import plan as plan_module
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan, review
@@ -194,7 +196,6 @@ def test_a_timestamp_without_time_zone_over_jdbc_is_read_exactly_in_any_jvm_time
                 text=True, timeout=300)
             assert planned.returncode == 0, planned.stderr[-2000:]
             assert f"-Duser.timezone={zone}" in planned.stderr  # the JVM took the zone
-            import json
             found[zone] = {p["partition"]: p["stage_a"] for p in json.loads(planned.stdout)["partitions"]}
     expected = {e.partition: e.stage_a.as_dict() for e in reference.document.partitions}
     assert found["here"] == found["Asia/Kolkata"] == expected
@@ -202,7 +203,10 @@ def test_a_timestamp_without_time_zone_over_jdbc_is_read_exactly_in_any_jvm_time
 
 @pytest.mark.slow
 def test_the_cli_flow_over_jdbc_converges_and_a_later_source_change_does_not_move_the_plan(
-        tmp_path, spark, factory, url_env, conn, db_url, monkeypatch):
+        tmp_path, spark, factory, url_env, conn, db_url, monkeypatch, capfd):
+    """plan, approve, apply, apply again, status and diff from the command line, in this
+    process (its Spark session: a process start of its own per command proves nothing here and
+    cost a driver JVM each); the JDBC URL appears in no output, the JVM's included (capfd)."""
     load_postgres_source(conn)
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(yaml.safe_dump(spark_mapping(
@@ -210,33 +214,31 @@ def test_the_cli_flow_over_jdbc_converges_and_a_later_source_change_does_not_mov
         engine={"type": "spark", "master": "local[1]", "staging": str(tmp_path / "staging"),
                 "conf": {"spark.ui.enabled": "false"}})), encoding="utf-8")
     with jdbc_url(db_url.reveal()) as url:
-        env = {**os.environ, URL_ENV: db_url.reveal(), JDBC_ENV: url}
+        monkeypatch.setenv(JDBC_ENV, url)
+        outputs: list[str] = []
 
-        def cli(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "backfill_assets.cli", *args, "--spec", str(spec_file)],
-                                  cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        def cli(*args: str) -> tuple[int, str]:
+            code = main([*args, "--spec", str(spec_file)])
+            out, err = capfd.readouterr()
+            outputs.append(out + err)
+            return code, out
 
-        planned = cli("plan", "--partitions", "2024-01-01..2024-01-03", "--json")
-        assert planned.returncode == 0, planned.stderr[-2000:]
-        import json
-        plan_id = json.loads(planned.stdout)["plan_id"]
+        code, planned = cli("plan", "--partitions", "2024-01-01..2024-01-03", "--json")
+        assert code == 0, outputs[-1][-2000:]
+        plan_id = json.loads(planned)["plan_id"]
         # The source moves on after the plan: the plan reads its own copy.
         conn.execute("UPDATE public.orders_raw SET status = status || '!'")
         conn.commit()
-        approved = cli("approve", "--plan", plan_id, "--yes", "--by", "tester")
-        assert approved.returncode == 0, approved.stderr[-2000:]
-        applied = cli("apply", "--plan", plan_id)
-        assert applied.returncode == 0, applied.stderr[-2000:]
-        monkeypatch.setenv(JDBC_ENV, url)
+        assert cli("approve", "--plan", plan_id, "--yes", "--by", "tester")[0] == 0, outputs[-1][-2000:]
+        assert cli("apply", "--plan", plan_id)[0] == 0, outputs[-1][-2000:]
+        code, again = cli("apply", "--plan", plan_id, "--json")
+        assert code == 0 and [p["status"] for p in json.loads(again)["partitions"]] == ["skipped-already-verified"] * 3
+        code, status = cli("status")
+        assert code == 0 and "verified" in status
+        code, diff = cli("diff", "--plan", plan_id)
+        assert code == 0 and "the approved stage (A) against the target" in diff, outputs[-1][-2000:]
+        assert all(url not in out for out in outputs)
         spec = spec_from_mapping(yaml.safe_load(spec_file.read_text()))
-        again = apply_plan(spec, plan_id, factory, run_id="run-again")  # in process: one Spark start less
-        assert [p["status"] for p in again.partitions] == ["skipped-already-verified"] * 3
-        status = cli("status")
-        assert status.returncode == 0 and "verified" in status.stdout
-        diff = cli("diff", "--plan", plan_id)
-        assert diff.returncode == 0 and "the approved stage (A) against the target" in diff.stdout, diff.stderr
-        for out in (planned, approved, applied, status, diff):
-            assert url not in out.stdout + out.stderr
         shutil.rmtree(tmp_path / "staging" / "snapshots")  # the copy is gone: approval cannot trust the plan
         with factory() as c, pytest.raises(ApprovalError, match="copy's file .* is gone.*plan again"):
             review(c, factory, spec, plan_id)

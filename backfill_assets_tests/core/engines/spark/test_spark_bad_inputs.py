@@ -192,7 +192,8 @@ def test_a_timestamp_without_time_zone_over_jdbc_is_read_exactly_in_any_jvm_time
             planned = subprocess.run(
                 [sys.executable, "-m", "backfill_assets.cli", "plan", "--spec", str(spec_file),
                  "--partitions", "2024-01-01..2024-01-03", "--json"],
-                cwd=REPO, env={**env, "JAVA_TOOL_OPTIONS": f"-Duser.timezone={zone}"}, capture_output=True,
+                cwd=REPO, env={**env, "JAVA_TOOL_OPTIONS": f"{env.get('JAVA_TOOL_OPTIONS', '')} -Duser.timezone={zone}"},
+                capture_output=True,
                 text=True, timeout=300)
             assert planned.returncode == 0, planned.stderr[-2000:]
             assert f"-Duser.timezone={zone}" in planned.stderr  # the JVM took the zone

@@ -998,7 +998,7 @@ def figure_lake_fingerprint(b: Bench, report: Report) -> None:
     memory it holds at 1M and 2M rows (flat: bounded by the partition's own columns)."""
     from deltalake import DeltaTable, write_deltalake
 
-    from backfill_assets.core.lake.arrow import arrow_readings
+    from backfill_assets.core.fingerprint.arrow import arrow_readings
     rows, peaks, rate = 1_000_000, {}, 0.0
     with b.factory() as conn:
         conn.execute(lake_fingerprint.DROP)

@@ -3,7 +3,7 @@ differences (a changed text, a changed amount, a NULL in place of a value, a key
 added) against one fingerprint of that partition, on each engine, side by side in one run.
 
 - DuckDB: both sides DuckDB tables (the engine's stage and a target read into DuckDB);
-  the diff is core.lake.diff, the fingerprint the stage readings (core.engines.duckdb.stages).
+  the diff is core.comparison.diff, the fingerprint the stage readings (core.engines.duckdb.stages).
 - Spark: both sides Parquet partitions as Spark writes them; the diff is the Spark engine's
   (core.engines.spark.compare: Spark jobs over both sides' files, then the first differing
   keys' rows compared in DuckDB), the fingerprint Spark's format-3 aggregate over the
@@ -29,9 +29,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from backfill_assets.core.catalog import ColumnInfo
+from backfill_assets.core.comparison.diff import diff_relations
+from backfill_assets.core.duck import connect
 from backfill_assets.core.engines.duckdb.stages import readings_of
-from backfill_assets.core.lake.diff import diff_relations
-from backfill_assets.core.lake.duck import connect
 
 DAY = dt.date(2024, 1, 1)
 COLUMNS = [ColumnInfo("d", "date", "D", False, "date"), ColumnInfo("k", "bigint", "N", False, "int8"),

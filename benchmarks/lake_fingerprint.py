@@ -38,11 +38,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 from psycopg import sql
 
+from backfill_assets.core.fingerprint.arrow import arrow_readings
+from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.partition import fingerprint_partition
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.lake.arrow import arrow_readings
-from backfill_assets.core.lake.kinds import lake_schema
-from backfill_assets.core.lake.stage_arrow import read_stage_partition
+from backfill_assets.core.fingerprint.stage_arrow import read_stage_partition
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.pg.db import connect, repeatable_read

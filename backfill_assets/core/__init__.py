@@ -19,9 +19,12 @@ Where a step needs the source, the snapshot or the stages, it asks the spec's bu
 supports read by ``supports``); where it needs the target, the target engine its ``context``
 holds (``targets``). What the engines share sits below them: ``planning`` (the plan's rules),
 ``catalog`` (the catalog model), ``differences``, ``pinned`` (a source pinned at a version),
-``moves``, ``profiling`` (what ``profile`` asks every engine's source), and the ``lake`` folder (Delta and Iceberg targets, lake sources, Arrow readings);
-``errors``, ``progress`` and ``waits`` serve every step. The other families sit in folders:
-``fingerprint`` (format 3, PostgreSQL's readings, and the plan and snapshot ids), ``store``
+``moves``, ``profiling`` (what ``profile`` asks every engine's source), ``duck`` (every DuckDB
+connection), the ``lake`` folder (Delta and Iceberg targets, lake sources) and the
+``comparison`` folder (two relations compared in DuckDB by canonical text); ``errors``,
+``progress`` and ``waits`` serve every step. The other families sit in folders:
+``fingerprint`` (format 3, its readings in PostgreSQL and over Arrow, and the plan and
+snapshot ids), ``store``
 (the control store: plans, approvals, ledger), ``profile`` (proposing a key and a tiebreak)
 and ``pg`` (PostgreSQL: connections, the catalog, the SQL builders, the embedded server).
 """

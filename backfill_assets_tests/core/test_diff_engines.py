@@ -5,7 +5,7 @@ space, a changed decimal digit, a key moved to another partition, a unicode row 
 same answer from each engine, exact on the canonical text, down to its --json.
 
 The first tests here of a double column on DuckDB and Spark: they found DuckDB turning stage
-B's -0.0 into 0.0 (core.lake.duck) and Spark's tie check refusing to render a double inside an
+B's -0.0 into 0.0 (core.duck) and Spark's tie check refusing to render a double inside an
 aggregate (core.engines.spark.snapshot), each of which refused a plan that was right."""
 
 from __future__ import annotations

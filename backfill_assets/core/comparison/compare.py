@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.lake import digest
+from backfill_assets.core.fingerprint import digest
 
 
 def text_of(composed: sql.Composable) -> str:

@@ -3,9 +3,9 @@ engine's stage tables, a lake partition or the Spark engine's stage files regist
 Arrow), key by key, as the PostgreSQL engine's diff gives it (core.engines.postgres.diff).
 
 Exact on the canonical text the fingerprint hashes (docs/fingerprint.md): ``-0`` against
-``0``, NULL against ``''`` or a trailing space differ (core.lake.compare.partition_diff). Only
+``0``, NULL against ``''`` or a trailing space differ (core.comparison.compare.partition_diff). Only
 the counts and up to ``limit`` example keys come back from DuckDB; the examples' values are
-then rendered to PostgreSQL's text forms (core.lake.arrow.canonical_texts), the forms the
+then rendered to PostgreSQL's text forms (core.fingerprint.arrow.canonical_texts), the forms the
 PostgreSQL engine shows, so the same difference reads the same on every engine.
 """
 
@@ -17,12 +17,12 @@ from typing import Any
 import pyarrow as pa
 
 from backfill_assets.core.catalog import ColumnInfo
+from backfill_assets.core.comparison import compare
 from backfill_assets.core.context import Context
 from backfill_assets.core.differences import KINDS, Example, PartitionDiff
 from backfill_assets.core.fingerprint import rows
-from backfill_assets.core.lake import compare
-from backfill_assets.core.lake.arrow import canonical_texts
-from backfill_assets.core.lake.kinds import lake_schema
+from backfill_assets.core.fingerprint.arrow import canonical_texts
+from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.vocabulary import PartitionValue
 
 

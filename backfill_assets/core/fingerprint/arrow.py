@@ -4,12 +4,12 @@ its values' PostgreSQL text forms.
 A stage partition approved in PostgreSQL is copied into a Delta Lake or Iceberg table; the lake
 partition must then give exactly the readings ``fingerprint.fingerprint_partition`` gives in
 PostgreSQL. The lake library hands the partition over as Arrow, each column is checked and
-normalised to the Arrow type its PostgreSQL type maps to (core.lake.kinds; only safe
+normalised to the Arrow type its PostgreSQL type maps to (core.fingerprint.kinds; only safe
 casts), and DuckDB computes the count, the NULL and duplicate keys and the format-3 digest in
-one aggregate (core.lake.digest); the exact total is summed by Arrow in decimal256.
+one aggregate (core.fingerprint.digest); the exact total is summed by Arrow in decimal256.
 
 ``canonical_texts`` renders PostgreSQL's text forms with pyarrow.compute kernels
-(core.lake.texts): core.diff compares a lake partition with a stage key by key and
+(core.fingerprint.texts): core.diff compares a lake partition with a stage key by key and
 column by column in SQL, which needs the values themselves, not a digest. Its traps (Arrow's
 ``1E-10`` for decimals; PostgreSQL's Ryu, built without "strictly shortest", printing
 ``4.1293705688494416e+16`` where Arrow prints ``4.129370568849442e+16``) are in texts.py.
@@ -24,11 +24,10 @@ import pyarrow.compute as pc
 
 from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.errors import LakeValueError, SpecError
-from backfill_assets.core.fingerprint import rows
+from backfill_assets.core.fingerprint import digest, rows
+from backfill_assets.core.fingerprint.kinds import Kind, kind_of, require_key
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.lake import digest
-from backfill_assets.core.lake.kinds import Kind, kind_of, require_key
-from backfill_assets.core.lake.texts import MAX_SLICE, render
+from backfill_assets.core.fingerprint.texts import MAX_SLICE, render
 
 
 def arrow_readings(

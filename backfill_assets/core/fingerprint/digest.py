@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 from psycopg import sql
 
+from backfill_assets.core.duck import connect
 from backfill_assets.core.fingerprint import rows
 
 # A double's IEEE 754 bits from its hexadecimal form ('-0x1.8p+1', subnormals '0x0.0...1p-1022',
@@ -159,9 +160,7 @@ def _connection() -> Any:
     global _database
     with _database_lock:
         if _database is None:
-            from backfill_assets.core.lake.duck import connect  # DuckDB is imported only for lake readings
-
-            _database = connect()
+            _database = connect()  # DuckDB itself is imported at the first reading (core.duck.connect)
         return _database.cursor()
 
 

@@ -1,6 +1,6 @@
 """The column types a lake table can hold exactly, and the Arrow type of each (one
 :class:`Kind` per PostgreSQL type): what a stage's column becomes in Delta or Iceberg, and how
-the canonical text of its values is rendered from Arrow (core.lake.texts)."""
+the canonical text of its values is rendered from Arrow (core.fingerprint.texts)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ The byte format, and why it loses nothing that matters, is docs/fingerprint.md. 
   aggregate, without a sort and without sending a row to the client.
 
 This module is the specification in plain Python (:func:`reference_readings`): the engines'
-SQL (core.pg.sqlbuild.digest for PostgreSQL, core.lake.digest for DuckDB) must agree with
+SQL (core.pg.sqlbuild.digest for PostgreSQL, core.fingerprint.digest for DuckDB) must agree with
 it on the golden vectors (backfill_assets_tests/core/fingerprint/golden_rows.json).
 """
 

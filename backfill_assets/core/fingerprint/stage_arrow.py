@@ -1,5 +1,5 @@
 """A stage partition read from PostgreSQL into Arrow: one CSV COPY in business-key order,
-parsed by pyarrow a batch at a time, with the lake types of core.lake.kinds."""
+parsed by pyarrow a batch at a time, with the lake types of core.fingerprint.kinds."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from backfill_assets.core.vocabulary import TableRef
 if TYPE_CHECKING:
     import psycopg
 
-from backfill_assets.core.lake.kinds import kind_of, require_key
-from backfill_assets.core.lake.texts import hex_to_binary
+from backfill_assets.core.fingerprint.kinds import kind_of, require_key
+from backfill_assets.core.fingerprint.texts import hex_to_binary
 
 # ---------------------------------------------------------------------------------------------
 # Reading a stage partition from PostgreSQL

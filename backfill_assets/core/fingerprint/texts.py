@@ -1,6 +1,6 @@
 """PostgreSQL's text forms of values held in Arrow, rendered with pyarrow.compute kernels a
 slice of rows at a time, for core.diff to compare a lake partition with a stage value by value
-(core.lake.arrow names the two traps that shape it), and hex <-> bytes without a Python
+(core.fingerprint.arrow names the two traps that shape it), and hex <-> bytes without a Python
 object per value."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 if TYPE_CHECKING:
     pass
 
-from backfill_assets.core.lake.kinds import NO_BYTES, NO_TEXT, TEXT, Kind
+from backfill_assets.core.fingerprint.kinds import NO_BYTES, NO_TEXT, TEXT, Kind
 
 # ---------------------------------------------------------------------------------------------
 # Buffers: hex text <-> bytes, without a Python object per value

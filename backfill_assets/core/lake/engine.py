@@ -1,7 +1,7 @@
 """A lake table as the target, as the steps ask of it (core.context.TargetEngine): the stage
 lives in PostgreSQL or in the build engine, the target is a Delta or Iceberg table
 (core.lake.tables; each format's engine in its own module), and one fingerprint
-(core.lake.arrow) says whether they hold the same rows.
+(core.fingerprint.arrow) says whether they hold the same rows.
 
 :class:`LakeEngine`: the stage's types come from the source or transform, the table's keys
 and partitions are loaded into temporary tables for the SQL that reads them, and the plan
@@ -25,8 +25,8 @@ from psycopg import sql
 from backfill_assets.core.catalog import ColumnInfo, Inspection, check_total, partition_kind_of
 from backfill_assets.core.context import Checkpoint, Context, Target, TransformGuard, no_checkpoint
 from backfill_assets.core.errors import SourceDataError, SpecError
-from backfill_assets.core.lake.arrow import canonical_texts
-from backfill_assets.core.lake.kinds import lake_type
+from backfill_assets.core.fingerprint.arrow import canonical_texts
+from backfill_assets.core.fingerprint.kinds import lake_type
 from backfill_assets.core.lake.tables import LakeTable, lake_errors, shape_problems, type_text
 from backfill_assets.core.lake.target import LakeTarget
 from backfill_assets.core.pg import sqlbuild

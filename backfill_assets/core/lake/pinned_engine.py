@@ -99,7 +99,7 @@ class PinnedBuildEngine:
         raise NotImplementedError
 
     def diff_partitions(self, ctx: Context, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
-        """Stage A's partitions ``labels`` against the target or stage B (core.lake.diff)."""
+        """Stage A's partitions ``labels`` against the target or stage B (core.comparison.diff)."""
         raise NotImplementedError
 
     def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:

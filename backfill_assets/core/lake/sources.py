@@ -28,8 +28,8 @@ import psycopg
 import pyarrow as pa
 import pyarrow.dataset as pads
 
+from backfill_assets.core.duck import copy_batches
 from backfill_assets.core.errors import SnapshotError, SpecError
-from backfill_assets.core.lake.duck import copy_batches
 from backfill_assets.core.lake.lake_files import (
     delta_dataset,
     files_digest,

@@ -37,9 +37,9 @@ import pyarrow as pa
 
 from backfill_assets.core.context import Checkpoint, Context, Readings, Signals, no_checkpoint
 from backfill_assets.core.errors import BackfillError, KeysElsewhereError, TransientDatabaseError, VerificationError
-from backfill_assets.core.lake.arrow import arrow_readings
-from backfill_assets.core.lake.kinds import lake_schema
-from backfill_assets.core.lake.stage_arrow import read_stage_partition
+from backfill_assets.core.fingerprint.arrow import arrow_readings
+from backfill_assets.core.fingerprint.kinds import lake_schema
+from backfill_assets.core.fingerprint.stage_arrow import read_stage_partition
 from backfill_assets.core.lake.tables import META_PREFIX, KeysFound, LakeTable, keys_found, lake_errors
 from backfill_assets.core.pg.db import read_committed, transient_errors
 from backfill_assets.core.targets.common import AdvisoryLocked

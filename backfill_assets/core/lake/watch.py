@@ -76,7 +76,7 @@ class LakeSignatures:
         self.spec, self.source = spec, source
 
     def kind(self) -> PartitionKind:
-        from backfill_assets.core.lake.duck import connect
+        from backfill_assets.core.duck import connect
         with connect() as duck:
             self.source.attach_schema(duck)
             types = dict(source_types(duck))

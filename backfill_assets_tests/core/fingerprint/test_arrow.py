@@ -23,11 +23,11 @@ from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.errors import LakeValueError, SessionNotPinnedError, SpecError
+from backfill_assets.core.fingerprint.arrow import arrow_readings
+from backfill_assets.core.fingerprint.kinds import lake_schema, lake_type
 from backfill_assets.core.fingerprint.partition import fingerprint_partition as _fingerprint_partition
-from backfill_assets.core.lake.arrow import arrow_readings
-from backfill_assets.core.lake.kinds import lake_schema, lake_type
-from backfill_assets.core.lake.stage_arrow import read_stage_partition
-from backfill_assets.core.lake.texts import _pg_notation, _render_decimal, _render_float8
+from backfill_assets.core.fingerprint.stage_arrow import read_stage_partition
+from backfill_assets.core.fingerprint.texts import _pg_notation, _render_decimal, _render_float8
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import business_key_order, table_columns
 from backfill_assets.core.pg.db import repeatable_read

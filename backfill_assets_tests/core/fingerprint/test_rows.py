@@ -13,10 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from backfill_assets.core.fingerprint import rows
-from backfill_assets.core.lake import digest
-from backfill_assets.core.lake.arrow import arrow_readings
-from backfill_assets.core.lake.kinds import lake_schema
+from backfill_assets.core.fingerprint import digest, rows
+from backfill_assets.core.fingerprint.arrow import arrow_readings
+from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets_tests.core.fingerprint import golden
 
 # Pinned: any change of the format must change these on purpose, with a new format number.

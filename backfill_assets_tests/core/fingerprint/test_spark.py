@@ -9,7 +9,7 @@ import pytest
 
 from backfill_assets.core.engines.spark import fingerprint as spark_digest
 from backfill_assets.core.fingerprint import rows
-from backfill_assets.core.lake.kinds import lake_schema
+from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets_tests.core.fingerprint import golden
 
 FILE = golden.load()

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backfill_assets.core import duck
 from backfill_assets.core.errors import TransientDatabaseError
-from backfill_assets.core.lake import duck
 from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.spec import Spec

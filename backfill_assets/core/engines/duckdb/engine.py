@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from backfill_assets.core.catalog import Inspection
+from backfill_assets.core.comparison import compare
+from backfill_assets.core.comparison.diff import diff_partition
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff
 from backfill_assets.core.engines.duckdb import statements
@@ -49,8 +51,6 @@ from backfill_assets.core.engines.duckdb.stages import (
 from backfill_assets.core.engines.duckdb.target import DuckLakeTarget
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.lake import compare
-from backfill_assets.core.lake.diff import diff_partition
 from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
 from backfill_assets.core.lake.sources import LakeSource, lake_source
 from backfill_assets.core.pg.db import ConnectionFactory

@@ -18,7 +18,7 @@ from typing import Any
 from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo
-from backfill_assets.core.lake.duck import connect
+from backfill_assets.core.duck import connect
 from backfill_assets.core.lake.duck_types import column_info, source_types
 from backfill_assets.core.lake.sources import SOURCE_ROWS, LakeSource
 from backfill_assets.core.spec import Spec

@@ -14,14 +14,14 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo
+from backfill_assets.core.comparison import compare
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor
 from backfill_assets.core.engines.duckdb.inspect import described
-from backfill_assets.core.fingerprint import rows
+from backfill_assets.core.fingerprint import digest, rows
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.lake import compare, digest
 from backfill_assets.core.lake.duck_types import source_types
 from backfill_assets.core.lake.sources import LakeSource
 from backfill_assets.core.pinned import LakeSnapshot, keys_detail, record_builds, record_plan

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
+from backfill_assets.core.comparison.compare import identifiers as _ids
+from backfill_assets.core.comparison.compare import text_of as _text
 from backfill_assets.core.engines.duckdb.guard import type_sql
-from backfill_assets.core.lake import digest
-from backfill_assets.core.lake.compare import identifiers as _ids
-from backfill_assets.core.lake.compare import text_of as _text
+from backfill_assets.core.fingerprint import digest
 from backfill_assets.core.lake.sources import SOURCE_ROWS
 from backfill_assets.core.spec import OrderingColumn
 
@@ -133,7 +133,7 @@ def ordering_nulls(relation: sql.Composed, business_key: Sequence[str], ordering
 def tied_groups(relation: sql.Composed, partition_key: str | None, business_key: Sequence[str],
                 ordering: Sequence[str], fields: Sequence[tuple[str, str]]) -> str:
     """Up to 3 groups of keyed rows equal on the partition, the key and every ordering column
-    whose output rows differ (their canonical texts, core.lake.digest): newest-wins
+    whose output rows differ (their canonical texts, core.fingerprint.digest): newest-wins
     would pick one of them by chance."""
     scope = [partition_key] if partition_key is not None else []  # None: per key across partitions
     group = [*scope, *business_key, *ordering]

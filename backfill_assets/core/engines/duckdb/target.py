@@ -30,8 +30,8 @@ from backfill_assets.core.context import Checkpoint, Context, Readings, no_check
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor
 from backfill_assets.core.engines.duckdb.stages import readings_of, stage_name
+from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.lake.engine import lake_engine_for
-from backfill_assets.core.lake.kinds import lake_schema
 from backfill_assets.core.lake.tables import META_PREFIX, FileLakeTable, WrittenFile
 from backfill_assets.core.lake.target import LakeWrite, StagedLakeTarget
 from backfill_assets.core.vocabulary import PartitionValue

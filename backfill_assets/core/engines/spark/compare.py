@@ -4,7 +4,7 @@ the executors, and the driver gets back counts and the rows of a few keys, never
 
 - Spark joins both sides on the partition and business key (NULL equal to NULL), each key's
   rows counted and the least SHA-256 of their canonical text kept (core.engines.spark.fingerprint),
-  and classifies each key as DuckDB's comparison does (core.lake.compare.partition_diff):
+  and classifies each key as DuckDB's comparison does (core.comparison.compare.partition_diff):
   added, removed, changed (other text, or more than one row on a side), unchanged.
 - The counts come back per partition, and so do the first ``most`` differing keys in key
   order (NULLs last, as DuckDB orders them).
@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.core.comparison import compare
+from backfill_assets.core.comparison.diff import diff_partition
 from backfill_assets.core.context import Context
 from backfill_assets.core.differences import KINDS, PartitionDiff
 from backfill_assets.core.engines.spark.catalog import quoted
@@ -31,9 +33,7 @@ from backfill_assets.core.engines.spark.files import partition_frame
 from backfill_assets.core.engines.spark.fingerprint import row_text
 from backfill_assets.core.engines.spark.inspect import fields_of, functions
 from backfill_assets.core.engines.spark.session import spark_type
-from backfill_assets.core.lake import compare
-from backfill_assets.core.lake.diff import diff_partition
-from backfill_assets.core.lake.kinds import lake_schema
+from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.vocabulary import partition_label
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def _first_rows(ctx: Context, sides: list[DataFrame], joined: DataFrame, grain: 
 
 @contextlib.contextmanager
 def _duck(ctx: Context, found: Compared) -> Iterator[Any]:
-    from backfill_assets.core.lake.duck import connect
+    from backfill_assets.core.duck import connect
     duck = connect()
     try:
         duck.register("stage_rows", found.left)
@@ -149,7 +149,7 @@ def changes(session: SparkSession, ctx: Context, stage: Files, target: Files, fi
 
 def diffs(session: SparkSession, ctx: Context, left: Files, right: Files, limit: int) -> dict[str, PartitionDiff]:
     """``diff`` per partition: the counts from Spark, the examples from the rows of the first
-    ``limit`` differing keys (core.lake.diff)."""
+    ``limit`` differing keys (core.comparison.diff)."""
     out = {}
     for label, found in compare_files(session, ctx, left, right, limit).items():
         with _duck(ctx, found) as duck:

@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 
 from backfill_assets.core.engines.spark.parquet import _fsync_dir, partition_dir, place_arrow
 from backfill_assets.core.errors import SpecError, TransientDatabaseError
+from backfill_assets.core.fingerprint.kinds import lake_type
 from backfill_assets.core.lake.engine import LakeEngine
-from backfill_assets.core.lake.kinds import lake_type
 from backfill_assets.core.lake.tables import LakeTable, TableShape, signature
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 

@@ -1,5 +1,5 @@
 """Reading a stage partition for a lake table: its typed values as CSV, in business-key order,
-for pyarrow's CSV reader (see core/lake/arrow.py).
+for pyarrow's CSV reader (see core/fingerprint/arrow.py).
 """
 
 from __future__ import annotations

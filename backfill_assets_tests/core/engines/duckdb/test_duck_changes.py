@@ -1,4 +1,4 @@
-"""What a replacement changes, compared in DuckDB by canonical text (core.lake.compare):
+"""What a replacement changes, compared in DuckDB by canonical text (core.comparison.compare):
 the counts and the first differing keys with their columns, on adversarial values."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import duckdb
 import pyarrow as pa
 
-from backfill_assets.core.lake import compare
+from backfill_assets.core.comparison import compare
 
 FIELDS = [("day", "text"), ("id", "integer"), ("amount", "double"), ("note", "text")]  # kinds
 

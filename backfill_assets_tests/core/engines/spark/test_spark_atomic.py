@@ -61,8 +61,8 @@ def _hashes(plan) -> dict[str, tuple[int, str]]:
 def _now(spec, labels=LABELS) -> dict[str, tuple[int, str]]:
     """Each partition's (rows, content hash) as the target holds it now."""
     from backfill_assets.core.catalog import ColumnInfo
-    from backfill_assets.core.lake.arrow import arrow_readings
-    from backfill_assets.core.lake.kinds import lake_schema
+    from backfill_assets.core.fingerprint.arrow import arrow_readings
+    from backfill_assets.core.fingerprint.kinds import lake_schema
     table = ParquetFolderTable(spec.target.location, spec.partition_key)
     columns = [ColumnInfo("order_date", "date", "D", False, "date"), ColumnInfo("order_id", "bigint", "N", False, "int8"),
                ColumnInfo("customer_id", "bigint", "N", False, "int8"),

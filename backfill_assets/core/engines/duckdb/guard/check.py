@@ -10,6 +10,7 @@ from contextlib import closing
 
 import duckdb
 
+from backfill_assets.core.duck import connect
 from backfill_assets.core.engines.duckdb.guard.catalog import _Catalog
 from backfill_assets.core.engines.duckdb.guard.database import (
     _CONFIG,
@@ -26,7 +27,6 @@ from backfill_assets.core.engines.duckdb.guard.probe import _probe
 from backfill_assets.core.engines.duckdb.guard.rules import _Rules
 from backfill_assets.core.engines.duckdb.guard.shape import _check_shape
 from backfill_assets.core.errors import SpecError, TransformError
-from backfill_assets.core.lake.duck import connect
 
 
 def check_duck_transform(text: str, source_columns: Sequence[tuple[str, str]]) -> str:

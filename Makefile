@@ -34,6 +34,7 @@ java:
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check backfill_assets backfill_assets_tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 # BACKFILL_TEST_SERVER_FREE: a test of this tier that reaches for a server or a JVM fails (conftest).
 check: lint

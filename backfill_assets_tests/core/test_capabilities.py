@@ -21,7 +21,7 @@ from backfill_assets.core.supports import (
     TABLE_START,
     capability_table,
 )
-from backfill_assets_tests.core.test_spec import OPTION_VALUES, _mapping, _refusal
+from backfill_assets_tests.support.spec_samples import OPTION_VALUES, refused_with, sample_mapping
 from backfill_assets_tests.support.specs import REPO
 
 COMMANDS = ("diff", "profile")  # the rows that are commands an engine may refuse (BuildEngine.REFUSES)
@@ -64,11 +64,11 @@ def test_what_an_engine_says_it_can_do_names_its_tests_there(engine, name):
 @pytest.mark.parametrize("engine, name", [(e, n) for e in ENGINE_TYPES for n in COMMANDS])
 def test_a_command_runs_or_is_refused_with_its_reason(engine, name):
     capability = SUPPORTS[engine].capabilities[name]
-    refuses = build_engine_class(spec_from_mapping(_mapping(engine, SUPPORTS[engine].sources[0],
+    refuses = build_engine_class(spec_from_mapping(sample_mapping(engine, SUPPORTS[engine].sources[0],
                                                             SUPPORTS[engine].targets[0]))).REFUSES
     assert (name in refuses) == bool(capability.refused)
     if capability.refused:
-        spec = spec_from_mapping(_mapping(engine, SUPPORTS[engine].sources[0], SUPPORTS[engine].targets[0]))
+        spec = spec_from_mapping(sample_mapping(engine, SUPPORTS[engine].sources[0], SUPPORTS[engine].targets[0]))
         with pytest.raises(SpecError, match=re.escape(capability.refused)):
             refuse_unless_supported(spec, name)
 
@@ -79,16 +79,16 @@ def test_a_refused_option_is_refused_with_its_reason(engine, name):
     if not capability.refused:
         return
     for source in SUPPORTS[engine].sources:
-        refusal = _refusal(_mapping(engine, source, SUPPORTS[engine].targets[0], **{name: OPTION_VALUES[name]}))
+        refusal = refused_with(sample_mapping(engine, source, SUPPORTS[engine].targets[0], **{name: OPTION_VALUES[name]}))
         assert refusal is not None and capability.refused in refusal
 
 
 @pytest.mark.parametrize("engine", ENGINE_TYPES)
 def test_a_spec_without_its_own_database_is_refused_where_the_engine_says_so(engine):
     capability = SUPPORTS[engine].capabilities["own_control_store"]
-    data = _mapping(engine, SUPPORTS[engine].sources[0], SUPPORTS[engine].targets[0])
+    data = sample_mapping(engine, SUPPORTS[engine].sources[0], SUPPORTS[engine].targets[0])
     data.pop("database_url_env")
-    refusal = _refusal(data)
+    refusal = refused_with(data)
     if capability.refused:
         assert refusal is not None and "database_url_env" in refusal
     elif capability.can:

@@ -12,9 +12,18 @@ import typing
 import pytest
 
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.spec import AnySourceSpec, EngineSpec, Spec, TargetSpec, load_spec, spec_from_mapping
+from backfill_assets.core.spec import AnySourceSpec, EngineSpec, Spec, TargetSpec, load_spec
 from backfill_assets.core.supports import OPTIONS, SUPPORTS, Supports, engine_problems
 from backfill_assets.core.vocabulary import PartitionRequest, parse_table_name, partition_label
+from backfill_assets_tests.support.spec_samples import (
+    OPTION_VALUES,
+    PARALLEL,
+    SETTING_VALUES,
+    SOURCES,
+    TARGETS,
+    refused_with,
+    sample_mapping,
+)
 from backfill_assets_tests.support.specs import DEMO_SPEC, REPO, make_spec
 
 
@@ -122,9 +131,6 @@ def test_the_tests_demo_spec_matches_the_shipped_file():
     assert shipped == ours and DEMO_SPEC["name"] == "orders_daily"
 
 
-PARALLEL = {"max_partitions_per_run": 2, "max_concurrent_builds": 2}
-
-
 @pytest.mark.parametrize(
     "parallel, message",
     [
@@ -159,46 +165,10 @@ def test_parallel_is_optional_and_read_as_declared():
 
 # One valid mapping of every source and target format: the walks below take every format the
 # spec knows, so a new format needs a line here (test_every_format_has_a_sample).
-CATALOG = {"type": "sql", "warehouse": "warehouse"}
-SOURCES = {
-    "postgres": {"format": "postgres", "table": "public.orders_raw", "snapshot": "copy"},
-    "delta": {"format": "delta", "location": "lake/orders_raw"},
-    "iceberg": {"format": "iceberg", "table": "lake.orders_raw", "catalog": CATALOG},
-    "parquet": {"format": "parquet", "location": "lake/orders_raw"},
-    "jdbc": {"format": "jdbc", "table": "public.orders_raw", "url_env": "BFA_TEST_JDBC_URL"},
-    "spark_table": {"format": "spark_table", "table": "lake.orders_raw"},
-}
-TARGETS = {
-    "postgres": {"format": "postgres", "table": "public.orders_daily"},
-    "delta": {"format": "delta", "location": "lake/orders_daily"},
-    "iceberg": {"format": "iceberg", "table": "lake.orders_daily", "catalog": CATALOG},
-    "parquet": {"format": "parquet", "location": "lake/orders_daily"},
-    "spark_table": {"format": "spark_table", "table": "lake.orders_daily"},
-}
-OPTION_VALUES = {"records_can_move": True, "parallel": {**PARALLEL, "max_concurrent_builds": 1}, "replace_batch_rows": 1000,
-                 "trusted_functions": [{"name": "public.f", "reason": "its result depends on its argument alone"}]}
-SETTING_VALUES = {"database": "stages.duckdb", "memory_limit": "1GB", "threads": 2, "master": "local[1]",
-                  "conf": {"spark.ui.enabled": "false"}, "staging": "staging"}
-
-
 def _formats(union: object) -> set[str]:
     """The formats a discriminated union of the spec tells apart (its tags)."""
     variants = typing.get_args(typing.get_args(union)[0])
     return {typing.get_args(v)[1].tag for v in variants}
-
-
-def _mapping(engine: str, source: str, target: str, **changes: object) -> dict[str, object]:
-    return {**DEMO_SPEC, "records_can_move": False, "engine": {"type": engine}, "source": SOURCES[source],
-            "target": TARGETS[target], **changes}
-
-
-def _refusal(data: dict[str, object]) -> str | None:
-    """The message a spec mapping is refused with (None: it loads)."""
-    try:
-        spec_from_mapping(data)
-    except SpecError as err:
-        return str(err)
-    return None
 
 
 def test_every_format_has_a_sample():
@@ -221,7 +191,7 @@ def test_the_allow_lists_name_only_what_the_spec_knows():
 @pytest.mark.parametrize("engine, source, target", list(itertools.product(SUPPORTS, SOURCES, TARGETS)))
 def test_exactly_the_combinations_in_supports_load(engine, source, target):
     supports = SUPPORTS[engine]
-    refusal = _refusal(_mapping(engine, source, target))
+    refusal = refused_with(sample_mapping(engine, source, target))
     if source in supports.sources and target in supports.targets:
         assert refusal is None
         return
@@ -241,7 +211,7 @@ def test_an_option_loads_exactly_where_its_engine_supports_it(engine, option):
     supports = SUPPORTS[engine]
     taken = supports.options.get(option)
     for source in supports.sources:
-        refusal = _refusal(_mapping(engine, source, supports.targets[0], **{option: OPTION_VALUES[option]}))
+        refusal = refused_with(sample_mapping(engine, source, supports.targets[0], **{option: OPTION_VALUES[option]}))
         if taken is not None and not taken.refused and (not taken.needs or source in taken.needs):
             assert refusal is None
         elif taken is not None and taken.refused:
@@ -254,8 +224,8 @@ def test_an_option_loads_exactly_where_its_engine_supports_it(engine, option):
 @pytest.mark.parametrize("engine, setting", list(itertools.product(SUPPORTS, SETTING_VALUES)))
 def test_an_engine_setting_loads_only_on_its_engine(engine, setting):
     supports = SUPPORTS[engine]
-    data = _mapping(engine, supports.sources[0], supports.targets[0])
-    refusal = _refusal({**data, "engine": {"type": engine, setting: SETTING_VALUES[setting]}})
+    data = sample_mapping(engine, supports.sources[0], supports.targets[0])
+    refusal = refused_with({**data, "engine": {"type": engine, setting: SETTING_VALUES[setting]}})
     if setting in supports.settings:
         assert refusal is None
     else:
@@ -265,7 +235,7 @@ def test_an_engine_setting_loads_only_on_its_engine(engine, setting):
 
 
 def test_an_unknown_engine_is_refused_naming_the_engines():
-    refusal = _refusal({**DEMO_SPEC, "engine": {"type": "polars"}})
+    refusal = refused_with({**DEMO_SPEC, "engine": {"type": "polars"}})
     assert refusal is not None and "engine.type: must be postgres (the default), duckdb or spark" in refusal
 
 

@@ -26,9 +26,10 @@ from backfill_assets.dagster_layer.names import (
 )
 from backfill_assets.dagster_layer.resources import PostgresResource
 from backfill_assets.render import render_plan
-from backfill_assets_tests.support.dagster_server import RUN_DONE, dagster_deployment
+from backfill_assets_tests.support.dagster_server import dagster_deployment
 from backfill_assets_tests.support.flows import target_day_hashes
 from backfill_assets_tests.support.gate import approve_config
+from backfill_assets_tests.support.runs import latest_ledger, most_at_once, run_ranges, wait_runs
 from backfill_assets_tests.support.specs import DEMO_SPEC
 
 PARALLEL_SPEC = {**{k: v for k, v in DEMO_SPEC.items() if k != "records_can_move"},
@@ -61,13 +62,6 @@ def refuse_the_first_day(conn) -> None:
         "RETURN NEW; END $$")
     conn.execute("CREATE TRIGGER refuse_day BEFORE INSERT ON public.orders_daily "
                  "FOR EACH ROW EXECUTE FUNCTION public.refuse_day()")
-
-
-def latest_ledger(conn, plan_id: str) -> dict[str, str]:
-    rows = conn.execute(
-        "SELECT DISTINCT ON (partition) partition, status FROM backfill_control.ledger "
-        "WHERE plan_id = %s ORDER BY partition, run_started_at DESC, finished_at DESC", (plan_id,)).fetchall()
-    return dict(rows)
 
 
 def test_snapshots_of_other_partitions_do_not_wait_on_each_other(unmoved_db, factory):
@@ -167,32 +161,6 @@ def test_the_approval_sensor_launches_an_approval_as_runs_of_at_most_max_partiti
         ("2024-01-01", "2024-01-02", None), ("2024-01-03", "2024-01-04", None), (None, None, "2024-01-05")]
     assert {r.tags[APPROVAL_TAG] for r in requests} == {str(approval_id)}
     assert [r.run_key for r in requests] == [f"approval-orders_daily-{approval_id}-{n}" for n in range(3)]
-
-
-def most_at_once(runs: list[dict]) -> int:
-    """The most runs that were running at one moment, from their start and end times."""
-    edges = sorted([(r["startTime"], 1) for r in runs] + [(r["endTime"], -1) for r in runs])
-    running = most = 0
-    for _, step in edges:  # an end sorts before a start at the same instant
-        running += step
-        most = max(most, running)
-    return most
-
-
-def run_ranges(runs: list[dict]) -> list[tuple[str, str]]:
-    tags = [{t["key"]: t["value"] for t in r["tags"]} for r in runs]
-    return sorted((t[RANGE_START], t[RANGE_END]) for t in tags)
-
-
-def wait_runs(gql, tags: dict[str, str], count: int, timeout: float = 240, done: bool = True) -> list[dict]:
-    """The ``count`` runs with ``tags`` once they exist (and with ``done``, have finished)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        runs = gql.runs(tags)
-        if len(runs) >= count and (not done or all(r["status"] in RUN_DONE for r in runs)):
-            return runs
-        time.sleep(1)
-    raise AssertionError(f"{count} runs tagged {tags} did not finish in {timeout} s")
 
 
 @pytest.mark.slow

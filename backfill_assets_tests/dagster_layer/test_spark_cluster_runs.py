@@ -19,8 +19,8 @@ import yaml
 
 from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.dagster_layer.names import build_pool, replace_pool
-from backfill_assets_tests.dagster_layer.test_parallel import latest_ledger, most_at_once, run_ranges, wait_runs
 from backfill_assets_tests.support.dagster_server import dagster_deployment
+from backfill_assets_tests.support.runs import latest_ledger, most_at_once, run_ranges, wait_runs
 from backfill_assets_tests.support.spark_cluster import (
     applications,
     connect_server,

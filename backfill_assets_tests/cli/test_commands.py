@@ -239,8 +239,16 @@ def test_demo_help_says_it_runs_duckdb_ends_with_an_audit_and_writes_the_spark_s
 def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path):
     env = {**os.environ, "BACKFILL_ASSETS_HOME": str(tmp_path / "home")}
     env.pop(URL_ENV, None)
+    # In a folder of its own: the example specs' lake locations are relative to it, so the
+    # demo's tables land there and never in the checkout.
+    work = tmp_path / "work"
+    work.mkdir()
+    specs = ["--spec", str(REPO / "backfills/orders_daily.yaml"),
+             "--lake-spec", str(REPO / "deploy/examples/orders_delta.yaml"),
+             "--duckdb-spec", str(REPO / "deploy/examples/orders_duckdb.yaml"),
+             "--spark-spec", str(REPO / "deploy/examples/orders_spark.yaml")]
     done = subprocess.run(
-        [sys.executable, "-m", "backfill_assets.cli", "demo"], cwd=REPO, env=env,
+        [sys.executable, "-m", "backfill_assets.cli", "demo", *specs], cwd=work, env=env,
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -255,10 +263,13 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path):
     assert (tmp_path / "home" / "pgdata").is_dir()
     # status then says when each partition was last audited.
     status = subprocess.run([sys.executable, "-m", "backfill_assets.cli", "status", "--spec",
-                             "backfills/orders_daily.yaml", "--embedded"], cwd=REPO, env=env,
+                             str(REPO / "backfills/orders_daily.yaml"), "--embedded"], cwd=work, env=env,
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0, status.stderr
     assert status.stdout.count(": holds") == 8, status.stdout
+    lake = work / ".backfill_assets" / "lake"
+    assert {p.name for p in lake.iterdir()} >= {"orders_daily", "orders_raw", "orders_daily_duckdb",
+                                                 "orders_raw_parquet"}
 
 
 @pytest.fixture(name="home")

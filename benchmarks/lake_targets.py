@@ -102,7 +102,7 @@ def catalog_for(conn: psycopg.Connection, folder: Path) -> Any:
     """A pyiceberg SQL catalog in the bench's database, for the naive Iceberg table."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from backfill_assets.core.lake.iceberg import catalog_url
+    from backfill_assets.core.lake.iceberg_catalog import catalog_url
     from backfill_assets.core.spec import spec_from_mapping
     (folder / "warehouse").mkdir(parents=True, exist_ok=True)
     # The catalog the spec's own table is in (its name), so that both tables are dropped.

@@ -18,10 +18,10 @@ Where a step needs the source, the snapshot or the stages, it asks the spec's bu
 (``build``: chosen once by ``engine.type``, each engine one folder of ``engines``, what each
 supports read by ``supports``); where it needs the target, the target engine its ``context``
 holds (``targets``). What the engines share sits below them: ``planning`` (the plan's rules),
-``catalog`` (the catalog model), ``differences``, ``pinned`` (a source pinned at a version),
+``catalog`` (the catalog model), ``differences``,
 ``moves``, ``profiling`` (what ``profile`` asks every engine's source), ``duck`` (every DuckDB
-connection), the ``lake`` folder (Delta and Iceberg targets, lake sources) and the
-``comparison`` folder (two relations compared in DuckDB by canonical text); ``errors``,
+connection), the ``lake`` folder (Delta and Iceberg targets), the ``pinned`` folder (a source
+pinned at a version, its sensor, what the engines over it share) and the ``comparison`` folder (two relations compared in DuckDB by canonical text); ``errors``,
 ``progress`` and ``waits`` serve every step. The other families sit in folders:
 ``fingerprint`` (format 3, its readings in PostgreSQL and over Arrow, and the plan and
 snapshot ids), ``store``

@@ -215,7 +215,7 @@ def open_build_engine(conn: psycopg.Connection, factory: ConnectionFactory, spec
 def reads_without_postgres(spec: Spec) -> bool:
     """Whether the spec's source and target can be read (``inspect``, ``profile``) without a
     PostgreSQL connection: on an engine whose data is not in PostgreSQL (duckdb, spark), unless
-    the source is an Iceberg table (core.lake.sources opens its catalog through the control
+    the source is an Iceberg table (core.pinned.source opens its catalog through the control
     store's connection, named or not) or the target's Iceberg catalog lives in the spec's
     database (no ``uri_env``)."""
     if spec.engine.type == "postgres" or isinstance(spec.source, IcebergSourceSpec):

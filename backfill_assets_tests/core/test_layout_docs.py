@@ -32,7 +32,7 @@ def _named(name: str, text: str) -> bool:
     return f"`{name}`" in text or f"`{name}/`" in text or f"`{name}.py`" in text
 
 
-@pytest.mark.parametrize("folder", ["", "lake", "comparison", "targets", "fingerprint", "store", "profile", "pg"])
+@pytest.mark.parametrize("folder", ["", "lake", "comparison", "pinned", "targets", "fingerprint", "store", "profile", "pg"])
 def test_the_layout_in_development_md_names_every_module_of_the_core(folder):
     layout = _section("development.md", "## Layout")
     missing = [m for m in _modules(CORE / folder) if m != "engines" and not _named(m, layout)]

@@ -40,7 +40,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from backfill_assets.cli import commands as cli
 from backfill_assets.cli import demo
 from backfill_assets.core.errors import TransientDatabaseError
-from backfill_assets.core.lake.iceberg import CATALOG_TABLES as ICEBERG_CATALOG_TABLES
+from backfill_assets.core.lake.iceberg_catalog import CATALOG_TABLES as ICEBERG_CATALOG_TABLES
 from backfill_assets.core.pg.db import DatabaseUrl, connect, connection_factory
 from backfill_assets.core.preview import make_preview
 from backfill_assets.core.spec import load_spec, spec_from_mapping

@@ -1,5 +1,3 @@
-"""What every engine shares of the lake: Delta and Iceberg tables as targets (``engine``,
-``target``, ``tables``, ``delta``, ``iceberg``, with what their files say in ``lake_files``),
-lake sources pinned at a version (``sources``) and the sensor's question about them
-(``watch``), DuckDB's types as PostgreSQL's (``duck_types``), and what the build engines over a
-pinned source share (``pinned_engine``)."""
+"""The lake as a target: Delta and Iceberg tables (``engine``, ``target``, ``tables``,
+``delta``, ``iceberg`` with its SQL catalog in ``iceberg_catalog``), and what a lake's files say
+without reading rows (``lake_files``)."""

@@ -97,7 +97,7 @@ class PlanDocument(_Frozen):
     # field: once apply has created it, the same plan still applies. Absent from the JSON of
     # a PostgreSQL plan, whose id is therefore what it always was.
     creates_target: bool | None = None
-    # An Iceberg target's catalog, without its password (core.lake.iceberg.catalog_identity);
+    # An Iceberg target's catalog, without its password (core.lake.iceberg_catalog.catalog_identity);
     # absent from other plans' JSON, like creates_target.
     target_catalog: str | None = None
     # The format of every content hash in the plan (core.fingerprint.rows.FORMAT); absent

@@ -1,5 +1,5 @@
 """The whole process on DuckDB, for a spec with ``engine: {type: duckdb}``: the lake source
-pinned to its own version (core.lake.sources), both builds in DuckDB, and the lake target
+pinned to its own version (core.pinned.source), both builds in DuckDB, and the lake target
 written through the same writers and the same apply protocol as for a PostgreSQL source.
 
 - Snapshot (:func:`take_snapshot`): the newest version of the source is pinned; the declared
@@ -51,10 +51,11 @@ from backfill_assets.core.engines.duckdb.stages import (
 from backfill_assets.core.engines.duckdb.target import DuckLakeTarget
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
-from backfill_assets.core.lake.sources import LakeSource, lake_source
 from backfill_assets.core.pg.db import ConnectionFactory
-from backfill_assets.core.pinned import LakeSnapshot, keys_detail, require_plan_pin
+from backfill_assets.core.pinned.by_format import lake_source
+from backfill_assets.core.pinned.engine import PinnedBuildEngine
+from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, require_plan_pin
+from backfill_assets.core.pinned.source import LakeSource
 from backfill_assets.core.planning import compare_readings
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec

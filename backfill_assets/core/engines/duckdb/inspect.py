@@ -20,9 +20,9 @@ from backfill_assets.core.catalog import Inspection, ServerInfo
 from backfill_assets.core.context import Context
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.lake.duck_types import column_info, source_types, unsupported
 from backfill_assets.core.lake.engine import inspect_input
-from backfill_assets.core.lake.sources import LakeSource
+from backfill_assets.core.pinned.duck_types import column_info, source_types, unsupported
+from backfill_assets.core.pinned.source import LakeSource
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest, parse_labels

@@ -19,8 +19,8 @@ from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.duck import connect
-from backfill_assets.core.lake.duck_types import column_info, source_types
-from backfill_assets.core.lake.sources import SOURCE_ROWS, LakeSource
+from backfill_assets.core.pinned.duck_types import column_info, source_types
+from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionValue
 

@@ -18,11 +18,11 @@ from backfill_assets.core.engines.duckdb.database import cursor
 from backfill_assets.core.engines.duckdb.stages import fields_of
 from backfill_assets.core.errors import SnapshotError, SourceDataError
 from backfill_assets.core.fingerprint.kinds import lake_schema
-from backfill_assets.core.lake.duck_types import source_types
 from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
-from backfill_assets.core.lake.sources import SOURCE_ROWS, LakeSource
 from backfill_assets.core.moves import close_scope_with
-from backfill_assets.core.pinned import LakeSnapshot, Pin, record_snapshot
+from backfill_assets.core.pinned.duck_types import source_types
+from backfill_assets.core.pinned.pins import LakeSnapshot, Pin, record_snapshot
+from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 

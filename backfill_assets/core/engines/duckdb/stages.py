@@ -22,9 +22,9 @@ from backfill_assets.core.engines.duckdb.inspect import described
 from backfill_assets.core.fingerprint import digest, rows
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.lake.duck_types import source_types
-from backfill_assets.core.lake.sources import LakeSource
-from backfill_assets.core.pinned import LakeSnapshot, keys_detail, record_builds, record_plan
+from backfill_assets.core.pinned.duck_types import source_types
+from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, record_builds, record_plan
+from backfill_assets.core.pinned.source import LakeSource
 from backfill_assets.core.planning import assemble
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec

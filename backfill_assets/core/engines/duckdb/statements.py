@@ -2,7 +2,7 @@
 quoting is DuckDB's too) and rendered to text without a PostgreSQL connection. Values are
 never put in the text: they are DuckDB's named parameters (``$partition``, ``$partitions``).
 
-The input is the pinned source rows (core.lake.sources.SOURCE_ROWS) as the relation ``source``,
+The input is the pinned source rows (core.pinned.source.SOURCE_ROWS) as the relation ``source``,
 through the validated ``transform_sql`` if there is one, reduced to the columns newest-wins
 reads. Stage A keeps each key's newest row by ``DISTINCT ON``, stage B by ``row_number()``
 over a window: two formulations that agree only if the order is total, which the checks
@@ -19,7 +19,7 @@ from backfill_assets.core.comparison.compare import identifiers as _ids
 from backfill_assets.core.comparison.compare import text_of as _text
 from backfill_assets.core.engines.duckdb.guard import type_sql
 from backfill_assets.core.fingerprint import digest
-from backfill_assets.core.lake.sources import SOURCE_ROWS
+from backfill_assets.core.pinned.source import SOURCE_ROWS
 from backfill_assets.core.spec import OrderingColumn
 
 _PARTITIONS = sql.SQL("(SELECT unnest($partitions))")

@@ -55,10 +55,10 @@ from backfill_assets.core.engines.spark.stages import (
 from backfill_assets.core.engines.spark.watch import signatures_for
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.lake.pinned_engine import PinnedBuildEngine
-from backfill_assets.core.lake.watch import pinned_changes
 from backfill_assets.core.pg.db import ConnectionFactory
-from backfill_assets.core.pinned import LakeSnapshot, keys_detail, require_plan_pin
+from backfill_assets.core.pinned.engine import PinnedBuildEngine
+from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, require_plan_pin
+from backfill_assets.core.pinned.watch import pinned_changes
 from backfill_assets.core.planning import compare_readings
 from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec

@@ -24,7 +24,7 @@ from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
 from backfill_assets.core.moves import close_scope_with
-from backfill_assets.core.pinned import Pin
+from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 

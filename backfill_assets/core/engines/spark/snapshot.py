@@ -14,7 +14,7 @@ from backfill_assets.core.engines.spark import fingerprint as spark_fp
 from backfill_assets.core.engines.spark.inspect import fields_of, functions, input_of, types_of
 from backfill_assets.core.engines.spark.source import SparkSource
 from backfill_assets.core.errors import SourceDataError
-from backfill_assets.core.pinned import LakeSnapshot, record_snapshot
+from backfill_assets.core.pinned.pins import LakeSnapshot, record_snapshot
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label

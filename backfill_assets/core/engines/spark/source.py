@@ -2,7 +2,7 @@
 the same rows.
 
 - Parquet (``format: parquet``): a Hive-partitioned folder, pinned as the DuckDB engine pins
-  it (core.lake.sources.ParquetSource): the planned partitions' files with each file's size
+  it (core.pinned.parquet.ParquetSource): the planned partitions' files with each file's size
   and SHA-256; Spark reads exactly those files.
 - JDBC (``format: jdbc``): a PostgreSQL table, copied once, when the snapshot is taken, into
   ``<staging>/snapshots/<copy>/`` as Parquet, and pinned as that copy's files. The copy is one
@@ -32,8 +32,8 @@ from backfill_assets.core.engines.spark.files import sha256_files
 from backfill_assets.core.engines.spark.session import staging_dir
 from backfill_assets.core.errors import SnapshotError, SpecError
 from backfill_assets.core.lake.lake_files import files_digest
-from backfill_assets.core.lake.sources import ParquetSource as _Folder
-from backfill_assets.core.pinned import Pin
+from backfill_assets.core.pinned.parquet import ParquetSource as _Folder
+from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, SparkTableSpec, Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 

@@ -31,7 +31,7 @@ from backfill_assets.core.engines.spark.source import SparkSource
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.lake.lake_files import files_digest
-from backfill_assets.core.pinned import LakeSnapshot, keys_detail, record_builds, record_plan
+from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, record_builds, record_plan
 from backfill_assets.core.planning import assemble
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec

@@ -1,5 +1,5 @@
 """The source sensor's signatures of the Spark engine's sources that are not lake folders
-(core.lake.watch asks them; a Parquet folder is watched as a lake source):
+(core.pinned.watch asks them; a Parquet folder is watched as a lake source):
 
 - a catalog table (``format: spark_table``): per partition, its location and the names and
   sizes of the files there, from the catalog and a listing (no file read); the pin recorded
@@ -25,7 +25,7 @@ from backfill_assets.core.catalog import partition_kind_of
 from backfill_assets.core.engines.spark.session import column_info
 from backfill_assets.core.engines.spark.source import CatalogSource, JdbcSource, SparkSource
 from backfill_assets.core.lake.lake_files import files_digest
-from backfill_assets.core.lake.sources import Pin
+from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, partition_label
 

@@ -53,7 +53,7 @@ def _target_rows(spec: Any, factory: Any, tmp_path: Path) -> pa.Table:
         return DeltaTable(str(tmp_path / "orders_daily")).to_pyarrow_table()
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from backfill_assets.core.lake.iceberg import catalog_url
+    from backfill_assets.core.lake.iceberg_catalog import catalog_url
     with factory() as conn:
         catalog = SqlCatalog("default", uri=catalog_url(conn, spec), warehouse=f"file://{tmp_path / 'warehouse'}",
                              init_catalog_tables="false")
@@ -189,7 +189,7 @@ def test_an_iceberg_source_gives_the_rows_of_its_snapshot_whether_duckdb_or_pyic
     """DuckDB reads an Iceberg snapshot's files itself when they are the rows as they stand; a
     column renamed or promoted since the files were written is read by pyiceberg's scan. Both
     give the fingerprints of the same rows read from a Delta table."""
-    from backfill_assets.core.lake import sources
+    from backfill_assets.core.pinned import iceberg as sources
     read_by = []
     plain = sources.plain_iceberg_files
 
@@ -241,7 +241,7 @@ def test_an_iceberg_partition_is_the_file_duckdb_wrote_added_in_one_commit(tmp_p
     plan = _approved(spec, factory)
     result = apply_plan(spec, plan.plan_id, factory, run_id="run-1")
     assert [p["status"] for p in result.partitions] == ["verified"] * 3
-    from backfill_assets.core.lake.iceberg import catalog_url
+    from backfill_assets.core.lake.iceberg_catalog import catalog_url
     with factory() as conn:
         catalog = SqlCatalog("default", uri=catalog_url(conn, spec), warehouse=f"file://{tmp_path / 'warehouse'}",
                              init_catalog_tables="false")
@@ -280,7 +280,7 @@ def test_an_iceberg_target_whose_name_mapping_disagrees_is_written_by_pyiceberg(
 
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from backfill_assets.core.lake.iceberg import catalog_url
+    from backfill_assets.core.lake.iceberg_catalog import catalog_url
     spec = duck_spec(tmp_path, delta_source(tmp_path), target="iceberg")
     plan = _approved(spec, factory)
     with factory() as conn:

@@ -206,7 +206,7 @@ def test_the_lake_sensor_finds_the_partitions_whose_files_changed(tmp_path, fact
     from deltalake import DeltaTable, write_deltalake
 
     from backfill_assets.core.lake.delta import delta_predicate
-    from backfill_assets.core.lake.watch import lake_changes
+    from backfill_assets.core.pinned.watch import lake_changes
     spec = duck_spec(tmp_path, delta_source)
     plan_module.make_plan(spec, DAYS, factory)
     with factory() as conn:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo
-from backfill_assets.core.lake.sources import SOURCE_ROWS
+from backfill_assets.core.pinned.source import SOURCE_ROWS
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection

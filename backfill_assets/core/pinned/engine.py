@@ -1,6 +1,6 @@
 """What the DuckDB and Spark build engines share (core.build.BuildEngine): a source pinned at
-a version (core.pinned), so a recorded snapshot holds only while its pin can still be read
-exactly, the sensor asks the lake's metadata which partitions moved (core.lake.watch), and
+a version (core.pinned.pins), so a recorded snapshot holds only while its pin can still be read
+exactly, the sensor asks the lake's metadata which partitions moved (core.pinned.watch), and
 both stages and the builds' records are read without building anything. Each engine adds its
 own reading of a stage (``stage_now``) and everything that runs in it."""
 
@@ -16,9 +16,9 @@ from backfill_assets.core.context import Context
 from backfill_assets.core.differences import Against, PartitionDiff, equal_by_fingerprint
 from backfill_assets.core.errors import ApprovalError, StageError
 from backfill_assets.core.fingerprint.rows import Fingerprint
-from backfill_assets.core.lake.watch import lake_changes
 from backfill_assets.core.pg.db import ConnectionFactory
-from backfill_assets.core.pinned import LakeSnapshot, PinnedSource, load_snapshot, require_pin
+from backfill_assets.core.pinned.pins import LakeSnapshot, PinnedSource, load_snapshot, require_pin
+from backfill_assets.core.pinned.watch import lake_changes
 from backfill_assets.core.planning import require_ready, spec_document_drift
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
@@ -85,7 +85,7 @@ class PinnedBuildEngine:
 
     def source_changes(self) -> tuple[dict[str, str], list[str]]:
         """The snapshotted partitions whose source changed since their snapshot (label -> its
-        signature now; core.lake.watch), and what the sensor should say about what it cannot
+        signature now; core.pinned.watch), and what the sensor should say about what it cannot
         watch."""
         return lake_changes(self.control, self.spec), []
 

@@ -8,7 +8,7 @@ folder's listing). A Spark catalog table's are its partition's location and the 
 (core.engines.spark.watch); a JDBC source's, its row count and newest change-column value, from
 the pinned copy and from the database (core.engines.spark.watch). Where they differ, the
 partition's stages are requested again, once: the sensor's cursor keeps the signature each
-changed partition was requested with (core.lake.pinned_engine).
+changed partition was requested with (core.pinned.engine).
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ from typing import Protocol
 import psycopg
 
 from backfill_assets.core.catalog import partition_kind_of
-from backfill_assets.core.lake.duck_types import column_info, source_types
-from backfill_assets.core.lake.sources import LakeSource, Pin, lake_source
+from backfill_assets.core.duck import connect
+from backfill_assets.core.pinned.by_format import lake_source
+from backfill_assets.core.pinned.duck_types import column_info, source_types
+from backfill_assets.core.pinned.pins import Pin
+from backfill_assets.core.pinned.source import LakeSource
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
 from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, parse_labels
@@ -76,7 +79,6 @@ class LakeSignatures:
         self.spec, self.source = spec, source
 
     def kind(self) -> PartitionKind:
-        from backfill_assets.core.duck import connect
         with connect() as duck:
             self.source.attach_schema(duck)
             types = dict(source_types(duck))

@@ -3,50 +3,36 @@ lives in PostgreSQL or in the build engine, the target is a Delta or Iceberg tab
 (core.lake.tables; each format's engine in its own module), and one fingerprint
 (core.fingerprint.arrow) says whether they hold the same rows.
 
-:class:`LakeEngine`: the stage's types come from the source or transform, the table's keys
-and partitions are loaded into temporary tables for the SQL that reads them, and the plan
-records the schema the stage maps to and whether apply creates the table. What apply writes
-through is its :class:`~backfill_assets.core.lake.target.LakeTarget`.
+:class:`LakeEngine`: the lake table's side of inspection (every build engine describes its
+input, then shares it), the partitions it can be written with, what the plan records (the
+schema the stage maps to, whether apply creates the table) and the values a lake column
+cannot hold. What a build engine asks beyond this is its own: the PostgreSQL engine's half of
+a lake target is core.engines.postgres.lake; the DuckDB and Spark engines reach this class
+through :func:`lake_engine_for`. What apply reads through here (a read-only target) is a
+:class:`~backfill_assets.core.lake.target.LakeTarget`; each build engine writes through its own.
 """
 
 from __future__ import annotations
 
 import importlib
-import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pyarrow as pa
-import pyarrow.csv as pcsv
-from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo, Inspection, check_total, partition_kind_of
-from backfill_assets.core.context import Checkpoint, Context, Target, TransformGuard, no_checkpoint
+from backfill_assets.core.context import Checkpoint, Context, Target, no_checkpoint
 from backfill_assets.core.errors import SourceDataError, SpecError
-from backfill_assets.core.fingerprint.arrow import canonical_texts
 from backfill_assets.core.fingerprint.kinds import lake_type
 from backfill_assets.core.lake.tables import LakeTable, lake_errors, shape_problems, type_text
 from backfill_assets.core.lake.target import LakeTarget
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import describe_query, inspect_source
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import ENGINES
 from backfill_assets.core.vocabulary import PartitionValue, TableRef
-
-_ROWS_PER_SLICE = 65_536  # rows written as CSV at a time by _copy_csv
-
-
-def _copy_csv(conn: psycopg.Connection, rel: TableRef, data: pa.Table) -> None:
-    """``COPY rel FROM STDIN`` of an Arrow table's columns as CSV written by Arrow (strings
-    quoted, NULL an empty field), a slice at a time: no Python object per value."""
-    with conn.cursor() as cur, cur.copy(sqlbuild.copy_keys_in(rel, data.column_names)) as copy:
-        for batch in data.to_batches(max_chunksize=_ROWS_PER_SLICE):
-            buffer = io.BytesIO()
-            pcsv.write_csv(batch, buffer, pcsv.WriteOptions(include_header=False))
-            copy.write(buffer.getvalue())
 
 
 @dataclass(frozen=True)
@@ -85,9 +71,6 @@ class LakeEngine:
     """A lake target (core.context.TargetEngine). A format supplies :meth:`table`; the
     rest is the same for Delta and Iceberg."""
 
-    relation: TableRef | None = None  # not a table of the data database
-    compares_read_only = False  # a partition is compared through a temporary table
-
     def __init__(self, spec: Spec) -> None:
         self.spec = spec
 
@@ -99,31 +82,6 @@ class LakeEngine:
         """The catalog a plan names the table by (without a password); None: its location
         names it."""
         return None
-
-    def inspect(self, conn: psycopg.Connection, transform: str | None, guard: TransformGuard) -> Inspection:
-        """The source, then the stage's types as the source or the validated transform gives
-        them, and the lake table (:meth:`_inspect_table`)."""
-        spec = self.spec
-        inspection = inspect_source(conn, spec)
-        if not inspection.problems:
-            if transform is None and spec.transform_sql is not None:
-                transform = guard.parsed(spec.transform_sql)
-            guard.check(conn, spec, inspection, transform)
-            self._inspect_table(conn, inspection, transform)
-        return inspection
-
-    def _inspect_table(self, conn: psycopg.Connection, inspection: Inspection, transform: str | None) -> None:
-        """Fill in the inspection: the stage's column types, the partition kind, and every
-        problem with the lake table (a type that cannot round-trip, an existing table whose
-        schema or partitioning disagrees). Reads only; a missing table is no problem (apply
-        creates it)."""
-        spec = self.spec
-        input_rel = sqlbuild.input_relation(
-            spec.source_ref, [c.name for c in inspection.source_columns], spec.partition_key, spec.input_columns,
-            transform, filtered=False, escape_percent=False,
-        )
-        described = {c.name: c for c in describe_query(conn, sqlbuild.describe_input(input_rel, spec.columns))}
-        self.inspect_table(conn, inspection, described)
 
     def inspect_table(self, conn: psycopg.Connection, inspection: Inspection, described: dict[str, ColumnInfo]) -> None:
         """The stage's columns as the input describes them (``described``: by name, at least
@@ -163,47 +121,8 @@ class LakeEngine:
         inspection.target_table = LakeState(table.name, shape is not None, [(n, type_text(t)) for n, t in wanted],
                                             [spec.partition_key], catalog)
 
-    def check(self, conn: psycopg.Connection, inspection: Inspection, partitions: list[PartitionValue],
-              transform: str | None, guard: TransformGuard) -> None:
-        self.check_partitions(partitions)  # the transform was checked by inspect
-
     def check_partitions(self, partitions: list[PartitionValue]) -> None:
         """Any partition value can be written (a format whose writes cannot says otherwise)."""
-
-    def stage_table(self, ctx: Context, stage: TableRef) -> sql.Composed:
-        """No PostgreSQL table to copy the types from: the types the source or transform gives."""
-        spec = self.spec
-        input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
-                                            spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
-        return sqlbuild.create_stage_from_input(stage, input_rel, spec.columns)
-
-    def with_target_keys(self, conn: psycopg.Connection, ctx: Context) -> Context:
-        """The lake table's distinct (partition key, business key) pairs, read at its current
-        version, in a temporary table dropped when the caller's transaction (the snapshot's)
-        ends: what core.moves reads where a PostgreSQL target is read in place.
-
-        Raises:
-            SourceDataError: a business key lies in more than one partition of the lake table
-                (a PostgreSQL target rules that out with UNIQUE (business_key)).
-        """
-        spec = self.spec
-        names = [spec.partition_key, *spec.business_key]
-        keys = TableRef("pg_temp", f"{spec.name}__target_keys")
-        input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
-                                            spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
-        conn.execute(sqlbuild.create_temp_table(keys.name, input_rel, names))
-        table = self.table(conn)
-        try:
-            with lake_errors(table, "reading the keys of"):
-                handle = table.open()
-                data = None if handle is None else table.read_columns(handle, names)
-        finally:
-            table.close()
-        if data is not None and data.num_rows:
-            _copy_csv(conn, keys, data.group_by(names).aggregate([]).select(names))  # distinct pairs
-        refuse_keys_in_several_partitions(spec, conn.execute(
-            sqlbuild.keys_in_several_partitions(keys, spec.business_key)).fetchall())
-        return ctx.with_keys(keys)
 
     def _state(self, ctx: Context) -> LakeState:
         state = ctx.inspection.target_table
@@ -237,37 +156,13 @@ class LakeEngine:
             for label, *counts in rows for (name, _), n in zip(checked, counts) if n
         ]
 
-    def compared(self, conn: psycopg.Connection, ctx: Context, label: str,
-                 version: str | None = None) -> tuple[TableRef, bool]:
-        """One partition of the lake table (at its current version, or at ``version``) as its
-        canonical text forms rendered from Arrow, in a temporary table of text columns dropped
-        when the caller's transaction ends, for core.diff to compare key by key in SQL with the
-        stage's text forms. The text travels in CSV slices: no Python object per value, and
-        nothing is parsed back into a type that could trim, round or refuse it."""
-        spec = self.spec
-        rows = TableRef("pg_temp", f"{spec.name}__lake_rows")
-        conn.execute(sqlbuild.drop_table(rows))
-        conn.execute(sqlbuild.create_text_table(rows.name, spec.columns))
-        table = self.table(conn)
-        values = [ctx.value_of(label)]
-        try:
-            with lake_errors(table, f"reading partition {label} of"):
-                if version is not None:
-                    data = table.read_version(version, spec.partition_key, values)
-                else:
-                    handle = table.open()
-                    data = None if handle is None else table.read(handle, spec.partition_key, values)
-        finally:
-            table.close()
-        if data is not None and data.num_rows:
-            _copy_csv(conn, rows, canonical_texts(data, ctx.target_columns))
-        return rows, True
-
     def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
         return [], []  # files: no lock of the data database holds them
 
     def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
              ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        """The table's readings (core.planning.target_readings); apply writes through the target
+        its build engine opens (core.build.BuildEngine.open_target), which reads its stage."""
         return LakeTarget(conn, control, ctx, self.table(conn), checkpoint)
 
 

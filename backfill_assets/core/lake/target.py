@@ -5,8 +5,10 @@ The protocol of core.apply, for a lake table:
 
 - ``locked``: the same advisory locks as a PostgreSQL target keep other backfills of the
   partitions out; writers outside this tool are caught by the lake's own conflict check.
-- ``writing``: a READ COMMITTED transaction on apply's connection (the stage recheck, with the
-  stage held in SHARE mode until the lake commit is done), and the lake table loaded at its
+- ``writing``: what the build engine's target holds of its stage while it writes
+  (``data_transaction``: on the PostgreSQL engine a READ COMMITTED transaction on apply's
+  connection, the stage rechecked and held in SHARE mode until the lake commit is done,
+  core.engines.postgres.lake), and the lake table loaded at its
   current version. ``readings`` reads the partition at that version; ``replace`` reads the
   approved stage into Arrow; the readings after it are those of the rows about to be
   written, so a conversion that changed a value is caught before the commit. On a clean exit
@@ -39,9 +41,8 @@ from backfill_assets.core.context import Checkpoint, Context, Readings, Signals,
 from backfill_assets.core.errors import BackfillError, KeysElsewhereError, TransientDatabaseError, VerificationError
 from backfill_assets.core.fingerprint.arrow import arrow_readings
 from backfill_assets.core.fingerprint.kinds import lake_schema
-from backfill_assets.core.fingerprint.stage_arrow import read_stage_partition
 from backfill_assets.core.lake.tables import META_PREFIX, KeysFound, LakeTable, keys_found, lake_errors
-from backfill_assets.core.pg.db import read_committed, transient_errors
+from backfill_assets.core.pg.db import transient_errors
 from backfill_assets.core.targets.common import AdvisoryLocked
 from backfill_assets.core.vocabulary import PartitionValue
 
@@ -123,15 +124,15 @@ class LakeTarget(AdvisoryLocked):
             return self._read(signals.at, labels)
 
     def stage_rows(self, label: str) -> pa.Table:
-        """Stage A's rows of one partition, in the lake schema and business-key order."""
-        ctx, spec = self.ctx, self.ctx.spec
-        return read_stage_partition(self.conn, ctx.stage("a"), ctx.target_columns, spec.partition_key,
-                                    ctx.value_of(label), spec.business_key).cast(self.schema)
+        """Stage A's rows of one partition, in the lake schema and business-key order: the build
+        engine's target reads its own stage (core.engines.postgres.lake.PostgresLakeTarget,
+        :class:`StagedLakeTarget`)."""
+        raise NotImplementedError
 
     def data_transaction(self) -> contextlib.AbstractContextManager[None]:
-        """What the write holds in the stage's database: a READ COMMITTED transaction on apply's
-        connection, in which the stage is rechecked and held until the lake commit is done."""
-        return read_committed(self.conn)
+        """What the write holds in the stage's database while it writes (the build engine's
+        target says)."""
+        raise NotImplementedError
 
     @contextlib.contextmanager
     def writing(self, labels: list[str]) -> Iterator[LakeWrite]:

@@ -145,7 +145,7 @@ class PostgresBuildEngine:
 
     def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
                     ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
-        return ctx.engine.open(conn, control, factory, ctx, checkpoint)
+        return staged(ctx).open(conn, control, factory, ctx, checkpoint)
 
     def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:
         return review.naming_keys(self.conn, ctx, err, version)

@@ -9,8 +9,9 @@ import psycopg
 
 from backfill_assets.core.context import Context
 from backfill_assets.core.engines.postgres.guard.transform import GUARD, validate_transform_text
-from backfill_assets.core.engines.postgres.staged import staged_target
+from backfill_assets.core.engines.postgres.staged import staged_engine
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
 
 
@@ -29,7 +30,8 @@ def resolve(
         transform = validate_transform_text(spec.transform_sql)  # the parser first: no I/O
     else:
         transform = None
-    engine = staged_target(spec)
+    target = engine_for(spec)
+    engine = staged_engine(target)
     inspection = engine.inspect(conn, transform, GUARD)
     kind = inspection.require_plannable()
     if isinstance(request, PartitionRequest):
@@ -37,4 +39,4 @@ def resolve(
     else:
         partitions = parse_labels(request, kind)
     engine.check(conn, inspection, partitions, transform, GUARD)
-    return Context(spec, engine, inspection, partitions, transform)
+    return Context(spec, target, inspection, partitions, transform)

@@ -1,25 +1,30 @@
 """What the PostgreSQL build engine asks of a target beyond what every step asks
 (core.context.TargetEngine): its stage lives in PostgreSQL, so the target gives the stage
 table its types, the target's keys are read in SQL, and a partition of the target is compared
-with the stage in SQL. Every target the postgres engine's allow-list names answers these
-(core.engines.postgres.target.PostgresEngine, core.lake.engine.LakeEngine)."""
+with the stage in SQL, and apply reads the approved rows from the stage. A PostgreSQL table's
+engine answers these itself (core.engines.postgres.target.PostgresEngine); a lake table's
+(core.lake.engine.LakeEngine) through this engine's half of it (core.engines.postgres.lake)."""
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+from typing import Protocol
 
 import psycopg
 from psycopg import sql
 
 from backfill_assets.core.catalog import Inspection
-from backfill_assets.core.context import Context, TargetEngine, TransformGuard
+from backfill_assets.core.context import Checkpoint, Context, Target, TargetEngine, TransformGuard, no_checkpoint
+from backfill_assets.core.engines.postgres.target import PostgresEngine
+from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionValue, TableRef
 
 
-class StagedTarget(TargetEngine, Protocol):
+class StagedTarget(Protocol):
     """A target as the PostgreSQL build engine asks it."""
+
+    spec: Spec
 
     # The target as a table of the data database, where it is one (PostgreSQL), else None:
     # read in place by the moved-records scope and the readings' index check.
@@ -55,16 +60,33 @@ class StagedTarget(TargetEngine, Protocol):
         are the canonical text forms (a lake partition loaded at ``version``)."""
         ...
 
+    def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
+             ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+        """The target apply (or approval) reads and writes, its approved rows read from the
+        stage in PostgreSQL (core.context.TargetEngine.open)."""
+        ...
+
+
+def staged_engine(engine: TargetEngine) -> StagedTarget:
+    """The target engine as the PostgreSQL build engine asks it: a PostgreSQL table's answers
+    itself; a lake table's through this engine's half of it (the engine's allow-list names no
+    other target)."""
+    if isinstance(engine, PostgresEngine):
+        return engine
+    # Imported here, as core.targets imports a lake engine: a PostgreSQL spec never loads
+    # pyarrow or the lake libraries.
+    from backfill_assets.core.engines.postgres.lake import StagedLake
+    return StagedLake(engine)  # type: ignore[arg-type]
+
 
 def staged_target(spec: Spec) -> StagedTarget:
     """The spec's target engine, as the PostgreSQL build engine asks it (core.targets.engine_for)."""
-    return cast(StagedTarget, engine_for(spec))
+    return staged_engine(engine_for(spec))
 
 
 def staged(ctx: Context) -> StagedTarget:
-    """The context's target engine, as the PostgreSQL build engine asks it (the engine's
-    allow-list names only targets that answer :class:`StagedTarget`)."""
-    return cast(StagedTarget, ctx.engine)
+    """The context's target engine, as the PostgreSQL build engine asks it."""
+    return staged_engine(ctx.engine)
 
 
 def keys_relation(ctx: Context) -> TableRef:

@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.db import DatabaseUrl, connect, connection_factory
 from backfill_assets.core.vocabulary import DEFAULT_LIMITS
+from backfill_assets_tests.support.servers import server_folder
 from backfill_assets_tests.support.specs import CANARY, URL_ENV
 
 ADMIN_URL_ENV = "BACKFILL_TEST_DATABASE_URL"
@@ -123,6 +124,16 @@ def admin_url() -> Iterator[str]:
     yield embedded.server_url(folder / "pgdata")
     embedded.stop(folder / "pgdata")
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def server_dir() -> Iterator[Path]:
+    """A folder for a PostgreSQL a test starts itself (its data, or a project home whose
+    embedded server keeps its data there), outside pytest's temporary root for the reason
+    :func:`admin_url` gives; removed afterwards."""
+    with server_folder("server") as folder:
+        folder.chmod(0o755)
+        yield folder
 
 
 def _fresh_database(admin_url: str, source: str) -> Iterator[DatabaseUrl]:

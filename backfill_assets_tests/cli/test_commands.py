@@ -236,8 +236,8 @@ def test_demo_help_says_it_runs_duckdb_ends_with_an_audit_and_writes_the_spark_s
 
 
 @pytest.mark.postgres  # the demo starts the embedded server of its own
-def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path):
-    env = {**os.environ, "BACKFILL_ASSETS_HOME": str(tmp_path / "home")}
+def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path, server_dir):
+    env = {**os.environ, "BACKFILL_ASSETS_HOME": str(server_dir / "home")}
     env.pop(URL_ENV, None)
     # In a folder of its own: the example specs' lake locations are relative to it, so the
     # demo's tables land there and never in the checkout.
@@ -260,7 +260,7 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path):
     audit = done.stdout[done.stdout.index("-- 11. audit"):]
     assert "of public.orders_daily: 8 hold, 0 drifted" in audit and "2024-01-01   holds           log files" in audit
     assert "7 hold, 1 drifted" in audit and "in amount" in audit and "put back: 8 of 8 partition(s) hold again" in audit
-    assert (tmp_path / "home" / "pgdata").is_dir()
+    assert (server_dir / "home" / "pgdata").is_dir()
     # status then says when each partition was last audited.
     status = subprocess.run([sys.executable, "-m", "backfill_assets.cli", "status", "--spec",
                              str(REPO / "backfills/orders_daily.yaml"), "--embedded"], cwd=work, env=env,

@@ -64,10 +64,10 @@ def _wait_gone(what: str, still_there, timeout: float = 60) -> None:
         time.sleep(0.5)
 
 
-def test_make_ui_serves_the_code_location_and_ctrl_c_stops_everything_it_started(tmp_path: Path):
+def test_make_ui_serves_the_code_location_and_ctrl_c_stops_everything_it_started(tmp_path: Path, server_dir: Path):
     port = free_port()
     venv = Path(sys.prefix)
-    home = tmp_path / "home"  # a fresh project home: the embedded PostgreSQL and Dagster's instance
+    home = server_dir / "home"  # a fresh project home: the embedded PostgreSQL and Dagster's instance
     env = {**os.environ, "BACKFILL_ASSETS_HOME": str(home)}
     env.pop("BACKFILL_SPECS", None)
     env.pop("DAGSTER_PG_URL", None)

@@ -4,6 +4,7 @@ source, and each kind of write is found by the gate meant to find it."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -351,21 +352,29 @@ def test_partition_signals_use_the_index_and_never_the_table(demo_db):
 
 
 @pytest.mark.postgres  # starts a server of its own
-def test_a_crash_that_discards_the_counters_is_seen_as_a_reset(tmp_path):
+def test_a_crash_that_discards_the_counters_is_seen_as_a_reset(server_dir):
     """Crash recovery drops every counter and leaves the database's reset time as it was;
     the shared counters' reset time (pg_stat_bgwriter) is what moves."""
     import os
-    import signal
 
     import pgserver
+
+    if os.environ.get("BACKFILL_TEST_DATABASE_URL"):
+        pytest.skip("needs a server of its own to crash")
+    # Not under pytest's temporary root (server_dir): the server runs as a user of its own, and
+    # any pytest starting on the machine makes that root private again, which cut the restarted
+    # server off from its files ("could not open file global/pg_control: Permission denied").
+    _crash_and_tick(server_dir / "pgdata", pgserver)
+
+
+def _crash_and_tick(pgdata: Path, pgserver: Any) -> None:
+    import os
+    import signal
 
     from backfill_assets.cli import demo
     from backfill_assets.core.pg.db import DatabaseUrl, connection_factory
     from backfill_assets.core.vocabulary import DEFAULT_LIMITS
 
-    if os.environ.get("BACKFILL_TEST_DATABASE_URL"):
-        pytest.skip("needs a server of its own to crash")
-    pgdata = tmp_path / "crash-pg"
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
     try:
         with psycopg.connect(server.get_uri(), autocommit=True) as admin:

@@ -97,10 +97,10 @@ def test_sigkill_at_each_step_leaves_old_or_new_and_a_rerun_converges(step, appr
 
 
 @pytest.mark.postgres  # starts a server of its own
-def test_an_immediate_server_shutdown_mid_apply_leaves_old_or_new_and_a_rerun_converges(tmp_path):
+def test_an_immediate_server_shutdown_mid_apply_leaves_old_or_new_and_a_rerun_converges(tmp_path, server_dir):
     import pgserver
 
-    pgdata = tmp_path / "crash-pg"
+    pgdata = server_dir / "crash-pg"  # outside pytest's temporary root (conftest, server_dir)
     server = pgserver.get_server(pgdata, cleanup_mode="stop")
     admin = server.get_uri()
     with psycopg.connect(admin, autocommit=True) as c:

@@ -209,10 +209,6 @@ class TargetEngine(Protocol):
         """Whether apply will create the table (None: an engine that never creates it)."""
         ...
 
-    def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
-        """Problems with stage A's values that the target could not hold, before approval."""
-        ...
-
     def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
         """Where another session's lock may hold the target up: its tables in the data
         database, and the names of catalog tables kept there (core.waits)."""

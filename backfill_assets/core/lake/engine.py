@@ -28,7 +28,6 @@ from backfill_assets.core.errors import SourceDataError, SpecError
 from backfill_assets.core.fingerprint.kinds import lake_type
 from backfill_assets.core.lake.tables import LakeTable, lake_errors, shape_problems, type_text
 from backfill_assets.core.lake.target import LakeTarget
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import ENGINES
@@ -139,22 +138,6 @@ class LakeEngine:
 
     def creates_target(self, ctx: Context) -> bool | None:
         return not self._state(ctx).exists
-
-    def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
-        """Stage A's values the lake table could not hold (an infinite or BC date or time stamp,
-        a year after 9999, NaN in a numeric(p,s)), one per partition and column: one pass over
-        the stage for every such column, before approval."""
-        spec = self.spec
-        checked = [(c.name, c.base_type) for c in ctx.target_columns if c.base_type in sqlbuild.unholdable_kinds()]
-        if not checked:
-            return []
-        rows = conn.execute(*sqlbuild.unholdable_values(ctx.stage("a"), spec.partition_key, checked, ctx.partitions))
-        return [
-            f"partition {label}: column {name} has {n} value(s) a {spec.target.format} column cannot hold "
-            "(an infinite or BC date or time stamp, a year after 9999, or NaN in a decimal); fix them in the "
-            "source or transform, or keep the target in PostgreSQL"
-            for label, *counts in rows for (name, _), n in zip(checked, counts) if n
-        ]
 
     def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
         return [], []  # files: no lock of the data database holds them

@@ -48,18 +48,38 @@ from backfill_assets.core.vocabulary import PartitionValue
 
 
 class LakeTarget(AdvisoryLocked):
-    """A Delta or Iceberg table whose partitions apply replaces (see the module docstring)."""
+    """A Delta or Iceberg table whose partitions apply replaces (see the module docstring).
+
+    The build engine's target reads stage A's approved rows (:meth:`read_stage`: from
+    PostgreSQL, a DuckDB table, Spark's files) and says what the write holds in the stage's
+    database (:meth:`data_transaction`). Where the engine rechecks stage A under the partition
+    lock by reading its rows into Arrow (:meth:`recheck`), the replace then writes exactly those
+    rows, and the verification before the commit finds their readings already computed: one
+    read and one fingerprint of the stage serve both, and what is checked is what is written."""
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, table: LakeTable,
                  checkpoint: Checkpoint = no_checkpoint) -> None:
         self.conn, self.control, self.ctx, self.table, self.checkpoint = conn, control, ctx, table, checkpoint
         self.schema = lake_schema(ctx.target_columns)  # the stage's columns, in the spec's order
         self._committed: dict[str, str | None] = {}
+        self._rechecked: dict[str, pa.Table] = {}  # label -> stage A's rows read by the recheck
+        self._known: dict[int, tuple[pa.Table, Readings]] = {}  # id(rows) -> (rows, their readings)
+        self._keeping = False  # from a recheck to the end of its write: readings kept by rows
 
-    def readings_of(self, data: pa.Table) -> Readings:
+    def fingerprint(self, data: pa.Table) -> Readings:
         """The readings of one partition's rows in Arrow (the canonical fingerprint)."""
         spec = self.ctx.spec
         return arrow_readings(data, self.ctx.target_columns, spec.business_key, spec.total).as_dict()
+
+    def readings_of(self, data: pa.Table) -> Readings:
+        """:meth:`fingerprint`, computed once for rows a recheck read (until its write ends)."""
+        known = self._known.get(id(data))
+        if known is not None and known[0] is data:
+            return known[1]
+        readings = self.fingerprint(data)
+        if self._keeping:
+            self._known[id(data)] = (data, readings)
+        return readings
 
     def _read(self, handle: Any, labels: list[str]) -> dict[str, Readings]:
         """Each partition as the handle's version holds it, read on its own (partition pruning
@@ -123,16 +143,32 @@ class LakeTarget(AdvisoryLocked):
         with lake_errors(self.table, "reading"):
             return self._read(signals.at, labels)
 
-    def stage_rows(self, label: str) -> pa.Table:
+    def read_stage(self, label: str) -> pa.Table:
         """Stage A's rows of one partition, in the lake schema and business-key order: the build
         engine's target reads its own stage (core.engines.postgres.lake.PostgresLakeTarget,
-        :class:`StagedLakeTarget`)."""
+        core.engines.duckdb.target.DuckLakeTarget)."""
         raise NotImplementedError
 
+    def recheck(self, labels: list[str]) -> dict[str, Readings]:
+        """Stage A's readings of ``labels`` now, from its rows read into Arrow, which the
+        replace that follows in this write then writes."""
+        self._keeping = True
+        out = {}
+        for label in labels:
+            rows = self._rechecked[label] = self.read_stage(label)
+            out[label] = self.readings_of(rows)
+        return out
+
+    def stage_rows(self, label: str) -> pa.Table:
+        """The rows the replace writes: those the recheck read, else stage A's as they are."""
+        rows = self._rechecked.pop(label, None)
+        return self.read_stage(label) if rows is None else rows
+
     def data_transaction(self) -> contextlib.AbstractContextManager[None]:
-        """What the write holds in the stage's database while it writes (the build engine's
-        target says)."""
-        raise NotImplementedError
+        """What the write holds in the stage's database while it writes: nothing, where stage A
+        is rechecked outside PostgreSQL under the partition lock (the PostgreSQL engine's
+        target holds a transaction)."""
+        return contextlib.nullcontext()
 
     @contextlib.contextmanager
     def writing(self, labels: list[str]) -> Iterator[LakeWrite]:
@@ -150,6 +186,9 @@ class LakeTarget(AdvisoryLocked):
         finally:
             if write is not None:
                 write.discard()
+            self._rechecked.clear()
+            self._known.clear()
+            self._keeping = False
 
     def new_write(self, handle: Any) -> LakeWrite:
         """The write of one group of partitions, based on the handle's version."""
@@ -167,60 +206,6 @@ class LakeTarget(AdvisoryLocked):
 
     def close(self) -> None:
         self.table.close()
-
-
-class StagedLakeTarget(LakeTarget):
-    """A lake target whose approved rows are read from a stage outside PostgreSQL (a DuckDB
-    table, Spark's Parquet files) by :meth:`read_stage`.
-
-    The recheck under the partition lock (:meth:`recheck`) reads stage A's rows into Arrow and
-    fingerprints them; the replace then writes exactly those rows, and the verification before
-    the commit finds their readings already computed: one read and one fingerprint of the stage
-    serve both, and what is checked is what is written."""
-
-    def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, table: LakeTable,
-                 checkpoint: Checkpoint = no_checkpoint) -> None:
-        super().__init__(conn, control, ctx, table, checkpoint)
-        self._rechecked: dict[str, pa.Table] = {}  # label -> stage A's rows read by the recheck
-        self._known: dict[int, tuple[pa.Table, Readings]] = {}  # id(rows) -> (rows, their readings)
-
-    def read_stage(self, label: str) -> pa.Table:
-        """Stage A's rows of one partition, in the lake schema."""
-        raise NotImplementedError
-
-    def recheck(self, labels: list[str]) -> dict[str, Readings]:
-        """Stage A's readings of ``labels`` now, from its rows read into Arrow, which the
-        replace that follows in this write then writes."""
-        out = {}
-        for label in labels:
-            rows = self._rechecked[label] = self.read_stage(label)
-            out[label] = self.readings_of(rows)
-        return out
-
-    def stage_rows(self, label: str) -> pa.Table:
-        rows = self._rechecked.pop(label, None)
-        return self.read_stage(label) if rows is None else rows
-
-    def readings_of(self, data: pa.Table) -> Readings:
-        known = self._known.get(id(data))
-        if known is not None and known[0] is data:
-            return known[1]
-        readings = super().readings_of(data if data.num_rows else self.schema.empty_table())
-        self._known[id(data)] = (data, readings)
-        return readings
-
-    @contextlib.contextmanager
-    def writing(self, labels: list[str]) -> Iterator[LakeWrite]:
-        try:
-            with super().writing(labels) as write:
-                yield write
-        finally:
-            self._rechecked.clear()
-            self._known.clear()
-
-    @contextlib.contextmanager
-    def data_transaction(self) -> Iterator[None]:
-        yield  # stage A is rechecked outside PostgreSQL under the partition lock; nothing to hold there
 
 
 class LakeWrite:

@@ -33,7 +33,7 @@ from backfill_assets.core.engines.duckdb.stages import readings_of, stage_name
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.tables import META_PREFIX, FileLakeTable, WrittenFile
-from backfill_assets.core.lake.target import LakeWrite, StagedLakeTarget
+from backfill_assets.core.lake.target import LakeTarget, LakeWrite
 from backfill_assets.core.vocabulary import PartitionValue
 
 if TYPE_CHECKING:
@@ -96,9 +96,9 @@ def write_partition(db: DuckDBPyConnection, ctx: Context, table: FileLakeTable, 
     return WrittenFile(label, path, logged, os.stat(path).st_size, count)
 
 
-class DuckLakeTarget(StagedLakeTarget):
-    """A lake target whose approved rows come from stage A in DuckDB
-    (core.lake.target.StagedLakeTarget). A Delta table that can be read and written as plain
+class DuckLakeTarget(LakeTarget):
+    """A lake target whose approved rows come from stage A in DuckDB, rechecked by reading them
+    (core.lake.target.LakeTarget.recheck). A Delta table that can be read and written as plain
     files is read, written and fingerprinted by DuckDB (:class:`FilesWrite`, the module
     docstring); any other lake table through its library and Arrow."""
 
@@ -115,6 +115,9 @@ class DuckLakeTarget(StagedLakeTarget):
         with contextlib.closing(cursor(self.db)) as duck:
             data = duck.sql(query, params={"partition": self.ctx.value_of(label)}).to_arrow_table()
         return data.cast(lake_schema(self.ctx.target_columns))
+
+    def fingerprint(self, data: pa.Table) -> Readings:
+        return super().fingerprint(data if data.num_rows else self.schema.empty_table())
 
     def _files(self, handle: Any, labels: list[str]) -> dict[str, list[str]] | None:
         """Each partition's data files at the handle's version, if they can be read as plain files."""

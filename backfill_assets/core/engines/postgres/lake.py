@@ -140,6 +140,22 @@ class StagedLake:
             _copy_csv(conn, rows, canonical_texts(data, ctx.target_columns))
         return rows, True
 
+    def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
+        """Stage A's values the lake table could not hold (an infinite or BC date or time stamp,
+        a year after 9999, NaN in a numeric(p,s)), one per partition and column: one pass over
+        the stage for every such column, before approval."""
+        spec = self.spec
+        checked = [(c.name, c.base_type) for c in ctx.target_columns if c.base_type in sqlbuild.unholdable_kinds()]
+        if not checked:
+            return []
+        rows = conn.execute(*sqlbuild.unholdable_values(ctx.stage("a"), spec.partition_key, checked, ctx.partitions))
+        return [
+            f"partition {label}: column {name} has {n} value(s) a {spec.target.format} column cannot hold "
+            "(an infinite or BC date or time stamp, a year after 9999, or NaN in a decimal); fix them in the "
+            "source or transform, or keep the target in PostgreSQL"
+            for label, *counts in rows for (name, _), n in zip(checked, counts) if n
+        ]
+
     def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
              ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
         return PostgresLakeTarget(conn, control, ctx, self.engine.table(conn), checkpoint)
@@ -150,7 +166,7 @@ class PostgresLakeTarget(LakeTarget):
     protocol): the stage is rechecked in a READ COMMITTED transaction on apply's connection and
     held there until the lake commit is done."""
 
-    def stage_rows(self, label: str) -> pa.Table:
+    def read_stage(self, label: str) -> pa.Table:
         """Stage A's rows of one partition, in the lake schema and business-key order."""
         ctx, spec = self.ctx, self.ctx.spec
         return read_stage_partition(self.conn, ctx.stage("a"), ctx.target_columns, spec.partition_key,

@@ -10,6 +10,7 @@ from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.differences import example_text
 from backfill_assets.core.engines.postgres.diff import diff_partition
 from backfill_assets.core.engines.postgres.snapshot import Snapshot, recheck_immutable_source
+from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.engines.postgres.stages import ensure_stage
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg import sqlbuild
@@ -46,7 +47,7 @@ def finish_plan(
     reports = snapshot.reports if snapshot.reports is not None else _input_reports(conn, ctx, snapshot)
     if snapshot.mode == "immutable":
         recheck_immutable_source(conn, ctx, snapshot)
-    problems = ctx.engine.plan_problems(conn, ctx) + differing_keys(conn, ctx, a, b)
+    problems = staged(ctx).plan_problems(conn, ctx) + differing_keys(conn, ctx, a, b)
     plan = assemble(ctx, snapshot, a, b, reports, snapshot.requested, problems)
     with control.transaction(), conn.transaction():
         if control is not conn:

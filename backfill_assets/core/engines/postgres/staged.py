@@ -1,7 +1,8 @@
 """What the PostgreSQL build engine asks of a target beyond what every step asks
 (core.context.TargetEngine): its stage lives in PostgreSQL, so the target gives the stage
-table its types, the target's keys are read in SQL, and a partition of the target is compared
-with the stage in SQL, and apply reads the approved rows from the stage. A PostgreSQL table's
+table its types, the target's keys are read in SQL, a partition of the target is compared
+with the stage in SQL, the stage's values the target could not hold are found before approval,
+and apply reads the approved rows from the stage. A PostgreSQL table's
 engine answers these itself (core.engines.postgres.target.PostgresEngine); a lake table's
 (core.lake.engine.LakeEngine) through this engine's half of it (core.engines.postgres.lake)."""
 
@@ -58,6 +59,10 @@ class StagedTarget(Protocol):
                  version: str | None = None) -> tuple[TableRef, bool]:
         """One partition of the target as a relation for core.diff, and whether its columns
         are the canonical text forms (a lake partition loaded at ``version``)."""
+        ...
+
+    def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
+        """Problems with stage A's values that the target could not hold, before approval."""
         ...
 
     def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,

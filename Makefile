@@ -36,12 +36,13 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check backfill_assets backfill_assets_tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache
 
-# BACKFILL_TEST_SERVER_FREE: a test of this tier that reaches for a server or a JVM fails (conftest).
+# BACKFILL_TEST_SERVER_FREE: a test of this tier that starts a server or a JVM fails (conftest);
+# BACKFILL_TEST_NO_JVM in test-core: one that launches a JVM fails.
 check: lint
-	BACKFILL_TEST_SERVER_FREE=1 $(PYTEST) -q -m "not postgres and not spark"
+	BACKFILL_TEST_SERVER_FREE=1 $(PYTEST) -q -n $(WORKERS) -m "not postgres and not spark"
 
 test-core: $(VENV)/.installed
-	$(PYTEST) -q -n $(WORKERS) --dist worksteal backfill_assets_tests/core backfill_assets_tests/cli \
+	BACKFILL_TEST_NO_JVM=1 $(PYTEST) -q -n $(WORKERS) --dist worksteal backfill_assets_tests/core backfill_assets_tests/cli \
 		-m "not spark and not slow" --durations=10
 
 # --durations prints the slowest tests at the end; worksteal keeps every worker busy to the end.

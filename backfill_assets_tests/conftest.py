@@ -38,7 +38,8 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-SERVER_FREE_ENV = "BACKFILL_TEST_SERVER_FREE"  # set by `make check`
+SERVER_FREE_ENV = "BACKFILL_TEST_SERVER_FREE"  # set by `make check`: no server, no JVM
+NO_JVM_ENV = "BACKFILL_TEST_NO_JVM"  # set by `make test-core`: no JVM
 JVM_TEST_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
@@ -56,6 +57,8 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["JAVA_TOOL_OPTIONS"] = f"{given} {JVM_TEST_OPTIONS}".strip()
     if os.environ.get(SERVER_FREE_ENV):
         _forbid_servers()
+    if os.environ.get(SERVER_FREE_ENV) or os.environ.get(NO_JVM_ENV):
+        _forbid_jvm()
 
 
 def _forbid_servers() -> None:
@@ -65,16 +68,27 @@ def _forbid_servers() -> None:
     an address where nothing listens, to see the error a user gets.)"""
 
     def refuse(*_args: object, **_kwargs: object) -> None:
-        raise RuntimeError(f"{SERVER_FREE_ENV}: this tier starts no server and no JVM; a test that needs one "
-                           "uses the admin_url or spark fixture, or is marked postgres or spark")
+        raise RuntimeError(f"{SERVER_FREE_ENV}: this tier starts no server; a test that needs one uses the "
+                           "admin_url fixture, or is marked postgres")
 
     import pgserver
-    import pyspark.core.context
 
     import backfill_assets_tests.support.servers as servers
 
     pgserver.get_server = refuse
     servers.server_bin = refuse  # the machine's own PostgreSQL
+
+
+def _forbid_jvm() -> None:
+    """The tiers without Spark (`make check`, `make test-core`) launch no JVM: a test that does
+    fails, and needs the `spark` marker (support.specs.engine_params for a parameter)."""
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("this tier launches no JVM; a test that needs Spark uses the spark fixture or is "
+                           "marked spark (support.specs.engine_params marks a Spark parameter)")
+
+    import pyspark.core.context
+
     pyspark.core.context.launch_gateway = refuse
 
 

@@ -30,7 +30,7 @@ from backfill_assets.core.audit import audit_spec
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.vocabulary import PartitionRequest
-from backfill_assets_tests.support.specs import URL_ENV
+from backfill_assets_tests.support.specs import URL_ENV, engine_params
 
 SCHEMA = pa.schema([("d", pa.date32()), ("k", pa.int64()), ("f", pa.float64()), ("n", pa.decimal128(12, 2)),
                     ("t", pa.string()), ("seq", pa.int64())])
@@ -275,7 +275,7 @@ def _results(result) -> dict[str, tuple[str, str]]:
     return {p.partition: (p.result, p.signal) for p in result.partitions}
 
 
-@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("engine", engine_params(list(ENGINES)))
 def test_every_engine_names_each_planted_drift_and_an_untouched_target_holds_by_its_signal(
         engine, tmp_path, factory, url_env, conn, db_url, request, capsys):
     if engine.startswith("spark"):

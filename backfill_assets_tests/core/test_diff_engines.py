@@ -30,7 +30,7 @@ from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.vocabulary import PartitionRequest
-from backfill_assets_tests.support.specs import URL_ENV
+from backfill_assets_tests.support.specs import URL_ENV, engine_params
 
 SCHEMA = pa.schema([("d", pa.date32()), ("k", pa.int64()), ("f", pa.float64()), ("n", pa.decimal128(12, 2)),
                     ("t", pa.string()), ("seq", pa.int64())])
@@ -154,7 +154,7 @@ def _expected(values: dict[int, dict[str, list[str | None]]]) -> dict[str, Any]:
     ]}
 
 
-@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("engine", engine_params(list(ENGINES)))
 def test_every_engine_finds_the_same_planted_differences(engine, tmp_path, factory, url_env, conn, request,
                                                          capsys):
     if engine == "spark":
@@ -194,7 +194,7 @@ def test_every_engine_finds_the_same_planted_differences(engine, tmp_path, facto
     assert "changed  (k=4)" in text and "'tail' -> 'tail '" in text
 
 
-@pytest.mark.parametrize("engine", ["duckdb", "spark"])
+@pytest.mark.parametrize("engine", engine_params(["duckdb", "spark"]))
 def test_a_changed_stage_is_refused_rather_than_diffed(engine, tmp_path, factory, url_env, conn, request):
     if engine == "spark":
         request.getfixturevalue("spark")

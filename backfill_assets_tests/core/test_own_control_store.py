@@ -18,6 +18,7 @@ from backfill_assets.cli.commands import main
 from backfill_assets.core.pg import embedded
 from backfill_assets_tests.support.duck_lakes import delta_source, duck_spec
 from backfill_assets_tests.support.spark_lakes import spark_mapping, write_parquet_source
+from backfill_assets_tests.support.specs import engine_params
 
 pytestmark = pytest.mark.postgres  # the embedded server, started by the command line under `home`
 
@@ -43,7 +44,7 @@ def _mapping(engine: str, tmp_path: Path) -> dict:
     return data
 
 
-@pytest.mark.parametrize("engine", ["duckdb", pytest.param("spark", marks=pytest.mark.spark)])
+@pytest.mark.parametrize("engine", engine_params(["duckdb", "spark"]))
 def test_a_lake_spec_without_a_database_runs_on_the_embedded_control_store(engine, tmp_path, home, request, capsys):
     if engine == "spark":
         request.getfixturevalue("spark")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from backfill_assets.core.spec import Spec, spec_from_mapping
 
 CANARY = "canary-Pw-7f3e91"  # a password that must never appear in any output
@@ -40,3 +42,10 @@ def make_spec(**changes: object) -> Spec:
 
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def engine_params(names: list[str]) -> list:
+    """Parameters of a test run on each engine or target named, those of Spark marked `spark`
+    (the test starts its JVM through ``request.getfixturevalue("spark")``, which a marker
+    applied from the fixtures it names cannot see)."""
+    return [pytest.param(n, marks=pytest.mark.spark) if n.startswith("spark") else n for n in names]

@@ -150,6 +150,15 @@ def server_dir() -> Iterator[Path]:
         yield folder
 
 
+@pytest.fixture
+def home(server_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A project home of the test's own (``BACKFILL_ASSETS_HOME``), in :func:`server_dir`:
+    where the command line starts its embedded server, which is stopped afterwards."""
+    monkeypatch.setenv(embedded.HOME_ENV, str(server_dir))
+    yield server_dir
+    embedded.stop(server_dir / "pgdata")
+
+
 def _fresh_database(admin_url: str, source: str) -> Iterator[DatabaseUrl]:
     name = f"bfa_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_url, autocommit=True) as admin:

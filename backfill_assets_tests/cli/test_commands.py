@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import yaml
@@ -270,18 +267,6 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path, server_di
     lake = work / ".backfill_assets" / "lake"
     assert {p.name for p in lake.iterdir()} >= {"orders_daily", "orders_raw", "orders_daily_duckdb",
                                                  "orders_raw_parquet"}
-
-
-@pytest.fixture(name="home")
-def _home(monkeypatch):
-    """A project home of the test's own, where the embedded server keeps its data (not under
-    pytest's temporary root: as root the server runs as a user of its own, see conftest)."""
-    home = Path(tempfile.mkdtemp(prefix="bfa-home-"))
-    home.chmod(0o755)
-    monkeypatch.setenv(embedded.HOME_ENV, str(home))
-    yield home
-    embedded.stop(home / "pgdata")
-    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.mark.postgres  # the demo starts the embedded server under the home

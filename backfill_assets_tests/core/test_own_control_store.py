@@ -6,8 +6,6 @@ user's."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import psycopg
@@ -21,18 +19,6 @@ from backfill_assets_tests.support.spark_lakes import spark_mapping, write_parqu
 from backfill_assets_tests.support.specs import engine_params
 
 pytestmark = pytest.mark.postgres  # the embedded server, started by the command line under `home`
-
-
-@pytest.fixture(name="home")
-def _home(monkeypatch: pytest.MonkeyPatch):
-    """The project's home, where the embedded server keeps its data (not under pytest's
-    temporary root: as root the server runs as a user of its own, see conftest)."""
-    home = Path(tempfile.mkdtemp(prefix="bfa-home-"))
-    home.chmod(0o755)
-    monkeypatch.setenv(embedded.HOME_ENV, str(home))
-    yield home
-    embedded.stop(home / "pgdata")
-    shutil.rmtree(home, ignore_errors=True)
 
 
 def _mapping(engine: str, tmp_path: Path) -> dict:

@@ -1,5 +1,7 @@
 """The plan's rules that every build engine shares: what a plan records of the spec and the
-catalog, how two builds are compared into a plan, and what refuses a stored plan or a reading.
+catalog, how two builds are compared into a plan, what refuses a stored plan or a reading, and
+the source checks (:func:`check_source_counts`): the source data a plan refuses, one set of
+rules and messages over the counts each engine computes in its own queries.
 
 The steps (core.plan, core.approve, core.stages) and the engines (core.engines) both stand on
 this module; it imports neither, so no engine reaches back into a step.
@@ -7,15 +9,18 @@ this module; it imports neither, so no engine reaches back into a step.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import psycopg
 
 from backfill_assets.core.context import Context
-from backfill_assets.core.errors import ApprovalError, VerificationError
+from backfill_assets.core.errors import ApprovalError, SourceDataError, VerificationError
 from backfill_assets.core.fingerprint.identity import PLAN_FORMAT, sha256_hex
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.spec import Spec
 from backfill_assets.core.store.plan_document import (
     AddedPartition,
     PartitionEntry,
@@ -151,3 +156,120 @@ def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -
         return target.readings(labels)
     finally:
         target.close()  # a lake target's catalog connections
+
+
+# The source checks' words: "postgres", the PostgreSQL engine's (ordering first, rows outside
+# the partitions last, as transform_sql's doing); "lake", the DuckDB and Spark engines' (rows
+# outside the partitions first, with examples).
+SourceWording = Literal["postgres", "lake"]
+
+
+@dataclass(frozen=True)
+class Outside:
+    """Input rows outside the declared partitions, or in a NULL partition."""
+
+    rows: int  # how many (with examples: at least theirs)
+    examples: Sequence[tuple[Any, int]] = ()  # up to three (partition, rows), most rows first
+
+
+@dataclass(frozen=True)
+class Tie:
+    """A group of rows that tie on every ordering column within a key, yet differ."""
+
+    scope: tuple[Any, ...]  # (its partition,), or (): ties per key across partitions (records that can move)
+    key: tuple[Any, ...]  # the business key's values
+    rows: int  # how many different rows
+
+
+@dataclass(frozen=True)
+class Ties:
+    keys: int  # how many keys have tied rows (the "postgres" wording names it)
+    examples: Sequence[Tie]  # up to three; none: no ties
+
+
+class SourceCounts(Protocol):
+    """What an engine counts of its input for :func:`check_source_counts`, each asked once at
+    most, in the checks' order: nothing is counted after the first refusal."""
+
+    def outside(self) -> Outside: ...
+
+    def ordering_nulls(self) -> Sequence[int]:
+        """Per ordering column of the spec, the keyed input rows with a NULL in it."""
+        ...
+
+    def reports(self) -> dict[str, tuple[int, int]]:
+        """Per partition with input rows: (rows, rows with a NULL business key)."""
+        ...
+
+    def ties(self) -> Ties: ...
+
+
+def check_source_counts(spec: Spec, counts: SourceCounts, wording: SourceWording) -> dict[str, tuple[int, int]]:
+    """Refuse source data newest-wins cannot rebuild exactly, from ``counts``; return each
+    partition's (rows read, rows with a NULL key), the plan's input report.
+
+    Raises:
+        SourceDataError: rows outside the declared partitions (or in a NULL one), NULLs in an
+            ordering column without a declared NULL placement, a partition whose every row has
+            a NULL business key, ties on every ordering column between rows that differ.
+    """
+    if wording == "lake":
+        _refuse_outside(counts.outside(), wording)
+    undeclared = [f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, counts.ordering_nulls())
+                  if n and o.nulls is None]
+    if undeclared:
+        raise SourceDataError(
+            "ordering columns have NULL values and no declared NULL placement",
+            "Declare where NULLs sort with `nulls: first` or `nulls: last` on that ordering column, or fix the source",
+            undeclared,
+        )
+    reports = counts.reports()
+    keyless = [f"partition {label}: {n} row(s)" for label, (n, nulls) in reports.items() if n and nulls == n]
+    if keyless:
+        # Every row dropped would empty the target partition: far more likely a wrong key.
+        raise SourceDataError(
+            "every source row of some partitions has a NULL business key "
+            f"({', '.join(spec.business_key)}), so the rebuild would empty them",
+            "Check business_key against the source (run `backfill-assets profile`)", keyless[:3],
+        )
+    _refuse_ties(spec, counts.ties(), wording)
+    if wording == "postgres":
+        _refuse_outside(counts.outside(), wording)
+    return reports
+
+
+def _refuse_outside(outside: Outside, wording: SourceWording) -> None:
+    if not outside.rows:
+        return
+    if wording == "postgres":
+        raise SourceDataError(
+            f"transform_sql puts {outside.rows} row(s) outside the declared partitions or in a NULL partition",
+            "A transform must keep every row in its source partition",
+        )
+    raise SourceDataError(
+        "the input has rows outside the declared partitions (the transform moves them, or they have a "
+        "NULL partition key)", "Keep the partition key as the source has it in transform_sql",
+        [f"partition {value}: {n} row(s)" for value, n in outside.examples],
+    )
+
+
+def _refuse_ties(spec: Spec, ties: Ties, wording: SourceWording) -> None:
+    if not ties.examples:
+        return
+    ordering = ", ".join(o.column for o in spec.ordering)
+    if wording == "postgres":
+        raise SourceDataError(
+            f"{ties.keys} key(s) have rows that tie on every ordering column ({ordering}) but differ, "
+            "so newest-wins would pick one by chance",
+            "Add a final tiebreak column to `ordering` (run `backfill-assets profile` to find one); do not guess",
+            [("" if not t.scope else f"partition {t.scope[0]}, ")
+             + f"key ({', '.join(f'{c}={v}' for c, v in zip(spec.business_key, t.key))}): {t.rows} different rows"
+             for t in ties.examples],
+        )
+    raise SourceDataError(
+        f"rows tie on every ordering column ({ordering}) within a key but differ, so newest-wins would "
+        "pick one of them by chance", "Add a final tiebreak column to ordering (an ingest sequence, a unique id)",
+        [", ".join(f"{k}={v}" for k, v in zip([*[spec.partition_key] * len(t.scope), *spec.business_key],
+                                              [*t.scope, *t.key]))
+         + f" ({t.rows} different rows)" for t in ties.examples],
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -16,13 +17,14 @@ from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor
 from backfill_assets.core.engines.duckdb.stages import fields_of
-from backfill_assets.core.errors import SnapshotError, SourceDataError
+from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
 from backfill_assets.core.moves import close_scope_with
 from backfill_assets.core.pinned.duck_types import source_types
 from backfill_assets.core.pinned.pins import LakeSnapshot, Pin, record_snapshot
 from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource
+from backfill_assets.core.planning import Outside, Tie, Ties, check_source_counts
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
@@ -37,54 +39,50 @@ def input_of(ctx: Context, source_names: Sequence[str]) -> Any:
 
 
 def check_source(duck: DuckDBPyConnection, ctx: Context) -> dict[str, tuple[int, int]]:
-    """Refuse source data newest-wins cannot rebuild exactly, as the PostgreSQL engine does
-    (core.engines.postgres.snapshot.check_source); return each partition's (rows read, rows with a NULL key).
+    """Refuse source data newest-wins cannot rebuild exactly, by the rules every engine applies
+    (core.planning.check_source_counts, over :class:`_Counts`); return each partition's (rows read,
+    rows with a NULL key).
 
     Raises:
         SourceDataError: NULLs in an ordering column without declared NULL placement, ties on
             every ordering column between rows that differ, a partition whose every row has a
             NULL key, rows a transform moves outside the declared partitions.
     """
-    spec = ctx.spec
     relation = input_of(ctx, [name for name, _ in source_types(duck)])
-    params = {"partitions": list(ctx.partitions)}
-    outside = duck.execute(statements.outside_partitions(relation, spec.partition_key), params).fetchall()
-    if outside:
-        raise SourceDataError(
-            "the input has rows outside the declared partitions (the transform moves them, or they have a "
-            "NULL partition key)", "Keep the partition key as the source has it in transform_sql",
-            [f"partition {value}: {n} row(s)" for value, n in outside],
-        )
-    ordering = [o.column for o in spec.ordering]
-    counts = duck.execute(statements.ordering_nulls(relation, spec.business_key, ordering)).fetchall()[0]
-    undeclared = [f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, counts) if n and o.nulls is None]
-    if undeclared:
-        raise SourceDataError(
-            "ordering columns have NULL values and no declared NULL placement",
-            "Declare where NULLs sort with `nulls: first` or `nulls: last` on that ordering column, or fix the source",
-            undeclared,
-        )
-    reports = {partition_label(p): (int(n), int(nulls))
-               for p, n, nulls in duck.execute(statements.input_report(relation, spec.partition_key, spec.business_key)).fetchall()}
-    keyless = [f"partition {label}: {n} row(s)" for label, (n, nulls) in reports.items() if n and nulls == n]
-    if keyless:
-        raise SourceDataError(
-            "every source row of some partitions has a NULL business key "
-            f"({', '.join(spec.business_key)}), so the rebuild would empty them",
-            "Check business_key against the source (run `backfill-assets profile`)", keyless[:3],
-        )
-    fields = fields_of(ctx.target_columns)  # the output rows decide whether tied rows differ
-    # A key that can move has one newest version across partitions, so ties are per key.
-    scope_key = None if spec.records_can_move else spec.partition_key
-    tied = duck.execute(statements.tied_groups(relation, scope_key, spec.business_key, ordering, fields)).fetchall()
-    if tied:
-        raise SourceDataError(
-            f"rows tie on every ordering column ({', '.join(ordering)}) within a key but differ, so newest-wins would "
-            "pick one of them by chance", "Add a final tiebreak column to ordering (an ingest sequence, a unique id)",
-            [", ".join(f"{k}={v}" for k, v in zip([*([scope_key] if scope_key else []), *spec.business_key], row[:-1]))
-             + f" ({row[-1]} different rows)" for row in tied],
-        )
-    return reports
+    return check_source_counts(ctx.spec, _Counts(duck, ctx, relation), "lake")
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """The source checks' counts of the input ``relation``, each read in DuckDB when asked."""
+
+    duck: DuckDBPyConnection
+    ctx: Context
+    relation: Any
+
+    def outside(self) -> Outside:
+        found = self.duck.execute(statements.outside_partitions(self.relation, self.ctx.spec.partition_key),
+                                  {"partitions": list(self.ctx.partitions)}).fetchall()
+        return Outside(sum(n for _, n in found), [(value, n) for value, n in found])
+
+    def ordering_nulls(self) -> Sequence[int]:
+        spec = self.ctx.spec
+        query = statements.ordering_nulls(self.relation, spec.business_key, [o.column for o in spec.ordering])
+        return self.duck.execute(query).fetchall()[0]
+
+    def reports(self) -> dict[str, tuple[int, int]]:
+        query = statements.input_report(self.relation, self.ctx.spec.partition_key, self.ctx.spec.business_key)
+        return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in self.duck.execute(query).fetchall()}
+
+    def ties(self) -> Ties:
+        spec = self.ctx.spec
+        fields = fields_of(self.ctx.target_columns)  # the output rows decide whether tied rows differ
+        # A key that can move has one newest version across partitions, so ties are per key.
+        scope_key = None if spec.records_can_move else spec.partition_key
+        tied = self.duck.execute(statements.tied_groups(
+            self.relation, scope_key, spec.business_key, [o.column for o in spec.ordering], fields)).fetchall()
+        width = 0 if scope_key is None else 1  # each row: (partition,)? key values..., different rows
+        return Ties(len(tied), [Tie(tuple(row[:width]), tuple(row[width:-1]), row[-1]) for row in tied])
 
 
 def _target_keys(duck: DuckDBPyConnection, control: psycopg.Connection, ctx: Context) -> str:

@@ -24,7 +24,7 @@ from psycopg import sql
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.staged import keys_relation, staged
-from backfill_assets.core.errors import SnapshotError, SourceDataError
+from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
 from backfill_assets.core.fingerprint.partition import partitions_digest, rows_digest
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
@@ -32,6 +32,7 @@ from backfill_assets.core.moves import Scope, close_scope
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns, table_kind
 from backfill_assets.core.pg.db import repeatable_read, transient_errors
+from backfill_assets.core.planning import Outside, Tie, Ties, check_source_counts
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
@@ -109,7 +110,8 @@ def identity_of(
 def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed,
                  params: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """Refuse source data whose newest-wins order is not total, or that a transform moves
-    out of the declared partitions.
+    out of the declared partitions (core.planning.check_source_counts, in this engine's words,
+    over :class:`_Counts`).
 
     Returns:
         Per partition with input rows: (rows, rows with a NULL business key), the plan's
@@ -119,68 +121,59 @@ def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed
         SourceDataError: NULLs in an ordering column without declared NULL placement, ties
             on every ordering column between rows that differ, rows outside the partitions.
     """
-    spec = ctx.spec
-    ordering = [o.column for o in spec.ordering]
-    query, qp = sqlbuild.ordering_null_counts(input_rel, spec.business_key, ordering, params)
-    counts = conn.execute(query, qp).fetchone() or ()
-    undeclared = [
-        f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, counts) if n and o.nulls is None
-    ]
-    if undeclared:
-        raise SourceDataError(
-            "ordering columns have NULL values and no declared NULL placement",
-            "Declare where NULLs sort with `nulls: first` or `nulls: last` on that ordering "
-            "column, or fix the source",
-            undeclared,
-        )
-    others = [c for c in spec.columns if c not in {spec.partition_key, *spec.business_key, *ordering}]
-    query, qp = sqlbuild.input_report(input_rel, spec.partition_key, spec.business_key, params)
-    reports = {partition_label(p): (int(n), int(nulls)) for p, n, nulls in conn.execute(query, qp).fetchall()}
-    keyless = [f"partition {label}: {n} row(s)" for label, (n, nulls) in reports.items() if n and nulls == n]
-    if keyless:
-        # Every row dropped would empty the target partition: far more likely a wrong key.
-        raise SourceDataError(
-            "every source row of some partitions has a NULL business key "
-            f"({', '.join(spec.business_key)}), so the rebuild would empty them",
-            "Check business_key against the source (run `backfill-assets profile`)",
-            keyless[:3],
-        )
-    # A key that can move has one newest version across partitions, so ties are per key;
-    # otherwise per (partition, key), and the partition counts among the output columns.
-    scope_key = None if spec.records_can_move else spec.partition_key
-    if scope_key is None:
-        others = [spec.partition_key, *others]
-    # Grouped as values, compared as written: 1.5 and 1.50 in an output column are a tie.
-    others += [c for c in [*spec.business_key, *ordering] if c in spec.columns]
-    query, qp = sqlbuild.any_tied_group(input_rel, scope_key, spec.business_key, ordering, params)
-    ties = []
-    if conn.execute(query, qp).fetchone() is not None:
-        query, qp = sqlbuild.ordering_ties(input_rel, scope_key, spec.business_key, ordering, others, params)
-        ties = conn.execute(query, qp).fetchall()
-    if ties:
+    return check_source_counts(ctx.spec, _Counts(conn, ctx, input_rel, params), "postgres")
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """The source checks' counts of ``input_rel``, each read in SQL on ``conn`` when asked."""
+
+    conn: psycopg.Connection
+    ctx: Context
+    input_rel: sql.Composed
+    params: dict[str, Any]
+
+    def ordering_nulls(self) -> tuple[int, ...]:
+        spec = self.ctx.spec
+        query, qp = sqlbuild.ordering_null_counts(self.input_rel, spec.business_key,
+                                                  [o.column for o in spec.ordering], self.params)
+        return tuple(self.conn.execute(query, qp).fetchone() or ())
+
+    def reports(self) -> dict[str, tuple[int, int]]:
+        spec = self.ctx.spec
+        query, qp = sqlbuild.input_report(self.input_rel, spec.partition_key, spec.business_key, self.params)
+        return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in self.conn.execute(query, qp).fetchall()}
+
+    def ties(self) -> Ties:
+        spec = self.ctx.spec
+        ordering = [o.column for o in spec.ordering]
+        others = [c for c in spec.columns if c not in {spec.partition_key, *spec.business_key, *ordering}]
+        # A key that can move has one newest version across partitions, so ties are per key;
+        # otherwise per (partition, key), and the partition counts among the output columns.
+        scope_key = None if spec.records_can_move else spec.partition_key
+        if scope_key is None:
+            others = [spec.partition_key, *others]
+        # Grouped as values, compared as written: 1.5 and 1.50 in an output column are a tie.
+        others += [c for c in [*spec.business_key, *ordering] if c in spec.columns]
+        query, qp = sqlbuild.any_tied_group(self.input_rel, scope_key, spec.business_key, ordering, self.params)
+        if self.conn.execute(query, qp).fetchone() is None:
+            return Ties(0, ())
+        query, qp = sqlbuild.ordering_ties(self.input_rel, scope_key, spec.business_key, ordering, others, self.params)
+        ties = self.conn.execute(query, qp).fetchall()
+        if not ties:
+            return Ties(0, ())
+        # Each row: (partition, or NULL with ties per key; key values..., different rows, keys with ties).
         width = 1 + len(spec.business_key)
-        examples = []
-        for row in ties:
-            key = ", ".join(f"{c}={v}" for c, v in zip(spec.business_key, row[1:width]))
-            where = f"partition {row[0]}, " if row[0] is not None else ""
-            examples.append(f"{where}key ({key}): {row[width]} different rows")
-        raise SourceDataError(
-            f"{ties[0][width + 1]} key(s) have rows that tie on every ordering column "
-            f"({', '.join(ordering)}) but differ, so newest-wins would pick one by chance",
-            "Add a final tiebreak column to `ordering` (run `backfill-assets profile` to find "
-            "one); do not guess",
-            examples,
-        )
-    if ctx.transform is not None:
-        query, qp = sqlbuild.rows_outside_partitions(input_rel, spec.partition_key, params)
-        row = conn.execute(query, qp).fetchone()
-        if row and row[0]:
-            raise SourceDataError(
-                f"transform_sql puts {row[0]} row(s) outside the declared partitions or in a "
-                f"NULL partition",
-                "A transform must keep every row in its source partition",
-            )
-    return reports
+        return Ties(ties[0][width + 1], [Tie(() if row[0] is None else (row[0],), tuple(row[1:width]), row[width])
+                                         for row in ties])
+
+    def outside(self) -> Outside:
+        """Only a transform can move rows out of the partitions the input is read from."""
+        if self.ctx.transform is None:
+            return Outside(0)
+        query, qp = sqlbuild.rows_outside_partitions(self.input_rel, self.ctx.spec.partition_key, self.params)
+        row = self.conn.execute(query, qp).fetchone()
+        return Outside((row[0] or 0) if row else 0)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ JDBC table's one copy), counted and checked in Spark, and named by the digest of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +14,8 @@ from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.spark import fingerprint as spark_fp
 from backfill_assets.core.engines.spark.inspect import fields_of, functions, input_of, types_of
 from backfill_assets.core.engines.spark.source import SparkSource
-from backfill_assets.core.errors import SourceDataError
 from backfill_assets.core.pinned.pins import LakeSnapshot, record_snapshot
+from backfill_assets.core.planning import Outside, Tie, Ties, check_source_counts
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
@@ -32,78 +33,75 @@ def in_scope(spec: Spec, partitions: Sequence[PartitionValue]) -> Any:
 
 
 def check_source(inp: DataFrame, ctx: Context) -> dict[str, tuple[int, int]]:
-    """Refuse source data newest-wins cannot rebuild exactly, as the other engines do; return
-    each partition's (rows read, rows with a NULL key).
+    """Refuse source data newest-wins cannot rebuild exactly, by the rules every engine applies
+    (core.planning.check_source_counts, over :class:`_Counts`); return each partition's (rows
+    read, rows with a NULL key).
 
     Raises:
         SourceDataError: rows outside the declared partitions, NULLs in an ordering column
             without declared NULL placement, ties on every ordering column between rows that
             differ, a partition whose every row has a NULL key.
     """
-    F = functions()  # noqa: N806
-    spec = ctx.spec
-    pk = F.col(spec.partition_key)
-    null_key = F.lit(False)
-    for k in spec.business_key:
-        null_key = null_key | F.col(k).isNull()
-    # One aggregate over the input: per partition value, its rows, those with a NULL key, and
-    # those with a NULL in each ordering column; values outside the declared ones are refused.
-    everything = inp.groupBy(pk.alias("p")).agg(
-        F.count(F.lit(1)), F.sum(null_key.cast("long")),
-        *[F.sum((F.col(o.column).isNull() & ~null_key).cast("long")) for o in spec.ordering]).collect()
-    declared = set(ctx.labels)
-    outside = sorted(((("NULL" if r[0] is None else partition_label(r[0])), int(r[1])) for r in everything
-                      if r[0] is None or partition_label(r[0]) not in declared), key=lambda o: (-o[1], o[0]))[:3]
-    if outside:
-        raise SourceDataError(
-            "the input has rows outside the declared partitions (the transform moves them, or they have a "
-            "NULL partition key)", "Keep the partition key as the source has it in transform_sql",
-            [f"partition {label}: {n} row(s)" for label, n in outside],
-        )
-    found = everything
-    reports = {partition_label(r[0]): (int(r[1]), int(r[2] or 0)) for r in found}
-    nulls = [sum(int(r[3 + i] or 0) for r in found) for i in range(len(spec.ordering))]
-    undeclared = [f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, nulls) if n and o.nulls is None]
-    if undeclared:
-        raise SourceDataError(
-            "ordering columns have NULL values and no declared NULL placement",
-            "Declare where NULLs sort with `nulls: first` or `nulls: last` on that ordering column, or fix the source",
-            undeclared,
-        )
-    keyless = [f"partition {label}: {n} row(s)" for label, (n, k) in reports.items() if n and k == n]
-    if keyless:
-        raise SourceDataError(
-            "every source row of some partitions has a NULL business key "
-            f"({', '.join(spec.business_key)}), so the rebuild would empty them",
-            "Check business_key against the source (run `backfill-assets profile`)", keyless[:3],
-        )
-    ordering = [o.column for o in spec.ordering]
-    # A key that can move has one newest version across partitions, so ties are per key.
-    scope = [] if spec.records_can_move else [spec.partition_key]
-    group = [*scope, *spec.business_key, *ordering]
-    keyed = inp.where(in_scope(spec, ctx.partitions))
-    # Groups of one row (nearly all) are found by a plain GROUP BY; only the rows of the others
-    # are rendered and compared, by their canonical text (the output rows decide).
-    several = keyed.groupBy(*group).count().where(F.col("count") > 1).drop("count")
-    left, right = keyed.alias("l"), several.alias("r")
-    same = None
-    for c in group:
-        cond = F.col(f"l.`{c}`").eqNullSafe(F.col(f"r.`{c}`"))
-        same = cond if same is None else same & cond
-    # The text is projected first: Spark counts a double's rendering (``reflect``) as not
-    # deterministic, which no aggregate may take as its argument.
-    text = spark_fp.row_text(fields_of(ctx.target_columns)).alias("__text")
-    grain = [*scope, *spec.business_key]
-    tied = (left.join(right, same, "left_semi").select(*[F.col(c) for c in grain], text).groupBy(*grain)
-            .agg(F.count_distinct("__text").alias("n")).where(F.col("n") > 1).limit(3).collect())
-    if tied:
-        raise SourceDataError(
-            f"rows tie on every ordering column ({', '.join(ordering)}) within a key but differ, so newest-wins would "
-            "pick one of them by chance", "Add a final tiebreak column to ordering (an ingest sequence, a unique id)",
-            [", ".join(f"{k}={v}" for k, v in zip(grain, r[:-1]))
-             + f" ({r[-1]} different rows)" for r in tied],
-        )
-    return reports
+    return check_source_counts(ctx.spec, _Counts(inp, ctx), "lake")
+
+
+class _Counts:
+    """The source checks' counts of the input ``inp``: one Spark aggregate answers the rows
+    outside the partitions, the ordering columns' NULLs and the input report; the ties are a
+    second job, run only when those pass."""
+
+    def __init__(self, inp: DataFrame, ctx: Context) -> None:
+        self.inp, self.ctx = inp, ctx
+
+    @functools.cached_property
+    def everything(self) -> list[Any]:
+        """Per partition value of the input: its rows, those with a NULL key, and those with a
+        NULL in each ordering column (of the keyed rows)."""
+        F = functions()  # noqa: N806
+        spec = self.ctx.spec
+        null_key = F.lit(False)
+        for k in spec.business_key:
+            null_key = null_key | F.col(k).isNull()
+        return self.inp.groupBy(F.col(spec.partition_key).alias("p")).agg(
+            F.count(F.lit(1)), F.sum(null_key.cast("long")),
+            *[F.sum((F.col(o.column).isNull() & ~null_key).cast("long")) for o in spec.ordering]).collect()
+
+    def outside(self) -> Outside:
+        declared = set(self.ctx.labels)
+        outside = sorted(((("NULL" if r[0] is None else partition_label(r[0])), int(r[1])) for r in self.everything
+                          if r[0] is None or partition_label(r[0]) not in declared), key=lambda o: (-o[1], o[0]))[:3]
+        return Outside(sum(n for _, n in outside), outside)
+
+    def ordering_nulls(self) -> list[int]:
+        return [sum(int(r[3 + i] or 0) for r in self.everything) for i in range(len(self.ctx.spec.ordering))]
+
+    def reports(self) -> dict[str, tuple[int, int]]:
+        return {partition_label(r[0]): (int(r[1]), int(r[2] or 0)) for r in self.everything}
+
+    def ties(self) -> Ties:
+        F = functions()  # noqa: N806
+        spec, ctx = self.ctx.spec, self.ctx
+        ordering = [o.column for o in spec.ordering]
+        # A key that can move has one newest version across partitions, so ties are per key.
+        scope = [] if spec.records_can_move else [spec.partition_key]
+        group = [*scope, *spec.business_key, *ordering]
+        keyed = self.inp.where(in_scope(spec, ctx.partitions))
+        # Groups of one row (nearly all) are found by a plain GROUP BY; only the rows of the others
+        # are rendered and compared, by their canonical text (the output rows decide).
+        several = keyed.groupBy(*group).count().where(F.col("count") > 1).drop("count")
+        left, right = keyed.alias("l"), several.alias("r")
+        same = None
+        for c in group:
+            cond = F.col(f"l.`{c}`").eqNullSafe(F.col(f"r.`{c}`"))
+            same = cond if same is None else same & cond
+        # The text is projected first: Spark counts a double's rendering (``reflect``) as not
+        # deterministic, which no aggregate may take as its argument.
+        text = spark_fp.row_text(fields_of(ctx.target_columns)).alias("__text")
+        grain = [*scope, *spec.business_key]
+        tied = (left.join(right, same, "left_semi").select(*[F.col(c) for c in grain], text).groupBy(*grain)
+                .agg(F.count_distinct("__text").alias("n")).where(F.col("n") > 1).limit(3).collect())
+        width = len(scope)  # each row: (partition,)? key values..., different rows
+        return Ties(len(tied), [Tie(tuple(r[:width]), tuple(r[width:-1]), r[-1]) for r in tied])
 
 
 def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource, session: SparkSession, clock: Clock,

@@ -1,7 +1,9 @@
 """The catalog model every engine speaks: a column as a catalog describes it (PostgreSQL's type
 names, whatever the engine), the server, and an inspection of a spec's source and target with
 every problem found; with the rules on a partition key's and a total's types that every
-engine's inspection applies."""
+engine's inspection applies, and the PostgreSQL types an engine's own types are named by
+(:data:`PG_TYPES`, :func:`typed_column`, :func:`numeric_column`): each engine keeps only its
+names for them (Spark's ``bigint``, DuckDB's ``BIGINT``: ``int8``)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,31 @@ class ColumnInfo:
     category: str  # pg_type.typcategory
     collatable: bool
     base_type: str  # pg_type.typname of the base type (domains resolved)
+
+
+# The PostgreSQL base types another engine's types are named by, with what a catalog says of
+# each: base type -> (type name, category, collatable). numeric(p,s) is numeric_column's.
+PG_TYPES: dict[str, tuple[str, str, bool]] = {
+    "int8": ("bigint", "N", False),
+    "int4": ("integer", "N", False),
+    "bool": ("boolean", "B", False),
+    "float8": ("double precision", "N", False),
+    "text": ("text", "S", True),
+    "bytea": ("bytea", "U", False),
+    "date": ("date", "D", False),
+    "timestamptz": ("timestamp with time zone", "D", False),
+}
+
+
+def typed_column(name: str, base_type: str) -> ColumnInfo:
+    """Column ``name`` of PostgreSQL base type ``base_type`` (one of :data:`PG_TYPES`)."""
+    type_name, category, collatable = PG_TYPES[base_type]
+    return ColumnInfo(name, type_name, category, collatable, base_type)
+
+
+def numeric_column(name: str, precision: int | str, scale: int | str) -> ColumnInfo:
+    """Column ``name`` of type numeric(precision,scale)."""
+    return ColumnInfo(name, f"numeric({precision},{scale})", "N", False, "numeric")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql
 
-from backfill_assets.core.catalog import ColumnInfo
+from backfill_assets.core.catalog import ColumnInfo, numeric_column, typed_column
 from backfill_assets.core.pinned.source import SOURCE_ROWS
 
 if TYPE_CHECKING:
@@ -20,16 +20,10 @@ if TYPE_CHECKING:
 # The columns of the pinned source rows, as DuckDB binds them.
 DESCRIBE_SOURCE = sql.SQL("DESCRIBE {}").format(sql.Identifier(SOURCE_ROWS)).as_string(None)
 
-# DuckDB type -> (PostgreSQL type name, category, collatable, base type).
+# DuckDB type -> the PostgreSQL base type that holds the same values (core.catalog.PG_TYPES).
 _TYPES = {
-    "BIGINT": ("bigint", "N", False, "int8"),
-    "INTEGER": ("integer", "N", False, "int4"),
-    "BOOLEAN": ("boolean", "B", False, "bool"),
-    "DOUBLE": ("double precision", "N", False, "float8"),
-    "VARCHAR": ("text", "S", True, "text"),
-    "BLOB": ("bytea", "U", False, "bytea"),
-    "DATE": ("date", "D", False, "date"),
-    "TIMESTAMP WITH TIME ZONE": ("timestamp with time zone", "D", False, "timestamptz"),
+    "BIGINT": "int8", "INTEGER": "int4", "BOOLEAN": "bool", "DOUBLE": "float8", "VARCHAR": "text", "BLOB": "bytea",
+    "DATE": "date", "TIMESTAMP WITH TIME ZONE": "timestamptz",
 }
 _DECIMAL = re.compile(r"DECIMAL\((\d+),(\d+)\)")
 _CASTS = {
@@ -44,10 +38,10 @@ _CASTS = {
 def column_info(name: str, duck_type: str) -> ColumnInfo | None:
     """The column as the PostgreSQL type that holds the same values, or None."""
     if duck_type in _TYPES:
-        return ColumnInfo(name, *_TYPES[duck_type])
+        return typed_column(name, _TYPES[duck_type])
     m = _DECIMAL.fullmatch(duck_type)
     if m is not None:
-        return ColumnInfo(name, f"numeric({m.group(1)},{m.group(2)})", "N", False, "numeric")
+        return numeric_column(name, m.group(1), m.group(2))
     return None
 
 

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backfill_assets.core.catalog import ColumnInfo
+from backfill_assets.core.catalog import ColumnInfo, numeric_column, typed_column
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pg import embedded
@@ -124,32 +124,23 @@ def staging_dir(spec: Spec) -> Path:
     return embedded.home() / "spark" / spec.name
 
 
-# Spark type -> (PostgreSQL type name, category, collatable, base type).
-_TYPES = {
-    "bigint": ("bigint", "N", False, "int8"),
-    "int": ("integer", "N", False, "int4"),
-    "boolean": ("boolean", "B", False, "bool"),
-    "double": ("double precision", "N", False, "float8"),
-    "string": ("text", "S", True, "text"),
-    "binary": ("bytea", "U", False, "bytea"),
-    "date": ("date", "D", False, "date"),
-    "timestamp": ("timestamp with time zone", "D", False, "timestamptz"),
-}
+# Spark type -> the PostgreSQL base type that holds the same values (core.catalog.PG_TYPES).
+_TYPES = {"bigint": "int8", "int": "int4", "boolean": "bool", "double": "float8", "string": "text",
+          "binary": "bytea", "date": "date", "timestamp": "timestamptz"}
 _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 _CASTS = {"tinyint": "int", "smallint": "int", "float": "double", "timestamp_ntz": "timestamp (at a stated zone)",
           "void": "a typed NULL"}
 # PostgreSQL base type -> Spark type (the stage's schema, from the spec's columns).
-_SPARK = {"int8": "bigint", "int4": "int", "bool": "boolean", "float8": "double", "text": "string",
-          "varchar": "string", "bytea": "binary", "date": "date", "timestamptz": "timestamp"}
+_SPARK = {**{base: name for name, base in _TYPES.items()}, "varchar": "string"}
 
 
 def column_info(name: str, spark_type: str) -> ColumnInfo | None:
     """The column as the PostgreSQL type that holds the same values, or None."""
     if spark_type in _TYPES:
-        return ColumnInfo(name, *_TYPES[spark_type])
+        return typed_column(name, _TYPES[spark_type])
     m = _DECIMAL.fullmatch(spark_type)
     if m is not None:
-        return ColumnInfo(name, f"numeric({m.group(1)},{m.group(2)})", "N", False, "numeric")
+        return numeric_column(name, m.group(1), m.group(2))
     return None
 
 

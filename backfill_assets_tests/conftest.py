@@ -63,9 +63,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _forbid_servers() -> None:
     """The server-free tier (`make check`) starts no server: starting the embedded PostgreSQL or
-    the machine's own, or launching a JVM, fails the test that tries, which then needs the
-    marker (`postgres` or `spark`) that moves it to the tiers above. (Its tests may still try
-    an address where nothing listens, to see the error a user gets.)"""
+    the machine's own fails the test that tries, which then needs the `postgres` marker that
+    moves it to the tiers above. (Its tests may still try an address where nothing listens,
+    to see the error a user gets.)"""
 
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError(f"{SERVER_FREE_ENV}: this tier starts no server; a test that needs one uses the "

@@ -30,7 +30,7 @@ from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.profiling import SourceProfiler
 from backfill_assets.core.progress import Progress
-from backfill_assets.core.spec import IcebergSourceSpec, IcebergTargetSpec, Spec
+from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.supports import SUPPORTS
@@ -89,6 +89,12 @@ class BuildEngine(Protocol):
         """Whether the spec's snapshot lives only as long as the step that takes it (a
         PostgreSQL snapshot exported by the plan's transaction), so that an orchestrator must
         build the stages in that same step (core.plan.plan_step)."""
+        ...
+
+    @staticmethod
+    def reads_without_postgres(spec: Spec) -> bool:
+        """Whether ``inspect`` and ``profile`` read the spec's source and target without a
+        PostgreSQL connection (:func:`open_reading_engine` then opens none)."""
         ...
 
     # -- the plan side ----------------------------------------------------------------------
@@ -212,27 +218,17 @@ def open_build_engine(conn: psycopg.Connection, factory: ConnectionFactory, spec
         yield stack.enter_context(build_engine_class(spec).opened(conn, control_store, factory, spec))
 
 
-def reads_without_postgres(spec: Spec) -> bool:
-    """Whether the spec's source and target can be read (``inspect``, ``profile``) without a
-    PostgreSQL connection: on an engine whose data is not in PostgreSQL (duckdb, spark), unless
-    the source is an Iceberg table (core.pinned.source opens its catalog through the control
-    store's connection, named or not) or the target's Iceberg catalog lives in the spec's
-    database (no ``uri_env``)."""
-    if spec.engine.type == "postgres" or isinstance(spec.source, IcebergSourceSpec):
-        return False
-    return not isinstance(spec.target, IcebergTargetSpec) or spec.target.catalog.uri_env is not None
-
-
 @contextlib.contextmanager
 def open_reading_engine(factory: ConnectionFactory, spec: Spec, *, control_is_data: bool = False) -> Iterator[BuildEngine]:
     """The spec's build engine, open for a read-only look at its source and target (``inspect``,
-    ``profile``). On an engine that reads them without PostgreSQL (:func:`reads_without_postgres`)
+    ``profile``). On an engine that reads them without PostgreSQL (``reads_without_postgres``)
     no connection is opened and no variable read: the engine is handed none for the data nor
     the control store (the lake readers take None where a catalog in the database is not
     named). Otherwise a connection to the spec's database, which is the control store's too
     with ``control_is_data``."""
-    if reads_without_postgres(spec):
-        with build_engine_class(spec).opened(None, lambda: None, factory, spec) as engine:
+    engine_class = build_engine_class(spec)
+    if engine_class.reads_without_postgres(spec):
+        with engine_class.opened(None, lambda: None, factory, spec) as engine:
             yield engine
         return
     with factory() as conn, open_build_engine(conn, factory, spec, control=conn if control_is_data else None) as engine:

@@ -20,7 +20,7 @@ from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned.pins import LakeSnapshot, PinnedSource, load_snapshot, require_pin
 from backfill_assets.core.pinned.watch import lake_changes
 from backfill_assets.core.planning import require_ready, spec_document_drift
-from backfill_assets.core.spec import Spec
+from backfill_assets.core.spec import IcebergSourceSpec, IcebergTargetSpec, Spec
 from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionRequest
@@ -35,6 +35,16 @@ class PinnedBuildEngine:
     @staticmethod
     def snapshot_with_builds(spec: Spec) -> bool:
         return False  # a pinned table version is read again by id in any later step
+
+    @staticmethod
+    def reads_without_postgres(spec: Spec) -> bool:
+        """A pinned source and a lake target are read without PostgreSQL, but for an Iceberg
+        source (core.pinned.iceberg opens its catalog through the control store's connection,
+        named or not) and an Iceberg target whose catalog is in the spec's database (no
+        ``uri_env``)."""
+        if isinstance(spec.source, IcebergSourceSpec):
+            return False
+        return not isinstance(spec.target, IcebergTargetSpec) or spec.target.catalog.uri_env is not None
 
     def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
                  factory: ConnectionFactory, spec: Spec) -> None:

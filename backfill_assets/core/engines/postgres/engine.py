@@ -45,6 +45,10 @@ class PostgresBuildEngine:
     def snapshot_with_builds(spec: Spec) -> bool:
         return spec.source.snapshot == "exported"
 
+    @staticmethod
+    def reads_without_postgres(spec: Spec) -> bool:
+        return False  # its source and its stages are tables of the spec's database
+
     def __init__(self, conn: psycopg.Connection, control_store: Callable[[], psycopg.Connection],
                  factory: ConnectionFactory, spec: Spec, held: contextlib.ExitStack) -> None:
         self.conn, self._control_store, self.factory, self.spec = conn, control_store, factory, spec

@@ -7,6 +7,8 @@ names for them (Spark's ``bigint``, DuckDB's ``BIGINT``: ``int8``)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +57,16 @@ def typed_column(name: str, base_type: str) -> ColumnInfo:
 def numeric_column(name: str, precision: int | str, scale: int | str) -> ColumnInfo:
     """Column ``name`` of type numeric(precision,scale)."""
     return ColumnInfo(name, f"numeric({precision},{scale})", "N", False, "numeric")
+
+
+def mapped_column(name: str, engine_type: str, types: Mapping[str, str], decimal: re.Pattern[str]) -> ColumnInfo | None:
+    """Column ``name`` of an engine's type ``engine_type`` as the PostgreSQL type that holds the
+    same values: by ``types`` (the engine's type name -> a base type of :data:`PG_TYPES`), or
+    numeric(p,s) where ``decimal`` matches it with p and s as its groups; None: no counterpart."""
+    if engine_type in types:
+        return typed_column(name, types[engine_type])
+    m = decimal.fullmatch(engine_type)
+    return None if m is None else numeric_column(name, m.group(1), m.group(2))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql
 
-from backfill_assets.core.catalog import ColumnInfo, numeric_column, typed_column
+from backfill_assets.core.catalog import ColumnInfo, mapped_column
 from backfill_assets.core.pinned.source import SOURCE_ROWS
 
 if TYPE_CHECKING:
@@ -37,12 +37,7 @@ _CASTS = {
 
 def column_info(name: str, duck_type: str) -> ColumnInfo | None:
     """The column as the PostgreSQL type that holds the same values, or None."""
-    if duck_type in _TYPES:
-        return typed_column(name, _TYPES[duck_type])
-    m = _DECIMAL.fullmatch(duck_type)
-    if m is not None:
-        return numeric_column(name, m.group(1), m.group(2))
-    return None
+    return mapped_column(name, duck_type, _TYPES, _DECIMAL)
 
 
 def unsupported(name: str, duck_type: str) -> str:

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from backfill_assets.core.catalog import ColumnInfo, numeric_column, typed_column
+from backfill_assets.core.catalog import ColumnInfo, mapped_column
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pg import embedded
@@ -136,12 +136,7 @@ _SPARK = {**{base: name for name, base in _TYPES.items()}, "varchar": "string"}
 
 def column_info(name: str, spark_type: str) -> ColumnInfo | None:
     """The column as the PostgreSQL type that holds the same values, or None."""
-    if spark_type in _TYPES:
-        return typed_column(name, _TYPES[spark_type])
-    m = _DECIMAL.fullmatch(spark_type)
-    if m is not None:
-        return numeric_column(name, m.group(1), m.group(2))
-    return None
+    return mapped_column(name, spark_type, _TYPES, _DECIMAL)
 
 
 def unsupported(name: str, spark_type: str) -> str:

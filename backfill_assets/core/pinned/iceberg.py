@@ -60,28 +60,31 @@ class IcebergSource(LakeSource):
                 return f"file {path} is gone"
         return None
 
-    def attach(self, duck: DuckDBPyConnection, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+    def _pinned(self, duck: DuckDBPyConnection, pin: Pin) -> Any | None:
+        """The table's handle, its pinned snapshot still there; None for a pin of a table without
+        a snapshot, whose empty rows are then registered as :data:`SOURCE_ROWS`."""
         # The step checked the pin's files (unreadable); only an expiry since then is looked for here.
         handle = self._handle()
         if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
             raise plan_again(self.name, pin, "the snapshot was expired")
         if pin.version == "none":
             duck.register(SOURCE_ROWS, handle.schema().as_arrow().empty_table())
-            return
-        scan = handle.scan(snapshot_id=int(pin.version), row_filter=self._filter(partition_key, values))
-        self._register(duck, handle, scan, (partition_key, values))
+            return None
+        return handle
+
+    def attach(self, duck: DuckDBPyConnection, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+        handle = self._pinned(duck, pin)
+        if handle is not None:
+            scan = handle.scan(snapshot_id=int(pin.version), row_filter=self._filter(partition_key, values))
+            self._register(duck, handle, scan, (partition_key, values))
 
     def attach_schema(self, duck: DuckDBPyConnection) -> None:
         duck.register(SOURCE_ROWS, self._handle().schema().as_arrow().empty_table())
 
     def attach_all(self, duck: DuckDBPyConnection, pin: Pin) -> None:
-        handle = self._handle()
-        if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
-            raise plan_again(self.name, pin, "the snapshot was expired")
-        if pin.version == "none":
-            duck.register(SOURCE_ROWS, handle.schema().as_arrow().empty_table())
-            return
-        self._register(duck, handle, handle.scan(snapshot_id=int(pin.version)), None)
+        handle = self._pinned(duck, pin)
+        if handle is not None:
+            self._register(duck, handle, handle.scan(snapshot_id=int(pin.version)), None)
 
     def _register(self, duck: DuckDBPyConnection, handle: Any, scan: Any,
                   wanted: tuple[str, Sequence[PartitionValue]] | None) -> None:

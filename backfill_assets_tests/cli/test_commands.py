@@ -264,6 +264,14 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path, server_di
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0, status.stderr
     assert status.stdout.count(": holds") == 8, status.stdout
+    # docs/cli.md's diff after `make demo`: its plan id is the demo's step 8 (the same on every machine).
+    diff = subprocess.run([sys.executable, "-m", "backfill_assets.cli", "diff", "--spec",
+                           str(REPO / "backfills/orders_daily.yaml"), "--embedded", "--plan", "980832d2",
+                           "--partitions", "2024-01-01..2024-01-03"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert diff.returncode == 0, diff.stderr
+    assert diff.stdout.startswith("plan 980832d24204f127: the approved stage (A) against the target"), diff.stdout
+    assert "  2024-01-01          0        0        0         24" in diff.stdout  # the hand fix was put back
     lake = work / ".backfill_assets" / "lake"
     assert {p.name for p in lake.iterdir()} >= {"orders_daily", "orders_raw", "orders_daily_duckdb",
                                                  "orders_raw_parquet"}

@@ -31,7 +31,6 @@ from backfill_assets_tests.support.specs import REPO
 HERE, BY, NOT = "run here", "run by", "not run"
 THIS = "backfill_assets_tests/test_doc_commands.py"
 CLI = "backfill_assets_tests/cli/test_commands.py"
-MAKE_DRY_RUN = f"{THIS}::test_the_make_commands_of_the_docs_have_the_recipes_they_say"
 POOL = f"{THIS}::test_the_pool_command_of_dagster_md_sets_the_pool_limit_on_an_instance"
 BLOCKS = f"{THIS}::test_the_command_blocks_run_as_written_on_the_demo_data"
 DEMO = f"{CLI}::test_demo_runs_end_to_end_on_its_own_embedded_postgresql"

@@ -53,7 +53,10 @@ def build_definitions(specs: list[Spec]) -> dg.Definitions:
     target_jobs = [j[1] for j in jobs.values()]
     audit_jobs = [j[2] for j in jobs.values()]
     not_launched = not_launched_job()
+    # A run's steps are a chain (snapshot, stages and their checks, target): in the run's own
+    # process, not a new process per step importing Dagster and the code location again.
     return dg.Definitions(
+        executor=dg.in_process_executor,
         assets=[a for s in specs for a in spec_assets(s)],
         jobs=[*stage_jobs, *target_jobs, *audit_jobs, approval_job(specs), not_launched],
         schedules=[audit_schedule(s, jobs[s.name][2]) for s in specs],

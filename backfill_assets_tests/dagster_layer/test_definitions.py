@@ -41,6 +41,13 @@ def test_every_asset_of_a_spec_shares_one_partitions_definition():
     assert {s.name for s in defs.schedules} == {"orders_daily__audit_schedule"}
 
 
+def test_every_job_runs_its_steps_in_the_run_s_own_process():
+    """A run's steps are a chain: one process per run, not one per step (docs/dagster.md)."""
+    defs = build_definitions([make_spec()])
+    jobs = [defs.resolve_implicit_global_asset_job_def(), *(defs.resolve_job_def(j.name) for j in defs.jobs)]
+    assert {j.executor_def.name for j in jobs} == {"in_process"}
+
+
 def test_specs_load_from_files_and_folders_and_names_must_be_unique(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "one.yaml").write_text(yaml.safe_dump(DEMO_SPEC))

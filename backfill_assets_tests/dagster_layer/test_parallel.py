@@ -29,11 +29,20 @@ from backfill_assets.render import render_plan
 from backfill_assets_tests.support.dagster_server import dagster_deployment
 from backfill_assets_tests.support.flows import target_day_hashes
 from backfill_assets_tests.support.gate import approve_config
-from backfill_assets_tests.support.runs import latest_ledger, most_at_once, run_ranges, wait_runs
+from backfill_assets_tests.support.runs import (
+    HELD_LOCK_TIMEOUT_MS,
+    latest_ledger,
+    most_at_once,
+    run_ranges,
+    snapshots_held,
+    wait_running,
+    wait_runs,
+)
 from backfill_assets_tests.support.specs import DEMO_SPEC
 
 PARALLEL_SPEC = {**{k: v for k, v in DEMO_SPEC.items() if k != "records_can_move"},
-                 "parallel": {"max_partitions_per_run": 2, "max_concurrent_builds": 2}}
+                 "parallel": {"max_partitions_per_run": 2, "max_concurrent_builds": 2},
+                 "lock_timeout_ms": HELD_LOCK_TIMEOUT_MS}  # runs wait out held_until_running
 SPEC = spec_from_mapping(PARALLEL_SPEC)
 SIX = [f"2024-01-0{d}" for d in range(1, 7)]
 KEYS = {n: dg.AssetKey(["orders_daily", n]) for n in ("snapshot", "stage_a", "stage_b", "target")}
@@ -175,8 +184,12 @@ def test_a_multi_run_backfill_builds_groups_at_once_within_the_pool_and_replaces
         # approved: both backfills are submitted at once, so the test waits for one tick of
         # Dagster's backfill daemon, not two.
         gql.set_pool_limit(replace_pool(SPEC), 0)
-        stages = gql.launch_backfill([["orders_daily", n] for n in ("snapshot", "stage_a", "stage_b")], SIX)
-        target = gql.launch_backfill([["orders_daily", "target"]], SIX)
+        # The first two build runs are held until both run: the pool's two at once are seen
+        # however fast a run is.
+        with snapshots_held(db_url.reveal()):
+            stages = gql.launch_backfill([["orders_daily", n] for n in ("snapshot", "stage_a", "stage_b")], SIX)
+            target = gql.launch_backfill([["orders_daily", "target"]], SIX)
+            wait_running(gql, {"dagster/backfill": stages}, 2)
         # 1. Six days of stages: three runs of two days, two at a time.
         runs = wait_runs(gql, {"dagster/backfill": stages}, 3)
         assert [r["status"] for r in runs] == ["SUCCESS"] * 3

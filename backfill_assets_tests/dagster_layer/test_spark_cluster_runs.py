@@ -20,7 +20,15 @@ import yaml
 from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.dagster_layer.names import build_pool, replace_pool
 from backfill_assets_tests.support.dagster_server import dagster_deployment
-from backfill_assets_tests.support.runs import latest_ledger, most_at_once, run_ranges, wait_runs
+from backfill_assets_tests.support.runs import (
+    HELD_LOCK_TIMEOUT_MS,
+    latest_ledger,
+    most_at_once,
+    run_ranges,
+    snapshots_held,
+    wait_running,
+    wait_runs,
+)
 from backfill_assets_tests.support.spark_cluster import (
     applications,
     connect_server,
@@ -54,7 +62,8 @@ def test_a_multi_run_spark_backfill_shares_the_cluster_and_applies_one_plan(admi
     source = write_parquet_source(tmp_path / "orders_raw")
     with standalone_cluster(workdir) as master, connect_server(master, workdir, cores=2) as connect:
         mapping = on_cluster(spark_mapping(tmp_path, source, parallel={"max_partitions_per_run": 2,
-                                                                       "max_concurrent_builds": 2}), connect)
+                                                                       "max_concurrent_builds": 2},
+                                           lock_timeout_ms=HELD_LOCK_TIMEOUT_MS), connect)
         spec = spec_from_mapping(mapping)
         spec_file = tmp_path / "cluster_spec.yaml"
         spec_file.write_text(yaml.safe_dump(mapping), encoding="utf-8")
@@ -63,8 +72,10 @@ def test_a_multi_run_spark_backfill_shares_the_cluster_and_applies_one_plan(admi
                                 stopped_sensors=("approval_sensor",)) as (gql, _):
             gql.set_pool_limit(build_pool(spec), 2)
             gql.set_pool_limit(replace_pool(spec), 0)  # the target's runs wait for the approval
-            stages = gql.launch_backfill([["orders_daily", n] for n in ("snapshot", "stage_a", "stage_b")], FOUR)
-            target = gql.launch_backfill([["orders_daily", "target"]], FOUR)
+            with snapshots_held(db_url.reveal()):  # both build runs seen running at once, however fast
+                stages = gql.launch_backfill([["orders_daily", n] for n in ("snapshot", "stage_a", "stage_b")], FOUR)
+                target = gql.launch_backfill([["orders_daily", "target"]], FOUR)
+                wait_running(gql, {"dagster/backfill": stages}, 2)
             runs = wait_runs(gql, {"dagster/backfill": stages}, 2, timeout=300)
             assert [r["status"] for r in runs] == ["SUCCESS"] * 2
             assert run_ranges(runs) == [("2024-01-01", "2024-01-02"), ("2024-01-03", "2024-01-04")]

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
+import psycopg
+from psycopg import sql
+
+from backfill_assets.core.store.control import ensure_control_schema
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
 from backfill_assets_tests.support.dagster_server import RUN_DONE, GraphQL
 
@@ -41,3 +47,32 @@ def wait_runs(gql: GraphQL, tags: dict[str, str], count: int, timeout: float = 2
             return runs
         time.sleep(1)
     raise AssertionError(f"{count} runs tagged {tags} did not finish in {timeout} s")
+
+
+
+# A spec's lock wait, long enough for runs to wait out ``snapshots_held``.
+HELD_LOCK_TIMEOUT_MS = 240_000
+
+
+@contextlib.contextmanager
+def snapshots_held(url: str, schema: str = "backfill_control") -> Iterator[None]:
+    """Another session holds the control store's ``snapshots`` table (ACCESS EXCLUSIVE) until
+    the block ends: every build run writes it before it can end, so runs launched in the block
+    wait (their spec's ``lock_timeout_ms`` must outlast it: ``HELD_LOCK_TIMEOUT_MS``). With
+    ``wait_running`` in the block, runs a pool admits together are seen together, however
+    fast each one is."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        ensure_control_schema(conn, schema)
+    with psycopg.connect(url) as holder:
+        holder.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(schema, "snapshots")))
+        yield
+        holder.rollback()
+
+
+def wait_running(gql: GraphQL, tags: dict[str, str], count: int, timeout: float = 240) -> None:
+    """Until ``count`` runs with ``tags`` are running at one moment."""
+    deadline = time.monotonic() + timeout
+    while len([r for r in gql.runs(tags) if r["status"] == "STARTED"]) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{count} runs tagged {tags} were never running at once: {gql.runs(tags)}")
+        time.sleep(0.5)

@@ -5,8 +5,8 @@ takes.
 An allow-list: the spec refuses at load time whatever the engine's :class:`Supports` does not
 name (core.spec), with what the engine does support in the message. Each engine declares its
 own, as data, in its folder (``core/engines/<type>/supports.toml``), with the class of its
-build engine and the class of its ``engine`` settings; :data:`ENGINE_TYPES` names them, one
-line per engine. Reading them imports of an engine only its settings class (its
+build engine, the class of its ``engine`` settings and its Dagster resource's; :data:`ENGINE_TYPES`
+names them, one line per engine. Reading them imports of an engine only its settings class (its
 ``settings.py``: pydantic alone), never its build engine: a spec never loads an engine's
 libraries.
 """
@@ -130,7 +130,9 @@ class Supports:
     option it does not name is refused); ``settings`` are the ``engine`` keys besides ``type``
     it takes (the fields of ``settings_spec``, its variant of core.spec_settings.EngineSpec);
     ``notes`` add, for a format it does not read or write, why not; ``label`` is how the
-    capability table names it.
+    capability table names it; ``resource`` its Dagster resource, where the code location
+    configures a session for it: the resource's ``key`` and the "module:Class" of its
+    ``settings`` (dagster-free: only the Dagster layer imports it and makes the resource).
     """
 
     engine: str
@@ -148,6 +150,7 @@ class Supports:
     # The pydantic class of its ``engine`` mapping (type: Literal[<engine>] and its settings).
     settings_spec: Any = None
     label: str = ""
+    resource: Mapping[str, str] = field(default_factory=dict)
 
 
 def engine_problems(supports: Supports, source: str, target: str, options: Iterable[str],
@@ -293,6 +296,7 @@ def declared(engine: str) -> Supports:
         reads=data["reads"], writes=data["writes"],
         settings=tuple(name for name in settings_spec.model_fields if name != "type"), settings_spec=settings_spec,
         options=options, notes=dict(data.get("notes", {})), label=str(data.get("label", engine)),
+        resource={str(k): str(v) for k, v in data.get("resource", {}).items()},
         capabilities={name: _capability(name, tables[name], options) for name in CAPABILITIES if name in tables},
     )
 

@@ -20,8 +20,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# The engine of a spec without `engine`.
-DEFAULT_ENGINE = "postgres"
+# The build engines, by ``engine.type``, in the order messages list them; the first is the
+# engine of a spec without ``engine``. A new engine is one line here and its folder
+# (docs/engines.md).
+ENGINE_TYPES = ("postgres", "duckdb", "spark")
+DEFAULT_ENGINE = ENGINE_TYPES[0]
 
 # The spec options not every engine takes; a spec uses one when it sets it (true, present,
 # non-zero, non-empty).
@@ -243,11 +246,6 @@ def _both(items: Sequence[str]) -> str:
 def _joined(items: Sequence[str], word: str) -> str:
     items = list(items)
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {word} {items[-1]}"
-
-
-# The build engines, by ``engine.type``, in the order messages list them. A new engine is one
-# line here and its folder (docs/engines.md).
-ENGINE_TYPES = ("postgres", "duckdb", "spark")
 
 
 def _option(data: Mapping[str, Any]) -> Option:

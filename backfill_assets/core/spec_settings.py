@@ -40,8 +40,8 @@ class _UnknownEngine(BaseModel):
 
 
 def _engine_type(given: object) -> str | None:
-    """The tag of an ``engine`` mapping: its ``type`` (postgres when left out); None for what
-    is not a mapping."""
+    """The tag of an ``engine`` mapping: its ``type`` (the default engine's when left out);
+    None for what is not a mapping."""
     if isinstance(given, dict):
         kind = given.get("type", DEFAULT_ENGINE)
     elif isinstance(given, BaseModel):
@@ -67,8 +67,8 @@ def _own_settings(given: object) -> object:
 
 # Where the source is read and both builds run, told apart by ``type``: each engine's settings
 # are its own class, in its folder (``core/engines/<type>/settings.py``, named by its
-# supports.toml), ``postgres`` (the spec's database) when ``engine`` is left out. Plans,
-# approvals, the ledger and the locks stay in the control store whichever it is.
+# supports.toml), the default engine's (core.supports.DEFAULT_ENGINE) when ``engine`` is left
+# out. Plans, approvals, the ledger and the locks stay in the control store whichever it is.
 EngineSpec = Annotated[
     Annotated[
         functools.reduce(operator.or_, [Annotated[s.settings_spec, pydantic.Tag(e)] for e, s in SUPPORTS.items()]

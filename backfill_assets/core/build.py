@@ -15,7 +15,6 @@ core.supports.ENGINE_TYPES (docs/engines.md).
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,7 +32,7 @@ from backfill_assets.core.progress import Progress
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
-from backfill_assets.core.supports import SUPPORTS
+from backfill_assets.core.supports import SUPPORTS, imported
 from backfill_assets.core.vocabulary import PartitionRequest
 
 Readings = dict[str, dict[str, Any]]
@@ -181,8 +180,7 @@ class BuildEngine(Protocol):
 
 def build_engine_class(spec: Spec) -> Any:
     """The class of the spec's build engine (imported now: only the named engine is loaded)."""
-    module, _, name = SUPPORTS[spec.engine.type].builds.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return imported(SUPPORTS[spec.engine.type].builds)
 
 
 def snapshot_with_builds(spec: Spec) -> bool:

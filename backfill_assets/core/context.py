@@ -17,10 +17,9 @@ what the snapshot, the stages, the plan, approval and apply work from.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,10 +27,7 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo, Inspection
-from backfill_assets.core.fingerprint.partition import fingerprint_partitions
-from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.moves import Scope
-from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.db import ConnectionFactory, advisory_session_lock
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, TableRef, partition_label
@@ -224,7 +220,10 @@ class TargetEngine(Protocol):
 
 @dataclass(frozen=True)
 class Context:
-    """A spec checked against the catalog, with its partitions and transform resolved."""
+    """A spec checked against the catalog, with its partitions and transform resolved: what
+    every engine's steps share. What only one build engine asks of it is that engine's own
+    subclass, made by its resolve (the PostgreSQL engine's stage tables and SQL:
+    core.engines.postgres.context)."""
 
     spec: Spec
     engine: TargetEngine  # what the steps ask of the target (core.targets, by target.format)
@@ -232,13 +231,6 @@ class Context:
     partitions: list[PartitionValue]  # requested, plus those moved records add
     transform: str | None  # the re-printed, validated transform_sql
     scope: Scope | None = None  # records_can_move: the added partitions and moves
-    # records_can_move with a target outside the database: its keys, loaded into a temporary
-    # table for the snapshot's transaction (core.engines.postgres.staged).
-    target_keys: TableRef | None = None
-
-    def with_keys(self, keys: TableRef) -> Context:
-        """This context, reading the target's keys from ``keys``."""
-        return dataclasses.replace(self, target_keys=keys)
 
     @property
     def kind(self) -> PartitionKind:
@@ -265,39 +257,3 @@ class Context:
     @property
     def source_column_names(self) -> list[str]:
         return [c.name for c in self.inspection.source_columns]
-
-    def input_relation(self, base: TableRef, *, filtered: bool) -> sql.Composed:
-        return sqlbuild.input_relation(
-            base, self.source_column_names, self.spec.partition_key, self.spec.input_columns,
-            self.transform, filtered=filtered,
-        )
-
-    def ordering_keys(self) -> list[sqlbuild.OrderKey]:
-        """The declared newest-wins order; collatable columns sort by bytes."""
-        collatable = {c.name: c.collatable for c in self.inspection.source_columns}
-        return [
-            sqlbuild.OrderKey(o.column, o.direction, o.nulls, collate_c=collatable.get(o.column, False))
-            for o in self.spec.ordering
-        ]
-
-    def stage(self, variant: str) -> TableRef:
-        return TableRef(self.spec.control_schema, f"{self.spec.name}__stage_{variant}")
-
-    @property
-    def utf8(self) -> bool:
-        """The data database's encoding is UTF8 (a text's octet_length is its UTF-8 length)."""
-        return self.inspection.server.encoding == "UTF8"
-
-    def readings(self, conn: psycopg.Connection, rel: TableRef, partition: PartitionValue) -> Fingerprint:
-        """The fingerprint of one partition of a stage or of the target (:meth:`readings_of`)."""
-        return self.readings_of(conn, rel, [partition])[0]
-
-    def readings_of(self, conn: psycopg.Connection, rel: TableRef, partitions: Sequence[PartitionValue]) -> list[Fingerprint]:
-        """The fingerprints of partitions of a stage or of the target, in that order, from one
-        aggregate, in the caller's transaction. Both rule duplicates out (a stage's unique
-        index; the grain check every plan and apply starts with), so they are not counted."""
-        spec = self.spec
-        return fingerprint_partitions(
-            conn, rel, self.target_columns, spec.partition_key, spec.business_key, spec.total,
-            partitions, key_unique=True, utf8=self.utf8,
-        )

@@ -39,6 +39,8 @@ from backfill_assets.core.spec_formats import (
 )
 from backfill_assets.core.spec_settings import (
     DEFAULT_APPROVAL_EXPIRY,
+    DEFAULT_ENGINE_SPEC,
+    ENGINE_TAGS,
     MAX_CONCURRENT_BUILDS,
     MAX_PARTITIONS_PER_RUN,
     Duration,
@@ -48,7 +50,7 @@ from backfill_assets.core.spec_settings import (
     PartitionsSpec,
     TrustedFunction,
 )
-from backfill_assets.core.supports import OPTIONS, SUPPORTS, engine_problems
+from backfill_assets.core.supports import OPTIONS, SUPPORTS, engine_problems, rule_problems
 from backfill_assets.core.vocabulary import MAX_SPEC_NAME, Identifier, Limits, TableRef
 
 __all__ = [
@@ -94,7 +96,7 @@ class Spec(BaseModel):
     # The control store (plans, approvals, ledger, the runs' locks) in another PostgreSQL
     # database, named by this variable; without it they live in control_schema of the data's.
     control_database_url_env: EnvName | None = None
-    engine: EngineSpec = EngineSpec()
+    engine: EngineSpec = DEFAULT_ENGINE_SPEC
     source: AnySourceSpec
     target: TargetSpec
     partition_key: Identifier
@@ -186,17 +188,9 @@ class Spec(BaseModel):
                 "records_can_move cannot be combined with transform_sql yet: a key's versions "
                 "are found by the source's own business key columns"
             )
-        if self.engine.type == "duckdb" and self.parallel is not None and self.parallel.max_concurrent_builds > 1:
-            problems.append(
-                "parallel.max_concurrent_builds must be 1 on engine duckdb: its stages live in one DuckDB database "
-                "file, which one process writes at a time, so the runs of a multi-run backfill build one after "
-                "another (a second would wait for the file, then fail as a lock wait does)"
-            )
-        if self.records_can_move and self.target.format == "spark_table":
-            problems.append(
-                "records_can_move needs a Parquet folder target on engine spark: where a key lives in a catalog "
-                "table's partitions is not read yet; use `target: {format: parquet}` or leave records_can_move off"
-            )
+        # The engine's own rules on an option it takes (its supports.toml).
+        in_use = {name: getattr(self, name) for name in OPTIONS if getattr(self, name)}
+        problems.extend(rule_problems(SUPPORTS[self.engine.type], self.target.format, in_use))
         if self.parallel is not None and self.records_can_move:
             problems.append(
                 "parallel cannot be combined with records_can_move: the partitions a moved key "
@@ -263,9 +257,10 @@ def _format_validation_error(err: pydantic.ValidationError) -> str:
     # Only the location and the message: pydantic's default text echoes the input value.
     lines = []
     for item in err.errors(include_input=False, include_url=False):
-        # A union's tag (source.postgres.snapshot) is not a key the user wrote: left out.
+        # A union's tag (source.postgres.snapshot, engine.spark.master) is not a key the user wrote: left out.
+        tags = {"source": SOURCE_TAGS, "engine": ENGINE_TAGS}
         parts = [str(p) for n, p in enumerate(item["loc"])
-                 if not (n == 1 and item["loc"][0] == "source" and p in SOURCE_TAGS)]
+                 if not (n == 1 and p in tags.get(item["loc"][0], ()))]
         loc = ".".join(parts) or "spec"
         msg = item["msg"].removeprefix("Value error, ")
         lines.append(f"{loc}: {msg}")

@@ -2,19 +2,21 @@
 runs the builds, the newest-wins ordering, the Dagster partitions and parallel runs, the
 functions a transform may trust, and how long an approval lasts.
 
-Which settings each engine takes is core.supports'.
+Which settings each engine takes is its own class, in its folder (core.supports names them).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import operator
 import re
 from typing import Annotated, Literal
 
 import pydantic
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from backfill_assets.core.spec_formats import STRICT, Strict, check_location
+from backfill_assets.core.spec_formats import Strict
 from backfill_assets.core.supports import DEFAULT_ENGINE, SUPPORTS, setting_problems
 from backfill_assets.core.vocabulary import Identifier, check_identifier
 
@@ -26,41 +28,58 @@ def _known_engine(value: str) -> str:
     return value
 
 
-class EngineSpec(BaseModel):
-    """Where the source is read and both builds run: ``postgres`` (the default: the spec's
-    database), ``duckdb`` (an embedded DuckDB over a lake source; core.engines.duckdb) or ``spark``
-    (Apache Spark; core.engines.spark). Plans, approvals, the ledger and the locks stay in the
-    control store either way."""
+# The tag of an ``engine`` mapping whose type no engine declares.
+_UNKNOWN = "?"
 
-    model_config = STRICT
 
-    # The engines are core.supports.SUPPORTS' keys.
-    type: Annotated[str, AfterValidator(_known_engine)] = DEFAULT_ENGINE
-    # spark: the session's master (local[N], spark://host:port, or sc://host:port for Spark
-    # Connect) and its settings; a session already active in the process (a Dagster resource's)
-    # is used as it is.
-    master: Annotated[str, Field(min_length=1, pattern=r"^(local(\[(\d+|\*)\])?|spark://\S+|sc://\S+|yarn|k8s://\S+)$")] | None = None
-    conf: dict[Annotated[str, Field(pattern=r"^spark\.[A-Za-z0-9_.-]+$")], str] = {}
-    # spark: where the stages and a JDBC source's copies are written (default:
-    # <home>/spark/<spec name>); every executor must see it.
-    staging: Annotated[str, Field(min_length=1)] | None = None
-    # duckdb: the database file the stages live in (default: <home>/duckdb/<spec name>.duckdb).
-    database: Annotated[str, Field(min_length=1)] | None = None
-    # duckdb: its memory_limit setting (for example 4GB); beyond it, DuckDB spills to disk.
-    memory_limit: Annotated[str, Field(pattern=r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$")] | None = None
-    threads: Annotated[int, Field(strict=True, ge=1, le=256)] | None = None
+class _UnknownEngine(BaseModel):
+    """An ``engine`` whose type no engine declares: refused, naming the engines."""
 
-    @pydantic.model_validator(mode="after")
-    def _settings(self) -> EngineSpec:
-        in_use = [name for name in type(self).model_fields if name != "type" and getattr(self, name)]
-        problems = setting_problems(SUPPORTS[self.type], in_use, SUPPORTS)
-        if problems:
-            raise ValueError("; ".join(problems))
-        if self.database is not None:
-            check_location("duckdb database", self.database)
-        if self.staging is not None:
-            check_location("spark staging", self.staging)
-        return self
+    model_config = ConfigDict(extra="allow", frozen=True)
+    type: Annotated[str, AfterValidator(_known_engine)]
+
+
+def _engine_type(given: object) -> str | None:
+    """The tag of an ``engine`` mapping: its ``type`` (the default engine's when left out);
+    None for what is not a mapping."""
+    if isinstance(given, dict):
+        kind = given.get("type", DEFAULT_ENGINE)
+    elif isinstance(given, BaseModel):
+        kind = getattr(given, "type", None)
+    else:
+        return None
+    return kind if isinstance(kind, str) and kind in SUPPORTS else _UNKNOWN
+
+
+def _own_settings(given: object) -> object:
+    """Refuse, naming each and the engine it belongs to, the settings of another engine; one
+    of another engine's left at its default (None, no ``conf``) is as if left out."""
+    kind = _engine_type(given)
+    if kind in (None, _UNKNOWN) or not isinstance(given, dict):
+        return given
+    supports = SUPPORTS[kind]
+    others = {name for e in SUPPORTS.values() for name in e.settings} - set(supports.settings)
+    problems = setting_problems(supports, [k for k in given if k in others and given[k] not in (None, {})], SUPPORTS)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return {k: v for k, v in given.items() if k not in others}
+
+
+# Where the source is read and both builds run, told apart by ``type``: each engine's settings
+# are its own class, in its folder (``core/engines/<type>/settings.py``, named by its
+# supports.toml), the default engine's (core.supports.DEFAULT_ENGINE) when ``engine`` is left
+# out. Plans, approvals, the ledger and the locks stay in the control store whichever it is.
+EngineSpec = Annotated[
+    Annotated[
+        functools.reduce(operator.or_, [Annotated[s.settings_spec, pydantic.Tag(e)] for e, s in SUPPORTS.items()]
+                         + [Annotated[_UnknownEngine, pydantic.Tag(_UNKNOWN)]]),
+        pydantic.Discriminator(_engine_type, custom_error_type="engine_type",
+                               custom_error_message="Input should be a valid dictionary or instance of EngineSpec"),
+    ],
+    pydantic.BeforeValidator(_own_settings),
+]
+ENGINE_TAGS = (*SUPPORTS, _UNKNOWN)  # EngineSpec's tags
+DEFAULT_ENGINE_SPEC = SUPPORTS[DEFAULT_ENGINE].settings_spec()
 
 
 class OrderingColumn(Strict):

@@ -1,22 +1,30 @@
 """What each build engine (``engine.type``) supports: the source formats it reads, the target
-formats it writes, the spec options and the engine settings it takes.
+formats it writes, the spec options (and the rules that limit one) and the engine settings it
+takes.
 
 An allow-list: the spec refuses at load time whatever the engine's :class:`Supports` does not
 name (core.spec), with what the engine does support in the message. Each engine declares its
 own, as data, in its folder (``core/engines/<type>/supports.toml``), with the class of its
-build engine; :data:`ENGINE_TYPES` names them, one line per engine. Reading them imports no
-engine: a spec never loads an engine's libraries.
+build engine, the class of its ``engine`` settings and its Dagster resource's; :data:`ENGINE_TYPES`
+names them, one line per engine. Reading them imports of an engine only its settings class (its
+``settings.py``: pydantic alone), never its build engine: a spec never loads an engine's
+libraries.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.resources
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-# The engine of a spec without `engine`.
-DEFAULT_ENGINE = "postgres"
+# The build engines, by ``engine.type``, in the order messages list them; the first is the
+# engine of a spec without ``engine``. A new engine is one line here and its folder
+# (docs/engines.md).
+ENGINE_TYPES = ("postgres", "duckdb", "spark")
+DEFAULT_ENGINE = ENGINE_TYPES[0]
 
 # The spec options not every engine takes; a spec uses one when it sets it (true, present,
 # non-zero, non-empty).
@@ -28,15 +36,33 @@ FORMAT_NAMES = {"postgres": "PostgreSQL", "delta": "Delta", "iceberg": "Iceberg"
 
 
 @dataclass(frozen=True)
+class Rule:
+    """A case in which an engine refuses an option it supports: the option is in use and every
+    condition the rule gives holds (the spec's ``target`` format is this one; each field of the
+    option's value named in ``above`` is above its number). ``refused`` is the whole message."""
+
+    refused: str
+    target: str = ""
+    above: Mapping[str, int] = field(default_factory=dict)
+
+    def holds(self, value: object, target: str) -> bool:
+        """Whether the rule refuses the option set to ``value`` in a spec writing a ``target`` format."""
+        if self.target and target != self.target:
+            return False
+        return all(getattr(value, name) > most for name, most in self.above.items())
+
+
+@dataclass(frozen=True)
 class Option:
     """How an engine takes one of :data:`OPTIONS`: supported (only with the source formats of
-    ``needs``, for the reason ``why``, when it names some), or refused for the reason ``refused``
-    (``yet``: refused for now, not by design)."""
+    ``needs``, for the reason ``why``, when it names some; never where one of its ``rules``
+    holds), or refused for the reason ``refused`` (``yet``: refused for now, not by design)."""
 
     needs: tuple[str, ...] = ()
     why: str = ""
     refused: str = ""
     yet: bool = False
+    rules: tuple[Rule, ...] = ()
 
 
 def supported(*needs: str, why: str = "") -> Option:
@@ -105,7 +131,11 @@ class Supports:
     ``reads`` and ``writes`` say in words what its sources and targets are (``a lake
     source``); ``options`` maps each of :data:`OPTIONS` it takes or refuses with a reason (an
     option it does not name is refused); ``settings`` are the ``engine`` keys besides ``type``
-    it takes; ``notes`` add, for a format it does not read or write, why not.
+    it takes (the fields of ``settings_spec``, its variant of core.spec_settings.EngineSpec);
+    ``notes`` add, for a format it does not read or write, why not; ``label`` is how the
+    capability table names it; ``resource`` its Dagster resource, where the code location
+    configures a session for it: the resource's ``key`` and the "module:Class" of its
+    ``settings`` (dagster-free: only the Dagster layer imports it and makes the resource).
     """
 
     engine: str
@@ -120,6 +150,10 @@ class Supports:
     settings: tuple[str, ...] = ()
     notes: Mapping[str, str] = field(default_factory=dict)
     capabilities: Mapping[str, Capability] = field(default_factory=dict)
+    # The pydantic class of its ``engine`` mapping (type: Literal[<engine>] and its settings).
+    settings_spec: Any = None
+    label: str = ""
+    resource: Mapping[str, str] = field(default_factory=dict)
 
 
 def engine_problems(supports: Supports, source: str, target: str, options: Iterable[str],
@@ -150,6 +184,13 @@ def engine_problems(supports: Supports, source: str, target: str, options: Itera
             problems.append(f"{name} needs {_article(needs)} {needs} source on engine {supports.engine}, "
                             f"not {source}{why}")
     return problems
+
+
+def rule_problems(supports: Supports, target: str, options: Mapping[str, object]) -> list[str]:
+    """What the rules of ``supports``' options refuse of a spec writing a ``target`` format with
+    ``options`` in use (each option's name -> its value in the spec)."""
+    return [rule.refused for name, value in options.items() if name in supports.options
+            for rule in supports.options[name].rules if rule.holds(value, target)]
 
 
 def setting_problems(supports: Supports, settings: Iterable[str], engines: Mapping[str, Supports]) -> list[str]:
@@ -207,15 +248,19 @@ def _joined(items: Sequence[str], word: str) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {word} {items[-1]}"
 
 
-# The build engines, by ``engine.type``, in the order messages list them. A new engine is one
-# line here and its folder (docs/engines.md).
-ENGINE_TYPES = ("postgres", "duckdb", "spark")
-
-
-def _option(data: Mapping[str, object]) -> Option:
+def _option(data: Mapping[str, Any]) -> Option:
     if data.get("refused"):
         return refused(str(data["refused"]), yet=bool(data.get("yet", False)))
-    return supported(*[str(n) for n in data.get("needs", [])], why=str(data.get("why", "")))  # type: ignore[union-attr]
+    rules = tuple(Rule(refused=str(r["refused"]), target=str(r.get("target", "")),
+                       above={str(k): int(v) for k, v in r.get("above", {}).items()})
+                  for r in data.get("rules", ()))
+    return Option(needs=tuple(str(n) for n in data.get("needs", [])), why=str(data.get("why", "")), rules=rules)
+
+
+def imported(path: str) -> Any:
+    """What ``"module:name"`` names, imported now."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _capability(name: str, data: Mapping[str, object], options: Mapping[str, Option]) -> Capability:
@@ -243,10 +288,13 @@ def declared(engine: str) -> Supports:
         raise ValueError(f"{path} declares engine {data.get('engine')!r}, not {engine!r}")
     options = {name: _option(o) for name, o in data.get("options", {}).items()}
     tables = {**data.get("capabilities", {}), **data.get("options", {})}
+    settings_spec = imported(data["settings"])
     return Supports(
         engine=engine, builds=data["builds"], sources=tuple(data["sources"]), targets=tuple(data["targets"]),
-        reads=data["reads"], writes=data["writes"], settings=tuple(data.get("settings", ())),
-        options=options, notes=dict(data.get("notes", {})),
+        reads=data["reads"], writes=data["writes"],
+        settings=tuple(name for name in settings_spec.model_fields if name != "type"), settings_spec=settings_spec,
+        options=options, notes=dict(data.get("notes", {})), label=str(data.get("label", engine)),
+        resource={str(k): str(v) for k, v in data.get("resource", {}).items()},
         capabilities={name: _capability(name, tables[name], options) for name in CAPABILITIES if name in tables},
     )
 
@@ -260,17 +308,13 @@ def capability_table(engines: Mapping[str, Supports] | None = None) -> str:
     column per engine, each cell what the engine declares (a row it does not declare: "not
     declared")."""
     engines = SUPPORTS if engines is None else engines
-    lines = ["| | " + " | ".join(_label_short(e) for e in engines) + " |",
+    lines = ["| | " + " | ".join(e.label or e.engine for e in engines.values()) + " |",
              "|---|" + "---|" * len(engines)]
     for name, label in CAPABILITIES.items():
         cells = [(e.capabilities[name].cell() if name in e.capabilities else "not declared").replace("|", "\\|")
                  for e in engines.values()]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _label_short(engine: str) -> str:
-    return {"postgres": "PostgreSQL", "duckdb": "DuckDB", "spark": "Spark"}.get(engine, engine)
 
 
 TABLE_START, TABLE_END = "<!-- capabilities: generated, do not edit -->", "<!-- /capabilities -->"

@@ -17,7 +17,7 @@ from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import Spec, load_spec
 from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.jobs import approval_job, audit_schedule, not_launched_job, spec_jobs
-from backfill_assets.dagster_layer.resources import resource_for, resource_key, spark_resource
+from backfill_assets.dagster_layer.resources import engine_resources, resource_for, resource_key
 from backfill_assets.dagster_layer.sensors import approval_sensor, approvals_board, source_snapshot_sensor
 
 # Partitioned asset checks are a preview feature in Dagster 1.13; this project relies on them
@@ -62,7 +62,7 @@ def build_definitions(specs: list[Spec]) -> dg.Definitions:
         schedules=[audit_schedule(s, jobs[s.name][2]) for s in specs],
         sensors=[approval_sensor(specs, [*target_jobs, not_launched]), source_snapshot_sensor(specs, stage_jobs),
                  approvals_board(specs)],
-        resources={**{resource_key(s): resource_for(s) for s in specs}, **spark_resource(specs)},
+        resources={**{resource_key(s): resource_for(s) for s in specs}, **engine_resources(specs)},
     )
 
 

@@ -1,18 +1,24 @@
 """The PostgreSQL resource: the URL comes from the spec's variable through dagster.EnvVar,
-read when a run uses it, never stored in run config, logged or printed. And how a step ends
-on a timeout: retried a bounded number of times, naming what it waited for."""
+read when a run uses it, never stored in run config, logged or printed. The resource of a build
+engine that declares one (a session the code location configures), made of what the engine
+declares in its folder. And how a step ends on a timeout: retried a bounded number of times,
+naming what it waited for."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import dagster as dg
+import pydantic
 
 from backfill_assets.core.errors import ConcurrentRunError, TransientDatabaseError
 from backfill_assets.core.pg import embedded
 from backfill_assets.core.pg.db import ConnectionFactory, DatabaseUrl, connection_factory
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.supports import SUPPORTS, imported
 from backfill_assets.core.waits import explained_waits
 
 MAX_TRANSIENT_RETRIES = 3
@@ -42,32 +48,35 @@ def resource_key(spec: Spec) -> str:
     return f"pg_{spec.name}"
 
 
-SPARK_RESOURCE = "spark"
+class EngineResource(dg.ConfigurableResource):
+    """A build engine's resource: the session the code location configures for the engine's
+    specs (one per process), started before the first step that uses the engine. Each is made
+    by :func:`engine_resource_class` of the settings class its engine declares in its folder
+    (``resource`` in its supports.toml), whose fields are the resource's config."""
 
-
-class SparkResource(dg.ConfigurableResource):
-    """The Spark session of the code location's Spark specs (one per process, as Spark allows):
-    started from ``master`` and ``conf`` the first time a step needs it, then used by every
-    step of the run (core.engines.spark.session takes the active session as it is). ``master`` may be
-    ``local[N]``, ``spark://host:port``, or ``sc://host:port`` for a remote cluster through
-    Spark Connect. Configure it in the launchpad or the Definitions to point at a cluster."""
-
-    master: str = "local[2]"
-    conf: dict[str, str] = {}
+    settings: ClassVar[Any] = None  # the engine's settings class (core, no dagster)
 
     def start(self) -> None:
         """Start (or find) the process's session."""
-        from backfill_assets.core.engines.spark.session import start_session
-        start_session(self.master, dict(self.conf))
+        self.settings.model_validate({name: getattr(self, name) for name in self.settings.model_fields}).start()
 
 
-# engine.type -> the resource whose session its steps start before they use the engine.
-ENGINE_RESOURCES = {"spark": SPARK_RESOURCE}
+@functools.cache
+def engine_resource_class(engine: str) -> type[EngineResource]:
+    """The resource class of ``engine`` (``<label>Resource``, as the launchpad names it): its
+    declared settings' fields, defaults and docstring, and their ``start``."""
+    declared = SUPPORTS[engine]
+    settings = imported(declared.resource["settings"])
+    fields = {name: (info.annotation, info) for name, info in settings.model_fields.items()}
+    made = pydantic.create_model(f"{declared.label}Resource", __base__=EngineResource, __doc__=settings.__doc__,
+                                 __module__=__name__, **fields)
+    made.settings = settings
+    return made
 
 
 def engine_keys(spec: Spec) -> set[str]:
     """The resources a spec's steps need beyond its PostgreSQL one (its engine's session)."""
-    key = ENGINE_RESOURCES.get(spec.engine.type)
+    key = SUPPORTS[spec.engine.type].resource.get("key")
     return set() if key is None else {key}
 
 
@@ -78,13 +87,15 @@ def start_engine(resources: object, spec: Spec) -> None:
         getattr(resources, key).start()
 
 
-def spark_resource(specs: list[Spec]) -> dict[str, SparkResource]:
-    """The Spark resource, from the first Spark spec's engine settings (none without one)."""
-    spark = [s for s in specs if SPARK_RESOURCE in engine_keys(s)]
-    if not spark:
-        return {}
-    engine = spark[0].engine
-    return {SPARK_RESOURCE: SparkResource(master=engine.master or "local[2]", conf=dict(engine.conf))}
+def engine_resources(specs: list[Spec]) -> dict[str, EngineResource]:
+    """Each engine's resource the specs need, from the first such spec's engine settings (the
+    settings class's ``of``)."""
+    made: dict[str, EngineResource] = {}
+    for spec in specs:
+        for key in engine_keys(spec) - set(made):
+            settings = imported(SUPPORTS[spec.engine.type].resource["settings"]).of(spec)
+            made[key] = engine_resource_class(spec.engine.type)(**settings.model_dump())
+    return made
 
 
 def resource_for(spec: Spec) -> PostgresResource:

@@ -111,21 +111,21 @@ def test_changed_stage_after_approval_is_refused_with_nothing_written(demo_db, f
 
 
 def test_stage_checks_read_the_seal_and_hash_only_partitions_whose_rows_were_rewritten(demo_db, factory, monkeypatch):
-    from backfill_assets.core import context as context_module
+    from backfill_assets.core.engines.postgres import context as context_module
     from backfill_assets.core.engines.postgres.review import check_data_unchanged, check_spec_unchanged
 
     spec = make_spec()
     plan = make_plan(spec, ALL_DAYS, factory)
     stored = find_plan(demo_db, spec, plan.plan_id)
     hashed: list[object] = []
-    real = context_module.Context.readings
+    real = context_module.PostgresContext.readings
 
     def counting(self, conn, rel, partition):
         if rel == self.stage("a"):  # the checks read the target too: what an approval records
             hashed.append(partition)
         return real(self, conn, rel, partition)
 
-    monkeypatch.setattr(context_module.Context, "readings", counting)
+    monkeypatch.setattr(context_module.PostgresContext, "readings", counting)
     ctx = check_spec_unchanged(demo_db, spec, stored)
     demo_db.execute(b"VACUUM FREEZE backfill_control.orders_daily__stage_a")  # not a change
     check_data_unchanged(demo_db, ctx, stored)
@@ -154,7 +154,7 @@ def test_stage_checks_read_the_seal_and_hash_only_partitions_whose_rows_were_rew
     "WHERE variant = 'a' AND partition = '2024-01-02'",  # recorded by an older version
 ])
 def test_a_stage_seal_past_the_horizon_or_of_unknown_age_is_not_trusted(demo_db, factory, monkeypatch, change):
-    from backfill_assets.core import context as context_module
+    from backfill_assets.core.engines.postgres import context as context_module
     from backfill_assets.core.engines.postgres.review import check_data_unchanged, check_spec_unchanged
 
     spec = make_spec()
@@ -167,14 +167,14 @@ def test_a_stage_seal_past_the_horizon_or_of_unknown_age_is_not_trusted(demo_db,
     assert len(seals) == 7 and all(txid % 2**32 == xid for xid, txid in seals)
     ctx = check_spec_unchanged(demo_db, spec, stored)
     hashed: list[object] = []
-    real = context_module.Context.readings
+    real = context_module.PostgresContext.readings
 
     def counting(self, conn, rel, partition):
         if rel == ctx.stage("a"):
             hashed.append(partition)
         return real(self, conn, rel, partition)
 
-    monkeypatch.setattr(context_module.Context, "readings", counting)
+    monkeypatch.setattr(context_module.PostgresContext, "readings", counting)
     check_data_unchanged(demo_db, ctx, stored)
     assert hashed == []  # every seal holds
     demo_db.execute(change)

@@ -174,7 +174,13 @@ def _formats(union: object) -> set[str]:
 def test_every_format_has_a_sample():
     assert _formats(AnySourceSpec) == set(SOURCES)
     assert _formats(TargetSpec) == set(TARGETS)
-    assert set(OPTION_VALUES) == set(OPTIONS) and set(SETTING_VALUES) == set(EngineSpec.model_fields) - {"type"}
+    assert set(OPTION_VALUES) == set(OPTIONS) and set(SETTING_VALUES) == _settings(EngineSpec)
+
+
+def _settings(union: object) -> set[str]:
+    """Every engine's settings: the fields besides ``type`` of each variant of EngineSpec."""
+    variants = typing.get_args(typing.get_args(union)[0])
+    return {name for v in variants for name in typing.get_args(v)[0].model_fields} - {"type"}
 
 
 def test_the_allow_lists_name_only_what_the_spec_knows():
@@ -182,7 +188,8 @@ def test_the_allow_lists_name_only_what_the_spec_knows():
         assert supports.engine == engine
         assert set(supports.sources) <= set(SOURCES) and set(supports.targets) <= set(TARGETS)
         assert set(supports.options) <= set(OPTIONS)
-        assert set(supports.settings) <= set(EngineSpec.model_fields) - {"type"}
+        assert set(supports.settings) <= _settings(EngineSpec)
+        assert supports.settings_spec.model_fields["type"].annotation == typing.Literal[engine]
         for option in supports.options.values():
             assert set(option.needs) <= set(supports.sources)
     assert set(OPTIONS) <= set(Spec.model_fields)

@@ -8,14 +8,18 @@ import datetime as dt
 
 import dagster as dg
 
+from backfill_assets.core.supports import SUPPORTS
 from backfill_assets.dagster_layer.assets import spec_assets
 from backfill_assets.dagster_layer.definitions import build_definitions
 from backfill_assets.dagster_layer.names import RANGE_END, RANGE_START
-from backfill_assets.dagster_layer.resources import SPARK_RESOURCE, PostgresResource, SparkResource
+from backfill_assets.dagster_layer.resources import PostgresResource, engine_resource_class
 from backfill_assets_tests.support.duck_lakes import COLUMNS, newest, source_table
 from backfill_assets_tests.support.gate import approve_config, previewed
 from backfill_assets_tests.support.spark_lakes import spark_spec, target_rows, write_parquet_source
 
+# The Spark resource, as the engine declares it in its folder (core/engines/spark/supports.toml).
+SPARK_RESOURCE = SUPPORTS["spark"].resource["key"]
+SparkResource = engine_resource_class("spark")
 DAYS = {RANGE_START: "2024-01-01", RANGE_END: "2024-01-03"}
 
 

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import psycopg
 
-from backfill_assets.core.context import Context
 from backfill_assets.core.differences import DEFAULT_LIMIT, KINDS, Against, Example, PartitionDiff
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import business_key_order
 from backfill_assets.core.vocabulary import TableRef
 
 
-def diff_partition(conn: psycopg.Connection, ctx: Context, left: TableRef, right: TableRef, label: str,
+def diff_partition(conn: psycopg.Connection, ctx: PostgresContext, left: TableRef, right: TableRef, label: str,
                    limit: int = DEFAULT_LIMIT, *, right_as_text: bool = False) -> PartitionDiff:
     """One partition of ``left`` (the rows a replacement writes) against ``right``, in the
     caller's transaction, which must be open (see the module docstring)."""
@@ -61,7 +61,7 @@ def diff_partition(conn: psycopg.Connection, ctx: Context, left: TableRef, right
     return PartitionDiff(label, **counts, examples=examples)
 
 
-def rows_per_partition(conn: psycopg.Connection, ctx: Context, rel: TableRef, labels: list[str]) -> dict[str, int]:
+def rows_per_partition(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef, labels: list[str]) -> dict[str, int]:
     """How many rows ``rel`` (a table of the data database) holds in each of ``labels`` (0 where
     none), from one statement."""
     values = {ctx.value_of(label): label for label in labels}
@@ -73,7 +73,7 @@ def rows_per_partition(conn: psycopg.Connection, ctx: Context, rel: TableRef, la
     return found
 
 
-def diff_counts(conn: psycopg.Connection, ctx: Context, left: TableRef, right: TableRef,
+def diff_counts(conn: psycopg.Connection, ctx: PostgresContext, left: TableRef, right: TableRef,
                 labels: list[str]) -> list[PartitionDiff]:
     """The counts of :func:`diff_partition` (no examples) for each of ``labels``, two tables of
     the data database, from one keyed join over all of them, in the caller's transaction,
@@ -90,7 +90,7 @@ def diff_counts(conn: psycopg.Connection, ctx: Context, left: TableRef, right: T
     return [PartitionDiff(label, **counts[label]) for label in labels]
 
 
-def first_added(conn: psycopg.Connection, ctx: Context, rel: TableRef, label: str, limit: int) -> list[dict[str, str]]:
+def first_added(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef, label: str, limit: int) -> list[dict[str, str]]:
     """The first ``limit`` business keys of one partition of ``rel`` (each as its text forms),
     in the order :func:`diff_partition` gives its examples: the keys it would name when the
     other side holds no row of the partition (every key added)."""
@@ -100,7 +100,7 @@ def first_added(conn: psycopg.Connection, ctx: Context, rel: TableRef, label: st
     return [dict(zip(spec.business_key, key)) for (key,) in rows]
 
 
-def diff_against(conn: psycopg.Connection, ctx: Context, label: str, against: Against = "target",
+def diff_against(conn: psycopg.Connection, ctx: PostgresContext, label: str, against: Against = "target",
                  limit: int = DEFAULT_LIMIT, *, version: str | None = None) -> PartitionDiff:
     """Stage A's partition against the target's (a PostgreSQL table, or a lake partition, at
     ``version`` if given, loaded for the caller's transaction, which must be a writable one)

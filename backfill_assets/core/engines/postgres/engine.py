@@ -14,9 +14,10 @@ import psycopg
 
 from backfill_assets.core.build import SourceMoves, StagesNow, stage_b_as_built, unwritten_b
 from backfill_assets.core.catalog import Inspection
-from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
+from backfill_assets.core.context import Checkpoint, Clock, Target, no_checkpoint
 from backfill_assets.core.differences import Against, PartitionDiff, equal_by_fingerprint
 from backfill_assets.core.engines.postgres import exported, planned, review, snapshot, stages
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.diff import diff_against, rows_per_partition
 from backfill_assets.core.engines.postgres.guard.transform import GUARD
 from backfill_assets.core.engines.postgres.profiling import PostgresProfiler
@@ -72,18 +73,18 @@ class PostgresBuildEngine:
     def inspect(self) -> Inspection:
         return staged_target(self.spec).inspect(self.conn, None, GUARD)
 
-    def resolve(self, request: PartitionRequest | list[str]) -> Context:
+    def resolve(self, request: PartitionRequest | list[str]) -> PostgresContext:
         return resolve(self.conn, self.spec, request)
 
-    def take_snapshot(self, ctx: Context, clock: Clock, progress: Progress) -> tuple[snapshot.Snapshot, Context]:
+    def take_snapshot(self, ctx: PostgresContext, clock: Clock, progress: Progress) -> tuple[snapshot.Snapshot, PostgresContext]:
         if self.snapshot_with_builds(self.spec):
             return self._held.enter_context(exported.exported(self.conn, self.factory, ctx, progress)), ctx
         return snapshot.take_snapshot(self.conn, ctx, clock, progress)
 
-    def load_snapshot(self, snapshot_id: str) -> tuple[snapshot.Snapshot, Context]:
+    def load_snapshot(self, snapshot_id: str) -> tuple[snapshot.Snapshot, PostgresContext]:
         return snapshot.load_snapshot(self.conn, self.spec, snapshot_id)
 
-    def build_both(self, ctx: Context, snap: snapshot.Snapshot, clock: Clock,
+    def build_both(self, ctx: PostgresContext, snap: snapshot.Snapshot, clock: Clock,
                    progress: Progress) -> tuple[snapshot.Snapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
         try:
             if self.spec.parallel is not None:  # several builds of the spec may start at once
@@ -92,7 +93,7 @@ class PostgresBuildEngine:
         finally:
             self._held.close()  # an exported snapshot is read: let the server forget it
 
-    def finish_plan(self, ctx: Context, snap: snapshot.Snapshot, a: dict[str, Fingerprint],
+    def finish_plan(self, ctx: PostgresContext, snap: snapshot.Snapshot, a: dict[str, Fingerprint],
                     b: dict[str, Fingerprint], clock: Clock, progress: Progress) -> Plan:
         return planned.finish_plan(self.conn, self.control, ctx, snap, a, b, clock, progress)
 
@@ -117,7 +118,7 @@ class PostgresBuildEngine:
     def profiler(self) -> PostgresProfiler:
         return PostgresProfiler(self.conn, self.spec)
 
-    def diff(self, ctx: Context, stored: Plan, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
+    def diff(self, ctx: PostgresContext, stored: Plan, labels: list[str], against: Against, limit: int) -> list[PartitionDiff]:
         """Stage A's partitions ``labels`` against the target or stage B, in one snapshot,
         after checking that stage A still holds the plan's rows (its seal, or a fingerprint)."""
         conn = self.conn
@@ -135,21 +136,21 @@ class PostgresBuildEngine:
                     else diff_against(conn, ctx, label, against, limit) for label in labels]
 
     # -- approval and apply ---------------------------------------------------------------
-    def unchanged_spec(self, stored: Plan) -> Context:
+    def unchanged_spec(self, stored: Plan) -> PostgresContext:
         return review.check_spec_unchanged(self.conn, self.spec, stored)
 
-    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    def unchanged_data(self, ctx: PostgresContext, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
         return review.check_data_unchanged(self.conn, ctx, stored, partitions)
 
-    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
+    def changes(self, ctx: PostgresContext, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
         return review.changes_of(self.conn, ctx, stored, first)
 
-    def recheck_stage(self, ctx: Context, stored: Plan, labels: list[str]) -> None:
+    def recheck_stage(self, ctx: PostgresContext, stored: Plan, labels: list[str]) -> None:
         stages.recheck_stage(self.conn, ctx, stored, labels)
 
     def open_target(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
-                    ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+                    ctx: PostgresContext, checkpoint: Checkpoint = no_checkpoint) -> Target:
         return staged(ctx).open(conn, control, factory, ctx, checkpoint)
 
-    def explain(self, ctx: Context, err: VerificationError, version: str | None) -> VerificationError:
+    def explain(self, ctx: PostgresContext, err: VerificationError, version: str | None) -> VerificationError:
         return review.naming_keys(self.conn, ctx, err, version)

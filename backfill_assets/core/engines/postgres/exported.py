@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import psycopg
 
-from backfill_assets.core.context import Clock, Context, set_local
+from backfill_assets.core.context import Clock, set_local
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.snapshot import (
     Snapshot,
     check_source,
@@ -25,7 +26,7 @@ from backfill_assets.core.store import control as store
 
 
 @contextlib.contextmanager
-def exported(conn: psycopg.Connection, factory: ConnectionFactory, ctx: Context,
+def exported(conn: psycopg.Connection, factory: ConnectionFactory, ctx: PostgresContext,
              progress: Progress) -> Iterator[Snapshot]:
     """``snapshot: exported``: hold one REPEATABLE READ transaction on a connection of its
     own while the caller builds, with its snapshot exported for the builds to import, and the
@@ -55,7 +56,7 @@ def exported(conn: psycopg.Connection, factory: ConnectionFactory, ctx: Context,
         yield Snapshot("", "exported", spec.source_ref, True, "", {}, ctx.labels, exported=name, reports=reports)
 
 
-def exported_identity(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> Snapshot:
+def exported_identity(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot) -> Snapshot:
     """Fingerprint the source's partitions in an exported snapshot (``conn`` in a transaction
     that imported it) and name the snapshot by them, as a copy is named: the same source
     gives the same id. The source sensor compares the source with these fingerprints."""
@@ -64,7 +65,7 @@ def exported_identity(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot
     return dataclasses.replace(snapshot, snapshot_id=snapshot_id, fingerprint=fingerprint, partitions=parts)
 
 
-def record_exported(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, clock: Clock) -> None:
+def record_exported(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot, clock: Clock) -> None:
     """Record an exported snapshot once it is identified (in the caller's transaction)."""
     spec = ctx.spec
     store.record_snapshot(

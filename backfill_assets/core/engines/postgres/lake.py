@@ -16,7 +16,8 @@ import pyarrow.csv as pcsv
 from psycopg import sql
 
 from backfill_assets.core.catalog import Inspection
-from backfill_assets.core.context import Checkpoint, Context, Target, TransformGuard, no_checkpoint
+from backfill_assets.core.context import Checkpoint, Target, TransformGuard, no_checkpoint
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.fingerprint.arrow import canonical_texts
 from backfill_assets.core.fingerprint.stage_arrow import read_stage_partition
 from backfill_assets.core.lake.engine import LakeEngine, refuse_keys_in_several_partitions
@@ -79,14 +80,14 @@ class StagedLake:
               transform: str | None, guard: TransformGuard) -> None:
         self.engine.check_partitions(partitions)  # the transform was checked by inspect
 
-    def stage_table(self, ctx: Context, stage: TableRef) -> sql.Composed:
+    def stage_table(self, ctx: PostgresContext, stage: TableRef) -> sql.Composed:
         """No PostgreSQL table to copy the types from: the types the source or transform gives."""
         spec = self.spec
         input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
                                             spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
         return sqlbuild.create_stage_from_input(stage, input_rel, spec.columns)
 
-    def with_target_keys(self, conn: psycopg.Connection, ctx: Context) -> Context:
+    def with_target_keys(self, conn: psycopg.Connection, ctx: PostgresContext) -> PostgresContext:
         """The lake table's distinct (partition key, business key) pairs, read at its current
         version, in a temporary table dropped when the caller's transaction (the snapshot's)
         ends: what core.moves reads where a PostgreSQL target is read in place.
@@ -114,7 +115,7 @@ class StagedLake:
             sqlbuild.keys_in_several_partitions(keys, spec.business_key)).fetchall())
         return ctx.with_keys(keys)
 
-    def compared(self, conn: psycopg.Connection, ctx: Context, label: str,
+    def compared(self, conn: psycopg.Connection, ctx: PostgresContext, label: str,
                  version: str | None = None) -> tuple[TableRef, bool]:
         """One partition of the lake table (at its current version, or at ``version``) as its
         canonical text forms rendered from Arrow, in a temporary table of text columns dropped
@@ -140,7 +141,7 @@ class StagedLake:
             _copy_csv(conn, rows, canonical_texts(data, ctx.target_columns))
         return rows, True
 
-    def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
+    def plan_problems(self, conn: psycopg.Connection, ctx: PostgresContext) -> list[str]:
         """Stage A's values the lake table could not hold (an infinite or BC date or time stamp,
         a year after 9999, NaN in a numeric(p,s)), one per partition and column: one pass over
         the stage for every such column, before approval."""
@@ -157,7 +158,7 @@ class StagedLake:
         ]
 
     def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
-             ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+             ctx: PostgresContext, checkpoint: Checkpoint = no_checkpoint) -> Target:
         return PostgresLakeTarget(conn, control, ctx, self.engine.table(conn), checkpoint)
 
 

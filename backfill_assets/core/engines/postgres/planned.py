@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import psycopg
 
-from backfill_assets.core.context import Clock, Context
+from backfill_assets.core.context import Clock
 from backfill_assets.core.differences import example_text
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.diff import diff_partition
 from backfill_assets.core.engines.postgres.snapshot import Snapshot, recheck_immutable_source
 from backfill_assets.core.engines.postgres.staged import staged
@@ -22,7 +23,7 @@ from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import partition_label
 
 
-def stage_tables_ready(conn: psycopg.Connection, ctx: Context) -> None:
+def stage_tables_ready(conn: psycopg.Connection, ctx: PostgresContext) -> None:
     """Create (or recreate) both stage tables under a lock of their own, so that two builds of
     one spec starting at once do not both create them; each build then finds them ready."""
     spec = ctx.spec
@@ -33,7 +34,7 @@ def stage_tables_ready(conn: psycopg.Connection, ctx: Context) -> None:
 
 
 def finish_plan(
-    conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, snapshot: Snapshot,
+    conn: psycopg.Connection, control: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot,
     a: dict[str, Fingerprint], b: dict[str, Fingerprint], clock: Clock, progress: Progress,
 ) -> Plan:
     """Compare the builds (on ``conn``, the data), recheck an immutable source, then store the
@@ -69,7 +70,7 @@ def finish_plan(
     return plan
 
 
-def differing_keys(conn: psycopg.Connection, ctx: Context, a: dict[str, Fingerprint],
+def differing_keys(conn: psycopg.Connection, ctx: PostgresContext, a: dict[str, Fingerprint],
                    b: dict[str, Fingerprint]) -> list[str]:
     """For each partition whose stages differ, a problem naming its first differing keys and
     columns (core.diff, stage A against stage B), read before the refused plan deletes them."""
@@ -92,7 +93,7 @@ def differing_keys(conn: psycopg.Connection, ctx: Context, a: dict[str, Fingerpr
     return found
 
 
-def _input_reports(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> dict[str, tuple[int, int]]:
+def _input_reports(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot) -> dict[str, tuple[int, int]]:
     input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
     query, params = sqlbuild.input_report(input_rel, ctx.spec.partition_key, ctx.spec.business_key, {"partitions": ctx.partitions})
     return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in conn.execute(query, params).fetchall()}

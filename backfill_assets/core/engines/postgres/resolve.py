@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import psycopg
 
-from backfill_assets.core.context import Context
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.guard.transform import GUARD, validate_transform_text
 from backfill_assets.core.engines.postgres.staged import staged_engine
 from backfill_assets.core.spec import Spec
@@ -17,7 +17,7 @@ from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
 
 def resolve(
     conn: psycopg.Connection, spec: Spec, request: PartitionRequest | list[str],
-) -> Context:
+) -> PostgresContext:
     """Inspect read-only and validate everything about the spec before any write.
 
     ``request`` is the command line's partitions, or the labels stored in a plan.
@@ -39,4 +39,4 @@ def resolve(
     else:
         partitions = parse_labels(request, kind)
     engine.check(conn, inspection, partitions, transform, GUARD)
-    return Context(spec, target, inspection, partitions, transform)
+    return PostgresContext(spec, target, inspection, partitions, transform)

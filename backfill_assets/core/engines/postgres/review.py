@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from backfill_assets.core.context import Context
 from backfill_assets.core.differences import PartitionDiff, example_text
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.diff import diff_against, diff_counts, first_added, rows_per_partition
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.snapshot import copy_problem, immutable_source_changes
@@ -25,7 +25,7 @@ from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import parse_table_name
 
 
-def check_spec_unchanged(conn: psycopg.Connection, spec: Spec, stored: Plan) -> Context:
+def check_spec_unchanged(conn: psycopg.Connection, spec: Spec, stored: Plan) -> PostgresContext:
     """Resolve the current spec against the catalog and require the plan's spec-derived
     fields to be unchanged (target, keys, ordering, column types, transform).
 
@@ -40,7 +40,7 @@ def check_spec_unchanged(conn: psycopg.Connection, spec: Spec, stored: Plan) -> 
 
 
 def check_data_unchanged(
-    conn: psycopg.Connection, ctx: Context, stored: Plan, partitions: list[str] | None = None,
+    conn: psycopg.Connection, ctx: PostgresContext, stored: Plan, partitions: list[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Require stage A, and an immutable source, to still carry the planned fingerprints, and
     read the target as it is now.
@@ -90,7 +90,7 @@ def check_data_unchanged(
     return target
 
 
-def changes_of(conn: psycopg.Connection, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
+def changes_of(conn: psycopg.Connection, ctx: PostgresContext, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
     """Per partition, what replacing the target with stage A changes: the counts of keys added,
     removed, changed and unchanged (core.diff), read in one read-only snapshot; with ``first``,
     up to that many differing keys (``"first"``: key, kind and the columns that differ, no
@@ -127,7 +127,7 @@ def _change(d: PartitionDiff, first: int) -> dict[str, Any]:
                           for e in d.examples]} if first else {})}
 
 
-def naming_keys(conn: psycopg.Connection, ctx: Context, err: VerificationError,
+def naming_keys(conn: psycopg.Connection, ctx: PostgresContext, err: VerificationError,
                  version: str | None) -> VerificationError:
     """The same failure, naming the first keys and columns where the committed partition (a
     lake table's at the ``version`` committed) differs from the approved stage (core.diff).

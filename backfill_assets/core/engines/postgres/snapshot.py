@@ -21,7 +21,8 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.context import Clock, Context
+from backfill_assets.core.context import Clock
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.staged import keys_relation, staged
 from backfill_assets.core.errors import SnapshotError
@@ -62,7 +63,7 @@ class Snapshot:
         return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint}
 
 
-def source_fingerprints(conn: psycopg.Connection, ctx: Context, rel: TableRef) -> dict[str, dict[str, Any]]:
+def source_fingerprints(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef) -> dict[str, dict[str, Any]]:
     """Row count and content hash of every declared partition of a source-shaped relation
     (the source, or a copy of it), from one order-independent aggregate over them all (a
     source has no key to order by, and the format-3 digest needs none)."""
@@ -71,7 +72,7 @@ def source_fingerprints(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     return {label: {"row_count": rows, "content_hash": digest} for label, (rows, digest) in zip(ctx.labels, found)}
 
 
-def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -> dict[str, Any]:
+def outside_fingerprint(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef) -> dict[str, Any]:
     """Row count and hash of the versions of the scope's keys that lie outside its partitions
     (records that can move), read from a source-shaped relation."""
     spec = ctx.spec
@@ -81,7 +82,7 @@ def outside_fingerprint(conn: psycopg.Connection, ctx: Context, rel: TableRef) -
     return {"row_count": rows, "content_hash": digest}
 
 
-def scope_document(ctx: Context, requested: list[str]) -> dict[str, Any]:
+def scope_document(ctx: PostgresContext, requested: list[str]) -> dict[str, Any]:
     scope = ctx.scope
     return {
         "requested": requested,
@@ -91,7 +92,7 @@ def scope_document(ctx: Context, requested: list[str]) -> dict[str, Any]:
 
 
 def identity_of(
-    ctx: Context, parts: dict[str, dict[str, Any]], outside: dict[str, Any] | None,
+    ctx: PostgresContext, parts: dict[str, dict[str, Any]], outside: dict[str, Any] | None,
     scope: dict[str, Any],
 ) -> tuple[str, str]:
     """(snapshot id, fingerprint). The fingerprint covers the data and names the copy; the
@@ -107,7 +108,7 @@ def identity_of(
     return snapshot_identity(doc, scope, ctx.spec.source.snapshot)
 
 
-def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed,
+def check_source(conn: psycopg.Connection, ctx: PostgresContext, input_rel: sql.Composed,
                  params: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """Refuse source data whose newest-wins order is not total, or that a transform moves
     out of the declared partitions (core.planning.check_source_counts, in this engine's words,
@@ -129,7 +130,7 @@ class _Counts:
     """The source checks' counts of ``input_rel``, each read in SQL on ``conn`` when asked."""
 
     conn: psycopg.Connection
-    ctx: Context
+    ctx: PostgresContext
     input_rel: sql.Composed
     params: dict[str, Any]
 
@@ -191,8 +192,8 @@ def source_held(conn: psycopg.Connection, ref: TableRef, *, read_only: bool = Fa
 
 
 def take_snapshot(
-    conn: psycopg.Connection, ctx: Context, clock: Clock, progress: Progress
-) -> tuple[Snapshot, Context]:
+    conn: psycopg.Connection, ctx: PostgresContext, clock: Clock, progress: Progress
+) -> tuple[Snapshot, PostgresContext]:
     """Fix the source: find the scope, fingerprint it, copy or pin it, and check its data.
 
     All of it happens in one REPEATABLE READ transaction: ``copy`` copies the rows, then
@@ -244,7 +245,7 @@ def take_snapshot(
     return snapshot, ctx
 
 
-def load_snapshot(conn: psycopg.Connection, spec: Spec, snapshot_id: str) -> tuple[Snapshot, Context]:
+def load_snapshot(conn: psycopg.Connection, spec: Spec, snapshot_id: str) -> tuple[Snapshot, PostgresContext]:
     """A recorded snapshot and the context it was taken in (its partitions and scope).
 
     Raises:
@@ -287,7 +288,7 @@ def load_snapshot(conn: psycopg.Connection, spec: Spec, snapshot_id: str) -> tup
 _PENDING_COPY = "snap_new_{}"
 
 
-def _copy_snapshot(conn: psycopg.Connection, ctx: Context, progress: Progress) -> tuple[TableRef, int]:
+def _copy_snapshot(conn: psycopg.Connection, ctx: PostgresContext, progress: Progress) -> tuple[TableRef, int]:
     """Copy the scope's rows (the transaction's snapshot of the source) into a new table,
     named after the transaction until its content names it (see :func:`_name_copy`)."""
     spec, src = ctx.spec, ctx.spec.source_ref
@@ -312,7 +313,7 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: Context, progress: Progress) -
 
 
 def _name_copy(
-    conn: psycopg.Connection, ctx: Context, pending: TableRef, rows: int, fingerprint: str,
+    conn: psycopg.Connection, ctx: PostgresContext, pending: TableRef, rows: int, fingerprint: str,
     snapshot_id: str, clock: Clock, progress: Progress,
 ) -> TableRef:
     """Give the new copy its content's name and seal it, or keep an intact copy of the same
@@ -341,7 +342,7 @@ SEAL_HORIZON = 2**31
 
 
 
-def copy_problem(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str) -> str | None:
+def copy_problem(conn: psycopg.Connection, ctx: PostgresContext, relation: TableRef, fingerprint: str) -> str | None:
     """Why a snapshot copy may no longer hold exactly the rows it was made with, or None.
 
     Checked by its seal: the same columns, the same row count, and every row still written
@@ -370,7 +371,7 @@ def copy_problem(conn: psycopg.Connection, ctx: Context, relation: TableRef, fin
     return None
 
 
-def copy_intact(conn: psycopg.Connection, ctx: Context, relation: TableRef, fingerprint: str) -> bool:
+def copy_intact(conn: psycopg.Connection, ctx: PostgresContext, relation: TableRef, fingerprint: str) -> bool:
     """Whether a snapshot copy's seal holds (see :func:`copy_problem`)."""
     return copy_problem(conn, ctx, relation, fingerprint) is None
 
@@ -391,7 +392,7 @@ def source_changes(conn: psycopg.Connection, spec: Spec, labels: list[str] | Non
     return changes_against(conn, resolve(conn, spec, sorted(known)), known)
 
 
-def changes_against(conn: psycopg.Connection, ctx: Context, known: dict[str, str]) -> dict[str, str]:
+def changes_against(conn: psycopg.Connection, ctx: PostgresContext, known: dict[str, str]) -> dict[str, str]:
     """The context's partitions whose source content differs from ``known`` (label -> content
     hash of its newest snapshot): label -> the source's hash now."""
     with transient_errors("reading the source"), repeatable_read(conn, read_only=True):
@@ -400,7 +401,7 @@ def changes_against(conn: psycopg.Connection, ctx: Context, known: dict[str, str
 
 
 def immutable_source_changes(
-    conn: psycopg.Connection, ctx: Context, expected: dict[str, dict[str, Any]],
+    conn: psycopg.Connection, ctx: PostgresContext, expected: dict[str, dict[str, Any]],
 ) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """The partitions of a source pinned as immutable that no longer carry their pinned
     fingerprint: label -> (expected, now), read in the caller's transaction.
@@ -417,7 +418,7 @@ def immutable_source_changes(
     return {label: (want, now[label]) for label, want in expected.items() if now[label] != want}
 
 
-def recheck_immutable_source(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> None:
+def recheck_immutable_source(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot) -> None:
     """Raise SnapshotError if a source pinned as immutable changed since it was pinned."""
     with transient_errors("rechecking the immutable source"), repeatable_read(conn, read_only=True):
         changed = immutable_source_changes(conn, ctx, snapshot.partitions)

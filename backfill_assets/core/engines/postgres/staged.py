@@ -14,7 +14,8 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core.catalog import Inspection
-from backfill_assets.core.context import Checkpoint, Context, Target, TargetEngine, TransformGuard, no_checkpoint
+from backfill_assets.core.context import Checkpoint, Target, TargetEngine, TransformGuard, no_checkpoint
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.target import PostgresEngine
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
@@ -46,27 +47,27 @@ class StagedTarget(Protocol):
         the catalog; partition values the target can be written with). Raises SpecError."""
         ...
 
-    def stage_table(self, ctx: Context, stage: TableRef) -> sql.Composed:
+    def stage_table(self, ctx: PostgresContext, stage: TableRef) -> sql.Composed:
         """The statement that creates an empty stage with the target's column types."""
         ...
 
-    def with_target_keys(self, conn: psycopg.Connection, ctx: Context) -> Context:
+    def with_target_keys(self, conn: psycopg.Connection, ctx: PostgresContext) -> PostgresContext:
         """``ctx`` with the target's (partition key, business key) pairs readable in SQL in the
         caller's transaction (core.moves), for records_can_move."""
         ...
 
-    def compared(self, conn: psycopg.Connection, ctx: Context, label: str,
+    def compared(self, conn: psycopg.Connection, ctx: PostgresContext, label: str,
                  version: str | None = None) -> tuple[TableRef, bool]:
         """One partition of the target as a relation for core.diff, and whether its columns
         are the canonical text forms (a lake partition loaded at ``version``)."""
         ...
 
-    def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
+    def plan_problems(self, conn: psycopg.Connection, ctx: PostgresContext) -> list[str]:
         """Problems with stage A's values that the target could not hold, before approval."""
         ...
 
     def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
-             ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+             ctx: PostgresContext, checkpoint: Checkpoint = no_checkpoint) -> Target:
         """The target apply (or approval) reads and writes, its approved rows read from the
         stage in PostgreSQL (core.context.TargetEngine.open)."""
         ...
@@ -89,12 +90,12 @@ def staged_target(spec: Spec) -> StagedTarget:
     return staged_engine(engine_for(spec))
 
 
-def staged(ctx: Context) -> StagedTarget:
+def staged(ctx: PostgresContext) -> StagedTarget:
     """The context's target engine, as the PostgreSQL build engine asks it."""
     return staged_engine(ctx.engine)
 
 
-def keys_relation(ctx: Context) -> TableRef:
+def keys_relation(ctx: PostgresContext) -> TableRef:
     """Where the target's (partition key, business key) pairs are read in SQL: the target's
     own table, or its keys loaded for the snapshot (:meth:`StagedTarget.with_target_keys`)."""
     if ctx.target_keys is not None:

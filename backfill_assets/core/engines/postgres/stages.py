@@ -12,7 +12,8 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.context import Clock, Context, set_local
+from backfill_assets.core.context import Clock, set_local
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.exported import exported_identity, record_exported
 from backfill_assets.core.engines.postgres.snapshot import (
     SEAL_HORIZON,
@@ -34,7 +35,7 @@ from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import TableRef
 
 
-def ensure_stage(conn: psycopg.Connection, ctx: Context, variant: str) -> TableRef:
+def ensure_stage(conn: psycopg.Connection, ctx: PostgresContext, variant: str) -> TableRef:
     """Create the stage table (unlogged, the target's column types, a unique index on the grain
     in business-key order); recreate it if the target's columns changed since it was made.
 
@@ -75,7 +76,7 @@ class Built:
     writer_txid: int
     kept: bool = True
 
-    def record(self, conn: psycopg.Connection, ctx: Context, variant: str, snapshot_id: str, clock: Clock) -> None:
+    def record(self, conn: psycopg.Connection, ctx: PostgresContext, variant: str, snapshot_id: str, clock: Clock) -> None:
         store.record_build(
             conn, ctx.spec.control_schema, spec_name=ctx.spec.name, variant=variant, partition=self.label,
             snapshot_id=snapshot_id, readings=self.readings.as_dict(),
@@ -83,7 +84,7 @@ class Built:
         )
 
 
-def b_hashed_only(conn: psycopg.Connection, ctx: Context, snapshot: Snapshot) -> bool:
+def b_hashed_only(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot) -> bool:
     """Whether stage B can be hashed as it is built without being written: the build's
     columns have exactly the stage's types (modifiers included), so the rows it selects are
     the rows an INSERT would store. Where a column would be converted on the way in (an
@@ -104,7 +105,7 @@ BUILD_BATCH_ROWS = 200_000
 BUILD_BATCH_PARTITIONS = 256
 
 
-def build_batches(ctx: Context, snapshot: Snapshot, *, indexed: bool = True) -> list[list[int]]:
+def build_batches(ctx: PostgresContext, snapshot: Snapshot, *, indexed: bool = True) -> list[list[int]]:
     """The partitions of the context (their indexes) grouped for building: consecutive ones
     while they hold at most :data:`BUILD_BATCH_ROWS` input rows, as the source checks counted
     them (or the snapshot's rows); all of them at once when the relation read has no index
@@ -130,7 +131,7 @@ def build_batches(ctx: Context, snapshot: Snapshot, *, indexed: bool = True) -> 
 
 
 def build_batch(
-    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
+    conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot, variant: Literal["a", "b"],
     batch: list[int], clock: Clock, *, keep: bool = True, empty_first: bool = True,
 ) -> list[Built]:
     """Rebuild some partitions of one stage (indexes into the context's) and fingerprint each
@@ -189,7 +190,7 @@ def build_batch(
 
 
 def build_stage(
-    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, variant: Literal["a", "b"],
+    conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot, variant: Literal["a", "b"],
     clock: Clock, progress: Progress, *, keep: bool = True,
 ) -> dict[str, Built]:
     """Build every partition of one stage from the snapshot (:func:`build_batches`); not
@@ -210,7 +211,7 @@ def build_stage(
 
 
 def keep_differing(
-    conn: psycopg.Connection, ctx: Context, snapshot: Snapshot, a: dict[str, Built], b: dict[str, Built], clock: Clock,
+    conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot, a: dict[str, Built], b: dict[str, Built], clock: Clock,
 ) -> dict[str, Built]:
     """Stage B's builds, with each partition that was hashed only and differs from stage A
     built again and written (from the same snapshot, still held), so that the differing keys
@@ -229,7 +230,7 @@ def keep_differing(
 
 
 def stage_partitions_changed(
-    conn: psycopg.Connection, ctx: Context, variant: str, expected: dict[str, dict[str, Any]],
+    conn: psycopg.Connection, ctx: PostgresContext, variant: str, expected: dict[str, dict[str, Any]],
 ) -> list[str]:
     """The partitions of a stage that no longer carry the ``expected`` readings (label ->
     readings, for some or all of the context's partitions), in the caller's transaction.
@@ -260,7 +261,7 @@ def stage_partitions_changed(
 
 
 def build_both(
-    ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
+    ctx: PostgresContext, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
 ) -> tuple[Snapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
     """Build stages A and B at once, each on its own connection, and fingerprint them.
 
@@ -306,7 +307,7 @@ def _readings(built: dict[str, Built]) -> dict[str, Fingerprint]:
 
 
 def _both(
-    ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress, hash_b: bool,
+    ctx: PostgresContext, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress, hash_b: bool,
     then: Callable[[], Snapshot] | None = None,
 ) -> tuple[dict[str, Built], dict[str, Built], Snapshot | None]:
     """Both stages built at once on connections of their own (B not kept if ``hash_b``); with
@@ -329,7 +330,7 @@ def _both(
 
 
 def _build_exported(
-    ctx: Context, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
+    ctx: PostgresContext, snapshot: Snapshot, factory: ConnectionFactory, clock: Clock, progress: Progress,
 ) -> tuple[Snapshot, dict[str, Fingerprint], dict[str, Fingerprint]]:
     """:func:`build_both` from an exported snapshot (the caller holds its transaction open).
     The source is fingerprinted on a connection of its own once the first build is done."""
@@ -356,7 +357,7 @@ def _build_exported(
     return identified, _readings(a), _readings(b)
 
 
-def recheck_stage(conn: psycopg.Connection, ctx: Context, stored: Plan, labels: list[str]) -> None:
+def recheck_stage(conn: psycopg.Connection, ctx: PostgresContext, stored: Plan, labels: list[str]) -> None:
     """Stage A's partitions, and an immutable source's, must still carry what was approved.
 
     Raises:

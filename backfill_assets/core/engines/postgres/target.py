@@ -18,7 +18,6 @@ from psycopg import sql
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import (
     Checkpoint,
-    Context,
     Readings,
     Signals,
     Target,
@@ -26,6 +25,7 @@ from backfill_assets.core.context import (
     TransformGuard,
     no_checkpoint,
 )
+from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.watch_state import read_relation
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import business_key_order, inspect_tables
@@ -56,22 +56,22 @@ class PostgresEngine:
     def check_partitions(self, partitions: list[PartitionValue]) -> None:
         """Any partition value can be written: nothing to check."""
 
-    def stage_table(self, ctx: Context, stage: TableRef) -> sql.Composed:
+    def stage_table(self, ctx: PostgresContext, stage: TableRef) -> sql.Composed:
         return sqlbuild.create_empty_copy(stage, self.spec.target_ref, self.spec.columns, unlogged=True)
 
-    def with_target_keys(self, conn: psycopg.Connection, ctx: Context) -> Context:
+    def with_target_keys(self, conn: psycopg.Connection, ctx: PostgresContext) -> PostgresContext:
         return ctx  # read in place
 
-    def plan_fields(self, ctx: Context) -> dict[str, Any]:
+    def plan_fields(self, ctx: PostgresContext) -> dict[str, Any]:
         return {"target_table_columns": [[c.name, c.type_name] for c in ctx.inspection.target_columns]}
 
-    def creates_target(self, ctx: Context) -> bool | None:
+    def creates_target(self, ctx: PostgresContext) -> bool | None:
         return None
 
-    def plan_problems(self, conn: psycopg.Connection, ctx: Context) -> list[str]:
+    def plan_problems(self, conn: psycopg.Connection, ctx: PostgresContext) -> list[str]:
         return []  # the stage has the target's types
 
-    def compared(self, conn: psycopg.Connection, ctx: Context, label: str,
+    def compared(self, conn: psycopg.Connection, ctx: PostgresContext, label: str,
                  version: str | None = None) -> tuple[TableRef, bool]:
         return self.spec.target_ref, False
 
@@ -79,7 +79,7 @@ class PostgresEngine:
         return [self.spec.target_ref], []
 
     def open(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
-             ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> Target:
+             ctx: PostgresContext, checkpoint: Checkpoint = no_checkpoint) -> Target:
         return PostgresTarget(conn, control, factory, ctx, checkpoint)
 
 
@@ -102,7 +102,7 @@ class PostgresTarget(AdvisoryLocked):
     """
 
     def __init__(self, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory | None,
-                 ctx: Context, checkpoint: Checkpoint = no_checkpoint) -> None:
+                 ctx: PostgresContext, checkpoint: Checkpoint = no_checkpoint) -> None:
         self.conn, self.control, self.factory, self.ctx, self.checkpoint = conn, control, factory, ctx, checkpoint
         self._reader: psycopg.Connection | None = None
         # The last write's verified readings and the transaction that wrote them: (labels, readings, writer).

@@ -1,0 +1,69 @@
+"""The context this engine's steps work from: core.context.Context, and what only this engine
+asks of it (the spec's stage tables in the control schema, the input relation and newest-wins
+order in SQL, a partition's readings by the server's own fingerprint, and the target's keys
+loaded for a snapshot's transaction). :func:`resolve <backfill_assets.core.engines.postgres.resolve.resolve>`
+makes one; every Context this engine is handed is one."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from backfill_assets.core.context import Context
+from backfill_assets.core.fingerprint.partition import fingerprint_partitions
+from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.pg import sqlbuild
+from backfill_assets.core.vocabulary import PartitionValue, TableRef
+
+
+@dataclass(frozen=True)
+class PostgresContext(Context):
+    """A spec resolved against its database's catalog (core.engines.postgres.resolve)."""
+
+    # records_can_move with a target outside the database: its keys, loaded into a temporary
+    # table for the snapshot's transaction (core.engines.postgres.staged).
+    target_keys: TableRef | None = None
+
+    def with_keys(self, keys: TableRef) -> PostgresContext:
+        """This context, reading the target's keys from ``keys``."""
+        return dataclasses.replace(self, target_keys=keys)
+
+    def input_relation(self, base: TableRef, *, filtered: bool) -> sql.Composed:
+        return sqlbuild.input_relation(
+            base, self.source_column_names, self.spec.partition_key, self.spec.input_columns,
+            self.transform, filtered=filtered,
+        )
+
+    def ordering_keys(self) -> list[sqlbuild.OrderKey]:
+        """The declared newest-wins order; collatable columns sort by bytes."""
+        collatable = {c.name: c.collatable for c in self.inspection.source_columns}
+        return [
+            sqlbuild.OrderKey(o.column, o.direction, o.nulls, collate_c=collatable.get(o.column, False))
+            for o in self.spec.ordering
+        ]
+
+    def stage(self, variant: str) -> TableRef:
+        return TableRef(self.spec.control_schema, f"{self.spec.name}__stage_{variant}")
+
+    @property
+    def utf8(self) -> bool:
+        """The data database's encoding is UTF8 (a text's octet_length is its UTF-8 length)."""
+        return self.inspection.server.encoding == "UTF8"
+
+    def readings(self, conn: psycopg.Connection, rel: TableRef, partition: PartitionValue) -> Fingerprint:
+        """The fingerprint of one partition of a stage or of the target (:meth:`readings_of`)."""
+        return self.readings_of(conn, rel, [partition])[0]
+
+    def readings_of(self, conn: psycopg.Connection, rel: TableRef, partitions: Sequence[PartitionValue]) -> list[Fingerprint]:
+        """The fingerprints of partitions of a stage or of the target, in that order, from one
+        aggregate, in the caller's transaction. Both rule duplicates out (a stage's unique
+        index; the grain check every plan and apply starts with), so they are not counted."""
+        spec = self.spec
+        return fingerprint_partitions(
+            conn, rel, self.target_columns, spec.partition_key, spec.business_key, spec.total,
+            partitions, key_unique=True, utf8=self.utf8,
+        )

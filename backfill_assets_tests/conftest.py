@@ -28,6 +28,8 @@ from backfill_assets_tests.support.servers import server_folder
 from backfill_assets_tests.support.specs import CANARY, URL_ENV
 
 ADMIN_URL_ENV = "BACKFILL_TEST_DATABASE_URL"
+# The order tests run in: the slow ones first on every worker, once -m and -k have deselected.
+pytest_plugins = ["backfill_assets_tests.support.ordering"]
 
 settings.register_profile(
     "ci", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -117,9 +119,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.spark)
         if "/duckdb/" in path or "duck" in name:
             item.add_marker(pytest.mark.duckdb)
-    # The long tests first (stable otherwise): pytest-xdist's workers then finish together,
-    # instead of one of them starting the browser test (over three minutes) near the end.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")

@@ -28,8 +28,9 @@ from backfill_assets_tests.support.servers import server_folder
 from backfill_assets_tests.support.specs import CANARY, URL_ENV
 
 ADMIN_URL_ENV = "BACKFILL_TEST_DATABASE_URL"
-# The order tests run in: the slow ones first on every worker, once -m and -k have deselected.
-pytest_plugins = ["backfill_assets_tests.support.ordering"]
+# The order tests run in: the slow ones first on every worker, once -m and -k have deselected;
+# the session's Spark cluster (the spark_cluster fixture).
+pytest_plugins = ["backfill_assets_tests.support.ordering", "backfill_assets_tests.support.spark_cluster"]
 
 settings.register_profile(
     "ci", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

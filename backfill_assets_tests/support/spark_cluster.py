@@ -1,6 +1,9 @@
 """A real Spark cluster on 127.0.0.1, from what the pyspark wheel ships: a standalone master,
 two workers of one core each, and a Spark Connect server on that cluster. Started by the test
 fixtures, each JVM in a process group of its own, and stopped (the whole group) afterwards.
+The ``spark_cluster`` fixture (this module is a pytest plugin of the suite's conftest) starts
+one of each for the test session, on the worker that first needs it: the tests that use it
+are marked ``xdist_group("spark_cluster")``, which the suite's ordering keeps on one worker.
 
 ``run_flow`` runs plan, approve, apply and a rerun in a process of its own (the test process
 already holds a local Spark context, which a session started there would reuse)."""
@@ -18,6 +21,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 _READY_SECONDS = 120
 
@@ -97,6 +103,17 @@ def connect_server(master: str, workdir: Path, cores: int = 1) -> Iterator[str]:
         args += ["--jars", "/usr/share/java/postgresql.jar"]
     with _jvm([*args, "spark-internal"], workdir / "connect.log", "Spark Connect server started", workdir):
         yield f"sc://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The session's cluster: ``master`` (spark://), ``connect`` (sc://, an application
+    holding one of the two cores) and ``workdir`` (its logs: master.log, worker1.log,
+    worker2.log, connect.log). Its tests see what earlier ones left in the logs, and read
+    what they need from where the logs stood when they began."""
+    workdir = tmp_path_factory.mktemp("cluster")
+    with standalone_cluster(workdir) as master, connect_server(master, workdir) as connect:
+        yield {"master": master, "connect": connect, "workdir": workdir}
 
 
 def on_cluster(spec: dict, master: str) -> dict:

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -30,26 +29,17 @@ from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets_tests.support.duck_lakes import COLUMNS, duck_spec, newest, source_table
 from backfill_assets_tests.support.spark_cluster import (
     applications,
-    connect_server,
     executor_of,
     executors_launched,
     on_cluster,
     run_flow,
-    standalone_cluster,
 )
 from backfill_assets_tests.support.spark_lakes import listed_rows, spark_mapping, target_rows, write_parquet_source
 from backfill_assets_tests.support.specs import REPO
 
 VICTIM = "2024-01-02"
 
-pytestmark = [pytest.mark.slow, pytest.mark.spark]
-
-
-@pytest.fixture(scope="module", name="cluster")
-def _cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    workdir = tmp_path_factory.mktemp("cluster")
-    with standalone_cluster(workdir) as master, connect_server(master, workdir) as connect:
-        yield {"master": master, "connect": connect, "workdir": workdir}
+pytestmark = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("spark_cluster")]
 
 
 def _killing(victims: Callable[[], list], when: Callable[[], bool]) -> tuple[threading.Event, list[int], threading.Thread]:
@@ -97,7 +87,7 @@ def _paused_apply(spec: dict, plan_id: str, root: Path) -> tuple[subprocess.Pope
     return proc, apply, env
 
 
-def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_change_nothing(cluster, tmp_path: Path,
+def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_change_nothing(spark_cluster, tmp_path: Path,
                                                                                          factory, url_env):
     """Through the Connect server: the executor of the server's application is killed (SIGKILL)
     while stage A is written; Spark runs the lost tasks again and plan, approve, apply and a
@@ -111,10 +101,10 @@ def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_chang
     source = write_parquet_source(tmp_path / "orders_raw", source_table(raw))
     mapping = spark_mapping(tmp_path, source, name=f"orders_daily_{via}", control_schema=f"backfill_control_{via}")
     building = Path(mapping["engine"]["staging"]) / "stage_a"
-    server = next(iter(applications(cluster["workdir"] / "master.log")))  # the Connect server registered first
+    server = next(iter(applications(spark_cluster["workdir"] / "master.log")))  # the Connect server registered first
     done, killed, killer = _killing(lambda: executor_of(server), lambda: any(building.glob("_building-*")))
     try:
-        found = run_flow(cluster[via], tmp_path, mapping)
+        found = run_flow(spark_cluster[via], tmp_path, mapping)
     finally:
         done.set()
         killer.join()
@@ -131,7 +121,7 @@ def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_chang
     for day in (dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.date(2024, 1, 3)):
         assert target_rows(tmp_path / "orders_daily", day) == newest(rows, day)
     # The work ran on the workers' executors, not in a local driver.
-    assert executors_launched(cluster["workdir"] / "worker1.log") + executors_launched(cluster["workdir"] / "worker2.log")
+    assert executors_launched(spark_cluster["workdir"] / "worker1.log") + executors_launched(spark_cluster["workdir"] / "worker2.log")
 
     # A third of the day's orders gone from the source: planned and approved again.
     victim = dt.date.fromisoformat(VICTIM)
@@ -140,7 +130,7 @@ def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_chang
     old, new = len(newest(rows, victim)), len(newest([tuple(r[c] for c in COLUMNS) for r in
                                                       source_table(changed).to_pylist()], victim))
     assert old != new
-    again = run_flow(cluster[via], tmp_path, mapping, "planned")
+    again = run_flow(spark_cluster[via], tmp_path, mapping, "planned")
     assert again["status"] == "ready", again["problems"]
     seen, stop = [], threading.Event()
     readers = [threading.Thread(target=_read_rows, args=(tmp_path / "orders_daily" / f"order_date={VICTIM}", seen,
@@ -148,7 +138,7 @@ def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_chang
     for r in readers:
         r.start()
     try:
-        proc, apply, env = _paused_apply(on_cluster(mapping, cluster[via]), again["plan_id"], tmp_path)
+        proc, apply, env = _paused_apply(on_cluster(mapping, spark_cluster[via]), again["plan_id"], tmp_path)
         os.kill(proc.pid, signal.SIGKILL)  # the client: the Connect server and its session live on
         proc.wait()
         assert target_rows(tmp_path / "orders_daily", victim) == newest(rows, victim)  # never switched in
@@ -164,7 +154,7 @@ def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_chang
     assert old in seen and seen[-1] == new
 
 
-def test_an_executor_killed_in_a_build_and_the_driver_killed_in_apply_change_nothing(cluster, tmp_path: Path, factory,
+def test_an_executor_killed_in_a_build_and_the_driver_killed_in_apply_change_nothing(spark_cluster, tmp_path: Path, factory,
                                                                                      url_env):
     """On the cluster: the executor running stage A's tasks is killed (SIGKILL) while the build
     writes: the worker starts another, Spark runs the lost tasks again, and the plan's hashes
@@ -178,7 +168,7 @@ def test_an_executor_killed_in_a_build_and_the_driver_killed_in_apply_change_not
         demo.source_rows(orders_per_day=10_000, moved=False) + edge_rows()))
     mapping = spark_mapping(tmp_path, source, name="orders_daily_lost", control_schema="backfill_control_lost")
     building = Path(mapping["engine"]["staging"]) / "stage_a"
-    logs = [cluster["workdir"] / "worker1.log", cluster["workdir"] / "worker2.log"]
+    logs = [spark_cluster["workdir"] / "worker1.log", spark_cluster["workdir"] / "worker2.log"]
     launched = sum(len(executors_launched(log)) for log in logs)
     started = time.time()
 
@@ -188,7 +178,7 @@ def test_an_executor_killed_in_a_build_and_the_driver_killed_in_apply_change_not
 
     done, killed, killer = _killing(the_flow_s_executors, lambda: any(building.glob("_building-*")))
     try:
-        planned = run_flow(cluster["master"], tmp_path, mapping, "planned")
+        planned = run_flow(spark_cluster["master"], tmp_path, mapping, "planned")
     finally:
         done.set()
         killer.join()
@@ -201,7 +191,7 @@ def test_an_executor_killed_in_a_build_and_the_driver_killed_in_apply_change_not
                                  factory)
     assert planned["hashes"] == {p.partition: p.stage_a.content_hash for p in duck.document.partitions}
 
-    proc, apply, env = _paused_apply(on_cluster(mapping, cluster["master"]), planned["plan_id"], tmp_path)
+    proc, apply, env = _paused_apply(on_cluster(mapping, spark_cluster["master"]), planned["plan_id"], tmp_path)
     jvms = psutil.Process(proc.pid).children(recursive=True)
     assert jvms, "the driver started no JVM"
     os.kill(proc.pid, signal.SIGKILL)

@@ -19,7 +19,7 @@ from backfill_assets.core.context import Context
 from backfill_assets.core.errors import ApprovalError, SourceDataError, VerificationError
 from backfill_assets.core.fingerprint.identity import PLAN_FORMAT, sha256_hex
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store.plan_document import (
     AddedPartition,
@@ -135,12 +135,12 @@ def spec_document_drift(ctx: Context, stored: Plan) -> None:
         )
 
 
-def short_readings(fp: dict[str, Any]) -> str:
+def short_readings(fp: Reading) -> str:
     """A fingerprint in one short phrase: rows, total and the start of the hash."""
     return f"{fp['row_count']} rows, total {fp['total']}, hash {fp['content_hash'][:16]}"
 
 
-def compare_readings(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any]], step: str) -> None:
+def compare_readings(expected: dict[str, Reading], actual: dict[str, Reading], step: str) -> None:
     """Every partition of ``actual`` carries the ``expected`` readings (VerificationError naming
     the first that does not, with both readings)."""
     for label, want in expected.items():
@@ -148,7 +148,7 @@ def compare_readings(expected: dict[str, dict[str, Any]], actual: dict[str, dict
             raise VerificationError(label, step, short_readings(want), short_readings(actual[label]))
 
 
-def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
+def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> dict[str, Reading]:
     """The target's readings of partitions ``labels`` of the context, in the caller's
     transaction (the same readings a plan records for its stages)."""
     target = ctx.engine.open(conn, conn, None, ctx)  # read only: no lock, no control store

@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.pg import sqlbuild
 
 # The index of the ledger by approval (see _DDL), in the control schema.
@@ -249,7 +250,7 @@ def record_build(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
 
 def builds(
     conn: psycopg.Connection, schema: str, spec_name: str, variant: str, partitions: list[str]
-) -> dict[str, tuple[dict[str, Any], str | None, int | None]]:
+) -> dict[str, tuple[Reading, str | None, int | None]]:
     """partition -> (readings, writer_xid, transactions_since) of the latest build of one
     stage; transactions_since counts the transaction ids assigned since the build (None for a
     build recorded by an older version)."""
@@ -262,7 +263,7 @@ def builds(
 
 def unkept_builds(
     conn: psycopg.Connection, schema: str, spec_name: str, variant: str, partitions: list[str]
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Reading]:
     """partition -> readings of the latest builds of one stage that were hashed as they were
     built but not written (see core.engines.postgres.stages)."""
     rows = conn.execute(
@@ -370,13 +371,13 @@ _LATEST_SNAPSHOTTED = sql.SQL(
 
 def plans_with(
     conn: psycopg.Connection, schema: str, spec_name: str, partitions: list[str]
-) -> dict[str, list[tuple[str, dict[str, Any], dict[str, Any]]]]:
+) -> dict[str, list[tuple[str, Reading, Reading]]]:
     """partition -> (plan_id, stage_a readings, stage_b readings) of every plan of a spec that
     includes it, newest first."""
     rows = conn.execute(
         _PLANS_WITH.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "partitions": partitions}
     ).fetchall()
-    out: dict[str, list[tuple[str, dict[str, Any], dict[str, Any]]]] = {}
+    out: dict[str, list[tuple[str, Reading, Reading]]] = {}
     for label, plan_id, a, b in rows:
         out.setdefault(label, []).append((plan_id, a, b))
     return out

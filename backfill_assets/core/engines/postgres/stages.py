@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import psycopg
 from psycopg import sql
@@ -23,7 +23,7 @@ from backfill_assets.core.engines.postgres.snapshot import (
 from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.errors import SnapshotError, StageError, VerificationError
 from backfill_assets.core.fingerprint.partition import written, written_partitions
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import business_key_order, describe_query, has_ordered_index, table_columns
 from backfill_assets.core.pg.db import ConnectionFactory, imported_snapshot, read_committed, transient_errors
@@ -229,7 +229,7 @@ def keep_differing(
 
 
 def stage_partitions_changed(
-    conn: psycopg.Connection, ctx: Context, variant: str, expected: dict[str, dict[str, Any]],
+    conn: psycopg.Connection, ctx: Context, variant: str, expected: dict[str, Reading],
 ) -> list[str]:
     """The partitions of a stage that no longer carry the ``expected`` readings (label ->
     readings, for some or all of the context's partitions), in the caller's transaction.

@@ -29,7 +29,7 @@ from backfill_assets.core.engines.spark.session import schema_ddl, staging_dir
 from backfill_assets.core.engines.spark.snapshot import in_scope
 from backfill_assets.core.engines.spark.source import SparkSource
 from backfill_assets.core.fingerprint.partition import empty
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.lake.lake_files import files_digest
 from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, record_builds, record_plan
 from backfill_assets.core.planning import assemble
@@ -214,7 +214,7 @@ def build_stage(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, sou
 
 
 def seals_hold(session: Callable[[], SparkSession], ctx: Context, variant: str,
-               expected: dict[str, dict[str, Any]]) -> list[str]:
+               expected: dict[str, Reading]) -> list[str]:
     """The partitions of ``expected`` (label -> readings) whose stage no longer carries them:
     those whose seal recorded exactly those readings and whose files still have the sealed
     names, sizes and SHA-256 are unchanged (Parquet files are immutable: a change is a new

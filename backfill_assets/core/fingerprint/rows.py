@@ -104,8 +104,8 @@ class Reading(TypedDict):
 
 
 class Digest(TypedDict):
-    """A source partition's fingerprint, with no key to count: its rows and content hash
-    (what a snapshot pins)."""
+    """A source partition's fingerprint, with no key to count: its rows and content hash (for
+    a pinned lake source, the digest of its files), what a snapshot pins."""
 
     row_count: int
     content_hash: str

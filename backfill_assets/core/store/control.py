@@ -8,7 +8,7 @@ read in one transaction.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import psycopg
 from psycopg import sql
@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from backfill_assets.core.errors import SnapshotError
+from backfill_assets.core.fingerprint.identity import PartitionDigest, ScopeDocument
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.pg import sqlbuild
@@ -163,16 +164,27 @@ def ensure_control_schema(conn: psycopg.Connection, schema: str) -> None:
         conn.execute(ddl.format(schema=sql.Identifier(schema)))
 
 
-def find_snapshot(conn: psycopg.Connection, schema: str, snapshot_id: str) -> dict[str, Any] | None:
-    """A recorded snapshot (snapshot_id, snapshot_table, fingerprint, mode, partitions,
-    scope, fingerprint_format), or None."""
+class SnapshotRow(TypedDict):
+    """A recorded snapshot (``scope`` None: recorded before scopes; ``fingerprint_format`` None: before format 3)."""
+
+    snapshot_id: str
+    snapshot_table: str | None
+    fingerprint: str
+    mode: str
+    partitions: list[PartitionDigest]
+    scope: ScopeDocument | None
+    fingerprint_format: int | None
+
+
+def find_snapshot(conn: psycopg.Connection, schema: str, snapshot_id: str) -> SnapshotRow | None:
+    """A recorded snapshot, or None."""
     row = conn.execute(
         _SNAPSHOT_ROW.format(schema=sql.Identifier(schema)), {"snapshot_id": snapshot_id}
     ).fetchone()
     if row is None:
         return None
     keys = ("snapshot_id", "snapshot_table", "fingerprint", "mode", "partitions", "scope", "fingerprint_format")
-    return dict(zip(keys, row))
+    return cast(SnapshotRow, dict(zip(keys, row)))
 
 
 def record_snapshot(conn: psycopg.Connection, schema: str, **fields: Any) -> None:

@@ -115,7 +115,8 @@ def build_batches(ctx: Context, snapshot: Snapshot, *, indexed: bool = True) -> 
     if not indexed:
         return [list(range(len(ctx.labels)))]
     counted = snapshot.reports or {}
-    rows = [counted[label][0] if label in counted else int(snapshot.partitions.get(label, {}).get("row_count", 0))
+    pinned = snapshot.partitions
+    rows = [counted[label][0] if label in counted else int(pinned[label]["row_count"]) if label in pinned else 0
             for label in ctx.labels]
     batches: list[list[int]] = []
     held = 0

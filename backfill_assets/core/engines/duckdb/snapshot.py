@@ -50,7 +50,7 @@ def check_source(duck: DuckDBPyConnection, ctx: Context) -> dict[str, tuple[int,
             NULL key, rows a transform moves outside the declared partitions.
     """
     relation = input_of(ctx, [name for name, _ in source_types(duck)])
-    return check_source_counts(ctx.spec, _Counts(duck, ctx, relation), "lake")
+    return check_source_counts(ctx.spec, _Counts(duck, ctx, relation), "loaded")
 
 
 @dataclass(frozen=True)

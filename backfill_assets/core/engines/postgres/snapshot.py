@@ -126,7 +126,7 @@ def check_source(conn: psycopg.Connection, ctx: Context, input_rel: sql.Composed
         SourceDataError: NULLs in an ordering column without declared NULL placement, ties
             on every ordering column between rows that differ, rows outside the partitions.
     """
-    return check_source_counts(ctx.spec, _Counts(conn, ctx, input_rel, params), "postgres")
+    return check_source_counts(ctx.spec, _Counts(conn, ctx, input_rel, params), "database")
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def check_source(inp: DataFrame, ctx: Context) -> dict[str, tuple[int, int]]:
             without declared NULL placement, ties on every ordering column between rows that
             differ, a partition whose every row has a NULL key.
     """
-    return check_source_counts(ctx.spec, _Counts(inp, ctx), "lake")
+    return check_source_counts(ctx.spec, _Counts(inp, ctx), "loaded")
 
 
 class _Counts:

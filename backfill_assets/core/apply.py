@@ -40,7 +40,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired
 
 import psycopg
 
@@ -54,6 +54,7 @@ from backfill_assets.core.errors import (
     FailedPartition,
     VerificationError,
 )
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.planning import compare_readings as _compare
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
@@ -67,12 +68,21 @@ from backfill_assets.core.store.plans import find_plan
 STEPS = ("locked", "deleted", "inserted", "before-commit", "committed", "verified")
 
 
+class Applied(Reading):
+    """One partition of a run, final: its status and the approved readings it now carries
+    (``target_version``: the lake version committed, absent for PostgreSQL)."""
+
+    partition: str
+    status: str
+    target_version: NotRequired[str]
+
+
 @dataclass
 class ApplyResult:
     run_id: str
     plan_id: str
     approval_id: int
-    partitions: list[dict[str, Any]] = field(default_factory=list)
+    partitions: list[Applied] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "plan_id": self.plan_id, "approval_id": self.approval_id,
@@ -82,7 +92,7 @@ class ApplyResult:
 _short = short_readings
 
 
-def _replaced(label: str, status: str, approved: dict[str, Any], done: int, total: int) -> ProgressEvent:
+def _replaced(label: str, status: str, approved: Reading, done: int, total: int) -> ProgressEvent:
     """The progress event of one partition replaced (or found already replaced)."""
     return ProgressEvent("apply", f"{status} ({_short(approved)})", partition=label, done=done, total=total,
                          rows=approved["row_count"], status=status)
@@ -133,7 +143,7 @@ def verify_committed(target: Target, stored: Plan, labels: list[str]) -> None:
 def apply_plan(
     spec: Spec, plan_ref: str, factory: ConnectionFactory, *, run_id: str,
     only: list[str] | None = None, clock: Clock = utc_now, progress: Progress = quiet,
-    checkpoint: Checkpoint = no_checkpoint, on_result: Callable[[dict[str, Any]], None] | None = None,
+    checkpoint: Checkpoint = no_checkpoint, on_result: Callable[[Applied], None] | None = None,
     make_target: Callable[..., Target] | None = None,
 ) -> ApplyResult:
     """Replace the partitions of an approved plan, in order, verifying each.
@@ -183,7 +193,7 @@ def apply_plan(
                 status, version = _replace_and_record(conn, control, engine, target, ctx, stored, approval, run_id,
                                                       groups, n, clock, checkpoint)
                 for label in labels:
-                    entry = {"partition": label, "status": status, **stored.approved(label)}
+                    entry: Applied = {"partition": label, "status": status, **stored.approved(label)}
                     if version is not None:
                         entry["target_version"] = version
                     result.partitions.append(entry)

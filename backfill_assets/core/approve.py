@@ -16,18 +16,30 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 
 from backfill_assets.core.build import open_build_engine
 from backfill_assets.core.context import Clock, utc_now
+from backfill_assets.core.differences import Change
 from backfill_assets.core.errors import ApprovalError, BackfillError
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import ledger
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.store.plans import find_plan
+
+
+class Shown(TypedDict):
+    """What an approval records the approver was shown: the review's id, the counts of its
+    changes per partition (None: they could not be read) and when it was made (None: at the
+    approval)."""
+
+    review_id: str
+    changes: dict[str, dict[str, int]] | None
+    previewed_at: str | None
 
 
 @dataclass(frozen=True)
@@ -38,11 +50,11 @@ class Review:
 
     spec: Spec
     stored: Plan
-    target: dict[str, dict[str, Any]]
+    target: dict[str, Reading]
     # What replacing each partition changes in the target: keys added, removed, changed and
     # unchanged (core.diff), and with review(first=...) the first differing keys ("first");
     # None when that could not be read (a timeout): it only explains.
-    changes: dict[str, dict[str, Any]] | None = None
+    changes: dict[str, Change] | None = None
 
     @property
     def plan_id(self) -> str:
@@ -59,11 +71,11 @@ class Review:
         """The changes' counts alone, per partition (what an approval records it was shown)."""
         if self.changes is None:
             return None
-        return {label: {k: c[k] for k in ("added", "removed", "changed", "unchanged")}
-                for label, c in self.changes.items()}
+        return {label: {"added": c["added"], "removed": c["removed"], "changed": c["changed"],
+                        "unchanged": c["unchanged"]} for label, c in self.changes.items()}
 
 
-def review_id(plan_id: str, target: dict[str, dict[str, Any]]) -> str:
+def review_id(plan_id: str, target: dict[str, Reading]) -> str:
     """SHA-256 of the plan id and each partition's target readings (canonical JSON)."""
     text = json.dumps({"plan_id": plan_id, "target": target}, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -112,8 +124,8 @@ def confirm(control: psycopg.Connection, checked: Review, approved_by: str, *, c
     target the review read, with the review the person was shown (its id and counts;
     ``previewed_at``: when it was made, if before this moment). Returns the approval id.
     apply checks the stage and the target again before it writes."""
-    shown = {"review_id": checked.review_id, "changes": checked.counts(),
-             "previewed_at": None if previewed_at is None else str(previewed_at)}
+    shown = Shown(review_id=checked.review_id, changes=checked.counts(),
+                  previewed_at=None if previewed_at is None else str(previewed_at))
     return record_approval(control, checked.spec, checked.stored, approved_by, target=checked.target, clock=clock,
                            review=shown)
 
@@ -136,7 +148,7 @@ def approve_plan(
 
 def record_approval(
     control: psycopg.Connection, spec: Spec, stored: Plan, approved_by: str, *,
-    target: dict[str, dict[str, Any]], clock: Clock = utc_now, review: dict[str, Any] | None = None,
+    target: dict[str, Reading], clock: Clock = utc_now, review: Shown | None = None,
 ) -> int:
     """Record, in the control store, an approval of a plan that the caller has just checked
     and shown (see :func:`review` and :func:`confirm`, which call this). Returns its id.

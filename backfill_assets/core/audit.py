@@ -34,29 +34,50 @@ Read-only on the target and the stages.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 import psycopg
 
 from backfill_assets.core.build import BuildEngine, open_build_engine
-from backfill_assets.core.context import Clock, Signals, utc_now
-from backfill_assets.core.differences import DEFAULT_LIMIT, PartitionDiff
+from backfill_assets.core.context import Clock, Signals, Target, utc_now
+from backfill_assets.core.differences import DEFAULT_LIMIT, FirstKey, PartitionDiff
 from backfill_assets.core.errors import BackfillError, SpecError
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.progress import Progress, ProgressEvent, quiet
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import audits as store
+from backfill_assets.core.store.audits import AuditReading, AuditRecord, Drift, DriftCounts, LatestAudit, VerifiedRow
 from backfill_assets.core.store.control import control_ready
 from backfill_assets.core.store.ledger import partition_order
 from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest
 
 Result = Literal["holds", "drifted", "never verified"]
-READINGS = ("row_count", "total", "content_hash")
 FINGERPRINT = "fingerprint"  # the signal name of a partition whose rows were read
+
+
+class Verified(AuditReading):
+    """The verification a partition is compared with: its run, plan, readings, when, and the
+    lake version it was verified at (absent for PostgreSQL)."""
+
+    run_id: str
+    plan_id: str
+    verified_at: dt.datetime
+    target_version: NotRequired[str]
+
+
+class Since(TypedDict, total=False):
+    """Since when a partition may have changed: the last audit that found it holding, its
+    verification, and a lake's commits after it that touched its files."""
+
+    last_seen_holding: dt.datetime
+    verified_at: dt.datetime
+    commits_since_verified: list[str]
 
 
 @dataclass(frozen=True)
@@ -69,10 +90,10 @@ class PartitionAudit:
     partition: str
     result: Result
     signal: str
-    verified: dict[str, Any] | None = None
-    now: dict[str, Any] | None = None
-    changes: dict[str, Any] | None = None
-    since: dict[str, Any] | None = None
+    verified: Verified | None = None
+    now: AuditReading | None = None
+    changes: Drift | None = None
+    since: Since | None = None
     note: str = ""
     signal_value: str | None = field(default=None, compare=False)
 
@@ -119,8 +140,9 @@ def _jsonable(value: Any) -> Any:
     return value.isoformat() if hasattr(value, "isoformat") else value
 
 
-def _verified_readings(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row[k] for k in READINGS}
+def _readings(of: VerifiedRow | Reading) -> AuditReading:
+    """What an audit compares of a verified ledger row or of a partition's readings now."""
+    return AuditReading(row_count=of["row_count"], total=of["total"], content_hash=of["content_hash"])
 
 
 def audit_spec(spec: Spec, factory: ConnectionFactory, *, request: PartitionRequest | None = None,
@@ -160,26 +182,27 @@ def audit_spec(spec: Spec, factory: ConnectionFactory, *, request: PartitionRequ
     return AuditResult(audit_id, spec.name, spec.target_name, at, results)
 
 
-def _record(p: PartitionAudit) -> dict[str, Any]:
-    return {"partition": p.partition, "result": p.result, "signal": p.signal, "signal_value": p.signal_value,
-            "verified_run_id": None if p.verified is None else p.verified["run_id"],
-            "readings": None if p.now is None else _jsonable(p.now),
-            "changes": None if p.changes is None else _jsonable(p.changes)}
+def _record(p: PartitionAudit) -> AuditRecord:
+    return AuditRecord(partition=p.partition, result=p.result, signal=p.signal, signal_value=p.signal_value,
+                       verified_run_id=None if p.verified is None else p.verified["run_id"],
+                       readings=None if p.now is None else _jsonable(p.now),
+                       changes=None if p.changes is None else _jsonable(p.changes))
 
 
-def _since(row: dict[str, Any] | None, last: dict[str, Any] | None) -> dict[str, Any]:
+def _since(row: VerifiedRow | None, last: LatestAudit | None) -> Since:
     """Since when a partition may have changed: the last audit that found it holding, else its
     verification."""
-    out: dict[str, Any] = {}
-    if last is not None and last.get("last_holding_at") is not None:
-        out["last_seen_holding"] = last["last_holding_at"]
+    out = Since()
+    holding = None if last is None else last.get("last_holding_at")
+    if holding is not None:
+        out["last_seen_holding"] = holding
     if row is not None:
         out["verified_at"] = row["verified_at"]
     return out
 
 
-def _baselines(target: Any, labels: list[str], verified: dict[str, dict[str, Any]],
-               previous: dict[str, dict[str, Any]], signals: Signals) -> dict[str, str | None]:
+def _baselines(target: Target, labels: list[str], verified: dict[str, VerifiedRow],
+               previous: dict[str, LatestAudit], signals: Signals) -> dict[str, str | None]:
     """Each partition's baseline signal: what the previous audit recorded when it found the
     partition holding against the same verified run, else the signal at the verified version
     (a lake that keeps versions), else None."""
@@ -200,7 +223,7 @@ def _baselines(target: Any, labels: list[str], verified: dict[str, dict[str, Any
 
 
 def _audit(engine: BuildEngine, conn: psycopg.Connection, control: psycopg.Connection, factory: ConnectionFactory,
-           labels: list[str], verified: dict[str, dict[str, Any]], previous: dict[str, dict[str, Any]], full: bool,
+           labels: list[str], verified: dict[str, VerifiedRow], previous: dict[str, LatestAudit], full: bool,
            limit: int, progress: Progress) -> dict[str, PartitionAudit]:
     ctx = engine.resolve(labels)
     target = engine.open_target(conn, control, factory, ctx)
@@ -210,15 +233,15 @@ def _audit(engine: BuildEngine, conn: psycopg.Connection, control: psycopg.Conne
         baselines = {} if full else _baselines(target, labels, verified, previous, signals)
         to_read = []
         for label in labels:
-            now, base = signals.values.get(label), baselines.get(label)
-            if now is not None and base is not None and now == base:
+            signal, base = signals.values.get(label), baselines.get(label)
+            if signal is not None and base is not None and signal == base:
                 out[label] = PartitionAudit(label, "holds", signals.kind, verified=_verified_of(verified[label]),
-                                            since=_since(verified[label], previous.get(label)), signal_value=now)
+                                            since=_since(verified[label], previous.get(label)), signal_value=signal)
             else:
                 to_read.append(label)
         readings = target.readings_at(signals, to_read) if to_read else {}
-        now_of = {label: {k: readings[label][k] for k in READINGS} for label in to_read}
-        drifted = [label for label in to_read if now_of[label] != _verified_readings(verified[label])]
+        now_of = {label: _readings(readings[label]) for label in to_read}
+        drifted = [label for label in to_read if now_of[label] != _readings(verified[label])]
         touched = _commits_touching(target, drifted, verified)
     finally:
         target.close()
@@ -242,39 +265,41 @@ def _audit(engine: BuildEngine, conn: psycopg.Connection, control: psycopg.Conne
     return out
 
 
-def _commits_touching(target: Any, labels: list[str], verified: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+def _commits_touching(target: Target, labels: list[str], verified: dict[str, VerifiedRow]) -> dict[str, list[str]]:
     """For the drifted partitions of a lake that keeps versions: the versions (snapshot ids)
     after the verified one whose files of the partition changed."""
     by_version: dict[str, list[str]] = {}
     for label in labels:
-        if verified[label]["target_version"] is not None:
-            by_version.setdefault(verified[label]["target_version"], []).append(label)
+        version = verified[label]["target_version"]
+        if version is not None:
+            by_version.setdefault(version, []).append(label)
     out: dict[str, list[str]] = {}
     for version, some in by_version.items():
         out.update(target.versions_touching(version, some) or {})
     return out
 
 
-def _verified_of(row: dict[str, Any]) -> dict[str, Any]:
-    out = {"run_id": row["run_id"], "plan_id": row["plan_id"], **_verified_readings(row),
-           "verified_at": row["verified_at"]}
+def _verified_of(row: VerifiedRow) -> Verified:
+    out = Verified(run_id=row["run_id"], plan_id=row["plan_id"], row_count=row["row_count"], total=row["total"],
+                   content_hash=row["content_hash"], verified_at=row["verified_at"])
     if row["target_version"] is not None:
         out["target_version"] = row["target_version"]
     return out
 
 
-def _later_run_note(row: dict[str, Any]) -> str:
-    if not row.get("later_run"):
+def _later_run_note(row: VerifiedRow) -> str:
+    later = row.get("later_run")
+    if not later:
         return ""
-    run_id, _, status = row["later_run"].partition(" ")
+    run_id, _, status = later.partition(" ")
     return f"run {run_id} {status} on this partition after the verification; it may have written it"
 
 
-def _changes(engine: BuildEngine, control: psycopg.Connection, labels: list[str], verified: dict[str, dict[str, Any]],
-             limit: int) -> dict[str, dict[str, Any]]:
+def _changes(engine: BuildEngine, control: psycopg.Connection, labels: list[str], verified: dict[str, VerifiedRow],
+             limit: int) -> dict[str, Drift]:
     """What changed in each drifted partition since its verification: keys, from the approved
     stage where it still holds the verified rows (``diff``), else the readings' differences."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Drift] = {}
     by_plan: dict[str, list[str]] = {}
     for label in labels:
         by_plan.setdefault(verified[label]["plan_id"], []).append(label)
@@ -291,13 +316,13 @@ def _changes(engine: BuildEngine, control: psycopg.Connection, labels: list[str]
             except BackfillError as err:
                 why = f"the keys cannot be named: {err}"
         for label in some:
-            out[label] = _drift_of(parts[label]) if label in parts else {"keys": None, "why": why}
+            out[label] = _drift_of(parts[label]) if label in parts else Drift(keys=None, why=why)
     return out
 
 
-def _drift_of(d: PartitionDiff) -> dict[str, Any]:
+def _drift_of(d: PartitionDiff) -> Drift:
     """A diff of the approved stage (the verified rows) against the target, turned round: what
     the target gained (rows added), lost (removed) and changed since the verification."""
     kinds = {"added": "removed", "removed": "added", "changed": "changed"}
-    return {"keys": {"added": d.removed, "removed": d.added, "changed": d.changed, "unchanged": d.unchanged},
-            "first": [{"key": e.key, "kind": kinds[e.kind], "columns": e.columns} for e in d.examples]}
+    return Drift(keys=DriftCounts(added=d.removed, removed=d.added, changed=d.changed, unchanged=d.unchanged),
+                 first=[FirstKey(key=e.key, kind=kinds[e.kind], columns=e.columns) for e in d.examples])

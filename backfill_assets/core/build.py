@@ -23,9 +23,9 @@ import psycopg
 
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
-from backfill_assets.core.differences import Against, PartitionDiff
+from backfill_assets.core.differences import Against, Change, PartitionDiff
 from backfill_assets.core.errors import SpecError, VerificationError
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.profiling import SourceProfiler
 from backfill_assets.core.progress import Progress
@@ -34,8 +34,6 @@ from backfill_assets.core.store import control as store
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.supports import SUPPORTS, imported
 from backfill_assets.core.vocabulary import PartitionRequest
-
-Readings = dict[str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class StagesNow:
     built: dict[str, dict[str, tuple]]
 
 
-def unwritten_b(conn: psycopg.Connection, spec: Spec, rows_now: dict[str, int]) -> dict[str, dict[str, Any]]:
+def unwritten_b(conn: psycopg.Connection, spec: Spec, rows_now: dict[str, int]) -> dict[str, Reading]:
     """Of stage B's partitions ``rows_now`` (label -> the rows the stage holds now), those
     hashed as they were built and not written (they equalled stage A) that the stage still
     holds no row of: label -> the readings their build recorded, which is what they are."""
@@ -152,12 +150,12 @@ class BuildEngine(Protocol):
         changed (ApprovalError)."""
         ...
 
-    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> Readings:
+    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, Reading]:
         """Refuse a plan whose snapshot or stage A changed; return the target's readings of
         ``partitions`` (default: the plan's), read with those checks."""
         ...
 
-    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> Readings:
+    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, Change]:
         """Per partition, the keys replacing the target adds, removes, changes and keeps; with
         ``first``, also (``"first"``) up to that many differing keys, each with its kind and
         the columns that differ (no values)."""

@@ -7,7 +7,8 @@ protocol (core.apply) is written against the :class:`Target` the engine opens: k
 backfills of the partitions out, open one atomic write, read the target under it (is the
 approval still covering it? is it already done?), recheck the approved stage, replace, read
 back before the commit, commit, and read the committed state again. Readings are the
-canonical fingerprint of core.fingerprint.partition as dicts, whatever the engine.
+canonical fingerprint of core.fingerprint.partition as JSON values (a
+:class:`~backfill_assets.core.fingerprint.rows.Reading` per partition), whatever the engine.
 
 A build engine (core.build) inspects read-only and validates everything about a spec (identifiers, the
 partitions, the transform) before anything is written; the :class:`Context` it returns is
@@ -27,6 +28,7 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo, Inspection
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.moves import Scope
 from backfill_assets.core.pg.db import ConnectionFactory, advisory_session_lock
 from backfill_assets.core.spec import Spec
@@ -81,7 +83,6 @@ def partition_locks(control: psycopg.Connection, spec: Spec, labels: list[str]) 
         yield
 
 
-Readings = dict[str, Any]
 Checkpoint = Callable[[str, list[str]], None]
 
 
@@ -93,7 +94,7 @@ class TargetWrite(Protocol):
     """One atomic write of some partitions: everything in it commits together on a clean
     exit of :meth:`Target.writing`, or not at all."""
 
-    def readings(self, labels: list[str]) -> dict[str, Readings]:
+    def readings(self, labels: list[str]) -> dict[str, Reading]:
         """The partitions as this write sees them (before the replace: as they are, with
         other writers kept out; after it: as they will be committed)."""
         ...
@@ -135,13 +136,13 @@ class Target(Protocol):
         partition's files; None where the target keeps no versions (or too many came since)."""
         ...
 
-    def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Readings]:
+    def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Reading]:
         """The partitions' readings as of what ``signals`` were read at: at that version for a
         lake; for a PostgreSQL table, now (its counters only grow, so a write after them moves
         them again)."""
         ...
 
-    def readings(self, labels: list[str]) -> dict[str, Readings]:
+    def readings(self, labels: list[str]) -> dict[str, Reading]:
         """The partitions as they are now, in the caller's transaction where the engine has one."""
         ...
 
@@ -154,7 +155,7 @@ class Target(Protocol):
         """One atomic write of these partitions, with other writers kept out."""
         ...
 
-    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+    def committed_readings(self, labels: list[str]) -> dict[str, Reading]:
         """The partitions as committed, read afresh (not through the write)."""
         ...
 

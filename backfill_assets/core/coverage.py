@@ -24,11 +24,13 @@ import psycopg
 from backfill_assets.core.build import BuildEngine, open_build_engine
 from backfill_assets.core.context import Clock, Context, utc_now
 from backfill_assets.core.errors import ApprovalError, ApprovalOutdatedError, SpecError
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.planning import short_readings, target_readings
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
 from backfill_assets.core.store import ledger
+from backfill_assets.core.store.ledger import ApprovalRow, HistoryRow
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.store.plans import find_plan
 
@@ -42,10 +44,10 @@ class Approval:
     plan_id: str
     approved_by: str
     approved_at: dt.datetime
-    target: dict[str, dict[str, Any]] | None = field(repr=False)
+    target: dict[str, Reading] | None = field(repr=False)
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Approval":
+    def from_row(cls, row: ApprovalRow) -> "Approval":
         return cls(int(row["approval_id"]), row["plan_id"], row["approved_by"], row["approved_at"],
                    row["target_readings"])
 
@@ -161,7 +163,7 @@ class Coverage:
     partition: str
     state: CoverageState
     reason: str
-    now: dict[str, Any] | None = field(default=None, repr=False)
+    now: Reading | None = field(default=None, repr=False)
 
     @property
     def covered(self) -> bool:
@@ -177,8 +179,8 @@ def _at(when: dt.datetime | None) -> str:
 
 
 def judge(
-    approval: Approval, stored: Plan, label: str, now: dict[str, Any],
-    history: list[dict[str, Any]],
+    approval: Approval, stored: Plan, label: str, now: Reading,
+    history: list[HistoryRow],
 ) -> Coverage:
     """Whether ``approval`` still covers partition ``label`` whose target reads ``now``.
 
@@ -219,7 +221,7 @@ def judge(
 
 def coverage(
     conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, stored: Plan, approval: Approval,
-    labels: list[str], now: dict[str, dict[str, Any]] | None = None,
+    labels: list[str], now: dict[str, Reading] | None = None,
 ) -> dict[str, Coverage]:
     """Whether ``approval`` still covers each of ``labels`` (see :func:`judge`), reading the
     target on ``conn`` (unless ``now`` gives its readings) and the ledger on ``control``, each
@@ -232,7 +234,7 @@ def coverage(
 
 def require_coverage(
     conn: psycopg.Connection, control: psycopg.Connection, ctx: Context, stored: Plan, approval: Approval,
-    labels: list[str], now: dict[str, dict[str, Any]] | None = None,
+    labels: list[str], now: dict[str, Reading] | None = None,
 ) -> dict[str, Coverage]:
     """:func:`coverage`, refusing any partition the approval no longer covers.
 

@@ -5,11 +5,33 @@ an engine finds them, render shows them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
+
+from backfill_assets.core.fingerprint.rows import Reading
 
 Against = Literal["target", "stage_b"]
 KINDS = ("added", "removed", "changed", "unchanged")
 DEFAULT_LIMIT = 10
+
+
+class FirstKey(TypedDict):
+    """One differing key of a change preview: its key as text, its kind and the columns that
+    differ (none for a key added or removed; no values)."""
+
+    key: dict[str, str | None]
+    kind: str
+    columns: list[str]
+
+
+class Change(TypedDict):
+    """What replacing one target partition with the approved stage changes: the keys added,
+    removed, changed and unchanged, and, when asked for, the first differing keys."""
+
+    added: int
+    removed: int
+    changed: int
+    unchanged: int
+    first: NotRequired[list[FirstKey]]
 
 
 @dataclass(frozen=True)
@@ -68,7 +90,7 @@ class DiffResult:
                 "partitions": [p.as_json() for p in self.partitions]}
 
 
-def equal_by_fingerprint(label: str, readings: dict) -> PartitionDiff:
+def equal_by_fingerprint(label: str, readings: Reading) -> PartitionDiff:
     """Stage A's partition against a stage B that was hashed as it was built and not written,
     with stage A's readings: no row differs (their fingerprints are equal; docs/fingerprint.md)."""
     return PartitionDiff(label, unchanged=int(readings["row_count"]))

@@ -19,7 +19,7 @@ from backfill_assets.core.context import Context
 from backfill_assets.core.errors import ApprovalError, SourceDataError, VerificationError
 from backfill_assets.core.fingerprint.identity import PLAN_FORMAT, sha256_hex
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store.plan_document import (
     AddedPartition,
@@ -135,12 +135,12 @@ def spec_document_drift(ctx: Context, stored: Plan) -> None:
         )
 
 
-def short_readings(fp: dict[str, Any]) -> str:
+def short_readings(fp: Reading) -> str:
     """A fingerprint in one short phrase: rows, total and the start of the hash."""
     return f"{fp['row_count']} rows, total {fp['total']}, hash {fp['content_hash'][:16]}"
 
 
-def compare_readings(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any]], step: str) -> None:
+def compare_readings(expected: dict[str, Reading], actual: dict[str, Reading], step: str) -> None:
     """Every partition of ``actual`` carries the ``expected`` readings (VerificationError naming
     the first that does not, with both readings)."""
     for label, want in expected.items():
@@ -148,7 +148,7 @@ def compare_readings(expected: dict[str, dict[str, Any]], actual: dict[str, dict
             raise VerificationError(label, step, short_readings(want), short_readings(actual[label]))
 
 
-def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
+def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -> dict[str, Reading]:
     """The target's readings of partitions ``labels`` of the context, in the caller's
     transaction (the same readings a plan records for its stages)."""
     target = ctx.engine.open(conn, conn, None, ctx)  # read only: no lock, no control store
@@ -158,10 +158,11 @@ def target_readings(conn: psycopg.Connection, ctx: Context, labels: list[str]) -
         target.close()  # a lake target's catalog connections
 
 
-# The source checks' words: "postgres", the PostgreSQL engine's (ordering first, rows outside
-# the partitions last, as transform_sql's doing); "lake", the DuckDB and Spark engines' (rows
-# outside the partitions first, with examples).
-SourceWording = Literal["postgres", "lake"]
+# The source checks' words, by how the input is read: "database", a relation in the source's
+# own database, counted there in SQL (ordering first, rows outside the partitions last, as
+# transform_sql's doing); "loaded", the input as the build engine loads it from the source
+# (rows outside the partitions first, with examples).
+SourceWording = Literal["database", "loaded"]
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ class Tie:
 
 @dataclass(frozen=True)
 class Ties:
-    keys: int  # how many keys have tied rows (the "postgres" wording names it)
+    keys: int  # how many keys have tied rows (the "database" wording names it)
     examples: Sequence[Tie]  # up to three; none: no ties
 
 
@@ -213,7 +214,7 @@ def check_source_counts(spec: Spec, counts: SourceCounts, wording: SourceWording
             ordering column without a declared NULL placement, a partition whose every row has
             a NULL business key, ties on every ordering column between rows that differ.
     """
-    if wording == "lake":
+    if wording == "loaded":
         _refuse_outside(counts.outside(), wording)
     undeclared = [f"{o.column}: {n} row(s)" for o, n in zip(spec.ordering, counts.ordering_nulls())
                   if n and o.nulls is None]
@@ -233,7 +234,7 @@ def check_source_counts(spec: Spec, counts: SourceCounts, wording: SourceWording
             "Check business_key against the source (run `backfill-assets profile`)", keyless[:3],
         )
     _refuse_ties(spec, counts.ties(), wording)
-    if wording == "postgres":
+    if wording == "database":
         _refuse_outside(counts.outside(), wording)
     return reports
 
@@ -241,7 +242,7 @@ def check_source_counts(spec: Spec, counts: SourceCounts, wording: SourceWording
 def _refuse_outside(outside: Outside, wording: SourceWording) -> None:
     if not outside.rows:
         return
-    if wording == "postgres":
+    if wording == "database":
         raise SourceDataError(
             f"transform_sql puts {outside.rows} row(s) outside the declared partitions or in a NULL partition",
             "A transform must keep every row in its source partition",
@@ -257,7 +258,7 @@ def _refuse_ties(spec: Spec, ties: Ties, wording: SourceWording) -> None:
     if not ties.examples:
         return
     ordering = ", ".join(o.column for o in spec.ordering)
-    if wording == "postgres":
+    if wording == "database":
         raise SourceDataError(
             f"{ties.keys} key(s) have rows that tie on every ordering column ({ordering}) but differ, "
             "so newest-wins would pick one by chance",

@@ -17,13 +17,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 
 from backfill_assets.core.approve import Review, confirm, review
 from backfill_assets.core.context import Clock, utc_now
 from backfill_assets.core.coverage import is_expired, short_list, utc_text
+from backfill_assets.core.differences import Change
 from backfill_assets.core.errors import ApprovalError
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
@@ -129,7 +129,7 @@ class WaitingPlan:
     partitions: list[str]
     created_at: dt.datetime
     review_id: str | None
-    changes: dict[str, dict[str, Any]] | None
+    changes: dict[str, Change] | None
     previewed_at: dt.datetime | None
     # Partitions a run replaced after the preview was made: the preview is stale there.
     stale: list[str]

@@ -31,16 +31,16 @@ ALL_BAD = {"outside": Outside(4, [("2024-02-01", 4)]), "nulls": (2, 0),
 
 
 def test_clean_counts_pass_and_return_the_input_report():
-    for wording in ("postgres", "lake"):
+    for wording in ("database", "loaded"):
         counts = Counts()
         assert check_source_counts(make_spec(), counts, wording) == {"2024-01-01": (3, 0)}
         assert sorted(counts.asked) == ["ordering_nulls", "outside", "reports", "ties"]
 
 
-def test_the_lake_wording_refuses_rows_outside_first_with_examples_and_asks_nothing_more():
+def test_the_loaded_wording_refuses_rows_outside_first_with_examples_and_asks_nothing_more():
     counts = Counts(**ALL_BAD)
     with pytest.raises(SourceDataError) as refused:
-        check_source_counts(make_spec(), counts, "lake")
+        check_source_counts(make_spec(), counts, "loaded")
     assert counts.asked == ["outside"]
     assert str(refused.value) == (
         "the input has rows outside the declared partitions (the transform moves them, or they have a NULL "
@@ -48,15 +48,15 @@ def test_the_lake_wording_refuses_rows_outside_first_with_examples_and_asks_noth
         "it in transform_sql")
 
 
-def test_the_postgres_wording_refuses_undeclared_nulls_first_and_rows_outside_last():
+def test_the_database_wording_refuses_undeclared_nulls_first_and_rows_outside_last():
     counts = Counts(**ALL_BAD)
     with pytest.raises(SourceDataError, match="no declared NULL placement") as refused:
-        check_source_counts(make_spec(), counts, "postgres")
+        check_source_counts(make_spec(), counts, "database")
     assert counts.asked == ["ordering_nulls"]
     assert refused.value.examples == ("updated_at: 2 row(s)",)
     counts = Counts(outside=Outside(4))
     with pytest.raises(SourceDataError) as refused:
-        check_source_counts(make_spec(), counts, "postgres")
+        check_source_counts(make_spec(), counts, "database")
     assert counts.asked == ["ordering_nulls", "reports", "ties", "outside"]
     assert str(refused.value) == ("transform_sql puts 4 row(s) outside the declared partitions or in a NULL "
                                   "partition. A transform must keep every row in its source partition")
@@ -65,7 +65,7 @@ def test_the_postgres_wording_refuses_undeclared_nulls_first_and_rows_outside_la
 def test_declared_nulls_pass_and_a_partition_of_null_keys_is_refused_alike():
     spec = make_spec(ordering=[{"column": "updated_at", "direction": "desc", "nulls": "last"},
                                {"column": "ingest_seq", "direction": "desc"}])
-    for wording in ("postgres", "lake"):
+    for wording in ("database", "loaded"):
         counts = Counts(nulls=(5, 0), reports={"2024-01-01": (2, 2), "2024-01-02": (3, 1)})
         with pytest.raises(SourceDataError) as refused:
             check_source_counts(spec, counts, wording)
@@ -79,7 +79,7 @@ def test_declared_nulls_pass_and_a_partition_of_null_keys_is_refused_alike():
 def test_ties_in_each_wording():
     ties = Ties(5, [Tie(("2024-01-01",), (7,), 2), Tie((), (8,), 3)])
     with pytest.raises(SourceDataError) as refused:
-        check_source_counts(make_spec(), Counts(ties=ties), "postgres")
+        check_source_counts(make_spec(), Counts(ties=ties), "database")
     assert refused.value.problem == ("5 key(s) have rows that tie on every ordering column (updated_at, ingest_seq) "
                                      "but differ, so newest-wins would pick one by chance")
     assert refused.value.hint == ("Add a final tiebreak column to `ordering` (run `backfill-assets profile` to "
@@ -87,7 +87,7 @@ def test_ties_in_each_wording():
     assert refused.value.examples == ("partition 2024-01-01, key (order_id=7): 2 different rows",
                                       "key (order_id=8): 3 different rows")
     with pytest.raises(SourceDataError) as refused:
-        check_source_counts(make_spec(), Counts(ties=ties), "lake")
+        check_source_counts(make_spec(), Counts(ties=ties), "loaded")
     assert refused.value.problem == ("rows tie on every ordering column (updated_at, ingest_seq) within a key but "
                                      "differ, so newest-wins would pick one of them by chance")
     assert refused.value.hint == "Add a final tiebreak column to ordering (an ingest sequence, a unique id)"

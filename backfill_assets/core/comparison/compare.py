@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
+from backfill_assets.core.differences import FirstKey
 from backfill_assets.core.fingerprint import digest
 
 
@@ -78,10 +79,10 @@ def first_changes(stage: str, target: str, partition_key: str, business_key: Seq
         keys=keys, differ=differ, l=side(stage), r=side(target), on=on, order=order, most=sql.Literal(most)))
 
 
-def first_changes_json(rows: Sequence[tuple], business_key: Sequence[str]) -> list[dict]:
+def first_changes_json(rows: Sequence[tuple], business_key: Sequence[str]) -> list[FirstKey]:
     """:func:`first_changes`'s rows as the PostgreSQL engine's change preview gives them (keys, kind, columns)."""
     n = len(business_key)
-    return [{"key": dict(zip(business_key, r[:n])), "kind": r[n], "columns": list(r[n + 1])} for r in rows]
+    return [FirstKey(key=dict(zip(business_key, r[:n])), kind=r[n], columns=list(r[n + 1])) for r in rows]
 
 
 def change_counts(stage: str, target: str, partition_key: str, business_key: Sequence[str],

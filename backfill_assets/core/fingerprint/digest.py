@@ -88,7 +88,7 @@ def row_text(fields: Sequence[tuple[str, str]]) -> str:
     return _text(_row_text(fields))
 
 
-def _parts(fields: Sequence[tuple[str, str]], business_key: Sequence[str], float_keys: Sequence[str]) -> dict[str, Any]:
+def _parts(fields: Sequence[tuple[str, str]], business_key: Sequence[str], float_keys: Sequence[str]) -> dict[str, sql.Composable]:
     """What both digests are made of: the slice sums, the NULL-key test, the key (a double
     key as PostgreSQL compares it) and the row text, over the relation aliased ``t``."""
     keys = [_AS_FLOAT_KEY.format(sql.Identifier("t", k)) if k in float_keys else sql.Identifier("t", k)

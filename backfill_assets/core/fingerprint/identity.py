@@ -10,10 +10,50 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+from backfill_assets.core.fingerprint.rows import Digest
 
 PLAN_FORMAT = "backfill-assets/plan/v1"
 SNAPSHOT_FORMAT = "backfill-assets/snapshot/v3"  # v3: the format-3 row digest (core.fingerprint.rows)
+
+
+class PartitionDigest(Digest):
+    """One partition of a snapshot document, as the control store keeps it too."""
+
+    partition: str
+
+
+class SnapshotDocument(TypedDict):
+    """What a snapshot's fingerprint hashes: the source, its columns and each partition's
+    digest; a pinned source's version; with records that can move, the digest of the scope's
+    keys' versions outside its partitions."""
+
+    format: str
+    source: str
+    version: NotRequired[str]
+    partition_key: str
+    columns: list[list[str]]
+    partitions: list[PartitionDigest]
+    versions_outside: NotRequired[Digest]
+
+
+class PinDocument(TypedDict):
+    """A pinned source's version (core.pinned.pins.Pin): its name, and its files as
+    [path, size, SHA-256] where they are pinned one by one."""
+
+    version: str
+    files: NotRequired[list[list[str | int]]]
+
+
+class ScopeDocument(TypedDict):
+    """What a snapshot id covers beside the data: the partitions requested, those moved
+    records added (label -> reasons) and the moves found ([key, from, to]); a pinned source's pin."""
+
+    requested: list[str]
+    added: dict[str, list[str]]
+    moves: list[list[str]]
+    pin: NotRequired[PinDocument]
 
 
 def canonical_json(value: Any) -> bytes:
@@ -30,7 +70,7 @@ def plan_id_of(document: dict[str, Any]) -> str:
     return sha256_hex(canonical_json(document))
 
 
-def snapshot_identity(document: dict[str, Any], scope: dict[str, Any], mode: str) -> tuple[str, str]:
+def snapshot_identity(document: SnapshotDocument, scope: ScopeDocument, mode: str) -> tuple[str, str]:
     """(snapshot id, fingerprint) of a snapshot document. The fingerprint covers the data and
     names the copy; the id also covers the scope (the requested partitions, and the moves
     found in the target)."""

@@ -22,7 +22,8 @@ import decimal
 import hashlib
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
+from typing import TypedDict
 
 from backfill_assets.core.catalog import ColumnInfo
 
@@ -91,6 +92,25 @@ def _declared_scale(column: ColumnInfo) -> int | None:
     return int(name[name.index(",") + 1 : -1])
 
 
+class Reading(TypedDict):
+    """A :class:`Fingerprint` as JSON values (:meth:`Fingerprint.as_dict`): what plans, builds,
+    approvals and the ledger store of one partition, and what a target's readings are."""
+
+    row_count: int
+    null_key_count: int
+    duplicate_key_count: int
+    total: str | None
+    content_hash: str
+
+
+class Digest(TypedDict):
+    """A source partition's fingerprint, with no key to count: its rows and content hash (for
+    a pinned lake source, the digest of its files), what a snapshot pins."""
+
+    row_count: int
+    content_hash: str
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     """The readings of one partition of one relation."""
@@ -101,13 +121,14 @@ class Fingerprint:
     total: str | None
     content_hash: str
 
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+    def as_dict(self) -> Reading:
+        return Reading(row_count=self.row_count, null_key_count=self.null_key_count,
+                       duplicate_key_count=self.duplicate_key_count, total=self.total,
+                       content_hash=self.content_hash)
 
     def differences(self, other: Fingerprint) -> list[str]:
         """Names of the readings that differ."""
-        mine, theirs = self.as_dict(), other.as_dict()
-        return [k for k in mine if mine[k] != theirs[k]]
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
 
 
 def preamble(columns: Sequence[ColumnInfo]) -> str:

@@ -37,10 +37,11 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from backfill_assets.core.context import Checkpoint, Context, Readings, Signals, no_checkpoint
+from backfill_assets.core.context import Checkpoint, Context, Signals, no_checkpoint
 from backfill_assets.core.errors import BackfillError, KeysElsewhereError, TransientDatabaseError, VerificationError
 from backfill_assets.core.fingerprint.arrow import arrow_readings
 from backfill_assets.core.fingerprint.kinds import lake_schema
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.lake.tables import META_PREFIX, KeysFound, LakeTable, keys_found, lake_errors
 from backfill_assets.core.pg.db import transient_errors
 from backfill_assets.core.targets.common import AdvisoryLocked
@@ -63,15 +64,15 @@ class LakeTarget(AdvisoryLocked):
         self.schema = lake_schema(ctx.target_columns)  # the stage's columns, in the spec's order
         self._committed: dict[str, str | None] = {}
         self._rechecked: dict[str, pa.Table] = {}  # label -> stage A's rows read by the recheck
-        self._known: dict[int, tuple[pa.Table, Readings]] = {}  # id(rows) -> (rows, their readings)
+        self._known: dict[int, tuple[pa.Table, Reading]] = {}  # id(rows) -> (rows, their readings)
         self._keeping = False  # from a recheck to the end of its write: readings kept by rows
 
-    def fingerprint(self, data: pa.Table) -> Readings:
+    def fingerprint(self, data: pa.Table) -> Reading:
         """The readings of one partition's rows in Arrow (the canonical fingerprint)."""
         spec = self.ctx.spec
         return arrow_readings(data, self.ctx.target_columns, spec.business_key, spec.total).as_dict()
 
-    def readings_of(self, data: pa.Table) -> Readings:
+    def readings_of(self, data: pa.Table) -> Reading:
         """:meth:`fingerprint`, computed once for rows a recheck read (until its write ends)."""
         known = self._known.get(id(data))
         if known is not None and known[0] is data:
@@ -81,7 +82,7 @@ class LakeTarget(AdvisoryLocked):
             self._known[id(data)] = (data, readings)
         return readings
 
-    def _read(self, handle: Any, labels: list[str]) -> dict[str, Readings]:
+    def _read(self, handle: Any, labels: list[str]) -> dict[str, Reading]:
         """Each partition as the handle's version holds it, read on its own (partition pruning
         reads only its files)."""
         if handle is None:  # no table yet: every partition is empty
@@ -89,7 +90,7 @@ class LakeTarget(AdvisoryLocked):
         pk = self.ctx.spec.partition_key
         return {label: self.readings_of(self.table.read(handle, pk, [self.ctx.value_of(label)])) for label in labels}
 
-    def readings(self, labels: list[str]) -> dict[str, Readings]:
+    def readings(self, labels: list[str]) -> dict[str, Reading]:
         with lake_errors(self.table, "reading"):
             return self._read(self.table.open(), labels)
 
@@ -139,7 +140,7 @@ class LakeTarget(AdvisoryLocked):
         except BackfillError:
             return None
 
-    def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Readings]:
+    def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Reading]:
         with lake_errors(self.table, "reading"):
             return self._read(signals.at, labels)
 
@@ -149,7 +150,7 @@ class LakeTarget(AdvisoryLocked):
         core.engines.duckdb.target.DuckLakeTarget)."""
         raise NotImplementedError
 
-    def recheck(self, labels: list[str]) -> dict[str, Readings]:
+    def recheck(self, labels: list[str]) -> dict[str, Reading]:
         """Stage A's readings of ``labels`` now, from its rows read into Arrow, which the
         replace that follows in this write then writes."""
         self._keeping = True
@@ -194,7 +195,7 @@ class LakeTarget(AdvisoryLocked):
         """The write of one group of partitions, based on the handle's version."""
         return LakeWrite(self, handle)
 
-    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+    def committed_readings(self, labels: list[str]) -> dict[str, Reading]:
         version, pk = self._committed[labels[0]], self.ctx.spec.partition_key
         with lake_errors(self.table, f"reading back version {version} of"):
             return {label: self.readings_of(self.table.read_version(version, pk, [self.ctx.value_of(label)]))
@@ -218,7 +219,7 @@ class LakeWrite:
         self.note: dict[str, str] = {}  # plan_id, approval_id, ... (core.apply)
         self.metadata: dict[str, str] = {}
 
-    def readings(self, labels: list[str]) -> dict[str, Readings]:
+    def readings(self, labels: list[str]) -> dict[str, Reading]:
         if self.pending is None:
             return self.target._read(self.handle, labels)
         return {label: self.target.readings_of(self.pending[label]) for label in labels}

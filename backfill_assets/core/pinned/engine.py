@@ -15,7 +15,7 @@ from backfill_assets.core.build import SourceMoves, StagesNow, stage_b_as_built,
 from backfill_assets.core.context import Context
 from backfill_assets.core.differences import Against, PartitionDiff, equal_by_fingerprint
 from backfill_assets.core.errors import ApprovalError, StageError
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned.pins import LakeSnapshot, PinnedSource, load_snapshot, require_pin
 from backfill_assets.core.pinned.watch import lake_changes
@@ -99,7 +99,7 @@ class PinnedBuildEngine:
         watch."""
         return lake_changes(self.control, self.spec), []
 
-    def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
+    def stage_changed(self, ctx: Context, expected: dict[str, Reading]) -> list[str]:
         """The partitions of stage A that no longer carry ``expected`` (label -> readings), by
         their seals or fingerprinted again."""
         raise NotImplementedError

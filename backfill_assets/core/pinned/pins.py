@@ -19,9 +19,16 @@ import psycopg
 from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.errors import ApprovalError, SnapshotError
-from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
+from backfill_assets.core.fingerprint.identity import (
+    SNAPSHOT_FORMAT,
+    PartitionDigest,
+    PinDocument,
+    ScopeDocument,
+    SnapshotDocument,
+    snapshot_identity,
+)
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Digest, Fingerprint
 from backfill_assets.core.moves import Scope
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
@@ -38,14 +45,14 @@ class Pin:
     version: str
     files: tuple[tuple[str, int, str], ...] = dataclasses.field(default=())
 
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"version": self.version}
+    def as_dict(self) -> PinDocument:
+        out = PinDocument(version=self.version)
         if self.files:
             out["files"] = [list(f) for f in self.files]
         return out
 
     @classmethod
-    def of(cls, data: dict[str, Any]) -> Pin:
+    def of(cls, data: PinDocument) -> Pin:
         return cls(str(data["version"]), tuple((str(p), int(n), str(h)) for p, n, h in data.get("files", [])))
 
 
@@ -68,7 +75,7 @@ class LakeSnapshot:
     snapshot_id: str
     fingerprint: str
     pin: Pin
-    partitions: dict[str, dict[str, Any]]  # label -> {"row_count", "content_hash"}
+    partitions: dict[str, Digest]  # label -> row count and the digest of its files
     requested: list[str]
     mode: Literal["lake"] = "lake"
     # What the checks read of the input per partition (rows, rows with a NULL key), when the
@@ -80,15 +87,15 @@ class LakeSnapshot:
 
 
 def record_snapshot(control: psycopg.Connection, ctx: Context, pin: Pin, columns: Sequence[ColumnInfo],
-                    parts: dict[str, dict[str, Any]], requested: list[str], reports: dict[str, tuple[int, int]],
+                    parts: dict[str, Digest], requested: list[str], reports: dict[str, tuple[int, int]],
                     clock: Clock) -> LakeSnapshot:
     """Name the pinned partitions (``parts``: label -> row count and the digest of its files)
     and record the snapshot in the control store; moved keys' scope, if any, with it."""
     spec, moved = ctx.spec, ctx.scope
-    scope = {"requested": requested, "added": moved.added if moved else {},
-             "moves": [list(m) for m in moved.moves] if moved else [], "pin": pin.as_dict()}
-    entries = [{"partition": k, **parts[k]} for k in ctx.labels]
-    document = {
+    scope = ScopeDocument(requested=requested, added=moved.added if moved else {},
+                          moves=[list(m) for m in moved.moves] if moved else [], pin=pin.as_dict())
+    entries: list[PartitionDigest] = [{"partition": k, **parts[k]} for k in ctx.labels]
+    document: SnapshotDocument = {
         "format": SNAPSHOT_FORMAT, "source": spec.source_name, "version": pin.version,
         "partition_key": spec.partition_key, "columns": [[c.name, c.type_name] for c in columns],
         "partitions": entries,
@@ -114,8 +121,8 @@ def load_snapshot(control: psycopg.Connection, ctx_of: Callable[[list[str]], Con
     if found["fingerprint_format"] != FINGERPRINT_FORMAT:
         raise SnapshotError(f"snapshot {snapshot_id} was taken with another fingerprint format; take a snapshot again")
     labels = [p["partition"] for p in found["partitions"]]
-    scope = found["scope"] or {}
-    parts = {p["partition"]: {"row_count": p["row_count"], "content_hash": p["content_hash"]} for p in found["partitions"]}
+    scope = found["scope"] or ScopeDocument(requested=labels, added={}, moves=[])
+    parts = {p["partition"]: Digest(row_count=p["row_count"], content_hash=p["content_hash"]) for p in found["partitions"]}
     ctx = ctx_of(labels)
     if spec.records_can_move:
         ctx = dataclasses.replace(ctx, scope=Scope(

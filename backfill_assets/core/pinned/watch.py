@@ -64,10 +64,11 @@ def pinned_changes(conn: psycopg.Connection, spec: Spec, signatures: Signatures)
     changed: list[str] = []
     for snapshot_id, members in by_snapshot.items():
         found = store.find_snapshot(conn, schema, snapshot_id)
-        if found is None or not (found["scope"] or {}).get("pin"):
+        scope = None if found is None else found["scope"]
+        if scope is None or not scope.get("pin"):
             changed.extend(members)
             continue
-        then = signatures.at(Pin.of(found["scope"]["pin"]), parse_labels(members, kind))
+        then = signatures.at(Pin.of(scope["pin"]), parse_labels(members, kind))
         changed.extend(label for label in members if then.get(label) != now.get(label))
     return {label: now.get(label, "gone") for label in sorted(changed)}
 

@@ -6,12 +6,14 @@ by ``status`` and by the Dagster check."""
 
 from __future__ import annotations
 
-from typing import Any
+import datetime as dt
+from typing import Any, NotRequired, TypedDict, cast
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from backfill_assets.core.differences import FirstKey
 from backfill_assets.core.store.control import control_ready
 
 # The newest verified ledger row of each partition of a target (what an audit compares the
@@ -31,6 +33,20 @@ _VERIFIED = sql.SQL(
 VERIFIED_FIELDS = ("partition", "run_id", "plan_id", "row_count", "total", "content_hash", "target_version",
                    "verified_at", "later_run")
 
+
+class VerifiedRow(TypedDict):
+    """A partition's newest verified ledger row (``VERIFIED_FIELDS``)."""
+
+    partition: str
+    run_id: str
+    plan_id: str
+    row_count: int
+    total: str | None
+    content_hash: str
+    target_version: str | None  # the lake version it was verified at (None: PostgreSQL)
+    verified_at: dt.datetime
+    later_run: str | None  # "<run id> <status>" of a run that started or failed on it since
+
 # The newest audit of each partition of a target, and when an audit last found it holding.
 _LATEST = sql.SQL(
     "SELECT DISTINCT ON (a.partition) a.partition, a.audited_at, a.result, a.signal, a.signal_value, "
@@ -42,6 +58,56 @@ _LATEST = sql.SQL(
 
 LATEST_FIELDS = ("partition", "audited_at", "result", "signal", "signal_value", "verified_run_id", "last_holding_at")
 
+
+class LatestAudit(TypedDict):
+    """A partition's newest audit (``LATEST_FIELDS``)."""
+
+    partition: str
+    audited_at: dt.datetime
+    result: str
+    signal: str
+    signal_value: str | None
+    verified_run_id: str | None
+    last_holding_at: dt.datetime | None  # when an audit last found it holding
+
+
+class AuditReading(TypedDict):
+    """What an audit compares of a partition: the readings a verification recorded."""
+
+    row_count: int
+    total: str | None
+    content_hash: str
+
+
+class DriftCounts(TypedDict):
+    """The keys a target gained (added), lost (removed), changed and kept since its verification."""
+
+    added: int
+    removed: int
+    changed: int
+    unchanged: int
+
+
+class Drift(TypedDict):
+    """What changed in a drifted partition: the keys (None: they cannot be named, ``why``
+    says why), and the first of them."""
+
+    keys: DriftCounts | None
+    first: NotRequired[list[FirstKey]]
+    why: NotRequired[str]
+
+
+class AuditRecord(TypedDict):
+    """One partition of an audit as recorded (the readings and changes as JSON values)."""
+
+    partition: str
+    result: str
+    signal: str
+    signal_value: str | None
+    verified_run_id: str | None
+    readings: AuditReading | None
+    changes: Drift | None
+
 _INSERT = sql.SQL(
     "INSERT INTO {schema}.audits (audit_id, spec_name, target_table, partition, audited_at, result, signal, "
     "signal_value, verified_run_id, readings, changes) SELECT %(audit_id)s, %(spec_name)s, %(target_table)s, "
@@ -51,26 +117,26 @@ _INSERT = sql.SQL(
 )
 
 
-def verified_partitions(conn: psycopg.Connection, schema: str, target_table: str) -> dict[str, dict[str, Any]]:
+def verified_partitions(conn: psycopg.Connection, schema: str, target_table: str) -> dict[str, VerifiedRow]:
     """partition -> its newest verified ledger row (``VERIFIED_FIELDS``; ``later_run``: "<run id>
     <status>" of a run that started or failed on it since, or None); empty before any run."""
     if not control_ready(conn, schema):
         return {}
     rows = conn.execute(_VERIFIED.format(schema=sql.Identifier(schema)), {"target_table": target_table}).fetchall()
-    return {r[0]: dict(zip(VERIFIED_FIELDS, r)) for r in rows}
+    return {r[0]: cast(VerifiedRow, dict(zip(VERIFIED_FIELDS, r))) for r in rows}
 
 
-def latest_audits(conn: psycopg.Connection, schema: str, target_table: str) -> dict[str, dict[str, Any]]:
+def latest_audits(conn: psycopg.Connection, schema: str, target_table: str) -> dict[str, LatestAudit]:
     """partition -> its newest audit (``LATEST_FIELDS``; ``last_holding_at``: when an audit last
     found it holding, or None); empty before any audit."""
     if not control_ready(conn, schema):
         return {}
     rows = conn.execute(_LATEST.format(schema=sql.Identifier(schema)), {"target_table": target_table}).fetchall()
-    return {r[0]: dict(zip(LATEST_FIELDS, r)) for r in rows}
+    return {r[0]: cast(LatestAudit, dict(zip(LATEST_FIELDS, r))) for r in rows}
 
 
 def record_audit(conn: psycopg.Connection, schema: str, *, audit_id: str, spec_name: str, target_table: str,
-                 audited_at: Any, rows: list[dict[str, Any]]) -> None:
+                 audited_at: Any, rows: list[AuditRecord]) -> None:
     """One row per partition audited (``partition``, ``result``, ``signal``, ``signal_value``,
     ``verified_run_id``, ``readings``, ``changes``), in the caller's transaction."""
     conn.execute(_INSERT.format(schema=sql.Identifier(schema)), {

@@ -8,7 +8,7 @@ read in one transaction.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import psycopg
 from psycopg import sql
@@ -16,7 +16,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from backfill_assets.core.errors import SnapshotError
+from backfill_assets.core.fingerprint.identity import PartitionDigest, ScopeDocument
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.pg import sqlbuild
 
 # The index of the ledger by approval (see _DDL), in the control schema.
@@ -162,16 +164,27 @@ def ensure_control_schema(conn: psycopg.Connection, schema: str) -> None:
         conn.execute(ddl.format(schema=sql.Identifier(schema)))
 
 
-def find_snapshot(conn: psycopg.Connection, schema: str, snapshot_id: str) -> dict[str, Any] | None:
-    """A recorded snapshot (snapshot_id, snapshot_table, fingerprint, mode, partitions,
-    scope, fingerprint_format), or None."""
+class SnapshotRow(TypedDict):
+    """A recorded snapshot (``scope`` None: recorded before scopes; ``fingerprint_format`` None: before format 3)."""
+
+    snapshot_id: str
+    snapshot_table: str | None
+    fingerprint: str
+    mode: str
+    partitions: list[PartitionDigest]
+    scope: ScopeDocument | None
+    fingerprint_format: int | None
+
+
+def find_snapshot(conn: psycopg.Connection, schema: str, snapshot_id: str) -> SnapshotRow | None:
+    """A recorded snapshot, or None."""
     row = conn.execute(
         _SNAPSHOT_ROW.format(schema=sql.Identifier(schema)), {"snapshot_id": snapshot_id}
     ).fetchone()
     if row is None:
         return None
     keys = ("snapshot_id", "snapshot_table", "fingerprint", "mode", "partitions", "scope", "fingerprint_format")
-    return dict(zip(keys, row))
+    return cast(SnapshotRow, dict(zip(keys, row)))
 
 
 def record_snapshot(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
@@ -249,7 +262,7 @@ def record_build(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
 
 def builds(
     conn: psycopg.Connection, schema: str, spec_name: str, variant: str, partitions: list[str]
-) -> dict[str, tuple[dict[str, Any], str | None, int | None]]:
+) -> dict[str, tuple[Reading, str | None, int | None]]:
     """partition -> (readings, writer_xid, transactions_since) of the latest build of one
     stage; transactions_since counts the transaction ids assigned since the build (None for a
     build recorded by an older version)."""
@@ -262,7 +275,7 @@ def builds(
 
 def unkept_builds(
     conn: psycopg.Connection, schema: str, spec_name: str, variant: str, partitions: list[str]
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Reading]:
     """partition -> readings of the latest builds of one stage that were hashed as they were
     built but not written (see core.engines.postgres.stages)."""
     rows = conn.execute(
@@ -370,13 +383,13 @@ _LATEST_SNAPSHOTTED = sql.SQL(
 
 def plans_with(
     conn: psycopg.Connection, schema: str, spec_name: str, partitions: list[str]
-) -> dict[str, list[tuple[str, dict[str, Any], dict[str, Any]]]]:
+) -> dict[str, list[tuple[str, Reading, Reading]]]:
     """partition -> (plan_id, stage_a readings, stage_b readings) of every plan of a spec that
     includes it, newest first."""
     rows = conn.execute(
         _PLANS_WITH.format(schema=sql.Identifier(schema)), {"spec_name": spec_name, "partitions": partitions}
     ).fetchall()
-    out: dict[str, list[tuple[str, dict[str, Any], dict[str, Any]]]] = {}
+    out: dict[str, list[tuple[str, Reading, Reading]]] = {}
     for label, plan_id, a, b in rows:
         out.setdefault(label, []).append((plan_id, a, b))
     return out

@@ -6,12 +6,13 @@ creates it), read by apply, status and the approval sensor.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.store.control import control_ready
 
 _INSERT_APPROVAL = sql.SQL(
@@ -49,6 +50,24 @@ APPROVAL_FIELDS = ("approval_id", "plan_id", "approved_by", "approved_at", "part
 OPEN_APPROVAL_FIELDS = (*APPROVAL_FIELDS, "verified")
 
 
+class ApprovalRow(TypedDict):
+    """An approval as recorded (``APPROVAL_FIELDS``); ``target_readings``: each partition's
+    target readings it was given against (None: recorded by an older version)."""
+
+    approval_id: int
+    plan_id: str
+    approved_by: str
+    approved_at: dt.datetime
+    partitions: list[str]
+    target_readings: dict[str, Reading] | None
+
+
+class OpenApprovalRow(ApprovalRow):
+    """An open approval (``OPEN_APPROVAL_FIELDS``), with the partitions its runs verified."""
+
+    verified: list[str]
+
+
 def record_approval(conn: psycopg.Connection, schema: str, **fields: Any) -> int:
     """Record an approval with the target readings it was given against and the review the
     approver was shown; returns its id."""
@@ -59,22 +78,22 @@ def record_approval(conn: psycopg.Connection, schema: str, **fields: Any) -> int
     return int(row[0])
 
 
-def latest_approval(conn: psycopg.Connection, schema: str, plan_id: str) -> dict[str, Any] | None:
+def latest_approval(conn: psycopg.Connection, schema: str, plan_id: str) -> ApprovalRow | None:
     """The newest approval of a plan (``APPROVAL_FIELDS``), or None."""
     row = conn.execute(
         _LATEST_APPROVAL.format(schema=sql.Identifier(schema)), {"plan_id": plan_id}
     ).fetchone()
-    return None if row is None else dict(zip(APPROVAL_FIELDS, row))
+    return None if row is None else cast(ApprovalRow, dict(zip(APPROVAL_FIELDS, row)))
 
 
-def open_approvals(conn: psycopg.Connection, schema: str, spec_name: str) -> list[dict[str, Any]]:
+def open_approvals(conn: psycopg.Connection, schema: str, spec_name: str) -> list[OpenApprovalRow]:
     """The newest approval of each plan of a spec not yet verified by its own runs in every
     partition (``OPEN_APPROVAL_FIELDS``: ``verified`` lists the partitions they did verify),
     oldest first."""
     rows = conn.execute(
         _OPEN_APPROVALS.format(schema=sql.Identifier(schema)), {"spec_name": spec_name}
     ).fetchall()
-    return [dict(zip(OPEN_APPROVAL_FIELDS, r)) for r in rows]
+    return [cast(OpenApprovalRow, dict(zip(OPEN_APPROVAL_FIELDS, r))) for r in rows]
 
 
 _VERIFIED_BY_APPROVAL = sql.SQL(
@@ -146,6 +165,36 @@ _PARTITION_HISTORY = sql.SQL(
 HISTORY_FIELDS = ("partition", "run_id", "plan_id", "approval_id", "status", "content_hash", "finished_at")
 
 
+class LedgerRow(TypedDict):
+    """The latest ledger row of a partition (``LEDGER_FIELDS``), with the content hash its
+    last verified run recorded (``last_verified_hash``, None: never verified)."""
+
+    partition: str
+    status: str
+    run_id: str
+    plan_id: str
+    row_count: int | None
+    total: str | None
+    content_hash: str | None
+    run_started_at: dt.datetime
+    finished_at: dt.datetime | None
+    error: str | None
+    target_version: str | None
+    last_verified_hash: str | None
+
+
+class HistoryRow(TypedDict):
+    """A ledger row of a run that reached a partition (``HISTORY_FIELDS``)."""
+
+    partition: str
+    run_id: str
+    plan_id: str
+    approval_id: int
+    status: str
+    content_hash: str | None
+    finished_at: dt.datetime | None
+
+
 def ledger_start(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
     """One 'pending' row per partition of a run, with the approved readings."""
     fields = {**fields, "partitions": Jsonb(fields["partitions"])}
@@ -162,24 +211,24 @@ def ledger_mark(conn: psycopg.Connection, schema: str, run_id: str, partitions: 
     )
 
 
-def ledger_latest(conn: psycopg.Connection, schema: str, target_table: str) -> list[dict[str, Any]]:
+def ledger_latest(conn: psycopg.Connection, schema: str, target_table: str) -> list[LedgerRow]:
     """The latest ledger row per partition of a target, with its last verified hash."""
     rows = conn.execute(
         _LEDGER_LATEST.format(schema=sql.Identifier(schema)), {"target_table": target_table}
     ).fetchall()
-    return [dict(zip(LEDGER_FIELDS, r)) for r in rows]
+    return [cast(LedgerRow, dict(zip(LEDGER_FIELDS, r))) for r in rows]
 
 
 def partition_history(
     conn: psycopg.Connection, schema: str, target_table: str, partitions: list[str]
-) -> list[dict[str, Any]]:
+) -> list[HistoryRow]:
     """Every ledger row of a run that reached one of ``partitions`` of a target
     (``HISTORY_FIELDS``), newest first."""
     rows = conn.execute(
         _PARTITION_HISTORY.format(schema=sql.Identifier(schema)),
         {"target_table": target_table, "partitions": partitions},
     ).fetchall()
-    return [dict(zip(HISTORY_FIELDS, r)) for r in rows]
+    return [cast(HistoryRow, dict(zip(HISTORY_FIELDS, r))) for r in rows]
 
 
 def ledger_run(conn: psycopg.Connection, schema: str, run_id: str) -> list[tuple]:
@@ -187,7 +236,7 @@ def ledger_run(conn: psycopg.Connection, schema: str, run_id: str) -> list[tuple
     return conn.execute(_LEDGER_RUN.format(schema=sql.Identifier(schema)), {"run_id": run_id}).fetchall()
 
 
-def ledger_status(conn: psycopg.Connection, spec: Any) -> list[dict[str, Any]]:
+def ledger_status(conn: psycopg.Connection, spec: Any) -> list[LedgerRow]:
     """The latest ledger row per partition of the spec's target (empty before any run),
     integer partitions in numeric order."""
     if not control_ready(conn, spec.control_schema):
@@ -241,10 +290,21 @@ _APPROVALS_SINCE = sql.SQL(
 APPROVAL_STATE_FIELDS = ("approval_id", "plan_id", "partitions", "approved_at", "applied", "superseded")
 
 
+class ApprovalState(TypedDict):
+    """An approval and what became of it (``APPROVAL_STATE_FIELDS``, see :func:`approvals_since`)."""
+
+    approval_id: int
+    plan_id: str
+    partitions: list[str]
+    approved_at: dt.datetime
+    applied: bool
+    superseded: bool
+
+
 def approvals_since(
     conn: psycopg.Connection, schema: str, spec_name: str, after: int, *, limit: int,
     approved_after: dt.datetime | None = None,
-) -> list[dict[str, Any]]:
+) -> list[ApprovalState]:
     """The first ``limit`` approvals of a spec newer than ``after`` (``APPROVAL_STATE_FIELDS``),
     oldest first: ``applied`` when runs of that approval verified every one of its partitions
     (status verified or skipped-already-verified), ``superseded`` when the same plan has a
@@ -254,7 +314,8 @@ def approvals_since(
         _APPROVALS_SINCE.format(schema=sql.Identifier(schema)),
         {"spec_name": spec_name, "after": after, "limit": limit, "approved_after": approved_after},
     ).fetchall()
-    return [dict(zip(APPROVAL_STATE_FIELDS, (int(r[0]), r[1], list(r[2]), r[3], r[4], r[5]))) for r in rows]
+    return [ApprovalState(approval_id=int(r[0]), plan_id=r[1], partitions=list(r[2]), approved_at=r[3], applied=r[4],
+                          superseded=r[5]) for r in rows]
 
 
 # The partitions a run of the newest approval of a plan (the one apply applies) failed, each
@@ -273,7 +334,16 @@ _UNVERIFIED_FAILURES = sql.SQL(
 FAILURE_FIELDS = ("partition", "run_id", "error", "approval_id")
 
 
-def unverified_failures(conn: psycopg.Connection, schema: str, plan_id: str) -> list[dict[str, Any]]:
+class Failure(TypedDict):
+    """A partition's newest failure not verified since (``FAILURE_FIELDS``)."""
+
+    partition: str
+    run_id: str
+    error: str | None
+    approval_id: int
+
+
+def unverified_failures(conn: psycopg.Connection, schema: str, plan_id: str) -> list[Failure]:
     """The partitions that runs of the newest approval of ``plan_id`` failed and no run of that
     approval has verified since (``FAILURE_FIELDS``, the newest failure of each), in partition
     order; empty before any run. Apply stops after its first failure: across the runs of a
@@ -283,4 +353,4 @@ def unverified_failures(conn: psycopg.Connection, schema: str, plan_id: str) -> 
     rows = conn.execute(
         _UNVERIFIED_FAILURES.format(schema=sql.Identifier(schema)), {"plan_id": plan_id}
     ).fetchall()
-    return [dict(zip(FAILURE_FIELDS, (r[0], r[1], r[2], int(r[3])))) for r in rows]
+    return [Failure(partition=r[0], run_id=r[1], error=r[2], approval_id=int(r[3])) for r in rows]

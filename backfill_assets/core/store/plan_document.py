@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from backfill_assets.core.errors import DeterminismError, StageDifference
 from backfill_assets.core.fingerprint.identity import plan_id_of
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Digest, Fingerprint, Reading
 from backfill_assets.core.spec import OrderingColumn
 
 
@@ -35,9 +35,9 @@ class SourceReport(_Frozen):
     snapshot_hash: str
 
     @property
-    def pinned(self) -> dict[str, Any]:
-        """The snapshot's fingerprint of the source partition: ``{"row_count", "content_hash"}``."""
-        return {"row_count": self.snapshot_rows, "content_hash": self.snapshot_hash}
+    def pinned(self) -> Digest:
+        """The snapshot's fingerprint of the source partition."""
+        return Digest(row_count=self.snapshot_rows, content_hash=self.snapshot_hash)
 
 
 class PartitionEntry(_Frozen):
@@ -51,8 +51,8 @@ class PartitionEntry(_Frozen):
 
     def difference(self) -> StageDifference | None:
         """The readings on which the two stages differ, or None."""
-        a, b = self.stage_a.as_dict(), self.stage_b.as_dict()
-        differing = {name: (a[name], b[name]) for name in a if a[name] != b[name]}
+        a, b = self.stage_a, self.stage_b
+        differing = {name: (getattr(a, name), getattr(b, name)) for name in a.differences(b)}
         return StageDifference(self.partition, differing) if differing else None
 
 
@@ -176,11 +176,11 @@ class Plan(_Frozen):
     def labels(self) -> list[str]:
         return self.document.labels
 
-    def approved(self, label: str) -> dict[str, Any]:
+    def approved(self, label: str) -> Reading:
         """The approved readings (stage A's) of one partition."""
         return self.document.entry(label).stage_a.as_dict()
 
-    def pinned_source(self, labels: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    def pinned_source(self, labels: list[str] | None = None) -> dict[str, Digest]:
         """The source fingerprints the plan's snapshot pinned, of ``labels`` (default all)."""
         return {p.partition: p.source.pinned for p in self.document.partitions if labels is None or p.partition in labels}
 

@@ -4,11 +4,14 @@ ready plan, and the plans waiting for an approval."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
+
+from backfill_assets.core.differences import Change
+from backfill_assets.core.fingerprint.rows import Reading
 
 _UPSERT = sql.SQL(
     "INSERT INTO {schema}.previews (plan_id, spec_name, review_id, target_readings, changes, made_at) "
@@ -20,23 +23,35 @@ _FIELDS = ("plan_id", "spec_name", "review_id", "target_readings", "changes", "m
 _SELECT = "SELECT plan_id, spec_name, review_id, target_readings, changes, made_at FROM {schema}.previews "
 
 
+class PreviewRow(TypedDict):
+    """A plan's newest preview (``_FIELDS``): the target's readings it was made against and the
+    changes it showed (None: they could not be read)."""
+
+    plan_id: str
+    spec_name: str
+    review_id: str
+    target_readings: dict[str, Reading]
+    changes: dict[str, Change] | None
+    made_at: dt.datetime
+
+
 def record(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
     """Record a plan's newest preview (``_FIELDS``), replacing the one before."""
     fields = {**fields, "target_readings": Jsonb(fields["target_readings"]), "changes": Jsonb(fields["changes"])}
     conn.execute(_UPSERT.format(schema=sql.Identifier(schema)), fields)
 
 
-def of_plan(conn: psycopg.Connection, schema: str, plan_id: str) -> dict[str, Any] | None:
+def of_plan(conn: psycopg.Connection, schema: str, plan_id: str) -> PreviewRow | None:
     row = conn.execute(sql.SQL(_SELECT + "WHERE plan_id = %(id)s").format(schema=sql.Identifier(schema)),
                        {"id": plan_id}).fetchone()
-    return None if row is None else dict(zip(_FIELDS, row))
+    return None if row is None else cast(PreviewRow, dict(zip(_FIELDS, row)))
 
 
-def by_review(conn: psycopg.Connection, schema: str, review_id: str) -> dict[str, Any] | None:
+def by_review(conn: psycopg.Connection, schema: str, review_id: str) -> PreviewRow | None:
     """The preview with this review id, if it is still a plan's newest."""
     row = conn.execute(sql.SQL(_SELECT + "WHERE review_id = %(id)s").format(schema=sql.Identifier(schema)),
                        {"id": review_id}).fetchone()
-    return None if row is None else dict(zip(_FIELDS, row))
+    return None if row is None else cast(PreviewRow, dict(zip(_FIELDS, row)))
 
 
 # Ready plans of a spec made (or previewed) after a time that were never approved and that no
@@ -64,10 +79,24 @@ WAITING_FIELDS = ("plan_id", "partitions", "created_at", "review_id", "target_re
                   "replaced")
 
 
+class WaitingRow(TypedDict):
+    """A plan waiting for an approval (``WAITING_FIELDS``), with its newest preview's fields
+    (None without one)."""
+
+    plan_id: str
+    partitions: list[str]
+    created_at: dt.datetime
+    review_id: str | None
+    target_readings: dict[str, Reading] | None
+    changes: dict[str, Change] | None
+    previewed_at: dt.datetime | None
+    replaced: list[str]
+
+
 def waiting_plans(conn: psycopg.Connection, schema: str, spec_name: str, target_table: str, since: dt.datetime,
-                  limit: int) -> list[dict[str, Any]]:
+                  limit: int) -> list[WaitingRow]:
     """Up to ``limit`` ready plans made or previewed after ``since`` and waiting for an
     approval (``WAITING_FIELDS``), newest first."""
     rows = conn.execute(_WAITING.format(schema=sql.Identifier(schema)),
                         {"spec_name": spec_name, "target": target_table, "since": since, "limit": limit}).fetchall()
-    return [dict(zip(WAITING_FIELDS, r)) for r in rows]
+    return [cast(WaitingRow, dict(zip(WAITING_FIELDS, r))) for r in rows]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -34,7 +34,7 @@ from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.comparison import compare
 from backfill_assets.core.comparison.diff import diff_partition
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
-from backfill_assets.core.differences import Against, PartitionDiff
+from backfill_assets.core.differences import Against, Change, PartitionDiff
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor, database
 from backfill_assets.core.engines.duckdb.inspect import inspect, resolve
@@ -50,7 +50,7 @@ from backfill_assets.core.engines.duckdb.stages import (
 )
 from backfill_assets.core.engines.duckdb.target import DuckLakeTarget
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned.by_format import lake_source
 from backfill_assets.core.pinned.engine import PinnedBuildEngine
@@ -137,7 +137,7 @@ class DuckBuildEngine(PinnedBuildEngine):
         self._stack.callback(profiler.close)
         return profiler
 
-    def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
+    def stage_changed(self, ctx: Context, expected: dict[str, Reading]) -> list[str]:
         """The partitions of stage A that no longer carry ``expected`` (by their seals, or
         fingerprinted in full where a seal does not hold: :func:`seals_hold`)."""
         spec = self.spec
@@ -147,7 +147,7 @@ class DuckBuildEngine(PinnedBuildEngine):
                                     f"{spec.engine.database or 'its DuckDB database'}; plan again")
             return seals_hold(duck, ctx, "a", expected)
 
-    def _stage_now(self, ctx: Context, labels: list[str]) -> dict[str, dict[str, Any]]:
+    def _stage_now(self, ctx: Context, labels: list[str]) -> dict[str, Reading]:
         spec = self.spec
         stage = stage_name(spec, "a")
         with contextlib.closing(cursor(self.db)) as duck:
@@ -157,7 +157,7 @@ class DuckBuildEngine(PinnedBuildEngine):
                                 [ctx.value_of(label) for label in labels])
         return {label: fp.as_dict() for label, fp in zip(labels, found)}
 
-    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, Reading]:
         spec = self.spec
         wanted = stored.labels if partitions is None else partitions
         require_plan_pin(self.control, self.source, spec, stored, ctx)
@@ -171,10 +171,10 @@ class DuckBuildEngine(PinnedBuildEngine):
         finally:
             target.close()
 
-    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
+    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, Change]:
         spec = self.spec
         target = DuckLakeTarget(self.control, self.control, ctx, self.db)
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, Change] = {}
         fields = fields_of(ctx.target_columns)
         try:
             handle = target.table.open()
@@ -186,13 +186,13 @@ class DuckBuildEngine(PinnedBuildEngine):
                                 else target.table.read(handle, spec.partition_key, [value]))
                     duck.register("target_rows", rows_now.select(list(spec.columns)))
                     if rows_now.num_rows == 0:  # an empty (or new) partition: every approved key is added
-                        out[label] = {"added": built[label], "removed": 0, "changed": 0, "unchanged": 0}
+                        out[label] = Change(added=built[label], removed=0, changed=0, unchanged=0)
                     else:
                         query = compare.change_counts(stage_name(spec, "a"), "target_rows", spec.partition_key,
                                                          spec.business_key, fields)
                         added, removed, changed, unchanged = duck.execute(query, {"partition": value}).fetchall()[0]
-                        out[label] = {"added": int(added), "removed": int(removed), "changed": int(changed),
-                                      "unchanged": int(unchanged)}
+                        out[label] = Change(added=int(added), removed=int(removed), changed=int(changed),
+                                            unchanged=int(unchanged))
                     if first:
                         rows = duck.execute(compare.first_changes(
                             stage_name(spec, "a"), "target_rows", spec.partition_key, spec.business_key, fields, first),

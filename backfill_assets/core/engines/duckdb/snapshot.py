@@ -19,6 +19,7 @@ from backfill_assets.core.engines.duckdb.database import cursor
 from backfill_assets.core.engines.duckdb.stages import fields_of
 from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.kinds import lake_schema
+from backfill_assets.core.fingerprint.rows import Digest
 from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
 from backfill_assets.core.moves import close_scope_with
 from backfill_assets.core.pinned.duck_types import source_types
@@ -49,7 +50,7 @@ def check_source(duck: DuckDBPyConnection, ctx: Context) -> dict[str, tuple[int,
             NULL key, rows a transform moves outside the declared partitions.
     """
     relation = input_of(ctx, [name for name, _ in source_types(duck)])
-    return check_source_counts(ctx.spec, _Counts(duck, ctx, relation), "lake")
+    return check_source_counts(ctx.spec, _Counts(duck, ctx, relation), "loaded")
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
     # The pinned version cannot change, so its files name each partition's rows: their digest
     # is the partition's hash here (the rows themselves are fingerprinted in the stages).
     files = source.signature_at(pin, spec.partition_key, ctx.partitions)
-    parts = {label: {"row_count": counts.get(label, 0), "content_hash": files[label]} for label in ctx.labels}
+    parts = {label: Digest(row_count=counts.get(label, 0), content_hash=files[label]) for label in ctx.labels}
     return record_snapshot(control, ctx, pin, columns, parts, requested, reports, clock), ctx
 
 

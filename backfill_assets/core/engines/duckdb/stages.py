@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import psycopg
 from psycopg import sql
@@ -21,7 +21,7 @@ from backfill_assets.core.engines.duckdb.database import cursor
 from backfill_assets.core.engines.duckdb.inspect import described
 from backfill_assets.core.fingerprint import digest, rows
 from backfill_assets.core.fingerprint.partition import empty
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.pinned.duck_types import source_types
 from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, record_builds, record_plan
 from backfill_assets.core.pinned.source import LakeSource
@@ -158,7 +158,7 @@ def record_seals(duck: DuckDBPyConnection, ctx: Context, variant: str, snapshot_
         })
 
 
-def seals_hold(duck: DuckDBPyConnection, ctx: Context, variant: str, expected: dict[str, dict[str, Any]]) -> list[str]:
+def seals_hold(duck: DuckDBPyConnection, ctx: Context, variant: str, expected: dict[str, Reading]) -> list[str]:
     """The partitions of ``expected`` (label -> readings) whose stage no longer carries them
     without being fingerprinted again: those whose build recorded exactly those readings
     and whose rows still give the build's seal (row count and the exact sum of DuckDB's 64-bit

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import pyarrow as pa
 
-from backfill_assets.core.context import Checkpoint, Context, Readings, no_checkpoint
+from backfill_assets.core.context import Checkpoint, Context, no_checkpoint
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor
 from backfill_assets.core.engines.duckdb.stages import readings_of, stage_name
 from backfill_assets.core.fingerprint.kinds import lake_schema
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.tables import META_PREFIX, FileLakeTable, WrittenFile
 from backfill_assets.core.lake.target import LakeTarget, LakeWrite
@@ -65,10 +66,10 @@ def _partition_rows(duck: DuckDBPyConnection, ctx: Context, schema: pa.Schema, l
 
 
 def files_readings(db: DuckDBPyConnection, ctx: Context, schema: pa.Schema,
-                   files: Mapping[str, Sequence[str]], carried: bool) -> dict[str, Readings]:
+                   files: Mapping[str, Sequence[str]], carried: bool) -> dict[str, Reading]:
     """The readings of each partition held by its files (label -> full paths), by DuckDB."""
     spec = ctx.spec
-    out: dict[str, Readings] = {}
+    out: dict[str, Reading] = {}
     with contextlib.closing(cursor(db)) as duck:
         for label, paths in files.items():
             with _partition_rows(duck, ctx, schema, label, paths, carried) as rows:
@@ -116,7 +117,7 @@ class DuckLakeTarget(LakeTarget):
             data = duck.sql(query, params={"partition": self.ctx.value_of(label)}).to_arrow_table()
         return data.cast(lake_schema(self.ctx.target_columns))
 
-    def fingerprint(self, data: pa.Table) -> Readings:
+    def fingerprint(self, data: pa.Table) -> Reading:
         return super().fingerprint(data if data.num_rows else self.schema.empty_table())
 
     def _files(self, handle: Any, labels: list[str]) -> dict[str, list[str]] | None:
@@ -127,13 +128,13 @@ class DuckLakeTarget(LakeTarget):
             return {label: [] for label in labels}
         return self.table.partition_files(handle, self.ctx.spec.partition_key, [self.ctx.value_of(x) for x in labels])
 
-    def _read(self, handle: Any, labels: list[str]) -> dict[str, Readings]:
+    def _read(self, handle: Any, labels: list[str]) -> dict[str, Reading]:
         files = self._files(handle, labels)
         if files is None:
             return super()._read(handle, labels)
         return self.files_readings(files)
 
-    def files_readings(self, files: Mapping[str, Sequence[str]]) -> dict[str, Readings]:
+    def files_readings(self, files: Mapping[str, Sequence[str]]) -> dict[str, Reading]:
         assert isinstance(self.table, FileLakeTable)
         return files_readings(self.db, self.ctx, self.schema, files, self.table.carries_partition)
 
@@ -144,7 +145,7 @@ class DuckLakeTarget(LakeTarget):
             return FilesWrite(self, self.table, handle)
         return super().new_write(handle)
 
-    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+    def committed_readings(self, labels: list[str]) -> dict[str, Reading]:
         version = self.committed_version(labels)
         if isinstance(self.table, FileLakeTable) and version is not None:
             # The table as our commit left it (the library read our commit back), or loaded
@@ -167,7 +168,7 @@ class FilesWrite(LakeWrite):
         self.written: dict[str, WrittenFile | None] = {}
         self.committing = False
 
-    def readings(self, labels: list[str]) -> dict[str, Readings]:
+    def readings(self, labels: list[str]) -> dict[str, Reading]:
         if self.pending is None:
             return super().readings(labels)
         return self.duck_target.files_readings({label: self._paths(label) for label in labels})

@@ -90,7 +90,7 @@ def diff_counts(conn: psycopg.Connection, ctx: PostgresContext, left: TableRef, 
     return [PartitionDiff(label, **counts[label]) for label in labels]
 
 
-def first_added(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef, label: str, limit: int) -> list[dict[str, str]]:
+def first_added(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef, label: str, limit: int) -> list[dict[str, str | None]]:
     """The first ``limit`` business keys of one partition of ``rel`` (each as its text forms),
     in the order :func:`diff_partition` gives its examples: the keys it would name when the
     other side holds no row of the partition (every key added)."""

@@ -15,7 +15,7 @@ import psycopg
 from backfill_assets.core.build import SourceMoves, StagesNow, stage_b_as_built, unwritten_b
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Target, no_checkpoint
-from backfill_assets.core.differences import Against, PartitionDiff, equal_by_fingerprint
+from backfill_assets.core.differences import Against, Change, PartitionDiff, equal_by_fingerprint
 from backfill_assets.core.engines.postgres import exported, planned, review, snapshot, stages
 from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.diff import diff_against, rows_per_partition
@@ -25,7 +25,7 @@ from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.staged import staged, staged_target
 from backfill_assets.core.engines.postgres.watch import WatchState, watch_tick
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.pg.catalog import table_kind
 from backfill_assets.core.pg.db import ConnectionFactory, repeatable_read, transient_errors
 from backfill_assets.core.progress import Progress
@@ -139,10 +139,10 @@ class PostgresBuildEngine:
     def unchanged_spec(self, stored: Plan) -> PostgresContext:
         return review.check_spec_unchanged(self.conn, self.spec, stored)
 
-    def unchanged_data(self, ctx: PostgresContext, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    def unchanged_data(self, ctx: PostgresContext, stored: Plan, partitions: list[str] | None = None) -> dict[str, Reading]:
         return review.check_data_unchanged(self.conn, ctx, stored, partitions)
 
-    def changes(self, ctx: PostgresContext, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
+    def changes(self, ctx: PostgresContext, stored: Plan, first: int = 0) -> dict[str, Change]:
         return review.changes_of(self.conn, ctx, stored, first)
 
     def recheck_stage(self, ctx: PostgresContext, stored: Plan, labels: list[str]) -> None:

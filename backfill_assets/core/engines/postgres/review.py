@@ -5,11 +5,9 @@ failed verification."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 
-from backfill_assets.core.differences import PartitionDiff, example_text
+from backfill_assets.core.differences import Change, FirstKey, PartitionDiff, example_text
 from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.diff import diff_against, diff_counts, first_added, rows_per_partition
 from backfill_assets.core.engines.postgres.resolve import resolve
@@ -17,6 +15,7 @@ from backfill_assets.core.engines.postgres.snapshot import copy_problem, immutab
 from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.engines.postgres.stages import stage_partitions_changed
 from backfill_assets.core.errors import ApprovalError, VerificationError
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.pg.db import repeatable_read
 from backfill_assets.core.planning import DIFFERING_KEYS, require_ready, spec_document_drift, target_readings
 from backfill_assets.core.spec import Spec
@@ -41,7 +40,7 @@ def check_spec_unchanged(conn: psycopg.Connection, spec: Spec, stored: Plan) -> 
 
 def check_data_unchanged(
     conn: psycopg.Connection, ctx: PostgresContext, stored: Plan, partitions: list[str] | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Reading]:
     """Require stage A, and an immutable source, to still carry the planned fingerprints, and
     read the target as it is now.
 
@@ -90,7 +89,7 @@ def check_data_unchanged(
     return target
 
 
-def changes_of(conn: psycopg.Connection, ctx: PostgresContext, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
+def changes_of(conn: psycopg.Connection, ctx: PostgresContext, stored: Plan, first: int = 0) -> dict[str, Change]:
     """Per partition, what replacing the target with stage A changes: the counts of keys added,
     removed, changed and unchanged (core.diff), read in one read-only snapshot; with ``first``,
     up to that many differing keys (``"first"``: key, kind and the columns that differ, no
@@ -109,7 +108,7 @@ def changes_of(conn: psycopg.Connection, ctx: PostgresContext, stored: Plan, fir
             out[label] = _change(PartitionDiff(label, added=n), 0)
             if first:
                 keys = first_added(conn, ctx, stage, label, first) if n else []
-                out[label]["first"] = [{"key": key, "kind": "added", "columns": []} for key in keys]
+                out[label]["first"] = [FirstKey(key=key, kind="added", columns=[]) for key in keys]
         rest = [label for label in stored.labels if in_target[label]]
         if first:
             for label in rest:
@@ -120,11 +119,13 @@ def changes_of(conn: psycopg.Connection, ctx: PostgresContext, stored: Plan, fir
         return {label: out[label] for label in stored.labels}
 
 
-def _change(d: PartitionDiff, first: int) -> dict[str, Any]:
+def _change(d: PartitionDiff, first: int) -> Change:
     """One partition's entry of :func:`changes_of`."""
-    return {"added": d.added, "removed": d.removed, "changed": d.changed, "unchanged": d.unchanged,
-            **({"first": [{"key": e.key, "kind": e.kind, "columns": e.columns if e.kind == "changed" else []}
-                          for e in d.examples]} if first else {})}
+    out = Change(added=d.added, removed=d.removed, changed=d.changed, unchanged=d.unchanged)
+    if first:
+        out["first"] = [FirstKey(key=e.key, kind=e.kind, columns=e.columns if e.kind == "changed" else [])
+                        for e in d.examples]
+    return out
 
 
 def naming_keys(conn: psycopg.Connection, ctx: PostgresContext, err: VerificationError,

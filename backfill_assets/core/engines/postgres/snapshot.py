@@ -26,9 +26,15 @@ from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.staged import keys_relation, staged
 from backfill_assets.core.errors import SnapshotError
-from backfill_assets.core.fingerprint.identity import SNAPSHOT_FORMAT, snapshot_identity
+from backfill_assets.core.fingerprint.identity import (
+    SNAPSHOT_FORMAT,
+    ScopeDocument,
+    SnapshotDocument,
+    snapshot_identity,
+)
 from backfill_assets.core.fingerprint.partition import partitions_digest, rows_digest
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
+from backfill_assets.core.fingerprint.rows import Digest
 from backfill_assets.core.moves import Scope, close_scope
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns, table_kind
@@ -52,7 +58,7 @@ class Snapshot:
     relation: TableRef
     filtered: bool  # True when the relation is the live source, read for the partitions only
     fingerprint: str
-    partitions: dict[str, dict[str, Any]]  # label -> {"row_count", "content_hash"}
+    partitions: dict[str, Digest]
     requested: list[str]  # the partitions asked for; the others were added by moved records
     # The server's name of the exported snapshot, while the plan holding it runs.
     exported: str | None = None
@@ -63,41 +69,40 @@ class Snapshot:
         return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint}
 
 
-def source_fingerprints(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef) -> dict[str, dict[str, Any]]:
+def source_fingerprints(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef) -> dict[str, Digest]:
     """Row count and content hash of every declared partition of a source-shaped relation
     (the source, or a copy of it), from one order-independent aggregate over them all (a
     source has no key to order by, and the format-3 digest needs none)."""
     found = partitions_digest(conn, rel, ctx.inspection.source_columns, ctx.spec.partition_key, ctx.partitions,
                               utf8=ctx.utf8)
-    return {label: {"row_count": rows, "content_hash": digest} for label, (rows, digest) in zip(ctx.labels, found)}
+    return {label: Digest(row_count=rows, content_hash=digest) for label, (rows, digest) in zip(ctx.labels, found)}
 
 
-def outside_fingerprint(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef) -> dict[str, Any]:
+def outside_fingerprint(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef) -> Digest:
     """Row count and hash of the versions of the scope's keys that lie outside its partitions
     (records that can move), read from a source-shaped relation."""
     spec = ctx.spec
     where = sqlbuild.outside_scope(rel, keys_relation(ctx), spec.partition_key, spec.business_key)
     params = {"partitions": ctx.partitions}
     rows, digest = rows_digest(conn, rel, ctx.inspection.source_columns, where, params, utf8=ctx.utf8)
-    return {"row_count": rows, "content_hash": digest}
+    return Digest(row_count=rows, content_hash=digest)
 
 
-def scope_document(ctx: PostgresContext, requested: list[str]) -> dict[str, Any]:
+def scope_document(ctx: PostgresContext, requested: list[str]) -> ScopeDocument:
     scope = ctx.scope
-    return {
-        "requested": requested,
-        "added": scope.added if scope else {},
-        "moves": [list(m) for m in scope.moves] if scope else [],
-    }
+    return ScopeDocument(
+        requested=requested,
+        added=scope.added if scope else {},
+        moves=[list(m) for m in scope.moves] if scope else [],
+    )
 
 
 def identity_of(
-    ctx: PostgresContext, parts: dict[str, dict[str, Any]], outside: dict[str, Any] | None,
-    scope: dict[str, Any],
+    ctx: PostgresContext, parts: dict[str, Digest], outside: Digest | None, scope: ScopeDocument,
 ) -> tuple[str, str]:
     """(snapshot id, fingerprint). The fingerprint covers the data and names the copy; the
     id also covers the scope (requested partitions, and the moves found in the target)."""
-    doc = {
+    doc: SnapshotDocument = {
         "format": SNAPSHOT_FORMAT, "source": str(ctx.spec.source_ref),
         "partition_key": ctx.spec.partition_key,
         "columns": [[c.name, c.type_name] for c in ctx.inspection.source_columns],
@@ -122,7 +127,7 @@ def check_source(conn: psycopg.Connection, ctx: PostgresContext, input_rel: sql.
         SourceDataError: NULLs in an ordering column without declared NULL placement, ties
             on every ordering column between rows that differ, rows outside the partitions.
     """
-    return check_source_counts(ctx.spec, _Counts(conn, ctx, input_rel, params), "postgres")
+    return check_source_counts(ctx.spec, _Counts(conn, ctx, input_rel, params), "database")
 
 
 @dataclass(frozen=True)
@@ -228,8 +233,8 @@ def take_snapshot(
         progress(ProgressEvent("snapshot", f"fingerprinting {len(ctx.partitions)} source partition(s) of {src}"))
         parts = source_fingerprints(conn, ctx, fingerprinted)
         outside = outside_fingerprint(conn, ctx, fingerprinted) if spec.records_can_move else None
-        scope = scope_document(ctx, requested)
-        snapshot_id, fingerprint = identity_of(ctx, parts, outside, scope)
+        scope_doc = scope_document(ctx, requested)
+        snapshot_id, fingerprint = identity_of(ctx, parts, outside, scope_doc)
         if spec.source.snapshot != "immutable":
             relation = _name_copy(conn, ctx, fingerprinted, copied, fingerprint, snapshot_id, clock, progress)
         reports = check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
@@ -238,7 +243,7 @@ def take_snapshot(
             mode=spec.source.snapshot, snapshot_table=None if filtered else str(relation),
             partition_key=spec.partition_key,
             partitions=[{"partition": k, **parts[k]} for k in ctx.labels],
-            fingerprint=fingerprint, scope=scope, created_at=clock(),
+            fingerprint=fingerprint, scope=scope_doc, created_at=clock(),
         )
     snapshot = Snapshot(snapshot_id, spec.source.snapshot, relation, filtered, fingerprint, parts, requested,
                         reports=reports)
@@ -271,12 +276,12 @@ def load_snapshot(conn: psycopg.Connection, spec: Spec, snapshot_id: str) -> tup
         )
     labels = [p["partition"] for p in found["partitions"]]
     ctx = resolve(conn, spec, labels)
-    scope = found["scope"] or {}
+    scope = found["scope"] or ScopeDocument(requested=labels, added={}, moves=[])
     if spec.records_can_move:
         ctx = dataclasses.replace(ctx, scope=Scope(
             ctx.partitions, dict(scope.get("added", {})), [tuple(m) for m in scope.get("moves", [])]
         ))
-    parts = {p["partition"]: {"row_count": p["row_count"], "content_hash": p["content_hash"]} for p in found["partitions"]}
+    parts = {p["partition"]: Digest(row_count=p["row_count"], content_hash=p["content_hash"]) for p in found["partitions"]}
     table = found["snapshot_table"]
     snapshot = Snapshot(
         snapshot_id, found["mode"], spec.source_ref if table is None else parse_table_name(table),
@@ -401,8 +406,8 @@ def changes_against(conn: psycopg.Connection, ctx: PostgresContext, known: dict[
 
 
 def immutable_source_changes(
-    conn: psycopg.Connection, ctx: PostgresContext, expected: dict[str, dict[str, Any]],
-) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    conn: psycopg.Connection, ctx: PostgresContext, expected: dict[str, Digest],
+) -> dict[str, tuple[Digest, Digest]]:
     """The partitions of a source pinned as immutable that no longer carry their pinned
     fingerprint: label -> (expected, now), read in the caller's transaction.
 
@@ -410,8 +415,8 @@ def immutable_source_changes(
     (under the lock, for the partitions it is about to replace) all call it.
 
     Args:
-        expected: label -> ``{"row_count", "content_hash"}`` for the partitions to check (a
-            subset of the context's).
+        expected: label -> the pinned digest, for the partitions to check (a subset of the
+            context's).
     """
     values = [v for v, label in zip(ctx.partitions, ctx.labels) if label in expected]
     now = source_fingerprints(conn, dataclasses.replace(ctx, partitions=values), ctx.spec.source_ref)

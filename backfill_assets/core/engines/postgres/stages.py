@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import psycopg
 from psycopg import sql
@@ -24,7 +24,7 @@ from backfill_assets.core.engines.postgres.snapshot import (
 from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.errors import SnapshotError, StageError, VerificationError
 from backfill_assets.core.fingerprint.partition import written, written_partitions
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import business_key_order, describe_query, has_ordered_index, table_columns
 from backfill_assets.core.pg.db import ConnectionFactory, imported_snapshot, read_committed, transient_errors
@@ -116,7 +116,8 @@ def build_batches(ctx: PostgresContext, snapshot: Snapshot, *, indexed: bool = T
     if not indexed:
         return [list(range(len(ctx.labels)))]
     counted = snapshot.reports or {}
-    rows = [counted[label][0] if label in counted else int(snapshot.partitions.get(label, {}).get("row_count", 0))
+    pinned = snapshot.partitions
+    rows = [counted[label][0] if label in counted else int(pinned[label]["row_count"]) if label in pinned else 0
             for label in ctx.labels]
     batches: list[list[int]] = []
     held = 0
@@ -230,7 +231,7 @@ def keep_differing(
 
 
 def stage_partitions_changed(
-    conn: psycopg.Connection, ctx: PostgresContext, variant: str, expected: dict[str, dict[str, Any]],
+    conn: psycopg.Connection, ctx: PostgresContext, variant: str, expected: dict[str, Reading],
 ) -> list[str]:
     """The partitions of a stage that no longer carry the ``expected`` readings (label ->
     readings, for some or all of the context's partitions), in the caller's transaction.

@@ -16,17 +16,10 @@ import psycopg
 from psycopg import sql
 
 from backfill_assets.core.catalog import Inspection
-from backfill_assets.core.context import (
-    Checkpoint,
-    Readings,
-    Signals,
-    Target,
-    TargetWrite,
-    TransformGuard,
-    no_checkpoint,
-)
+from backfill_assets.core.context import Checkpoint, Signals, Target, TargetWrite, TransformGuard, no_checkpoint
 from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.watch_state import read_relation
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import business_key_order, inspect_tables
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed, repeatable_read, transient_errors
@@ -106,17 +99,17 @@ class PostgresTarget(AdvisoryLocked):
         self.conn, self.control, self.factory, self.ctx, self.checkpoint = conn, control, factory, ctx, checkpoint
         self._reader: psycopg.Connection | None = None
         # The last write's verified readings and the transaction that wrote them: (labels, readings, writer).
-        self._seal: tuple[list[str], dict[str, Readings], str | None] | None = None
+        self._seal: tuple[list[str], dict[str, Reading], str | None] | None = None
         self.last_committed_read: str | None = None  # "seal" or "full": how the last committed read was made
 
     def _values(self, labels: list[str]) -> list[object]:
         return [self.ctx.value_of(label) for label in labels]
 
-    def read(self, conn: psycopg.Connection, labels: list[str]) -> dict[str, Readings]:
+    def read(self, conn: psycopg.Connection, labels: list[str]) -> dict[str, Reading]:
         found = self.ctx.readings_of(conn, self.ctx.spec.target_ref, self._values(labels))
         return {label: fp.as_dict() for label, fp in zip(labels, found)}
 
-    def readings(self, labels: list[str]) -> dict[str, Readings]:
+    def readings(self, labels: list[str]) -> dict[str, Reading]:
         return self.read(self.conn, labels)
 
     def signals(self, labels: list[str]) -> Signals:
@@ -137,7 +130,7 @@ class PostgresTarget(AdvisoryLocked):
     def versions_touching(self, version: str, labels: list[str], most: int = 100) -> dict[str, list[str]] | None:
         return None  # a table keeps no versions
 
-    def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Readings]:
+    def readings_at(self, signals: Signals, labels: list[str]) -> dict[str, Reading]:
         return self.readings(labels)  # read after the counters, which only grow
 
     @contextlib.contextmanager
@@ -151,7 +144,7 @@ class PostgresTarget(AdvisoryLocked):
             self.conn.execute(sqlbuild.lock_for_replace(spec.target_ref))
             yield _PostgresWrite(self)
 
-    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+    def committed_readings(self, labels: list[str]) -> dict[str, Reading]:
         # A second connection, opened once per apply, and a new transaction on it for each
         # read: it sees only what was committed, never the write's own view.
         if self.factory is None:
@@ -166,7 +159,7 @@ class PostgresTarget(AdvisoryLocked):
             self._reader = None
             return self._read_committed(labels)
 
-    def _read_committed(self, labels: list[str]) -> dict[str, Readings]:
+    def _read_committed(self, labels: list[str]) -> dict[str, Reading]:
         assert self.factory is not None
         if self._reader is None or self._reader.closed or self._reader.broken:
             self._reader = self.factory()
@@ -203,13 +196,13 @@ class _PostgresWrite:
         self.replaced = False
         self.writers: set[str] = set()  # the xmin the inserted rows carry (one, or none inserted)
 
-    def readings(self, labels: list[str]) -> dict[str, Readings]:
+    def readings(self, labels: list[str]) -> dict[str, Reading]:
         found = self.target.readings(labels)
         if self.replaced:  # the verification before the commit: seal it, where the table allows
             self.target._seal = self._seal(labels, found)
         return found
 
-    def _seal(self, labels: list[str], found: dict[str, Readings]) -> tuple[list[str], dict[str, Readings], str | None] | None:
+    def _seal(self, labels: list[str], found: dict[str, Reading]) -> tuple[list[str], dict[str, Reading], str | None] | None:
         t = self.target
         spec, conn = t.ctx.spec, t.conn
         row = conn.execute(*sqlbuild.sealable(spec.target_ref)).fetchone()

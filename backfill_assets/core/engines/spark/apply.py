@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import psycopg
 
-from backfill_assets.core.context import Checkpoint, Context, Readings, no_checkpoint
+from backfill_assets.core.context import Checkpoint, Context, no_checkpoint
 from backfill_assets.core.engines.spark.files import files_readings, partition_frame
 from backfill_assets.core.engines.spark.parquet import ParquetFolderTable, partition_dir
 from backfill_assets.core.engines.spark.session import schema_ddl
 from backfill_assets.core.engines.spark.stages import stage_files, stage_frame
 from backfill_assets.core.errors import SpecError
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.lake.engine import lake_engine_for
 from backfill_assets.core.lake.tables import EXAMPLE_KEYS, META_PREFIX, KeysFound
 from backfill_assets.core.lake.target import LakeTarget, LakeWrite
@@ -88,7 +89,7 @@ class SparkTarget(LakeTarget):
         return {label: self.files_table.partition_paths(handle, self.ctx.value_of(label))
                 for label in labels}
 
-    def _read(self, handle: Any, labels: list[str]) -> dict[str, Readings]:
+    def _read(self, handle: Any, labels: list[str]) -> dict[str, Reading]:
         return files_readings(self.session, self.ctx, self.files(handle, labels))
 
     @contextlib.contextmanager
@@ -98,7 +99,7 @@ class SparkTarget(LakeTarget):
     def new_write(self, handle: Any) -> LakeWrite:
         return SparkWrite(self, handle)
 
-    def committed_readings(self, labels: list[str]) -> dict[str, Readings]:
+    def committed_readings(self, labels: list[str]) -> dict[str, Reading]:
         """The partitions as the table lists them now (a folder or a catalog keeps no old
         versions), fingerprinted by Spark."""
         return files_readings(self.session, self.ctx, self.files(self.table.open(), labels))
@@ -150,7 +151,7 @@ class SparkWrite(LakeWrite):
         self.metadata = {META_PREFIX + k: v for k, v in self.note.items()}
         t.checkpoint("inserted", labels)
 
-    def readings(self, labels: list[str]) -> dict[str, Readings]:
+    def readings(self, labels: list[str]) -> dict[str, Reading]:
         if self.pending is None:
             return super().readings(labels)
         return files_readings(self.spark.session, self.spark.ctx, {label: self._written(label) for label in labels})

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from backfill_assets.core.comparison import compare
 from backfill_assets.core.comparison.diff import diff_partition
 from backfill_assets.core.context import Context
-from backfill_assets.core.differences import KINDS, PartitionDiff
+from backfill_assets.core.differences import KINDS, Change, PartitionDiff
 from backfill_assets.core.engines.spark.catalog import quoted
 from backfill_assets.core.engines.spark.files import partition_frame
 from backfill_assets.core.engines.spark.fingerprint import row_text
@@ -130,14 +130,14 @@ def _duck(ctx: Context, found: Compared) -> Iterator[Any]:
         duck.close()
 
 
-def changes(session: SparkSession, ctx: Context, stage: Files, target: Files, first: int) -> dict[str, dict[str, Any]]:
+def changes(session: SparkSession, ctx: Context, stage: Files, target: Files, first: int) -> dict[str, Change]:
     """The change preview: per partition, the keys replacing the target with the stage adds,
     removes, changes and keeps, and (``first``) the first of them with their columns."""
     spec = ctx.spec
-    out = {}
+    out: dict[str, Change] = {}
     for label, found in compare_files(session, ctx, stage, target, first).items():
         c = found.counts
-        out[label] = {"added": c["added"], "removed": c["removed"], "changed": c["changed"], "unchanged": c["unchanged"]}
+        out[label] = Change(added=c["added"], removed=c["removed"], changed=c["changed"], unchanged=c["unchanged"])
         if first:
             with _duck(ctx, found) as duck:
                 rows = duck.execute(compare.first_changes("stage_rows", "target_rows", spec.partition_key,

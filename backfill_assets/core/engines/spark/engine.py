@@ -35,7 +35,7 @@ import psycopg
 
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
-from backfill_assets.core.differences import Against, PartitionDiff
+from backfill_assets.core.differences import Against, Change, PartitionDiff
 from backfill_assets.core.engines.spark import compare as spark_compare
 from backfill_assets.core.engines.spark.apply import SparkTarget
 from backfill_assets.core.engines.spark.inspect import inspect, resolve
@@ -54,7 +54,7 @@ from backfill_assets.core.engines.spark.stages import (
 )
 from backfill_assets.core.engines.spark.watch import signatures_for
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned.engine import PinnedBuildEngine
 from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, require_plan_pin
@@ -134,7 +134,7 @@ class SparkBuildEngine(PinnedBuildEngine):
         return finish_plan(self.control, ctx, snapshot, self.session, reports, a, b, clock, progress)
 
     # -- approval and apply ---------------------------------------------------------------
-    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    def unchanged_data(self, ctx: Context, stored: Plan, partitions: list[str] | None = None) -> dict[str, Reading]:
         spec = self.spec
         wanted = stored.labels if partitions is None else partitions
         require_plan_pin(self.control, self.source, spec, stored, ctx)
@@ -150,7 +150,7 @@ class SparkBuildEngine(PinnedBuildEngine):
         finally:
             target.close()
 
-    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, dict[str, Any]]:
+    def changes(self, ctx: Context, stored: Plan, first: int = 0) -> dict[str, Change]:
         """The change preview, as Spark jobs over stage A's and the target's files
         (core.engines.spark.compare)."""
         return spark_compare.changes(self.session, ctx, stage_files(ctx, "a", stored.labels),
@@ -178,7 +178,7 @@ class SparkBuildEngine(PinnedBuildEngine):
         self._profilers.append(profiler)
         return profiler
 
-    def stage_changed(self, ctx: Context, expected: dict[str, dict[str, Any]]) -> list[str]:
+    def stage_changed(self, ctx: Context, expected: dict[str, Reading]) -> list[str]:
         if not stage_dir(self.spec, "a").is_dir():
             raise ApprovalError(f"stage A of spec {self.spec.name} does not exist in {staging_dir(self.spec)}; plan again")
         return seals_hold(lambda: self.session, ctx, "a", expected)

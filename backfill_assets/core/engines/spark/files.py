@@ -21,11 +21,12 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from backfill_assets.core.context import Context, Readings
+from backfill_assets.core.context import Context
 from backfill_assets.core.engines.spark import fingerprint as spark_fp
 from backfill_assets.core.engines.spark.catalog import quoted
 from backfill_assets.core.engines.spark.session import spark_type
 from backfill_assets.core.fingerprint.partition import empty
+from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.lake.lake_files import sha256_files as driver_sha256
 from backfill_assets.core.vocabulary import partition_label
 
@@ -61,7 +62,7 @@ def partition_frame(session: SparkSession, ctx: Context, files: Mapping[str, Seq
     return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
 
-def files_readings(session: SparkSession, ctx: Context, files: Mapping[str, Sequence[str]]) -> dict[str, Readings]:
+def files_readings(session: SparkSession, ctx: Context, files: Mapping[str, Sequence[str]]) -> dict[str, Reading]:
     """The readings of each partition held by its files (label -> full paths), computed by Spark."""
     spec = ctx.spec
     frame = partition_frame(session, ctx, files)

@@ -14,6 +14,7 @@ from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.spark import fingerprint as spark_fp
 from backfill_assets.core.engines.spark.inspect import fields_of, functions, input_of, types_of
 from backfill_assets.core.engines.spark.source import SparkSource
+from backfill_assets.core.fingerprint.rows import Digest
 from backfill_assets.core.pinned.pins import LakeSnapshot, record_snapshot
 from backfill_assets.core.planning import Outside, Tie, Ties, check_source_counts
 from backfill_assets.core.progress import Progress, ProgressEvent
@@ -42,7 +43,7 @@ def check_source(inp: DataFrame, ctx: Context) -> dict[str, tuple[int, int]]:
             without declared NULL placement, ties on every ordering column between rows that
             differ, a partition whose every row has a NULL key.
     """
-    return check_source_counts(ctx.spec, _Counts(inp, ctx), "lake")
+    return check_source_counts(ctx.spec, _Counts(inp, ctx), "loaded")
 
 
 class _Counts:
@@ -122,7 +123,7 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource
     counts = ({label: n for label, (n, _) in reports.items()} if ctx.transform is None  # the input is the source
               else {partition_label(r[0]): int(r[1]) for r in frame.groupBy(spec.partition_key).count().collect()})
     files = source.signature_at(pin, spec.partition_key, ctx.partitions)
-    parts = {label: {"row_count": counts.get(label, 0), "content_hash": files[label]} for label in ctx.labels}
+    parts = {label: Digest(row_count=counts.get(label, 0), content_hash=files[label]) for label in ctx.labels}
     return record_snapshot(control, ctx, pin, columns, parts, requested, reports, clock), ctx
 
 

@@ -15,7 +15,7 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import psycopg
 import pyarrow.parquet as pq
@@ -29,7 +29,7 @@ from backfill_assets.core.engines.spark.session import schema_ddl, staging_dir
 from backfill_assets.core.engines.spark.snapshot import in_scope
 from backfill_assets.core.engines.spark.source import SparkSource
 from backfill_assets.core.fingerprint.partition import empty
-from backfill_assets.core.fingerprint.rows import Fingerprint
+from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.lake.lake_files import files_digest
 from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, record_builds, record_plan
 from backfill_assets.core.planning import assemble
@@ -141,17 +141,26 @@ def _files_of(directories: Sequence[Path], session: Callable[[], SparkSession]) 
     return [files_digest([(p.name, str(p.stat().st_size), digests[str(p)]) for p in files]) for files in found]
 
 
-def _recorded(spec: Spec, variant: str) -> dict[str, Any]:
+class Seal(TypedDict):
+    """A stage partition's seal: the snapshot it was built from, its readings, and the digest
+    of its files' names, sizes and SHA-256."""
+
+    snapshot_id: str
+    readings: Reading
+    files: str
+
+
+def _recorded(spec: Spec, variant: str) -> dict[str, Seal]:
     """Every partition's seal, by label."""
     folder = _seals_dir(spec, variant)
-    found = {}
+    found: dict[str, Seal] = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         with contextlib.suppress(FileNotFoundError):  # unsealed meanwhile by its own build
             found[urllib.parse.unquote(path.stem)] = json.loads(path.read_text())
     return found
 
 
-def _seal(spec: Spec, variant: str, label: str, seal: dict[str, Any] | None) -> None:
+def _seal(spec: Spec, variant: str, label: str, seal: Seal | None) -> None:
     """Record one partition's seal (None: remove it), atomically."""
     path = _seal_path(spec, variant, label)
     if seal is None:
@@ -205,8 +214,7 @@ def build_stage(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, sou
     out = dict(zip(ctx.labels, found))
     seals = _files_of([base / partition_dir(spec.partition_key, v) for v in ctx.partitions], lambda: session)
     for label, files in zip(ctx.labels, seals):
-        _seal(spec, variant, label, {"snapshot_id": snapshot.snapshot_id, "readings": out[label].as_dict(),
-                                     "files": files})
+        _seal(spec, variant, label, Seal(snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), files=files))
     for n, (label, fp) in enumerate(out.items(), 1):
         progress(ProgressEvent(step, f"{fp.row_count} row(s)", partition=label, done=n, total=total,
                                rows=fp.row_count, status="built"))
@@ -214,7 +222,7 @@ def build_stage(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, sou
 
 
 def seals_hold(session: Callable[[], SparkSession], ctx: Context, variant: str,
-               expected: dict[str, dict[str, Any]]) -> list[str]:
+               expected: dict[str, Reading]) -> list[str]:
     """The partitions of ``expected`` (label -> readings) whose stage no longer carries them:
     those whose seal recorded exactly those readings and whose files still have the sealed
     names, sizes and SHA-256 are unchanged (Parquet files are immutable: a change is a new
@@ -228,8 +236,8 @@ def seals_hold(session: Callable[[], SparkSession], ctx: Context, variant: str,
     sealed = [label for label in expected if label in recorded]
     now = _files_of([base / partition_dir(spec.partition_key, ctx.value_of(label)) for label in sealed], session)
     changed = [label for label, files in zip(sealed, now) if recorded[label]["files"] != files]
-    doubtful = [label for label in expected
-                if label not in changed and recorded.get(label, {}).get("readings") != expected[label]]
+    sealed_readings = {label: recorded[label].get("readings") for label in sealed}
+    doubtful = [label for label in expected if label not in changed and sealed_readings.get(label) != expected[label]]
     if not doubtful:
         return changed
     found = stage_readings(session(), ctx, variant, [ctx.value_of(label) for label in doubtful])

@@ -49,7 +49,6 @@ def wait_runs(gql: GraphQL, tags: dict[str, str], count: int, timeout: float = 2
     raise AssertionError(f"{count} runs tagged {tags} did not finish in {timeout} s")
 
 
-
 # A spec's lock wait, long enough for runs to wait out ``snapshots_held``.
 HELD_LOCK_TIMEOUT_MS = 240_000
 

@@ -93,8 +93,8 @@ def engine_resources(specs: list[Spec]) -> dict[str, EngineResource]:
     made: dict[str, EngineResource] = {}
     for spec in specs:
         for key in engine_keys(spec) - set(made):
-            settings = imported(SUPPORTS[spec.engine.type].resource["settings"]).of(spec)
-            made[key] = engine_resource_class(spec.engine.type)(**settings.model_dump())
+            resource = engine_resource_class(spec.engine.type)
+            made[key] = resource(**resource.settings.of(spec).model_dump())
     return made
 
 

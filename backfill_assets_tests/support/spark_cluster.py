@@ -87,17 +87,16 @@ def standalone_cluster(workdir: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def connect_server(master: str, workdir: Path, cores: int = 1) -> Iterator[str]:
+def connect_server(master: str, workdir: Path) -> Iterator[str]:
     """``sc://127.0.0.1:<port>``: a Spark Connect server whose driver runs on ``master``, its
-    application taking ``cores`` of the workers' two (by default one: the other stays free for
-    a driver started on the master itself, as an application holding every core would leave
-    the other none)."""
+    application taking one of the workers' two cores: the other stays free for a driver started
+    on the master itself, as an application holding every core would leave the other none."""
     port = _free_port()
     args = [str(_spark_home() / "bin" / "spark-submit"), "--class",
             "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master,
             "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
             "--conf", f"spark.connect.grpc.binding.port={port}",
-            "--conf", "spark.ui.enabled=false", "--conf", f"spark.cores.max={cores}",
+            "--conf", "spark.ui.enabled=false", "--conf", "spark.cores.max=1",
             "--conf", "spark.executor.memory=512m"]
     if Path("/usr/share/java/postgresql.jar").is_file():
         args += ["--jars", "/usr/share/java/postgresql.jar"]

@@ -64,6 +64,13 @@ def _wait_gone(what: str, still_there, timeout: float = 60) -> None:
         time.sleep(0.5)
 
 
+def _as_a_terminal_starts_it() -> None:
+    """Ctrl-C's default action, as a shell at a terminal gives its commands. A suite started in
+    the background (``make test &``, a CI runner's script) runs with SIGINT ignored, which its
+    children inherit: `make ui` would then never see the Ctrl-C this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_make_ui_serves_the_code_location_and_ctrl_c_stops_everything_it_started(tmp_path: Path, server_dir: Path):
     port = free_port()
     venv = Path(sys.prefix)
@@ -76,7 +83,7 @@ def test_make_ui_serves_the_code_location_and_ctrl_c_stops_everything_it_started
     command = ["make", "-s", "-o", f"{venv}/.installed", "ui", f"VENV={venv}", f"UI_PORT={port}"]
     with open(log, "wb") as out:
         ui = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
+                              stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_as_a_terminal_starts_it)
     try:
         wait_http(f"http://127.0.0.1:{port}/server_info", [ui], timeout=180)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:

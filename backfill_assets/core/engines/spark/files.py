@@ -4,6 +4,9 @@ and files hashed there: the driver hands Spark paths and gets readings back, nev
 - :func:`partition_frame`: the rows of each partition's files (label -> full paths), in the
   spec's columns and the target's Spark types, the partition column the label's value (files
   in a partition directory do not carry it).
+  Spark's reading of a Parquet file's schema is a job of its own, even for one file (a few
+  hundred milliseconds, as many as the fingerprint's): a label whose files all have one
+  footer schema is read with the schema Spark gave that footer before in this process.
 - :func:`files_readings`: their format-3 readings, in one aggregate (core.engines.spark.fingerprint).
 - :func:`sha256_files`: the SHA-256 of files, by a Spark job over ``binaryFile`` when there
   is enough to hash that executors beat one driver thread, else by the driver reading them
@@ -17,9 +20,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from backfill_assets.core.context import Context
 from backfill_assets.core.engines.spark import fingerprint as spark_fp
@@ -32,6 +39,7 @@ from backfill_assets.core.vocabulary import partition_label
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 # Below this many bytes in all, files are hashed by the driver: a Spark job costs a few hundred
 # milliseconds before it reads a byte. Above it, each file is read and hashed by an executor.
@@ -53,13 +61,50 @@ def partition_frame(session: SparkSession, ctx: Context, files: Mapping[str, Seq
     for label, paths in files.items():
         if not paths:
             continue
-        read = session.read.parquet(*paths)
+        read = parquet_files(session, paths)
         frames.append(read.select(*[
             (F.lit(ctx.value_of(label)) if c == spec.partition_key else F.col(quoted(c))).cast(types[c]).alias(c)
             for c in wanted]))
     if not frames:
         return None
     return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+
+# The settings under which Spark turns a Parquet footer into a schema (besides the footer itself).
+_SCHEMA_SETTINGS = ("spark.sql.parquet.binaryAsString", "spark.sql.parquet.int96AsTimestamp",
+                    "spark.sql.parquet.inferTimestampNTZ.enabled", "spark.sql.legacy.parquet.nanosAsLong",
+                    "spark.sql.parquet.mergeSchema", "spark.sql.caseSensitive")
+_SPARK_ROW_METADATA = b"org.apache.spark.sql.parquet.row.metadata"  # the schema Spark wrote beside the file's own
+_SCHEMAS: dict[tuple, StructType] = {}  # (footer schema, settings) -> the schema Spark read from it
+_MOST_SCHEMAS = 256
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def parquet_files(session: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """``paths`` (Parquet files) as Spark reads them, its schema read from a footer as Spark
+    reads it: by a job, unless this process saw Spark read a footer of the same schema, under
+    the same settings, before. Files whose footers differ, or that cannot be read here, are
+    left to Spark (which reads the schema of one of them, and fails on a file that is no Parquet)."""
+    footers = {_footer(p) for p in paths}
+    if len(footers) != 1 or None in footers:
+        return session.read.parquet(*paths)
+    key = (footers.pop(), tuple(session.conf.get(k, None) for k in _SCHEMA_SETTINGS))
+    if key not in _SCHEMAS:
+        if len(_SCHEMAS) >= _MOST_SCHEMAS:
+            _SCHEMAS.clear()
+        _SCHEMAS[key] = session.read.parquet(paths[0]).schema
+    return session.read.schema(_SCHEMAS[key]).parquet(*paths)
+
+
+def _footer(path: str) -> str | None:
+    """A Parquet file's schema, as its footer writes it (with Spark's own, if Spark wrote the
+    file), or None if it cannot be read here."""
+    try:
+        meta = pq.read_metadata(path)
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    schema = _ADDRESS.sub("", str(meta.schema))  # its text names the Python object's address first
+    return f"{schema}\n{(meta.metadata or {}).get(_SPARK_ROW_METADATA)!r}"
 
 
 def files_readings(session: SparkSession, ctx: Context, files: Mapping[str, Sequence[str]]) -> dict[str, Reading]:

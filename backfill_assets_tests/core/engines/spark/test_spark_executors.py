@@ -142,3 +142,38 @@ def test_files_hashed_by_the_executors_have_the_drivers_digests(tmp_path: Path, 
                         else {})
     assert spark_files.sha256_files(paths, session) == expected
     assert asked
+
+
+def test_a_footer_whose_schema_spark_read_before_is_read_without_a_job_and_another_by_spark_itself(tmp_path: Path,
+                                                                                                     spark):
+    """Spark reads a Parquet file's schema by a job of its own. Files whose footer schema it read
+    before in this process are read with that schema and no job; files of another schema (a
+    column's type changed), files whose footers differ, and a file that is no Parquet are read by
+    Spark itself, as ever: their own types, never a schema remembered from other files."""
+    def jobs() -> int:
+        return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())
+
+    def written(name: str, select: str) -> list[str]:
+        spark.sql(f"SELECT {select}").coalesce(1).write.parquet(str(tmp_path / name))
+        return sorted(str(p) for p in (tmp_path / name).glob("*.parquet"))
+
+    # Column names of this test's own: no other test's read of the same schema is remembered.
+    first = written("first", "CAST(1 AS BIGINT) AS k_footer_test, 'a' AS v_footer_test")
+    same = written("same", "CAST(2 AS BIGINT) AS k_footer_test, 'b' AS v_footer_test")
+    changed = written("changed", "CAST(3 AS BIGINT) AS k_footer_test, 3 AS v_footer_test")
+    before = jobs()
+    assert spark_files.parquet_files(spark, first).collect() == [(1, "a")]
+    read = jobs()
+    assert spark_files.parquet_files(spark, first).collect() == [(1, "a")]
+    assert spark_files.parquet_files(spark, same).collect() == [(2, "b")]
+    assert jobs() - read == 2 and read - before > 1  # the two collects alone; the first read inferred too
+    again = jobs()
+    frame = spark_files.parquet_files(spark, changed)
+    assert jobs() > again  # inferred by Spark, not taken from the other schema
+    assert frame.schema == spark.read.parquet(*changed).schema and frame.collect() == [(3, 3)]
+    assert spark_files.parquet_files(spark, [*first, *changed]).schema == spark.read.parquet(*first, *changed).schema
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"half a file")
+    with pytest.raises(Exception) as err:  # Spark's own error, as before
+        spark_files.parquet_files(spark, [str(broken)]).collect()
+    assert "pyspark" in type(err.value).__module__ or "py4j" in type(err.value).__module__

@@ -177,3 +177,31 @@ def test_a_footer_whose_schema_spark_read_before_is_read_without_a_job_and_anoth
     with pytest.raises(Exception) as err:  # Spark's own error, as before
         spark_files.parquet_files(spark, [str(broken)]).collect()
     assert "pyspark" in type(err.value).__module__ or "py4j" in type(err.value).__module__
+
+
+def test_the_change_preview_reads_its_kept_join_in_the_partitions_adaptive_execution_left(tmp_path: Path, spark,
+                                                                                         factory, url_env,
+                                                                                         monkeypatch):
+    """The comparison keeps its join on the executors for the counts and the first keys. With
+    Spark's default 200 shuffle partitions, a kept plan kept all 200 unless our sessions let
+    adaptive execution coalesce it: every read of it was 200 tasks, however few its rows."""
+    from backfill_assets.core.engines.spark import engine as spark_engine
+    made = spark_engine.session_for
+
+    def with_default_partitions(spec):
+        session = made(spec)
+        session.conf.set("spark.sql.shuffle.partitions", "200")  # Spark's default (the tests' session sets 4)
+        return session
+
+    monkeypatch.setattr(spark_engine, "session_for", with_default_partitions)
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "orders_raw"))
+    plan = plan_module.make_plan(spec, DAYS, factory)
+    tracker = spark.sparkContext.statusTracker()
+    first = int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())
+    with factory() as conn:
+        checked = review(conn, factory, spec, plan.plan_id)
+    assert checked.changes is not None and all(c["added"] > 0 for c in checked.changes.values())
+    last = int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())
+    tasks = sum(tracker.getStageInfo(s).numTasks for j in range(first, last)
+                for s in tracker.getJobInfo(j).stageIds if tracker.getStageInfo(s) is not None)
+    assert 0 < tasks < 200, tasks

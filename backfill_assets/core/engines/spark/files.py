@@ -58,10 +58,11 @@ def partition_frame(session: SparkSession, ctx: Context, files: Mapping[str, Seq
     types = {c.name: spark_type(c) for c in ctx.target_columns}
     wanted = list(columns or spec.columns)
     frames = []
+    settings = schema_settings(session)  # read once, not once a partition (over Connect, a call each)
     for label, paths in files.items():
         if not paths:
             continue
-        read = parquet_files(session, paths)
+        read = parquet_files(session, paths, settings)
         frames.append(read.select(*[
             (F.lit(ctx.value_of(label)) if c == spec.partition_key else F.col(quoted(c))).cast(types[c]).alias(c)
             for c in wanted]))
@@ -80,15 +81,21 @@ _MOST_SCHEMAS = 256
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def parquet_files(session: SparkSession, paths: Sequence[str]) -> DataFrame:
+def schema_settings(session: SparkSession) -> tuple:
+    """The session's values of the settings Spark reads a footer's schema under."""
+    return tuple(session.conf.get(k, None) for k in _SCHEMA_SETTINGS)
+
+
+def parquet_files(session: SparkSession, paths: Sequence[str], settings: tuple | None = None) -> DataFrame:
     """``paths`` (Parquet files) as Spark reads them, its schema read from a footer as Spark
     reads it: by a job, unless this process saw Spark read a footer of the same schema, under
-    the same settings, before. Files whose footers differ, or that cannot be read here, are
-    left to Spark (which reads the schema of one of them, and fails on a file that is no Parquet)."""
+    the same settings (``settings``: :func:`schema_settings` of ``session``, read here if not
+    given), before. Files whose footers differ, or that cannot be read here, are left to Spark
+    (which reads the schema of one of them, and fails on a file that is no Parquet)."""
     footers = {_footer(p) for p in paths}
     if len(footers) != 1 or None in footers:
         return session.read.parquet(*paths)
-    key = (footers.pop(), tuple(session.conf.get(k, None) for k in _SCHEMA_SETTINGS))
+    key = (footers.pop(), settings if settings is not None else schema_settings(session))
     if key not in _SCHEMAS:
         if len(_SCHEMAS) >= _MOST_SCHEMAS:
             _SCHEMAS.clear()

@@ -5,10 +5,12 @@ everything that holds rows runs inside DuckDB's ``memory_limit``.
 - The partition of stage A is written by DuckDB as one Parquet file in the table's folder, in
   business-key order, without the partition column (the log carries its value).
 - That file is fingerprinted by DuckDB (format 3): these are the readings of the rows about to
-  be committed, compared with the approval before the commit.
+  be committed, compared with the approval before the commit; then its bytes are hashed.
 - The table commits exactly those files in one overwrite of the partition.
-- The committed version's files of the partition, read from its log, are fingerprinted by
-  DuckDB again: the verification after the commit.
+- The committed version's files of the partition, read from its log, are proved by their
+  bytes: the same names, sizes and SHA-256 as the files fingerprinted before the commit hold
+  the same rows (core.lake.lake_files.proved_by_bytes). Files that differ in any way are
+  fingerprinted by DuckDB again. This is the verification after the commit.
 
 A table that cannot be read or written as plain files (deletion vectors, column mapping,
 constraints, a change feed) goes through delta-rs and Arrow instead (core.lake.target), as
@@ -33,6 +35,7 @@ from backfill_assets.core.engines.duckdb.stages import readings_of, stage_name
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.lake.engine import lake_engine_for
+from backfill_assets.core.lake.lake_files import Proven, digests, proved_by_bytes, sha256_files
 from backfill_assets.core.lake.tables import META_PREFIX, FileLakeTable, WrittenFile
 from backfill_assets.core.lake.target import LakeTarget, LakeWrite
 from backfill_assets.core.vocabulary import PartitionValue
@@ -109,6 +112,7 @@ class DuckLakeTarget(LakeTarget):
         self.db = db
         self.writes_files = False  # whether the current write goes by files (FilesWrite)
         self.committed_handle: Any = None  # the table at the version our last files commit made
+        self.switched: dict[str, Proven] = {}  # label -> the files our last files commit was proved by
 
     def read_stage(self, label: str) -> pa.Table:
         spec = self.ctx.spec
@@ -154,7 +158,9 @@ class DuckLakeTarget(LakeTarget):
             files = self.table.partition_files(handle, self.ctx.spec.partition_key,
                                                [self.ctx.value_of(label) for label in labels], version)
             if files is not None:
-                return self.files_readings(files)
+                by_bytes, _ = proved_by_bytes(files, self.switched, sha256_files)
+                rest = {label: paths for label, paths in files.items() if label not in by_bytes}
+                return {**by_bytes, **(self.files_readings(rest) if rest else {})}
         return super().committed_readings(labels)
 
 
@@ -166,12 +172,17 @@ class FilesWrite(LakeWrite):
         super().__init__(target, handle)
         self.duck_target, self.files_table = target, table
         self.written: dict[str, WrittenFile | None] = {}
+        self.proven: dict[str, Proven] = {}  # label -> the files written, fingerprinted and hashed
         self.committing = False
 
     def readings(self, labels: list[str]) -> dict[str, Reading]:
         if self.pending is None:
             return super().readings(labels)
-        return self.duck_target.files_readings({label: self._paths(label) for label in labels})
+        files = {label: self._paths(label) for label in labels}
+        found = self.duck_target.files_readings(files)
+        hashed = digests(files, sha256_files)  # after the fingerprint: the bytes the commit is then proved by
+        self.proven.update({label: Proven(hashed[label], found[label]) for label in labels})
+        return found
 
     def _paths(self, label: str) -> list[str]:
         written = self.written[label]
@@ -206,6 +217,7 @@ class FilesWrite(LakeWrite):
         t = self.duck_target
         files = [f for label in labels if (f := self.written[label]) is not None]
         self.committing = True
+        t.switched = {label: self.proven[label] for label in labels if label in self.proven}
         version = self.files_table.commit_files(handle, t.ctx.spec.partition_key, values, files, t.schema,
                                                 self.metadata, exclusive=exclusive)
         t.committed_handle = handle

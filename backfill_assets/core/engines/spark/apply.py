@@ -12,12 +12,16 @@ Under each partition's lock (core.apply):
   holds it) are placed where the table puts a new partition (a folder's
   ``_backfill_staging/<run>/``, a catalog table's ``_backfill_versions/.../<run>``) as hard
   links: no byte copied, no row decoded. Where the file system cannot link them (another
-  device), Spark reads the partition and writes it there. The placed files are fingerprinted
-  by Spark: the readings of exactly what is about to be switched in, compared with the
-  approval.
+  device), Spark reads the partition and writes it there.
+- The placed files are proved before anything is switched in: where they are stage A's files,
+  by their bytes (the same names, sizes and SHA-256 as stage A's seal, whose readings are
+  those of exactly these files: core.engines.spark.stages.sealed); otherwise (Spark
+  wrote them, or any file differs) by Spark's fingerprint of their rows. Either way the
+  readings of exactly what is about to be switched in, compared with the approval.
 - The table switches the written partition in (a directory exchange, a catalog update), if
   nobody changed the partition since it was listed; then its files are listed afresh and
-  fingerprinted again: the verification after the commit.
+  proved again the same way, by their bytes where they are still the sealed files, by their
+  rows otherwise: the verification after the commit.
 
 What a run wrote and did not switch in is removed when the write ends.
 """
@@ -35,13 +39,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import psycopg
 
 from backfill_assets.core.context import Checkpoint, Context, no_checkpoint
-from backfill_assets.core.engines.spark.files import files_readings, partition_frame
+from backfill_assets.core.engines.spark.files import files_readings, partition_frame, sha256_files
 from backfill_assets.core.engines.spark.parquet import ParquetFolderTable, partition_dir
 from backfill_assets.core.engines.spark.session import schema_ddl
-from backfill_assets.core.engines.spark.stages import stage_files, stage_frame
+from backfill_assets.core.engines.spark.stages import sealed, stage_files, stage_frame
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.lake.engine import lake_engine_for
+from backfill_assets.core.lake.lake_files import Proven, digests, proved_by_bytes
 from backfill_assets.core.lake.tables import EXAMPLE_KEYS, META_PREFIX, KeysFound
 from backfill_assets.core.lake.target import LakeTarget, LakeWrite
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
@@ -79,6 +84,7 @@ class SparkTarget(LakeTarget):
         assert isinstance(self.table, SparkFilesTable), self.table
         self.files_table: SparkFilesTable = self.table
         self._session = session
+        self.switched: dict[str, Proven] = {}  # label -> the files the last write proved and switched in
 
     @property
     def session(self) -> SparkSession:
@@ -92,6 +98,19 @@ class SparkTarget(LakeTarget):
     def _read(self, handle: Any, labels: list[str]) -> dict[str, Reading]:
         return files_readings(self.session, self.ctx, self.files(handle, labels))
 
+    def proved(self, files: Mapping[str, Sequence[str]], known: Mapping[str, Proven]) -> dict[str, Proven]:
+        """Each partition's files (label -> full paths) proved: by their bytes where they are
+        the files of ``known`` (core.lake.lake_files.proved_by_bytes), else by Spark's
+        fingerprint of their rows, their bytes hashed after it."""
+        def sha256(paths: Sequence[str]) -> dict[str, str]:
+            return sha256_files(paths, lambda: self.session)
+
+        by_bytes, now = proved_by_bytes(files, known, sha256)
+        rest = {label: paths for label, paths in files.items() if label not in by_bytes}
+        by_rows = files_readings(self.session, self.ctx, rest) if rest else {}
+        now.update(digests(rest, sha256))
+        return {label: Proven(now[label], by_bytes[label] if label in by_bytes else by_rows[label]) for label in files}
+
     @contextlib.contextmanager
     def data_transaction(self) -> Iterator[None]:
         yield  # stage A is rechecked by its seals under the partition lock; nothing held in PostgreSQL
@@ -101,8 +120,10 @@ class SparkTarget(LakeTarget):
 
     def committed_readings(self, labels: list[str]) -> dict[str, Reading]:
         """The partitions as the table lists them now (a folder or a catalog keeps no old
-        versions), fingerprinted by Spark."""
-        return files_readings(self.session, self.ctx, self.files(self.table.open(), labels))
+        versions): by their bytes where they are the files proved before the switch, else
+        fingerprinted by Spark."""
+        proved = self.proved(self.files(self.table.open(), labels), self.switched)
+        return {label: proved[label].readings for label in labels}
 
 
 def _linked(files: list[str], place: Path) -> bool:
@@ -128,6 +149,8 @@ class SparkWrite(LakeWrite):
         self.spark = target
         self.run = uuid.uuid4().hex
         self.placed: dict[str, Path] = {}  # label -> where Spark wrote it
+        self.linked: set[str] = set()  # the labels whose placed files are links to stage A's
+        self.proven: dict[str, Proven] = {}  # label -> what was proved of its placed files
 
     def _written(self, label: str) -> list[str]:
         place = self.placed[label]
@@ -142,7 +165,9 @@ class SparkWrite(LakeWrite):
         for label, files in stage_files(ctx, "a", labels).items():
             value = ctx.value_of(label)
             place = self.placed[label] = t.files_table.place(self.run, value)
-            if files and not _linked(files, place):
+            if files and _linked(files, place):
+                self.linked.add(label)
+            elif files:
                 frame = stage_frame(t.session, ctx, "a", [value])
                 if frame is not None:
                     frame.select(*columns).write.parquet(str(place))
@@ -154,7 +179,10 @@ class SparkWrite(LakeWrite):
     def readings(self, labels: list[str]) -> dict[str, Reading]:
         if self.pending is None:
             return super().readings(labels)
-        return files_readings(self.spark.session, self.spark.ctx, {label: self._written(label) for label in labels})
+        t = self.spark
+        self.proven.update(t.proved({label: self._written(label) for label in labels},
+                                    sealed(t.ctx, "a", [label for label in labels if label in self.linked])))
+        return {label: self.proven[label].readings for label in labels}
 
     def writes_keys(self, labels: list[str]) -> bool:
         return any(self._written(label) for label in labels)
@@ -191,8 +219,10 @@ class SparkWrite(LakeWrite):
 
     def overwrite(self, handle: Any, labels: list[str], values: list[PartitionValue], exclusive: bool) -> str | None:
         t = self.spark
-        return t.files_table.switch_in(handle, t.ctx.spec.partition_key, values,
-                                       {label: self.placed[label] for label in labels})
+        version = t.files_table.switch_in(handle, t.ctx.spec.partition_key, values,
+                                          {label: self.placed[label] for label in labels})
+        t.switched = {label: self.proven[label] for label in labels if label in self.proven}
+        return version
 
     def discard(self) -> None:
         """Remove what this write placed and did not switch in."""

@@ -30,7 +30,7 @@ from backfill_assets.core.engines.spark.snapshot import in_scope
 from backfill_assets.core.engines.spark.source import SparkSource
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
-from backfill_assets.core.lake.lake_files import files_digest
+from backfill_assets.core.lake.lake_files import Proven, files_digest
 from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, record_builds, record_plan
 from backfill_assets.core.planning import assemble
 from backfill_assets.core.progress import Progress, ProgressEvent
@@ -242,6 +242,26 @@ def seals_hold(session: Callable[[], SparkSession], ctx: Context, variant: str,
         return changed
     found = stage_readings(session(), ctx, variant, [ctx.value_of(label) for label in doubtful])
     return changed + [label for label, fp in zip(doubtful, found) if fp.as_dict() != expected[label]]
+
+
+def sealed(ctx: Context, variant: str, labels: Sequence[str]) -> dict[str, Proven]:
+    """Each partition's seal (of those that have one) as a proof by bytes: the digest of its
+    files' names, sizes and SHA-256 when it was built, and the readings of those files' rows
+    (core.lake.lake_files.proved_by_bytes)."""
+    out = {}
+    for label in labels:
+        seal = _seal_of(ctx.spec, variant, label)
+        if seal is not None and seal.get("readings") is not None:
+            out[label] = Proven(seal["files"], seal["readings"])
+    return out
+
+
+def _seal_of(spec: Spec, variant: str, label: str) -> Seal | None:
+    """One partition's seal, if it has one."""
+    try:
+        return json.loads(_seal_path(spec, variant, label).read_text())
+    except FileNotFoundError:
+        return None
 
 
 def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: SparkSource, session: SparkSession,

@@ -1,6 +1,6 @@
 """Apply on DuckDB into a Delta table, as files: DuckDB writes each partition's Parquet file
 from stage A and fingerprints it, delta-rs commits exactly those files, and the committed
-version is fingerprinted again by DuckDB (core.engines.duckdb.target). Real tables on disk,
+version's files are proved by their bytes (core.engines.duckdb.target). Real tables on disk,
 a real DuckDB, the real control store; the data of the other DuckDB tests."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from backfill_assets.core import plan as plan_module
@@ -112,6 +113,46 @@ def test_a_run_stopped_after_the_files_are_written_leaves_none_behind_and_the_re
     assert {r["order_date"] for r in table.to_pyarrow_table().to_pylist()} == {dt.date(2024, 1, 1)}
     rerun = apply_plan(spec, plan.plan_id, factory, run_id="run-2")
     assert [p["status"] for p in rerun.partitions] == ["skipped-already-verified", "verified", "verified"]
+
+
+@pytest.mark.parametrize("how", ["a new file", "in place"])
+def test_the_committed_files_are_proved_by_their_bytes_and_one_rewritten_after_the_commit_is_caught(
+        tmp_path, factory, url_env, monkeypatch, how):
+    """The files the log commits are the files DuckDB wrote and fingerprinted: the verification
+    after the commit proves them by their names, sizes and SHA-256, without reading a row again.
+    A committed file another writer rewrites before that verification (removed and written
+    anew under its name, or written over) has other bytes: its rows are fingerprinted, and the
+    verification fails."""
+    from backfill_assets.core.engines.duckdb.target import DuckLakeTarget
+    from backfill_assets.core.errors import VerificationError
+    spec = duck_spec(tmp_path, delta_source(tmp_path))
+    plan = _approved(spec, factory)
+    fingerprinted: list[list[str]] = []
+    real = DuckLakeTarget.files_readings
+
+    def recorded(self, files):
+        fingerprinted.extend(list(paths) for paths in files.values())
+        return real(self, files)
+
+    monkeypatch.setattr(DuckLakeTarget, "files_readings", recorded)
+    first = apply_plan(spec, plan.plan_id, factory, run_id="run-1", only=["2024-01-01"])
+    assert [p["status"] for p in first.partitions] == ["verified"]
+    written = [paths for paths in fingerprinted if paths]
+    assert len(written) == 1  # the file written, before the commit; not again after it
+    fingerprinted.clear()
+    target = tmp_path / "orders_daily"
+
+    def rewrite(step: str, labels: list[str]) -> None:
+        if step == "committed":
+            victim, = (target / "order_date=2024-01-02").glob("*.parquet")
+            rows = pq.read_table(victim)
+            if how == "a new file":
+                victim.unlink()
+            pq.write_table(rows.slice(1), victim)
+
+    with pytest.raises(VerificationError, match="verification after commit"):
+        apply_plan(spec, plan.plan_id, factory, run_id="run-2", only=["2024-01-02"], checkpoint=rewrite)
+    assert len([paths for paths in fingerprinted if paths]) == 2  # before the commit, and after it by rows
 
 
 @pytest.mark.parametrize("target", ["delta", "iceberg"])

@@ -122,6 +122,45 @@ def test_what_is_placed_is_fingerprinted_before_the_switch(how, tmp_path: Path, 
         assert [p["status"] for p in result.partitions] == ["verified"] * 3
 
 
+@pytest.mark.parametrize("how", ["a new file", "in place"])
+def test_what_is_switched_in_is_proved_by_its_bytes_and_a_file_changed_after_the_switch_is_caught(
+        how, tmp_path: Path, spark, factory, url_env, monkeypatch):
+    """Stage A's files linked into the target are proved by their bytes, before the switch and
+    after it: no row of them is fingerprinted again. A committed file another writer rewrites
+    between the switch and the verification (a new file under the same name, or the same file
+    written over, which a link shares with stage A) is no longer the sealed bytes: its rows
+    are fingerprinted, and the verification after the commit fails."""
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "orders_raw"))
+    plan = plan_module.make_plan(spec, DAYS, factory)
+    with factory() as conn:
+        approve_plan(conn, factory, spec, plan, "tester")
+    fingerprinted: list[str] = []
+    real = spark_apply.files_readings
+
+    def recorded(session, ctx, files):
+        fingerprinted.extend(p for paths in files.values() for p in paths)
+        return real(session, ctx, files)
+
+    monkeypatch.setattr(spark_apply, "files_readings", recorded)
+    first = apply_plan(spec, plan.plan_id, factory, run_id="run-1", only=["2024-01-01"])
+    assert [p["status"] for p in first.partitions] == ["verified"]
+    assert fingerprinted == []  # the target had no such partition, and what was switched in is stage A's bytes
+    day = tmp_path / "orders_daily" / "order_date=2024-01-02"
+
+    def rewrite(step, labels):
+        if step != "committed":
+            return
+        victim = next(day.glob("*.parquet"))
+        rows = pq.read_table(victim)
+        if how == "a new file":
+            victim.unlink()
+        pq.write_table(rows.slice(1), victim)
+
+    with pytest.raises(VerificationError, match="verification after commit"):
+        apply_plan(spec, plan.plan_id, factory, run_id="run-2", only=["2024-01-02"], checkpoint=rewrite)
+    assert fingerprinted and all(Path(p).parent == day for p in fingerprinted)  # by rows, once the bytes differed
+
+
 def test_files_hashed_by_the_executors_have_the_drivers_digests(tmp_path: Path, spark, monkeypatch):
     paths = []
     for n, size in enumerate((0, 1, 70_000, 3 * 2**20 + 5)):

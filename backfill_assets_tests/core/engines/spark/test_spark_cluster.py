@@ -59,11 +59,15 @@ def _killing(victims: Callable[[], list], when: Callable[[], bool]) -> tuple[thr
     return done, killed, thread
 
 
-def _read_rows(folder: Path, seen: list[int], stop: threading.Event) -> None:
-    """Read one partition of the target, as any Parquet reader does, until ``stop``: its row count each time."""
+def _read_rows(folder: Path, seen: list[int], stop: threading.Event, switching: threading.Event) -> None:
+    """Read one partition of the target, as any Parquet reader does, until ``stop``: its row count
+    each time. A read every 50 ms until ``switching`` is set, then back to back: the readers take
+    the CPU the apply that switches shares with them only while it can switch."""
     while not stop.is_set():
         with contextlib.suppress(FileNotFoundError, OSError):  # listed before a switch, opened after: never wrong rows
             seen.append(listed_rows(folder))
+        if not switching.is_set():
+            stop.wait(0.05)
 
 
 def _paused_apply(spec: dict, plan_id: str, root: Path) -> tuple[subprocess.Popen, list[str], dict[str, str]]:
@@ -132,9 +136,9 @@ def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_chang
     assert old != new
     again = run_flow(spark_cluster[via], tmp_path, mapping, "planned")
     assert again["status"] == "ready", again["problems"]
-    seen, stop = [], threading.Event()
+    seen, stop, switching = [], threading.Event(), threading.Event()
     readers = [threading.Thread(target=_read_rows, args=(tmp_path / "orders_daily" / f"order_date={VICTIM}", seen,
-                                                         stop)) for _ in range(2)]
+                                                         stop, switching)) for _ in range(2)]
     for r in readers:
         r.start()
     try:
@@ -142,6 +146,7 @@ def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_chang
         os.kill(proc.pid, signal.SIGKILL)  # the client: the Connect server and its session live on
         proc.wait()
         assert target_rows(tmp_path / "orders_daily", victim) == newest(rows, victim)  # never switched in
+        switching.set()
         rerun = subprocess.run(apply, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     finally:
         stop.set()

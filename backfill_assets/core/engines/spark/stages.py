@@ -1,7 +1,8 @@
 """The Spark engine's two builds: stage A keeps each key's newest row by a window
-(``row_number``), stage B by an aggregate; each written as Parquet under the staging folder,
-read back and fingerprinted in Spark (format 3), and sealed by the digest of its files; and
-the plan finished from them.
+(``row_number``), stage B by an aggregate. Stage A is written as Parquet under the staging
+folder, read back and fingerprinted in Spark (format 3), and sealed by the digest of its
+files; stage B is fingerprinted as Spark builds it and written only where it differs from
+stage A; and the plan finished from them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from backfill_assets.core.engines.spark import fingerprint as spark_fp
 from backfill_assets.core.engines.spark.files import sha256_files
 from backfill_assets.core.engines.spark.inspect import functions, input_of
 from backfill_assets.core.engines.spark.parquet import partition_dir
-from backfill_assets.core.engines.spark.session import schema_ddl, staging_dir
+from backfill_assets.core.engines.spark.session import schema_ddl, spark_type, staging_dir
 from backfill_assets.core.engines.spark.snapshot import in_scope
 from backfill_assets.core.engines.spark.source import SparkSource
 from backfill_assets.core.fingerprint.partition import empty
@@ -187,38 +188,66 @@ def _remove_abandoned(base: Path) -> None:
 
 
 def build_stage(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, source: SparkSource,
-                variant: Literal["a", "b"], progress: Progress) -> dict[str, Fingerprint]:
-    """Build, write, fingerprint and seal every partition of one stage."""
+                variant: Literal["a", "b"], progress: Progress, *, keep: bool = True,
+                values: Sequence[PartitionValue] | None = None) -> dict[str, Fingerprint]:
+    """Build, write, fingerprint and seal the partitions ``values`` (default: the context's) of
+    one stage. Not ``keep``: the stage's partitions are emptied, and the rows are fingerprinted
+    as Spark builds them, in the target's types, and not written (stage B while it equals
+    stage A: one job, where writing and reading it back were two)."""
     spec = ctx.spec
-    step, total = f"stage {variant}", len(ctx.partitions)
+    values = list(ctx.partitions if values is None else values)
+    labels = [partition_label(v) for v in values]
+    step, total = f"stage {variant}", len(values)
     progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
     base = stage_dir(spec, variant)
-    for label in ctx.labels:  # unsealed until rebuilt: a failed build leaves nothing that passes as built
+    for label in labels:  # unsealed until rebuilt: a failed build leaves nothing that passes as built
         _seal(spec, variant, label, None)
     base.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(base)
-    # Written apart (a folder of this build's own, which readers skip), then each partition
-    # moved in: another run's build of other partitions never shares Spark's job folder.
+    inp = input_of(session, source.frame(session, snapshot.pin), spec, ctx.transform)
+    if keep:
+        _write(newest(inp, spec, variant, values), spec, base, values)
+        found = stage_readings(session, ctx, variant, values)
+    else:
+        for value in values:
+            shutil.rmtree(base / partition_dir(spec.partition_key, value), ignore_errors=True)
+        found = _hashed(newest(inp, spec, variant, values), ctx, values)
+    out = dict(zip(labels, found))
+    if keep:
+        seals = _files_of([base / partition_dir(spec.partition_key, v) for v in values], lambda: session)
+        for label, files in zip(labels, seals):
+            _seal(spec, variant, label, Seal(snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), files=files))
+    for n, (label, fp) in enumerate(out.items(), 1):
+        progress(ProgressEvent(step, f"{fp.row_count} row(s)", partition=label, done=n, total=total,
+                               rows=fp.row_count, status="built"))
+    return out
+
+
+def _write(built: DataFrame, spec: Spec, base: Path, values: Sequence[PartitionValue]) -> None:
+    """The built partitions written under ``base``: apart first (a folder of this build's own,
+    which readers skip), then each partition moved in, so that another run's build of other
+    partitions never shares Spark's job folder."""
     private = base / f"{_BUILDING}{uuid.uuid4().hex}"
     try:
-        inp = input_of(session, source.frame(session, snapshot.pin), spec, ctx.transform)
-        newest(inp, spec, variant, ctx.partitions).write.partitionBy(spec.partition_key).parquet(str(private))
-        for value in ctx.partitions:
+        built.write.partitionBy(spec.partition_key).parquet(str(private))
+        for value in values:
             directory = partition_dir(spec.partition_key, value)
             shutil.rmtree(base / directory, ignore_errors=True)
             if (private / directory).is_dir():
                 os.replace(private / directory, base / directory)
     finally:
         shutil.rmtree(private, ignore_errors=True)
-    found = stage_readings(session, ctx, variant, ctx.partitions)
-    out = dict(zip(ctx.labels, found))
-    seals = _files_of([base / partition_dir(spec.partition_key, v) for v in ctx.partitions], lambda: session)
-    for label, files in zip(ctx.labels, seals):
-        _seal(spec, variant, label, Seal(snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), files=files))
-    for n, (label, fp) in enumerate(out.items(), 1):
-        progress(ProgressEvent(step, f"{fp.row_count} row(s)", partition=label, done=n, total=total,
-                               rows=fp.row_count, status="built"))
-    return out
+
+
+def _hashed(built: DataFrame, ctx: Context, values: Sequence[PartitionValue]) -> list[Fingerprint]:
+    """The readings of the built rows, in the target's Spark types (as a stage is read back)."""
+    F = functions()  # noqa: N806
+    spec = ctx.spec
+    types = {c.name: spark_type(c) for c in ctx.target_columns}
+    typed = built.select(*[F.col(c).cast(types[c]).alias(c) for c in spec.columns])
+    found = {partition_label(v): fp for v, fp in spark_fp.readings(
+        typed, ctx.target_columns, spec.business_key, spec.partition_key, spec.total).items()}
+    return [found.get(partition_label(v)) or empty(ctx.target_columns, spec.total) for v in values]
 
 
 def seals_hold(session: Callable[[], SparkSession], ctx: Context, variant: str,
@@ -267,10 +296,17 @@ def _seal_of(spec: Spec, variant: str, label: str) -> Seal | None:
 def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot, source: SparkSource, session: SparkSession,
                clock: Clock, progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
     """Build stages A and B (one after the other: each is a Spark job over every executor),
-    and record each build in the control store."""
+    and record each build in the control store. Stage B is fingerprinted as it is built and
+    written only where it differs from stage A, built again from the same pin, so that the
+    differing keys can be shown (with records_can_move a key's newest version is chosen across
+    every partition of the scope, so the rebuild reads them all, as the first build did)."""
     a = build_stage(session, ctx, snapshot, source, "a", progress)
-    b = build_stage(session, ctx, snapshot, source, "b", progress)
-    record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock)
+    b = build_stage(session, ctx, snapshot, source, "b", progress, keep=False)
+    differ = [value for value, label in zip(ctx.partitions, ctx.labels) if a[label] != b[label]]
+    again = ctx.partitions if ctx.spec.records_can_move else differ
+    rebuilt = build_stage(session, ctx, snapshot, source, "b", progress, values=again) if differ else {}
+    record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock,
+                  unkept={"b": {label for label in ctx.labels if label not in rebuilt}})
     return a, b
 
 

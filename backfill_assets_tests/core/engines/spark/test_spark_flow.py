@@ -98,3 +98,49 @@ def test_two_runs_building_other_partitions_at_once_keep_each_others_stages(tmp_
                                              name="orders_one_run"), DAYS, factory)
     apart = {e.partition: e.stage_a for p in plans.values() for e in p.document.partitions}
     assert apart == {e.partition: e.stage_a for e in whole.document.partitions}
+
+
+def _kept(conn, variant: str) -> dict[str, bool]:
+    return dict(conn.execute(
+        "SELECT partition, kept FROM backfill_control.stage_builds WHERE spec_name = 'orders_daily' "
+        "AND variant = %s", (variant,)).fetchall())
+
+
+def test_stage_b_is_hashed_as_built_and_written_only_where_it_differs(tmp_path, spark, factory, url_env, conn,
+                                                                       monkeypatch):
+    """Stage B's rows are fingerprinted as Spark builds them: while they equal stage A's, none
+    is written, and the stage checks and ``diff --against stage_b`` read it from its build's
+    record. A stage B that keeps each key's oldest version differs wherever a key has two: it
+    is built again from the same pin and written for those partitions only, and the refused
+    plan names the differing keys."""
+    from backfill_assets.core.diff import diff_plan
+    from backfill_assets.core.engines.spark import stages as spark_stages
+    from backfill_assets.core.stages import read_stages
+    spec = spark_spec(tmp_path, write_parquet_source(tmp_path / "orders_raw"))
+    plan = plan_module.make_plan(spec, DAYS, factory)
+    assert plan.status == "ready", plan.problems
+    b_dir, a_dir = spark_stages.stage_dir(spec, "b"), spark_stages.stage_dir(spec, "a")
+    assert b_dir.is_dir() and not list(b_dir.glob("order_date=*"))
+    assert len(list(a_dir.glob("order_date=*"))) == 3
+    assert set(_kept(conn, "b").values()) == {False} and set(_kept(conn, "a").values()) == {True}
+    states = read_stages(spec, plan.labels, factory)
+    assert all(s.match and s.plan_id == plan.plan_id for s in states), [s.problems for s in states]
+    assert [s.b for s in states] == [p.stage_b for p in plan.document.partitions]
+    found = diff_plan(spec, plan.plan_id, factory, against="stage_b")
+    assert [(d.added, d.removed, d.changed) for d in found.partitions] == [(0, 0, 0)] * 3
+
+    real = spark_stages.newest
+
+    def oldest_in_b(inp, spec, variant, partitions):
+        if variant == "b":
+            spec = spec.model_copy(update={"ordering": [
+                o.model_copy(update={"direction": "asc" if o.direction == "desc" else "desc"}) for o in spec.ordering]})
+        return real(inp, spec, variant, partitions)
+
+    monkeypatch.setattr(spark_stages, "newest", oldest_in_b)
+    refused = plan_module.make_plan(spec, DAYS, factory)
+    assert refused.status == "refused"
+    differ = [p.partition for p in refused.document.partitions if not p.match]
+    assert differ and any("first differing key(s), stage A against stage B: order_id=" in p for p in refused.problems)
+    kept = _kept(conn, "b")
+    assert {label for label, k in kept.items() if k} == set(differ)

@@ -101,7 +101,7 @@ def test_through_spark_connect_a_lost_executor_a_killed_client_and_readers_chang
     from backfill_assets.cli import demo
     from backfill_assets_tests.support.duck_lakes import edge_rows
     via = "connect"
-    raw = demo.source_rows(orders_per_day=10_000, moved=False) + edge_rows()
+    raw = demo.source_rows(orders_per_day=2_000, moved=False) + edge_rows()
     source = write_parquet_source(tmp_path / "orders_raw", source_table(raw))
     mapping = spark_mapping(tmp_path, source, name=f"orders_daily_{via}", control_schema=f"backfill_control_{via}")
     building = Path(mapping["engine"]["staging"]) / "stage_a"
@@ -170,7 +170,7 @@ def test_an_executor_killed_in_a_build_and_the_driver_killed_in_apply_change_not
     from backfill_assets.cli import demo
     from backfill_assets_tests.support.duck_lakes import edge_rows
     source = write_parquet_source(tmp_path / "orders_raw", source_table(
-        demo.source_rows(orders_per_day=10_000, moved=False) + edge_rows()))
+        demo.source_rows(orders_per_day=2_000, moved=False) + edge_rows()))
     mapping = spark_mapping(tmp_path, source, name="orders_daily_lost", control_schema="backfill_control_lost")
     building = Path(mapping["engine"]["staging"]) / "stage_a"
     logs = [spark_cluster["workdir"] / "worker1.log", spark_cluster["workdir"] / "worker2.log"]

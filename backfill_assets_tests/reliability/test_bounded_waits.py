@@ -171,17 +171,45 @@ class Prepared:
                 admin.execute(drop)
 
     @contextlib.contextmanager
-    def copies(self, names: list[str]) -> Iterator[list[str]]:
-        with psycopg.connect(self.admin_url, autocommit=True) as admin:
-            for name in names:
-                # FILE_COPY: a copy of the folder, faster than WAL_LOG for a small database.
-                admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
-                    sql.Identifier(name), sql.Identifier(self.template)))
+    def copies(self, names: list[str]) -> Iterator[list[Callable[[], str]]]:
+        """A copy of the template per name, made one after the other by a thread of their own
+        while the cases run (a copy is the server's work, mostly waiting on its disk, as a case
+        mostly waits on the lock it meets); yields, per name, what waits for that copy and
+        gives its URL. Every copy made is dropped at the end."""
+        made: list[str] = []
+        failed: list[BaseException] = []
+        ready = [threading.Event() for _ in names]
+
+        def make() -> None:
+            try:
+                with psycopg.connect(self.admin_url, autocommit=True) as admin:
+                    for name, event in zip(names, ready):
+                        # FILE_COPY: a copy of the folder, faster than WAL_LOG for a small database.
+                        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
+                            sql.Identifier(name), sql.Identifier(self.template)))
+                        made.append(name)
+                        event.set()
+            except BaseException as err:  # noqa: BLE001 - raised in the case that waits for the copy
+                failed.append(err)
+                for event in ready:
+                    event.set()
+
+        def url_of(n: int) -> Callable[[], str]:
+            def wait() -> str:
+                ready[n].wait()
+                if names[n] not in made:
+                    raise failed[0]
+                return self.url(names[n])
+            return wait
+
+        maker = threading.Thread(target=make)
+        maker.start()
         try:
-            yield [self.url(name) for name in names]
+            yield [url_of(n) for n in range(len(names))]
         finally:
+            maker.join()
             with psycopg.connect(self.admin_url, autocommit=True) as admin:
-                for name in names:
+                for name in made:
                     admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
@@ -307,11 +335,11 @@ def run_command(command: str, prep: Prepared, url: str, variable: str) -> Outcom
     kind, name = command.split(":")
     spec = spec_from_mapping({**prep.spec, "database_url_env": variable})
     resources = {resource_key(spec): PostgresResource(database_url=url, variable=variable)}
-    instance = dg.DagsterInstance.ephemeral()
     start = time.monotonic()
     if kind == "cli":
         code, _, err = run_cli(CLI_COMMANDS[name](prep.spec_file(variable), prep.plan_id))
         return Outcome(time.monotonic() - start, code, err)
+    instance = dg.DagsterInstance.ephemeral()  # for Dagster's kinds only: it takes tens of milliseconds
     if kind == "step":
         selected = {"snapshot": ["snapshot"], "stages": ["stage_a", "stage_b"], "target": ["target"]}[name]
         return _run_outcome(instance, dg.materialize(
@@ -395,17 +423,19 @@ def one_case(command: str, prep: Prepared, url: str, variable: str, relation: st
 def run_cases(prep: Prepared, command: str, cases: list[tuple[str, sql.Composable]], monkeypatch,
               setup: Setup = None) -> tuple[list[str], set[str]]:
     """Run ``command`` once per (relation, statement holding it), each on its own copy of the
-    prepared database; return the problems found and the relations that blocked it."""
+    prepared database (made while the cases before it run); return the problems found and the
+    relations that blocked it."""
     # One try: what is measured is how the first attempt ends (Dagster retries wait 2 s each).
     monkeypatch.setattr(dagster_resources, "MAX_TRANSIENT_RETRIES", 0)
     tag = re.sub(r"\W", "_", command)
     names = [f"bfa_case_{tag}_{n}"[:63] for n in range(len(cases))]
     variables = [f"BFA_MATRIX_{tag.upper()}_{n}" for n in range(len(cases))]
+    results = []
     with prep.copies(names) as urls:
-        for variable, url in zip(variables, urls):
+        for url_of, variable, case in zip(urls, variables, cases):
+            url = url_of()  # the copy, made meanwhile
             monkeypatch.setenv(variable, url)
-        results = [one_case(command, prep, url, variable, *case, setup)
-                   for url, variable, case in zip(urls, variables, cases)]
+            results.append(one_case(command, prep, url, variable, *case, setup))
     found = [p for r in results for p in r if not p.startswith("blocked:")]
     blocked = {p.removeprefix("blocked:") for r in results for p in r if p.startswith("blocked:")}
     return found, blocked

@@ -10,11 +10,9 @@ PYTEST = $(VENV)/bin/pytest -p no:cacheprovider
 
 .PHONY: demo test test-core check lint ui bench browser server java clean
 
-# --no-compile: pip would byte-compile every module of every package (18 s of the install's 56 s
-# of CPU here); Python compiles the few it imports when it first imports them.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --no-compile -e '.[test]'
+	$(VENV)/bin/pip install --quiet -e '.[test]'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -976,11 +976,12 @@ def figure_spark(b: Bench, report: Report) -> None:
     safe, steps, naive = paired.ours, paired.detail, paired.naive
     read, rows = spark_lake.raw_read(spark, folder)
     steps = dict(zip(("inspect, pin the folder's files (SHA-256), count and check them in Spark",
-                      "build A and B in Spark, each written, read back, fingerprinted and sealed",
+                      "build A and B in Spark (A written, read back, fingerprinted and sealed; B fingerprinted as "
+                      "built)",
                       "compare and store the plan",
                       "approve (stage A by its seals, the target it is given against, the change preview)",
-                      "apply (per partition, by Spark's executors: the target fingerprinted, stage A written beside it "
-                      "and fingerprinted, swapped in, fingerprinted again)"), steps.values()))
+                      "apply (per partition: the target fingerprinted by Spark, stage A's files linked beside it and "
+                      "proved by their bytes, swapped in, proved by their bytes again)"), steps.values()))
     report.row("14. whole safe backfill on Spark local[2], Parquet to Parquet, vs naive", safe, naive, "s",
                "<= 2.5x", paired.ratio, paired.ratio <= 2.5)
     report.note(

@@ -2,10 +2,11 @@
 folder to a Parquet folder, side by side with the naive way and the raw read, in one Spark
 session started before any of them (its start-up, 5-10 s, is nobody's).
 
-- ours: plan (pin the folder's files, check them, two builds in Spark, each written, read back,
-  fingerprinted and sealed; compare), approve and apply (per partition, by Spark: the target
-  fingerprinted, stage A written beside it and fingerprinted, switched in, fingerprinted
-  again), in process, as bench.safe_backfill runs it.
+- ours: plan (pin the folder's files, check them, two builds in Spark: stage A written, read
+  back, fingerprinted and sealed, stage B fingerprinted as built; compare), approve and apply
+  (per partition: the target fingerprinted by Spark, stage A's files linked beside it and
+  proved by their bytes, switched in, proved by their bytes again), in process, as
+  bench.safe_backfill runs it.
 - naive: one Spark job: newest-wins by a window over the source folder, written with dynamic
   partition overwrite (``partitionOverwriteMode=dynamic``); no pin, no second build, no
   fingerprint, no verification, and the partition deleted before it is written.

@@ -1,7 +1,8 @@
 """What a lake's files say, without reading their rows: a digest of a partition's file list
 (the pin of a lake snapshot, the sensor's signal), a file's SHA-256 (a Parquet folder's pin),
-the proof by bytes of files whose rows were proved before (:func:`proved_by_bytes`), whether an Iceberg scan's data files are the rows as they stand (then DuckDB reads them
-itself), and a Delta version as a PyArrow dataset (or why delta-rs cannot give one)."""
+the proof by bytes of files whose rows were proved before (:func:`proved_by_bytes`), whether
+an Iceberg scan's data files are the rows as they stand (then DuckDB reads them itself), and a
+Delta version as a PyArrow dataset (or why delta-rs cannot give one)."""
 
 from __future__ import annotations
 

@@ -79,6 +79,20 @@ def newest(rows: list[tuple], day: dt.date) -> list[tuple]:
     return sorted(best.values(), key=lambda r: r[1])
 
 
+REWRITES = ["a new file", "in place"]
+
+
+def one_row_short(path: Path, how: str) -> None:
+    """Rewrite a Parquet file with its first row left out, as another writer might: removed and
+    written anew under its name (``"a new file"``), or written over (``"in place"``: a hard link
+    to it sees the change)."""
+    import pyarrow.parquet as pq
+    rows = pq.read_table(path)
+    if how == "a new file":
+        path.unlink()
+    pq.write_table(rows.slice(1), path)
+
+
 def delta_rows(path: Path, day: dt.date) -> list[tuple]:
     from deltalake import DeltaTable
     data = DeltaTable(str(path)).to_pyarrow_table().select(COLUMNS).to_pylist()

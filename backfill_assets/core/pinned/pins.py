@@ -194,6 +194,22 @@ def record_builds(control: psycopg.Connection, spec: Spec, snapshot_id: str, bui
                                    kept=label not in (unkept or {}).get(variant, ()), built_at=clock())
 
 
+def record_builds_b_kept_where_it_differs(
+    control: psycopg.Connection, ctx: Context, snapshot_id: str, a: dict[str, Fingerprint], b: dict[str, Fingerprint],
+    clock: Clock, rebuild: Callable[[list[PartitionValue]], dict[str, Fingerprint]],
+) -> None:
+    """Record both builds, stage B's hashed as it was built and not written. Where a partition
+    of stage B differs from stage A, ``rebuild`` builds those partitions again from the same
+    pin and writes them, so that the differing keys can be shown; with records_can_move a key's
+    newest version is chosen across every partition of the scope, so the rebuild reads them
+    all, as the first build did."""
+    differ = [value for value, label in zip(ctx.partitions, ctx.labels) if a[label] != b[label]]
+    again = list(ctx.partitions) if ctx.spec.records_can_move else differ
+    rebuilt = rebuild(again) if differ else {}
+    record_builds(control, ctx.spec, snapshot_id, {"a": a, "b": b}, clock,
+                  unkept={"b": {label for label in ctx.labels if label not in rebuilt}})
+
+
 def record_plan(control: psycopg.Connection, spec: Spec, plan: Plan, snapshot_id: str, clock: Clock,
                 progress: Progress) -> Plan:
     """Store the plan in the control store and say so."""

@@ -23,7 +23,12 @@ from backfill_assets.core.fingerprint import digest, rows
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.pinned.duck_types import source_types
-from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, record_builds, record_plan
+from backfill_assets.core.pinned.pins import (
+    LakeSnapshot,
+    keys_detail,
+    record_builds_b_kept_where_it_differs,
+    record_plan,
+)
 from backfill_assets.core.pinned.source import LakeSource
 from backfill_assets.core.planning import assemble
 from backfill_assets.core.progress import Progress, ProgressEvent
@@ -193,15 +198,11 @@ def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot
         duck.execute(statements.create_builds(builds_table(ctx.spec)))
     a = build_stage(db, ctx, snapshot, source, "a", progress)
     b = build_stage(db, ctx, snapshot, source, "b", progress, keep=False)
-    # Stage B is kept only where it differs from stage A, so that the differing keys can be
-    # shown: built again from the same pin, which the builds leave readable.
-    # With records_can_move a key's newest version is chosen across every partition of the
-    # scope, so the rebuild reads them all, as the first build did.
-    differ = [value for value, label in zip(ctx.partitions, ctx.labels) if a[label] != b[label]]
-    again = ctx.partitions if ctx.spec.records_can_move else differ
-    rebuilt = build_stage(db, ctx, snapshot, source, "b", progress, values=again) if differ else {}
-    record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock,
-                  unkept={"b": {label for label in ctx.labels if label not in rebuilt}})
+    # Stage B is kept only where it differs from stage A, built again from the same pin, which
+    # the builds leave readable.
+    record_builds_b_kept_where_it_differs(
+        control, ctx, snapshot.snapshot_id, a, b, clock,
+        lambda values: build_stage(db, ctx, snapshot, source, "b", progress, values=values))
     return a, b
 
 

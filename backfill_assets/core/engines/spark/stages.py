@@ -32,7 +32,12 @@ from backfill_assets.core.engines.spark.source import SparkSource
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.lake.lake_files import Proven, files_digest
-from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, record_builds, record_plan
+from backfill_assets.core.pinned.pins import (
+    LakeSnapshot,
+    keys_detail,
+    record_builds_b_kept_where_it_differs,
+    record_plan,
+)
 from backfill_assets.core.planning import assemble
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
@@ -297,16 +302,12 @@ def build_both(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapshot
                clock: Clock, progress: Progress) -> tuple[dict[str, Fingerprint], dict[str, Fingerprint]]:
     """Build stages A and B (one after the other: each is a Spark job over every executor),
     and record each build in the control store. Stage B is fingerprinted as it is built and
-    written only where it differs from stage A, built again from the same pin, so that the
-    differing keys can be shown (with records_can_move a key's newest version is chosen across
-    every partition of the scope, so the rebuild reads them all, as the first build did)."""
+    written only where it differs from stage A (core.pinned.pins.record_builds_b_kept_where_it_differs)."""
     a = build_stage(session, ctx, snapshot, source, "a", progress)
     b = build_stage(session, ctx, snapshot, source, "b", progress, keep=False)
-    differ = [value for value, label in zip(ctx.partitions, ctx.labels) if a[label] != b[label]]
-    again = ctx.partitions if ctx.spec.records_can_move else differ
-    rebuilt = build_stage(session, ctx, snapshot, source, "b", progress, values=again) if differ else {}
-    record_builds(control, ctx.spec, snapshot.snapshot_id, {"a": a, "b": b}, clock,
-                  unkept={"b": {label for label in ctx.labels if label not in rebuilt}})
+    record_builds_b_kept_where_it_differs(
+        control, ctx, snapshot.snapshot_id, a, b, clock,
+        lambda values: build_stage(session, ctx, snapshot, source, "b", progress, values=values))
     return a, b
 
 

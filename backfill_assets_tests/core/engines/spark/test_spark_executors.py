@@ -26,7 +26,7 @@ from backfill_assets.core.engines.spark.parquet import STAGING, ParquetFolderTab
 from backfill_assets.core.engines.spark.spark_table import SparkCatalogTable
 from backfill_assets.core.errors import VerificationError
 from backfill_assets.core.lake import target as lake_target
-from backfill_assets_tests.support.duck_lakes import COLUMNS, DAYS, newest, source_table
+from backfill_assets_tests.support.duck_lakes import COLUMNS, DAYS, REWRITES, newest, one_row_short, source_table
 from backfill_assets_tests.support.spark_lakes import spark_spec, target_rows, write_parquet_source
 
 pytestmark = pytest.mark.spark
@@ -99,10 +99,7 @@ def test_what_is_placed_is_fingerprinted_before_the_switch(how, tmp_path: Path, 
 
         def linked_then_rewritten(files, place):
             assert real_link(files, place)
-            victim = next(place.glob("*.parquet"))
-            rows = pq.read_table(victim)
-            victim.unlink()  # a new file, never the stage's own (a link shares it)
-            pq.write_table(rows.slice(1), victim)
+            one_row_short(next(place.glob("*.parquet")), "a new file")  # never the stage's own (a link shares it)
             return True
 
         monkeypatch.setattr(spark_apply, "_linked", linked_then_rewritten)
@@ -122,7 +119,7 @@ def test_what_is_placed_is_fingerprinted_before_the_switch(how, tmp_path: Path, 
         assert [p["status"] for p in result.partitions] == ["verified"] * 3
 
 
-@pytest.mark.parametrize("how", ["a new file", "in place"])
+@pytest.mark.parametrize("how", REWRITES)
 def test_what_is_switched_in_is_proved_by_its_bytes_and_a_file_changed_after_the_switch_is_caught(
         how, tmp_path: Path, spark, factory, url_env, monkeypatch):
     """Stage A's files linked into the target are proved by their bytes, before the switch and
@@ -148,13 +145,8 @@ def test_what_is_switched_in_is_proved_by_its_bytes_and_a_file_changed_after_the
     day = tmp_path / "orders_daily" / "order_date=2024-01-02"
 
     def rewrite(step, labels):
-        if step != "committed":
-            return
-        victim = next(day.glob("*.parquet"))
-        rows = pq.read_table(victim)
-        if how == "a new file":
-            victim.unlink()
-        pq.write_table(rows.slice(1), victim)
+        if step == "committed":
+            one_row_short(next(day.glob("*.parquet")), how)
 
     with pytest.raises(VerificationError, match="verification after commit"):
         apply_plan(spec, plan.plan_id, factory, run_id="run-2", only=["2024-01-02"], checkpoint=rewrite)

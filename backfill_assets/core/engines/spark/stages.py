@@ -131,8 +131,13 @@ def stage_frame(session: SparkSession, ctx: Context, variant: str, values: Seque
 
 def stage_readings(session: SparkSession, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> list[Fingerprint]:
     """The readings of the stage's partitions ``values``, in that order (format 3, in Spark)."""
+    return _in_order(stage_frame(session, ctx, variant, values), ctx, values)
+
+
+def _in_order(frame: DataFrame | None, ctx: Context, values: Sequence[PartitionValue]) -> list[Fingerprint]:
+    """The readings of ``frame``'s partitions ``values``, in that order (an empty one's where it
+    has no rows; None: no rows at all)."""
     spec = ctx.spec
-    frame = stage_frame(session, ctx, variant, values)
     found = {} if frame is None else {partition_label(v): fp for v, fp in spark_fp.readings(
         frame, ctx.target_columns, spec.business_key, spec.partition_key, spec.total).items()}
     return [found.get(partition_label(v)) or empty(ctx.target_columns, spec.total) for v in values]
@@ -247,12 +252,8 @@ def _write(built: DataFrame, spec: Spec, base: Path, values: Sequence[PartitionV
 def _hashed(built: DataFrame, ctx: Context, values: Sequence[PartitionValue]) -> list[Fingerprint]:
     """The readings of the built rows, in the target's Spark types (as a stage is read back)."""
     F = functions()  # noqa: N806
-    spec = ctx.spec
     types = {c.name: spark_type(c) for c in ctx.target_columns}
-    typed = built.select(*[F.col(c).cast(types[c]).alias(c) for c in spec.columns])
-    found = {partition_label(v): fp for v, fp in spark_fp.readings(
-        typed, ctx.target_columns, spec.business_key, spec.partition_key, spec.total).items()}
-    return [found.get(partition_label(v)) or empty(ctx.target_columns, spec.total) for v in values]
+    return _in_order(built.select(*[F.col(c).cast(types[c]).alias(c) for c in ctx.spec.columns]), ctx, values)
 
 
 def seals_hold(session: Callable[[], SparkSession], ctx: Context, variant: str,

@@ -893,7 +893,7 @@ def figure_duckdb(b: Bench, report: Report) -> None:
                       "compare and store the plan",
                       "approve (stage A by its seals, the target it is given against, the change preview)",
                       "apply (per partition: the target, stage A by its seals, its file written and "
-                      "fingerprinted by DuckDB, the lake commit, the committed files fingerprinted)"), steps.values()))
+                      "fingerprinted by DuckDB, the lake commit, the committed files proved by their bytes)"), steps.values()))
     applied = list(steps.values())[-1]
     report.row("13a. whole safe backfill on DuckDB, Delta to Delta, vs naive", safe, naive_s, "s", "<= 3.0x",
                paired.ratio, paired.ratio <= 3.0)

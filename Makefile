@@ -10,9 +10,14 @@ PYTEST = $(VENV)/bin/pytest -p no:cacheprovider
 
 .PHONY: demo test test-core check lint ui bench browser server java clean
 
+# uv installs in parallel what pip installs one file at a time (38 s against 65 s here, byte-compiled
+# as pip does); where uv cannot be had, pip does it all.
+UV_VERSION = 0.13.10
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -e '.[test]'
+	if $(VENV)/bin/pip install --quiet uv==$(UV_VERSION); then \
+		$(VENV)/bin/uv pip install --quiet --python $(VENV)/bin/python --compile-bytecode -e '.[test]'; \
+	else $(VENV)/bin/pip install --quiet -e '.[test]'; fi
 	touch $@
 
 demo: $(VENV)/.installed

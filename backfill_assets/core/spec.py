@@ -48,6 +48,7 @@ from backfill_assets.core.spec_settings import (
     OrderingColumn,
     ParallelSpec,
     PartitionsSpec,
+    PartitionWindowSpec,
     TrustedFunction,
 )
 from backfill_assets.core.supports import OPTIONS, SUPPORTS, engine_problems, rule_problems
@@ -71,6 +72,7 @@ __all__ = [
     "ParallelSpec",
     "ParquetSourceSpec",
     "ParquetTargetSpec",
+    "PartitionWindowSpec",
     "PartitionsSpec",
     "PostgresTargetSpec",
     "SourceSpec",
@@ -100,6 +102,9 @@ class Spec(BaseModel):
     source: AnySourceSpec
     target: TargetSpec
     partition_key: Identifier
+    # Partitions that are time windows of partition_key, a time stamp or date column (hours,
+    # days, weeks, months or years in a zone); without it, each value of the column is one.
+    partition_window: PartitionWindowSpec | None = None
     business_key: Annotated[list[Identifier], Field(min_length=1)]
     ordering: Annotated[list[OrderingColumn], Field(min_length=1)]
     columns: Annotated[list[Identifier], Field(min_length=1)]

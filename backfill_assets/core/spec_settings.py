@@ -16,9 +16,11 @@ from typing import Annotated, Literal
 import pydantic
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec_formats import Strict
 from backfill_assets.core.supports import DEFAULT_ENGINE, SUPPORTS, setting_problems
 from backfill_assets.core.vocabulary import Identifier, check_identifier
+from backfill_assets.core.windows import Grain, zone
 
 
 def _known_engine(value: str) -> str:
@@ -118,6 +120,26 @@ class PartitionsSpec(Strict):
             if self.type == "monthly" and (self.start.day != 1 or (self.end and self.end.day != 1)):
                 raise ValueError("monthly partitions start and end on the first day of a month")
         return self
+
+
+class PartitionWindowSpec(Strict):
+    """Partitions that are time windows of ``partition_key`` (core.windows): every hour, day,
+    week, month or year of the zone ``time_zone``. A ``timestamp without time zone`` column
+    says which zone its clock reads in (``column_time_zone``): nothing is guessed."""
+
+    every: Grain
+    time_zone: str
+    column_time_zone: str | None = None
+
+    @pydantic.field_validator("time_zone", "column_time_zone")
+    @classmethod
+    def _zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                zone(value)
+            except SpecError as err:
+                raise ValueError(str(err)) from None
+        return value
 
 
 # A parallel build holds one advisory lock per partition it builds (PostgreSQL's shared lock

@@ -25,7 +25,8 @@ TARGETS = {
     "spark_table": {"format": "spark_table", "table": "lake.orders_daily"},
 }
 OPTION_VALUES = {"records_can_move": True, "parallel": {**PARALLEL, "max_concurrent_builds": 1}, "replace_batch_rows": 1000,
-                 "trusted_functions": [{"name": "public.f", "reason": "its result depends on its argument alone"}]}
+                 "trusted_functions": [{"name": "public.f", "reason": "its result depends on its argument alone"}],
+                 "partition_window": {"every": "day", "time_zone": "UTC"}}
 SETTING_VALUES = {"database": "stages.duckdb", "memory_limit": "1GB", "threads": 2, "master": "local[1]",
                   "conf": {"spark.ui.enabled": "false"}, "staging": "staging"}
 

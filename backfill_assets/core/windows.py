@@ -1,0 +1,221 @@
+"""Time windows: partitions that are the hours, days, weeks, months or years of a time stamp
+(or date) column, in a declared time zone.
+
+A window is a half-open interval of instants, ``[start, end)``: a row belongs to it when its
+column is ``>= start`` and ``< end``, so a row exactly on a boundary lands in one window only.
+Windows follow the zone's calendar: a day in America/New_York is 23, 24 or 25 hours long; an
+hour is an hour of instants, so the hour a clock repeats when it falls back is two windows,
+told apart by their UTC offsets, and the hour it skips is none. Weeks are ISO weeks (from
+Monday). Nothing here reads a row; the engines turn a window into a range predicate on the
+column, which an index or a file's statistics can serve.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import zoneinfo
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from backfill_assets.core.errors import SpecError
+from backfill_assets.core.vocabulary import MAX_PARTITIONS
+
+Grain = Literal["hour", "day", "week", "month", "year"]
+GRAINS: tuple[Grain, ...] = get_args(Grain)
+UTC = dt.timezone.utc
+
+
+def zone(name: str) -> zoneinfo.ZoneInfo:
+    """The IANA time zone ``name`` (``America/New_York``, ``UTC``); SpecError if there is none."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise SpecError(f"time zone {name!r} is not an IANA time zone name; write one such as UTC, "
+                        "Europe/Berlin or America/New_York") from None
+
+
+@dataclass(frozen=True, order=True)
+class Window:
+    """One window: its first instant, the first instant after it (both in UTC) and its label
+    (``2024-03-10T01:00-05:00`` an hour, ``2024-03-10`` a day, ``2024-W10`` a week, ``2024-03``
+    a month, ``2024`` a year: local times, an hour with its offset)."""
+
+    start: dt.datetime
+    end: dt.datetime
+    label: str
+
+    @property
+    def hours(self) -> float:
+        return (self.end - self.start) / dt.timedelta(hours=1)
+
+    def local(self, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
+        """Its start and end as the zone's clock reads them (a ``timestamp without time zone``
+        column that reads in ``tz`` holds rows from the first up to, not including, the second)."""
+        return self.start.astimezone(tz), self.end.astimezone(tz)
+
+
+def _at_local(naive: dt.datetime, tz: dt.tzinfo) -> dt.datetime:
+    """The instant the zone's clock first reads ``naive`` (a unit's start, on the hour): the
+    earlier one when the clock reads it twice; where the clock skips it (a day that begins
+    in a gap), the instant the gap ends, when the unit's first reading shows."""
+    return naive.replace(tzinfo=tz, fold=0).astimezone(UTC)
+
+
+def _floor(local: dt.datetime, grain: Grain) -> dt.datetime:
+    """The start of the calendar unit holding ``local`` (naive, the zone's clock)."""
+    if grain == "hour":
+        return local.replace(minute=0, second=0, microsecond=0)
+    day = local.replace(hour=0, minute=0, second=0, microsecond=0)
+    if grain == "day":
+        return day
+    if grain == "week":
+        return day - dt.timedelta(days=day.weekday())
+    if grain == "month":
+        return day.replace(day=1)
+    return day.replace(month=1, day=1)
+
+
+def _next(local: dt.datetime, grain: Grain) -> dt.datetime:
+    """The start of the calendar unit after the one starting at ``local`` (naive)."""
+    if grain == "hour":
+        return local + dt.timedelta(hours=1)
+    if grain == "day":
+        return local + dt.timedelta(days=1)
+    if grain == "week":
+        return local + dt.timedelta(days=7)
+    if grain == "month":
+        return local.replace(year=local.year + local.month // 12, month=local.month % 12 + 1)
+    return local.replace(year=local.year + 1)
+
+
+def _label(start: dt.datetime, grain: Grain, tz: dt.tzinfo) -> str:
+    local = start.astimezone(tz)
+    if grain == "hour":
+        offset = local.isoformat()[-6:] if local.utcoffset() else "+00:00"
+        return f"{local:%Y-%m-%dT%H:%M}{offset}"
+    if grain == "day":
+        return f"{local:%Y-%m-%d}"
+    if grain == "week":
+        year, week, _ = local.isocalendar()
+        return f"{year}-W{week:02d}"
+    return f"{local:%Y-%m}" if grain == "month" else f"{local:%Y}"
+
+
+def window_at(instant: dt.datetime, grain: Grain, tz: dt.tzinfo) -> Window:
+    """The window of ``grain`` in ``tz`` that holds ``instant`` (an aware datetime)."""
+    if grain == "hour":  # an hour of instants: the repeated hour is two windows, the skipped none
+        local = instant.astimezone(tz)
+        start = local.replace(minute=0, second=0, microsecond=0).astimezone(UTC)
+        return Window(start, start + dt.timedelta(hours=1), _label(start, grain, tz))
+    first = _floor(instant.astimezone(tz).replace(tzinfo=None), grain)
+    start = _at_local(first, tz)
+    if start > instant:  # the unit began in a gap and the instant is in the one before
+        first = _floor(first - dt.timedelta(microseconds=1), grain)
+        start = _at_local(first, tz)
+    return Window(start, _at_local(_next(first, grain), tz), _label(start, grain, tz))
+
+
+def windows_between(start: dt.datetime, end: dt.datetime, grain: Grain, tz: dt.tzinfo) -> list[Window]:
+    """The windows whose first instant is at or after ``start`` and before ``end``."""
+    found: list[Window] = []
+    window = window_at(start, grain, tz)
+    if window.start < start:
+        window = window_at(window.end, grain, tz)
+    while window.start < end:
+        found.append(window)
+        if len(found) > MAX_PARTITIONS:
+            raise SpecError(f"--partitions names more than {MAX_PARTITIONS} windows")
+        window = window_at(window.end, grain, tz)
+        if window.start != found[-1].end:  # hours, where a zone's clock moves by part of one
+            raise SpecError(f"time zone {tz} moves its clocks by part of an hour near {found[-1].end:%Y-%m-%d}, "
+                            "so its hours do not tile the day; hour windows need a zone whose clocks move by "
+                            "whole hours (UTC, or the zone of the source's hours)")
+    return found
+
+
+# What a request may name, finest first; a window is requested by its own label or by a label
+# of a unit that holds whole windows of its grain (the hours of a day, the days of a month).
+_UNITS: dict[str, tuple[str, Grain]] = {
+    "hour": (r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):00(Z|[+-]\d{2}:\d{2})?", "hour"),
+    "day": (r"(\d{4})-(\d{2})-(\d{2})", "day"),
+    "week": (r"(\d{4})-W(\d{2})", "week"),
+    "month": (r"(\d{4})-(\d{2})", "month"),
+    "year": (r"(\d{4})", "year"),
+}
+_HOLDS: dict[Grain, tuple[str, ...]] = {
+    "hour": ("hour", "day", "week", "month", "year"),
+    "day": ("day", "week", "month", "year"),
+    "week": ("week",),
+    "month": ("month", "year"),
+    "year": ("year",),
+}
+_EXAMPLES = {"hour": "2024-03-10T01:00", "day": "2024-03-10", "week": "2024-W10", "month": "2024-03", "year": "2024"}
+
+
+def _unit_of(text: str) -> tuple[str, re.Match[str]]:
+    for unit, (pattern, _) in _UNITS.items():
+        match = re.fullmatch(pattern, text)
+        if match:
+            return unit, match
+    raise SpecError(f"partition {text!r} is not a time window: write an hour (2024-03-10T01:00), a day "
+                    "(2024-03-10), a week (2024-W10), a month (2024-03) or a year (2024), or a range a..b of them")
+
+
+def _span(text: str, grain: Grain, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
+    """The instants ``text`` names (a label of a unit that holds whole windows of ``grain``)."""
+    unit, match = _unit_of(text)
+    if unit not in _HOLDS[grain]:
+        units = " or ".join(_EXAMPLES[u] for u in _HOLDS[grain])
+        raise SpecError(f"partition {text!r} names a {unit}, which does not hold whole {grain} windows; "
+                        f"name them as {units}")
+    numbers = [int(g) for g in match.groups()[:4] if g is not None]  # the fifth is an hour's offset
+    try:
+        if unit == "week":
+            first = dt.datetime.combine(dt.date.fromisocalendar(numbers[0], numbers[1], 1), dt.time())
+        else:
+            first = dt.datetime(*numbers, *([1] * (3 - len(numbers))))  # type: ignore[misc]
+    except ValueError:
+        raise SpecError(f"partition {text!r} is not a date that exists") from None
+    if unit == "hour":
+        return _hour_span(text, first, match.group(5), tz)
+    return _at_local(first, tz), _at_local(_next(first, unit), tz)  # type: ignore[arg-type]
+
+
+def _hour_span(text: str, first: dt.datetime, offset: str | None, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
+    """The hour of local time ``first``: it must happen, once, or its offset must say which."""
+    at = {(first.replace(tzinfo=tz, fold=f)).astimezone(UTC) for f in (0, 1)}
+    at = {a for a in at if a.astimezone(tz).replace(tzinfo=None) == first}
+    if offset is not None:
+        wanted = dt.timedelta(0) if offset == "Z" else (
+            (-1 if offset[0] == "-" else 1) * dt.timedelta(hours=int(offset[1:3]), minutes=int(offset[4:6])))
+        at = {a for a in at if a.astimezone(tz).utcoffset() == wanted}
+    if not at:
+        raise SpecError(f"partition {text!r} does not happen in {tz}: its clocks skip that hour "
+                        "(or never show that offset)")
+    if len(at) > 1:
+        labels = " or ".join(sorted(_label(a, "hour", tz) for a in at))
+        raise SpecError(f"partition {text!r} happens twice in {tz} (its clocks fall back): write {labels}")
+    (start,) = at
+    return start, start + dt.timedelta(hours=1)
+
+
+def parse_windows(text: str, grain: Grain, tz: dt.tzinfo) -> list[Window]:
+    """The windows ``--partitions`` names, sorted and distinct: a comma list of labels and
+    ranges ``a..b`` (inclusive), each a window of ``grain`` or a unit that holds whole ones."""
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise SpecError(f"--partitions is empty or has an empty item; write {_EXAMPLES[grain]} or a range "
+                        f"{_EXAMPLES[grain]}..{_EXAMPLES[grain]}")
+    found: dict[dt.datetime, Window] = {}
+    for item in items:
+        lo_text, dots, hi_text = item.partition("..")
+        lo, hi = _span(lo_text.strip(), grain, tz), _span(hi_text.strip(), grain, tz) if dots else None
+        end = hi[1] if hi else lo[1]
+        if end <= lo[0]:
+            raise SpecError(f"partition range {item!r} ends before it starts")
+        for window in windows_between(lo[0], end, grain, tz):
+            found[window.start] = window
+        if len(found) > MAX_PARTITIONS:
+            raise SpecError(f"--partitions names more than {MAX_PARTITIONS} windows")
+    return [found[k] for k in sorted(found)]

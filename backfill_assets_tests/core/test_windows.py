@@ -1,0 +1,117 @@
+"""Time windows (core.windows): the calendar of a zone, its daylight-saving days and repeated
+hours, half-open boundaries, and what a request on the command line may name."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backfill_assets.core.errors import SpecError
+from backfill_assets.core.spec import spec_from_mapping
+from backfill_assets.core.supports import ENGINE_TYPES, SUPPORTS
+from backfill_assets.core.windows import GRAINS, UTC, parse_windows, window_at, windows_between, zone
+from backfill_assets_tests.support.spec_samples import refused_with, sample_mapping
+
+NEW_YORK = zone("America/New_York")
+# Zones whose clocks move by whole hours: New York (DST), Kolkata (+05:30, none), Santiago (its
+# day begins in the gap: clocks jump from midnight), Kathmandu (+05:45), UTC.
+WHOLE_HOURS = ["America/New_York", "Asia/Kolkata", "America/Santiago", "Asia/Kathmandu", "UTC"]
+
+
+def utc(*args: int) -> dt.datetime:
+    return dt.datetime(*args, tzinfo=UTC)
+
+
+def test_a_new_york_day_is_23_24_or_25_hours_and_its_hours_say_which_offset():
+    spring, fall, june = (parse_windows(d, "day", NEW_YORK)[0] for d in ("2024-03-10", "2024-11-03", "2024-06-01"))
+    assert (spring.hours, fall.hours, june.hours) == (23, 25, 24)
+    assert (spring.start, spring.end) == (utc(2024, 3, 10, 5), utc(2024, 3, 11, 4))
+    hours = parse_windows("2024-11-03", "hour", NEW_YORK)
+    assert len(hours) == 25 and [h.label for h in hours[1:3]] == ["2024-11-03T01:00-04:00", "2024-11-03T01:00-05:00"]
+    skipped = [h.label for h in parse_windows("2024-03-10", "hour", NEW_YORK)]
+    assert len(skipped) == 23 and "2024-03-10T01:00-05:00" in skipped and "2024-03-10T03:00-04:00" in skipped
+    assert not any(label.startswith("2024-03-10T02:") for label in skipped)
+
+
+def test_a_day_that_begins_in_a_gap_begins_when_the_clock_shows_it():
+    santiago = zone("America/Santiago")  # 2024-09-08: the clocks jump from 00:00 to 01:00
+    (day,) = parse_windows("2024-09-08", "day", santiago)
+    start, end = day.local(santiago)
+    assert day.hours == 23 and (start.hour, end.hour) == (1, 0)
+
+
+def test_weeks_are_iso_weeks_months_and_years_their_calendar():
+    weeks = parse_windows("2024-W01..2024-W02", "week", zone("UTC"))
+    assert [w.label for w in weeks] == ["2024-W01", "2024-W02"] and weeks[0].start == utc(2024, 1, 1)
+    months = parse_windows("2024", "month", NEW_YORK)
+    assert [m.label for m in months][:2] == ["2024-01", "2024-02"] and len(months) == 12
+    assert months[1].end - months[1].start == dt.timedelta(days=29)  # a leap year's February
+    assert parse_windows("2023..2024", "year", zone("UTC"))[1].start == utc(2024, 1, 1)
+
+
+def test_a_year_of_hours_and_a_request_by_coarser_units():
+    assert len(parse_windows("2023", "hour", NEW_YORK)) == 8_760
+    assert len(parse_windows("2024-03-09..2024-03-11", "hour", NEW_YORK)) == 24 + 23 + 24
+    assert len(parse_windows("2024-02", "day", NEW_YORK)) == 29
+    assert [w.label for w in parse_windows("2024-11-03T01:00-05:00,2024-11-03T00:00", "hour", NEW_YORK)] == [
+        "2024-11-03T00:00-04:00", "2024-11-03T01:00-05:00"]
+
+
+@pytest.mark.parametrize("text, grain, says", [
+    ("2024-11-03T01:00", "hour", "happens twice in America/New_York (its clocks fall back): write "
+                                 "2024-11-03T01:00-04:00 or 2024-11-03T01:00-05:00"),
+    ("2024-03-10T02:00", "hour", "does not happen in America/New_York: its clocks skip that hour"),
+    ("2024-03-10T01:00-04:00", "hour", "does not happen"),  # that offset is not shown then
+    ("2024-03", "week", "names a month, which does not hold whole week windows; name them as 2024-W10"),
+    ("2024-03-10", "month", "names a day, which does not hold whole month windows"),
+    ("2024-02-30", "day", "is not a date that exists"),
+    ("2024-03-10T01:30", "hour", "is not a time window"),
+    ("yesterday", "day", "is not a time window"),
+    ("2024-03-11..2024-03-10", "day", "ends before it starts"),
+    ("", "day", "empty"),
+])
+def test_a_request_that_names_no_window_or_two_is_refused_saying_what_to_write(text, grain, says):
+    with pytest.raises(SpecError) as raised:
+        parse_windows(text, grain, NEW_YORK)
+    assert says in str(raised.value)
+
+
+def test_hours_are_refused_in_a_zone_whose_clocks_move_by_half_an_hour():
+    with pytest.raises(SpecError, match="moves its clocks by part of an hour"):
+        parse_windows("2024-10-06", "hour", zone("Australia/Lord_Howe"))
+    assert parse_windows("2024-10-06", "day", zone("Australia/Lord_Howe"))[0].hours == 23.5
+
+
+@given(st.datetimes(min_value=dt.datetime(1990, 1, 1), max_value=dt.datetime(2040, 1, 1)),
+       st.sampled_from(WHOLE_HOURS), st.sampled_from(GRAINS))
+def test_every_instant_lies_in_exactly_one_window_and_the_windows_tile_time(naive, name, grain):
+    tz = zone(name)
+    instant = naive.replace(tzinfo=UTC)
+    window = window_at(instant, grain, tz)
+    assert window.start <= instant < window.end
+    after, before = window_at(window.end, grain, tz), window_at(window.start - dt.timedelta(microseconds=1), grain, tz)
+    assert after.start == window.end and before.end == window.start  # no gap, no overlap
+    assert window_at(window.start, grain, tz) == window  # a boundary belongs to the window it starts
+    assert len({after.label, window.label, before.label}) == 3
+    assert windows_between(before.start, after.end, grain, tz) == [before, window, after]
+
+
+@pytest.mark.parametrize("every, zone_name, says", [
+    ("fortnight", "UTC", "partition_window.every"),
+    ("hour", "Mars/Olympus", "time zone 'Mars/Olympus' is not an IANA time zone name"),
+])
+def test_the_spec_refuses_an_unknown_grain_or_zone_before_anything_is_read(every, zone_name, says):
+    refusal = refused_with(sample_mapping("postgres", "postgres", "postgres",
+                                          partition_window={"every": every, "time_zone": zone_name}))
+    assert refusal is not None and says in refusal
+
+
+@pytest.mark.parametrize("engine", ENGINE_TYPES)
+def test_every_engine_refuses_a_window_spec_until_it_builds_windows(engine):
+    data = sample_mapping(engine, SUPPORTS[engine].sources[0], SUPPORTS[engine].targets[0],
+                          partition_window={"every": "hour", "time_zone": "America/New_York"})
+    with pytest.raises(SpecError, match=f"partition_window is not supported on engine {engine} yet"):
+        spec_from_mapping(data)

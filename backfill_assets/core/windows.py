@@ -130,18 +130,18 @@ def windows_between(start: dt.datetime, end: dt.datetime, grain: Grain, tz: dt.t
         if window.start != found[-1].end:  # hours, where a zone's clock moves by part of one
             raise SpecError(f"time zone {tz} moves its clocks by part of an hour near {found[-1].end:%Y-%m-%d}, "
                             "so its hours do not tile the day; hour windows need a zone whose clocks move by "
-                            "whole hours (UTC, or the zone of the source's hours)")
+                            "whole hours (UTC, or a zone such as Australia/Sydney)")
     return found
 
 
-# What a request may name, finest first; a window is requested by its own label or by a label
+# What a request may name; a window is requested by its own label or by a label
 # of a unit that holds whole windows of its grain (the hours of a day, the days of a month).
-_UNITS: dict[str, tuple[str, Grain]] = {
-    "hour": (r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):00(Z|[+-]\d{2}:\d{2})?", "hour"),
-    "day": (r"(\d{4})-(\d{2})-(\d{2})", "day"),
-    "week": (r"(\d{4})-W(\d{2})", "week"),
-    "month": (r"(\d{4})-(\d{2})", "month"),
-    "year": (r"(\d{4})", "year"),
+_UNITS: dict[str, str] = {
+    "hour": r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):00(Z|[+-]\d{2}:\d{2})?",
+    "day": r"(\d{4})-(\d{2})-(\d{2})",
+    "week": r"(\d{4})-W(\d{2})",
+    "month": r"(\d{4})-(\d{2})",
+    "year": r"(\d{4})",
 }
 _HOLDS: dict[Grain, tuple[str, ...]] = {
     "hour": ("hour", "day", "week", "month", "year"),
@@ -154,7 +154,7 @@ _EXAMPLES = {"hour": "2024-03-10T01:00", "day": "2024-03-10", "week": "2024-W10"
 
 
 def _unit_of(text: str) -> tuple[str, re.Match[str]]:
-    for unit, (pattern, _) in _UNITS.items():
+    for unit, pattern in _UNITS.items():
         match = re.fullmatch(pattern, text)
         if match:
             return unit, match

@@ -82,12 +82,7 @@ class PartitionRequest:
 
         ``a..b`` is an inclusive range (dates and integers); ``a,b,c`` is a list.
         """
-        items = [item.strip() for item in self.text.split(",")]
-        if not self.text.strip() or any(not item for item in items):
-            raise SpecError(
-                "--partitions is empty or has an empty item; write 2024-01-01..2024-01-31 "
-                "or a comma list like 2024-01-01,2024-01-03"
-            )
+        items = request_items(self.text, "2024-01-01..2024-01-31 or a comma list like 2024-01-01,2024-01-03")
         values: set[PartitionValue] = set()
         for item in items:
             if ".." in item:
@@ -106,6 +101,15 @@ class PartitionRequest:
             if len(values) > MAX_PARTITIONS:
                 raise SpecError(f"--partitions names more than {MAX_PARTITIONS} partitions")
         return sorted(values)  # type: ignore[type-var]
+
+
+def request_items(text: str, write: str) -> list[str]:
+    """The comma-separated items of a ``--partitions`` request; SpecError, saying to ``write``
+    what an item looks like, if it is empty or has an empty item."""
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise SpecError(f"--partitions is empty or has an empty item; write {write}")
+    return items
 
 
 def _parse_value(text: str, kind: PartitionKind) -> PartitionValue:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.vocabulary import MAX_PARTITIONS
+from backfill_assets.core.vocabulary import MAX_PARTITIONS, request_items
 
 Grain = Literal["hour", "day", "week", "month", "year"]
 GRAINS: tuple[Grain, ...] = get_args(Grain)
@@ -136,14 +136,14 @@ def windows_between(start: dt.datetime, end: dt.datetime, grain: Grain, tz: dt.t
 
 # What a request may name; a window is requested by its own label or by a label
 # of a unit that holds whole windows of its grain (the hours of a day, the days of a month).
-_UNITS: dict[str, str] = {
+_UNITS: dict[Grain, str] = {
     "hour": r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):00(Z|[+-]\d{2}:\d{2})?",
     "day": r"(\d{4})-(\d{2})-(\d{2})",
     "week": r"(\d{4})-W(\d{2})",
     "month": r"(\d{4})-(\d{2})",
     "year": r"(\d{4})",
 }
-_HOLDS: dict[Grain, tuple[str, ...]] = {
+_HOLDS: dict[Grain, tuple[Grain, ...]] = {
     "hour": ("hour", "day", "week", "month", "year"),
     "day": ("day", "week", "month", "year"),
     "week": ("week",),
@@ -153,7 +153,7 @@ _HOLDS: dict[Grain, tuple[str, ...]] = {
 _EXAMPLES = {"hour": "2024-03-10T01:00", "day": "2024-03-10", "week": "2024-W10", "month": "2024-03", "year": "2024"}
 
 
-def _unit_of(text: str) -> tuple[str, re.Match[str]]:
+def _unit_of(text: str) -> tuple[Grain, re.Match[str]]:
     for unit, pattern in _UNITS.items():
         match = re.fullmatch(pattern, text)
         if match:
@@ -179,7 +179,7 @@ def _span(text: str, grain: Grain, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datet
         raise SpecError(f"partition {text!r} is not a date that exists") from None
     if unit == "hour":
         return _hour_span(text, first, match.group(5), tz)
-    return _at_local(first, tz), _at_local(_next(first, unit), tz)  # type: ignore[arg-type]
+    return _at_local(first, tz), _at_local(_next(first, unit), tz)
 
 
 def _hour_span(text: str, first: dt.datetime, offset: str | None, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
@@ -203,10 +203,8 @@ def _hour_span(text: str, first: dt.datetime, offset: str | None, tz: dt.tzinfo)
 def parse_windows(text: str, grain: Grain, tz: dt.tzinfo) -> list[Window]:
     """The windows ``--partitions`` names, sorted and distinct: a comma list of labels and
     ranges ``a..b`` (inclusive), each a window of ``grain`` or a unit that holds whole ones."""
-    items = [item.strip() for item in text.split(",")]
-    if not text.strip() or any(not item for item in items):
-        raise SpecError(f"--partitions is empty or has an empty item; write {_EXAMPLES[grain]} or a range "
-                        f"{_EXAMPLES[grain]}..{_EXAMPLES[grain]}")
+    example = _EXAMPLES[grain]
+    items = request_items(text, f"{example} or a range {example}..{example}")
     found: dict[dt.datetime, Window] = {}
     for item in items:
         lo_text, dots, hi_text = item.partition("..")

@@ -33,6 +33,7 @@ def parallel_note(parallel: ParallelSpec) -> str:
 
 def render_plan(plan: Plan, parallel: ParallelSpec | None = None) -> str:
     """The plan as text; with the spec's ``parallel``, what multi-run means for applying it."""
+    w = _width(plan.document.labels)
     doc, snap = plan.document, plan.document.snapshot
     lines = [
         f"plan {plan.plan_id}",
@@ -44,17 +45,17 @@ def render_plan(plan: Plan, parallel: ParallelSpec | None = None) -> str:
         + f"fingerprint {snap.fingerprint[:16]}...)",
         f"  transform version: {doc.transform_version}",
         "",
-        f"  {'partition':<12} {'A=B':<4} {'rows':>7} {'total':>14}  {'content hash':<18} "
+        f"  {'partition':<{w}} {'A=B':<4} {'rows':>7} {'total':>14}  {'content hash':<18} "
         f"{'read':>6} {'null key':>8} {'collapsed':>9}",
     ]
     for p in doc.partitions:
         src = p.source
         lines.append(
-            f"  {p.partition:<12} {'yes' if p.match else 'NO':<4} {_readings_cells(p.stage_a)} "
+            f"  {p.partition:<{w}} {'yes' if p.match else 'NO':<4} {_readings_cells(p.stage_a)} "
             f"{src.rows_read:>6} {src.null_key_rows_dropped:>8} {src.duplicates_collapsed:>9}"
         )
         if not p.match:
-            lines.append(f"  {'  stage B':<12} {'':<4} {_readings_cells(p.stage_b)}")
+            lines.append(f"  {'  stage B':<{w}} {'':<4} {_readings_cells(p.stage_b)}")
     for added in doc.added_partitions:
         lines.append(f"  added {added.partition}: " + "; ".join(added.reasons))
     for group in doc.replace_groups:
@@ -112,35 +113,44 @@ def render_replacement(doc: PlanDocument) -> str:
     labels = doc.labels
     created = f"Approving will CREATE {doc.target} (empty, partitioned by {doc.partition_key}), then " \
         if doc.creates_target else "Approving will "
+    entries = doc.partitions
+    spans = ""
+    if doc.partition_window is not None and entries:  # the instants the labels name
+        first, last = entries[0], entries[-1]
+        spans = (f" They are {doc.partition_window['every']} windows of {doc.partition_key} in "
+                 f"{doc.partition_window['time_zone']}, from {first.start} to {last.end} (UTC, the end excluded)"
+                 f"{', with gaps' if len(entries) > 1 and any(a.end != b.start for a, b in zip(entries, entries[1:])) else ''}.")
     return (
         f"{created}{'REPLACE' if not doc.creates_target else 'fill'} {len(labels)} partition(s) of {doc.target} "
         f"({', '.join(labels)}) with the stage rows fingerprinted above: every existing row of "
-        "those partitions is deleted. No other partition is touched."
+        f"those partitions is deleted. No other partition is touched.{spans}"
     )
 
 
 def render_apply(result: ApplyResult) -> str:
+    w = _width([p["partition"] for p in result.partitions])
     lines = [f"run {result.run_id} of plan {result.plan_id[:16]} (approval {result.approval_id})"]
     for p in result.partitions:
-        lines.append(f"  {p['partition']:<12} {p['status']:<26} {p['row_count']:>7} "
+        lines.append(f"  {p['partition']:<{w}} {p['status']:<26} {p['row_count']:>7} "
                      f"{p['total'] if p['total'] is not None else '-':>14}  {p['content_hash'][:16]}..")
     return "\n".join(lines)
 
 
 def render_status(rows: list[dict[str, Any]]) -> str:
+    w = _width([r["partition"] for r in rows])
     if not rows:
         return "no runs recorded yet"
-    lines = [f"  {'partition':<12} {'status':<26} {'rows':>7} {'total':>14}  {'hash':<18} run"]
+    lines = [f"  {'partition':<{w}} {'status':<26} {'rows':>7} {'total':>14}  {'hash':<18} run"]
     for r in rows:
         lines.append(
-            f"  {r['partition']:<12} {r['status']:<26} {r['row_count'] if r['row_count'] is not None else '-':>7} "
+            f"  {r['partition']:<{w}} {r['status']:<26} {r['row_count'] if r['row_count'] is not None else '-':>7} "
             f"{r['total'] if r['total'] is not None else '-':>14}  {(r['content_hash'] or '')[:16]}.. {r['run_id'][:12]}"
         )
         if r["error"]:
-            lines.append(f"  {'':<12} error: {r['error']}")
+            lines.append(f"  {'':<{w}} error: {r['error']}")
         if r.get("audit"):
             seen = r.get("last_seen_holding")
-            lines.append(f"  {'':<12} audit {_when(r['audited_at'])}: {r['audit']}"
+            lines.append(f"  {'':<{w}} audit {_when(r['audited_at'])}: {r['audit']}"
                          + (f"; last seen holding {_when(seen)}" if seen and r["audit"] != "holds" else ""))
     return "\n".join(lines)
 
@@ -149,10 +159,11 @@ def render_target_now(doc: PlanDocument, target: dict[str, dict[str, Any]],
                       changes: dict[str, dict[str, int]] | None = None) -> str:
     """The target as it is now, which an approval records it is given against, and (where
     known) what replacing each partition changes: keys added, removed, changed, unchanged."""
+    w = _width(doc.labels)
     lines = [
         "The target now (the approval records this; apply refuses a partition whose target "
         "changes before it is replaced)" + (", and what the replacement changes in it:" if changes else ":"),
-        f"  {'partition':<12} {'rows':>7} {'total':>14}  {'content hash':<18} "
+        f"  {'partition':<{w}} {'rows':>7} {'total':>14}  {'content hash':<18} "
         + (f"{'added':>7} {'removed':>7} {'changed':>7} {'unchanged':>9}" if changes else ""),
     ]
     for p in doc.partitions:
@@ -162,13 +173,14 @@ def render_target_now(doc: PlanDocument, target: dict[str, dict[str, Any]],
         if changes:
             c = changes[p.partition]
             counts = f" {c['added']:>7} {c['removed']:>7} {c['changed']:>7} {c['unchanged']:>9}"
-        lines.append(f"  {p.partition:<12} {_readings_cells(now)}{counts}{same}")
+        lines.append(f"  {p.partition:<{w}} {_readings_cells(now)}{counts}{same}")
     return "\n".join(lines)
 
 
 def render_approvals(approvals: list[OpenApproval]) -> str:
     """Open approvals and, per partition, whether each still covers it and why not; then the
     expired ones, with what their runs verified."""
+    w = _width([c.partition for a in approvals for c in a.partitions])
     opened = [a for a in approvals if not a.expired]
     expired = [a for a in approvals if a.expired]
     lines = ["open approvals (not yet verified in every partition by a run of that approval):"
@@ -183,7 +195,7 @@ def render_approvals(approvals: list[OpenApproval]) -> str:
             continue
         for c in a.partitions:
             verdict = {"unchanged": "covered", "applied": "done"}.get(c.state, "NOT covered")
-            lines.append(f"    {c.partition:<12} {verdict:<12} {c.reason}")
+            lines.append(f"    {c.partition:<{w}} {verdict:<{w}} {c.reason}")
     if expired:
         lines += ["", "expired approvals (older than approval_expires_after; apply refuses them: review the plan "
                       "and approve the plan again):"]
@@ -234,17 +246,23 @@ def render_review(checked: Review, parallel: ParallelSpec | None = None) -> str:
 
 def render_diff(result: DiffResult) -> str:
     """Per partition, what replacing it with the approved stage changes, and example keys."""
+    w = _width([p.partition for p in result.partitions])
     other = "the target" if result.against == "target" else "stage B"
     lines = [f"plan {result.plan_id[:16]}: the approved stage (A) against {other}",
-             f"  {'partition':<12} {'added':>8} {'removed':>8} {'changed':>8} {'unchanged':>10}"]
+             f"  {'partition':<{w}} {'added':>8} {'removed':>8} {'changed':>8} {'unchanged':>10}"]
     for p in result.partitions:
-        lines.append(f"  {p.partition:<12} {p.added:>8} {p.removed:>8} {p.changed:>8} {p.unchanged:>10}")
+        lines.append(f"  {p.partition:<{w}} {p.added:>8} {p.removed:>8} {p.changed:>8} {p.unchanged:>10}")
         for e in p.examples:
             key = ", ".join(f"{k}={v}" for k, v in e.key.items())
             lines.append(f"    {e.kind:<8} ({key})")
             if e.kind == "changed":
                 lines += [f"      {c}: {e.values[c][0]!r} -> {e.values[c][1]!r}" for c in e.columns]
     return "\n".join(lines)
+
+
+def _width(labels: list[str]) -> int:
+    """The partition column's width: 12, or the longest label (an hour window's is 22)."""
+    return max([12, *map(len, labels)])
 
 
 def _when(value: object) -> str:
@@ -254,14 +272,15 @@ def _when(value: object) -> str:
 def render_audit(result: AuditResult) -> str:
     """Per partition: holds, drifted or never verified, how it was seen, and for a drifted one
     what changed (keys and column names only) and since when it may have."""
+    w = _width([p.partition for p in result.partitions])
     counts = result.counts()
     lines = [f"audit {result.audit_id[:16]} of {result.target}: {counts['holds']} hold, {counts['drifted']} drifted, "
              f"{counts['never verified']} never verified",
-             f"  {'partition':<12} {'result':<15} {'seen by':<26} {'rows verified':>13} {'rows now':>9}"]
+             f"  {'partition':<{w}} {'result':<15} {'seen by':<26} {'rows verified':>13} {'rows now':>9}"]
     for p in result.partitions:
         verified = "" if p.verified is None else str(p.verified["row_count"])
         now = "" if p.now is None else str(p.now["row_count"])
-        lines.append(f"  {p.partition:<12} {p.result:<15} {p.signal:<26} {verified:>13} {now:>9}")
+        lines.append(f"  {p.partition:<{w}} {p.result:<15} {p.signal:<26} {verified:>13} {now:>9}")
         if p.result != "drifted":
             continue
         keys = (p.changes or {}).get("keys")

@@ -290,7 +290,8 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
     if spark is not None and spark.source.format != "parquet":
         raise SpecError(f"--spark-spec {args.spark_spec}: its source is not a Parquet folder "
                         "(source.format: parquet); name a spec whose source is, or 'none'")
-    run_demo(load_spec(args.spec), args.partitions, out, lake, duck, spark)
+    windows = None if args.windows_spec == "none" else load_spec(args.windows_spec)
+    run_demo(load_spec(args.spec), args.partitions, out, lake, duck, spark, windows)
     return 0
 
 
@@ -363,8 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd = command("demo", "Run the whole flow on the embedded PostgreSQL with a messy sample source (inspect, "
                                "profile, plan, approve, apply, the ledger, the same backfill again), then the same "
                                "backfill into a Delta Lake table, then the whole process on DuckDB from a Delta "
-                               "source into a Delta table, and end with an audit of the targets (a hand fix found, "
-                               "then put back). It also writes the sample rows as the Parquet folder "
+                               "source into a Delta table, an audit of the targets (a hand fix found, then put back), "
+                               "and hourly time windows over a daylight-saving change. It also writes the sample rows as the Parquet folder "
                                "deploy/examples/orders_spark.yaml reads, to run on Spark afterwards.",
                        cmd_demo, partitions="2024-01-01..2024-01-07", spec_default="backfills/orders_daily.yaml")
     demo_cmd.add_argument("--lake-spec", default="deploy/examples/orders_delta.yaml", metavar="FILE",
@@ -374,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.add_argument("--spark-spec", default="deploy/examples/orders_spark.yaml", metavar="FILE",
                           help="the Spark spec whose Parquet source folder step 1 writes from the sample rows, "
                                "to run on Spark after the demo (docs/spark.md; 'none' to skip it)")
+    demo_cmd.add_argument("--windows-spec", default="deploy/examples/events_hourly.yaml", metavar="FILE",
+                          help="the spec of the demo's step 12: hours of a time stamp in New York over the night "
+                               "its clocks fall back ('none' to skip it)")
     return parser
 
 

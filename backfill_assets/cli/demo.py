@@ -144,3 +144,52 @@ def load(conn: psycopg.Connection, schema: str = "public", orders_per_day: int =
             cur.execute(ddl.format(src=src, tgt=tgt))
         cur.executemany(_INSERT.format(rel=src, cols=cols, values=values), source_rows(orders_per_day, moved=moved))
         cur.executemany(_INSERT.format(rel=tgt, cols=cols, values=values), stale_target_rows(moved=moved))
+
+
+# --- the time-window demo: events by the hours of New York, over the night the clocks fall back
+
+EVENTS_DAY = "2024-11-03"  # in America/New_York: 01:00-02:00 happens twice, so the day has 25 hours
+_EVENTS_START = dt.datetime(2024, 11, 3, 3, 30, tzinfo=dt.timezone.utc)  # 23:30 EDT on 2 November
+_EVENT_COLUMNS = ("created_at", "event_id", "device_id", "updated_at", "ingest_seq", "reading", "note")
+_EVENTS_DDL = (
+    sql.SQL("DROP TABLE IF EXISTS {src}, {tgt}"),
+    sql.SQL("CREATE TABLE {src} (created_at timestamptz NOT NULL, event_id bigint, device_id int, "
+            "updated_at timestamptz NOT NULL, ingest_seq bigint NOT NULL, reading numeric(10,3), note text)"),
+    sql.SQL("CREATE INDEX ON {src} (created_at)"),
+    sql.SQL("CREATE TABLE {tgt} (created_at timestamptz NOT NULL, event_id bigint NOT NULL, device_id int, "
+            "updated_at timestamptz NOT NULL, ingest_seq bigint NOT NULL, reading numeric(10,3), note text, "
+            "CONSTRAINT events_hourly_key UNIQUE (created_at, event_id))"),
+)
+
+
+def event_rows(seed: int = 20241103) -> list[tuple]:
+    """Events every 6 minutes from 23:30 EDT on 2 November to 00:30 EST on 4 November, the
+    hour the clocks repeat included, with corrections (a later version of an event), ties on
+    ``updated_at`` broken by ``ingest_seq``, NULL event ids, one event exactly on each hour's
+    boundary, and the notes of the orders' sample."""
+    rng, rows, seq = random.Random(seed), [], 0
+    for n in range(26 * 10):
+        at = _EVENTS_START + dt.timedelta(minutes=6 * n)
+        event_id = None if n % 37 == 11 else 1000 + n
+        versions = 1 + (n % 5 == 0) + (n % 11 == 0)
+        for v in range(versions):
+            seq += 1
+            updated = at + dt.timedelta(minutes=30 * (v if n % 7 else 0))  # some versions tie on updated_at
+            rows.append((at, event_id, rng.randint(1, 9), updated, seq, Decimal(rng.randint(0, 99999)) / 1000,
+                         NOTES[(n + v) % len(NOTES)]))
+    return rows
+
+
+def load_events(conn: psycopg.Connection, schema: str = "public") -> None:
+    """(Re)create ``events_raw`` and ``events_hourly`` in ``schema``: the sample events, and a
+    stale target row in the repeated hour's second reading."""
+    src, tgt = sql.Identifier(schema, "events_raw"), sql.Identifier(schema, "events_hourly")
+    cols = sql.SQL(", ").join(sql.Identifier(c) for c in _EVENT_COLUMNS)
+    values = sql.SQL(", ").join(sql.Placeholder() for _ in _EVENT_COLUMNS)
+    stale = (dt.datetime(2024, 11, 3, 6, 30, tzinfo=dt.timezone.utc), 1, 1, dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
+             0, Decimal("0.001"), "from an old run")
+    with conn.transaction(), conn.cursor() as cur:
+        for ddl in _EVENTS_DDL:
+            cur.execute(ddl.format(src=src, tgt=tgt))
+        cur.executemany(_INSERT.format(rel=src, cols=cols, values=values), event_rows())
+        cur.execute(_INSERT.format(rel=tgt, cols=cols, values=values), stale)

@@ -3,7 +3,8 @@
 It loads the messy sample source of :mod:`backfill_assets.cli.demo` (and writes it as the Spark
 example's Parquet folder), then inspects, profiles,
 plans, approves, applies, shows the ledger, runs the same backfill again, then (with the lake
-specs) into Delta and on DuckDB, and ends with an audit of the targets, printing each step. The command line only parses its arguments and calls :func:`run_demo`.
+specs) into Delta and on DuckDB, audits the targets, and ends with hourly time windows over the
+night New York's clocks fall back, printing each step. The command line only parses its arguments and calls :func:`run_demo`.
 """
 
 from __future__ import annotations
@@ -50,12 +51,13 @@ class Printer(Protocol):
 
 
 def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None = None,
-             duck_spec: Spec | None = None, spark_spec: Spec | None = None) -> None:
+             duck_spec: Spec | None = None, spark_spec: Spec | None = None, windows_spec: Spec | None = None) -> None:
     """Run the demo of ``spec`` over ``partitions`` on the embedded PostgreSQL; then, with
     ``lake_spec`` (a Delta target), the same backfill into a Delta Lake table; then, with
     ``duck_spec`` (engine duckdb), the whole process on DuckDB from a Delta source. With
     ``spark_spec`` (engine spark, a Parquet folder source), its source folder is written from
-    the sample rows at the start, for the user to run on Spark (the demo starts no Spark).
+    the sample rows at the start, for the user to run on Spark (the demo starts no Spark). With
+    ``windows_spec`` (time windows of a time stamp), it ends with hours over a daylight-saving change.
 
     Raises:
         DeterminismError: the plan was refused.
@@ -94,6 +96,32 @@ def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None =
     if duck_spec is not None:
         _duck_demo(duck_spec, request, factory, out, delta)
     _audit_demo(spec, lake_spec, factory, out)
+    if windows_spec is not None:
+        _windows_demo(windows_spec, factory, out)
+
+
+def _windows_demo(spec: Spec, factory: ConnectionFactory, out: Printer) -> None:
+    """Hours of a time stamp as partitions, over the night New York's clocks fall back: 25
+    windows, the repeated hour two of them; planned, approved and applied, then planned again
+    from the same source (the same plan, nothing to write)."""
+    with factory() as conn:
+        demo.load_events(conn)
+    out.result(f"\n-- 12. time windows: {spec.target_name} rebuilt by the hours of "
+               f"{spec.partition_window.time_zone if spec.partition_window else '?'} on {demo.EVENTS_DAY}, "
+               "the day the clocks fall back")
+    request = PartitionRequest(demo.EVENTS_DAY)
+    first = _plan_approve_apply(spec, request, factory, out, lambda plan: "windows " + ", ".join(
+        f"{p.partition} [{p.start}, {p.end})" for p in plan.document.partitions[1:3]) + " are the repeated hour")
+    again = make_plan(spec, request, factory, progress=out.progress)
+    with factory() as conn, factory.control(conn) as control:
+        confirm(control, review(conn, factory, spec, again.plan_id), "demo")
+    second = apply_plan(spec, again.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)
+    skipped = sum(p["status"] == "skipped-already-verified" for p in second.partitions)
+    out.result(f"the same windows again: plan {again.plan_id[:16]} ({'the same' if again.plan_id == first.plan_id else 'ANOTHER'} "
+               f"plan), {skipped} of {len(second.partitions)} window(s) already carry the approved fingerprint")
+    if len(first.partitions) != 25 or again.plan_id != first.plan_id or skipped != len(second.partitions):
+        raise VerificationError(demo.EVENTS_DAY, "the demo's time windows", "25 windows, the same plan, all skipped",
+                                f"{len(first.partitions)} windows, plan {again.plan_id[:16]}, {skipped} skipped")
 
 
 def _audit_demo(spec: Spec, lake_spec: Spec | None, factory: ConnectionFactory, out: Printer) -> None:

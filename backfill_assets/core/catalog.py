@@ -15,6 +15,7 @@ from typing import Any
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionKind
+from backfill_assets.core.windows import ColumnKind, Windowing, zone
 
 PARTITION_KINDS: dict[str, PartitionKind] = {
     "date": "date", "int2": "integer", "int4": "integer", "int8": "integer",
@@ -131,8 +132,39 @@ def check_total(spec: Spec, columns: dict[str, ColumnInfo], problems: list[str])
         )
 
 
-def partition_kind_of(column: ColumnInfo, problems: list[str]) -> PartitionKind | None:
-    """The kind of a partition key column (None, with a problem, when it cannot be one)."""
+# The base types a time window's column may have, as core.windows names what they hold.
+WINDOW_COLUMN_KINDS: dict[str, ColumnKind] = {"timestamptz": "timestamptz", "timestamp": "timestamp", "date": "date"}
+
+
+def windowing_of(spec: Spec, column: ColumnInfo) -> Windowing:
+    """The spec's ``partition_window`` over ``column`` (the partition key, as the target has it).
+
+    Raises:
+        SpecError: the column is not a date or time stamp, or the window cannot be read from
+            it (hours of a date; a zone declared for the wrong kind of column).
+    """
+    window = spec.partition_window
+    assert window is not None
+    kind = WINDOW_COLUMN_KINDS.get(column.base_type)
+    if kind is None:
+        raise SpecError(
+            f"partition_window needs a date or time stamp partition_key; {column.name} has type {column.type_name}: "
+            "window a timestamptz, timestamp or date column, or leave partition_window out to partition by its values"
+        )
+    return Windowing(window.every, zone(window.time_zone), kind,
+                     zone(window.column_time_zone) if window.column_time_zone else None)
+
+
+def partition_kind_of(column: ColumnInfo, problems: list[str], spec: Spec | None = None) -> PartitionKind | None:
+    """The kind of a partition key column (None, with a problem, when it cannot be one): with
+    the ``spec`` given and declaring ``partition_window``, ``window`` where it can be windowed."""
+    if spec is not None and spec.partition_window is not None:
+        try:
+            windowing_of(spec, column)
+        except SpecError as err:
+            problems.append(str(err))
+            return None
+        return "window"
     kind = PARTITION_KINDS.get(column.base_type)
     if kind is None:
         problems.append(

@@ -27,12 +27,13 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.catalog import ColumnInfo, Inspection
+from backfill_assets.core.catalog import ColumnInfo, Inspection, windowing_of
 from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.moves import Scope
 from backfill_assets.core.pg.db import ConnectionFactory, advisory_session_lock
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, TableRef, partition_label
+from backfill_assets.core.vocabulary import PartitionKind, PartitionRequest, PartitionValue, TableRef, partition_label
+from backfill_assets.core.windows import Windowing
 
 Clock = Callable[[], dt.datetime]
 _SET_LOCAL = sql.SQL("SELECT set_config(%(name)s, %(value)s, true)")
@@ -250,6 +251,20 @@ class Context:
     @functools.cached_property
     def _values(self) -> dict[str, PartitionValue]:
         return dict(zip(self.labels, self.partitions))
+
+    @functools.cached_property
+    def windowing(self) -> Windowing | None:
+        """The spec's time windows over its partition key's column, or None: each value is a
+        partition."""
+        if self.spec.partition_window is None:
+            return None
+        return windowing_of(self.spec, self.inspection.column(self.spec.partition_key))
+
+    def labels_of(self, request: PartitionRequest) -> list[str]:
+        """The labels of the partitions ``request`` names, named as this context names its own."""
+        if self.windowing is not None:
+            return self.windowing.request(request.text)
+        return [partition_label(v) for v in request.resolve(self.kind)]
 
     @property
     def target_columns(self) -> list[ColumnInfo]:

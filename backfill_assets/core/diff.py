@@ -11,7 +11,7 @@ from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store.plans import find_plan
-from backfill_assets.core.vocabulary import PartitionRequest, partition_label
+from backfill_assets.core.vocabulary import PartitionRequest
 
 
 def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against: Against = "target",
@@ -30,7 +30,7 @@ def diff_plan(spec: Spec, plan_ref: str, factory: ConnectionFactory, *, against:
             stored = find_plan(control, spec, plan_ref)
         with open_build_engine(conn, factory, spec) as engine:
             ctx = engine.resolve(stored.labels)
-            wanted = stored.labels if request is None else [partition_label(v) for v in request.resolve(ctx.kind)]
+            wanted = stored.labels if request is None else ctx.labels_of(request)
             missing = [label for label in wanted if label not in stored.labels]
             if missing:
                 raise SpecError(f"partition(s) {', '.join(missing)} are not in plan {stored.plan_id[:16]}")

@@ -132,7 +132,7 @@ def snapshot_covering(conn: psycopg.Connection, spec: Spec, labels: list[str], *
         SnapshotError: a partition has no snapshot; or their newest snapshots differ in data
             and no one snapshot holds them all as they are (snapshotted separately).
     """
-    schema, source, by = spec.control_schema, spec.source_name, spec.partition_key
+    schema, source, by = spec.control_schema, spec.source_name, spec.partition_by
     newest = store.newest_snapshots(conn, schema, source, by, labels) if store.control_ready(conn, schema) else {}
     missing = [label for label in labels if label not in newest]
     if missing:

@@ -63,6 +63,8 @@ def spec_document(ctx: Context) -> dict[str, Any]:
         "records_can_move": spec.records_can_move,
         "transform_version": spec.transform_version,
         "transform_sql_sha256": None if ctx.transform is None else sha256_hex(ctx.transform.encode("utf-8")),
+        # Left out of the plan's JSON where None: a spec of values keeps the plan ids it always had.
+        "partition_window": None if spec.partition_window is None else spec.partition_window.model_dump(),
     }
 
 
@@ -85,8 +87,11 @@ def assemble(ctx: Context, snapshot: Any, a: dict[str, Fingerprint], b: dict[str
                     f"{fp.duplicate_key_count} duplicate business key(s)"
                 )
         rows_read, null_keys = reports.get(label, (0, 0))
+        window = ctx.windowing.window(label) if ctx.windowing is not None else None
         partitions.append(PartitionEntry(
             partition=label, match=not diffs, stage_a=fa, stage_b=fb,
+            start=None if window is None else window.start.isoformat(),
+            end=None if window is None else window.end.isoformat(),
             source=SourceReport(
                 rows_read=rows_read, null_key_rows_dropped=null_keys,
                 duplicates_collapsed=rows_read - null_keys - fa.row_count,

@@ -188,6 +188,11 @@ class Spec(BaseModel):
                 "records_can_move needs `snapshot: copy`: the versions of every moved key "
                 "are copied so that old and new partitions are rebuilt from one snapshot"
             )
+        if self.records_can_move and self.partition_window is not None:
+            problems.append(
+                "records_can_move cannot be combined with partition_window yet: where a key's newest version "
+                "lands is read by its partition value; leave one of them out"
+            )
         if self.records_can_move and self.transform_sql is not None:
             problems.append(
                 "records_can_move cannot be combined with transform_sql yet: a key's versions "
@@ -250,6 +255,17 @@ class Spec(BaseModel):
         if not isinstance(self.target, PostgresTargetSpec):
             raise TypeError(f"a {self.target.format} target is not a PostgreSQL table")
         return self.target.ref
+
+    @property
+    def partition_by(self) -> str:
+        """What a partition is, as snapshots record it: the partition key's name, or its windows
+        (``created_at every hour in America/New_York``), so that a label of one never finds a
+        snapshot of the other."""
+        window = self.partition_window
+        if window is None:
+            return self.partition_key
+        read_in = f" read in {window.column_time_zone}" if window.column_time_zone else ""
+        return f"{self.partition_key}{read_in} every {window.every} in {window.time_zone}"
 
     @property
     def input_columns(self) -> list[str]:

@@ -67,7 +67,8 @@ def _check_table(value: str) -> str:
 TableName = Annotated[str, AfterValidator(_check_table)]
 
 
-PartitionKind = Literal["date", "integer", "text"]
+# "window": time windows of a time stamp or date column (core.windows), named by their labels.
+PartitionKind = Literal["date", "integer", "text", "window"]
 PartitionValue = dt.date | int | str
 
 
@@ -82,6 +83,7 @@ class PartitionRequest:
 
         ``a..b`` is an inclusive range (dates and integers); ``a,b,c`` is a list.
         """
+        assert kind != "window", "a request for windows is read by core.windows.Windowing.request"
         items = request_items(self.text, "2024-01-01..2024-01-31 or a comma list like 2024-01-01,2024-01-03")
         values: set[PartitionValue] = set()
         for item in items:

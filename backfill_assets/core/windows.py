@@ -13,6 +13,7 @@ column, which an index or a file's statistics can serve.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 import zoneinfo
 from dataclasses import dataclass
@@ -217,3 +218,105 @@ def parse_windows(text: str, grain: Grain, tz: dt.tzinfo) -> list[Window]:
         if len(found) > MAX_PARTITIONS:
             raise SpecError(f"--partitions names more than {MAX_PARTITIONS} windows")
     return [found[k] for k in sorted(found)]
+
+
+# What a window column holds: instants (timestamptz), a clock's readings in a declared zone
+# (timestamp without time zone), or calendar days (date).
+ColumnKind = Literal["timestamptz", "timestamp", "date"]
+Bound = dt.datetime | dt.date
+
+
+@dataclass(frozen=True)
+class Windowing:
+    """The windows of a spec's ``partition_window`` over a column of ``column_kind``: what a
+    request names, each label's window, and a window's bounds as the column's own values
+    (instants; the clock's readings in ``column_tz``; local dates), which the engines compare
+    the column with, so that an index or a file's statistics serve the comparison."""
+
+    grain: Grain
+    tz: zoneinfo.ZoneInfo
+    column_kind: ColumnKind
+    column_tz: zoneinfo.ZoneInfo | None = None
+
+    def __post_init__(self) -> None:
+        if self.column_kind == "date" and self.grain == "hour":
+            raise SpecError("partition_window every hour needs a time stamp column; a date column holds days: "
+                            "declare `every: day` or longer, or window a time stamp column")
+        if (self.column_kind == "timestamp") != (self.column_tz is not None):
+            raise SpecError(
+                "partition_window.column_time_zone says which zone a `timestamp without time zone` column's "
+                "clock reads in: declare it for such a column (UTC if it holds UTC), and only for one"
+                if self.column_kind == "timestamp" else
+                f"partition_window.column_time_zone is for a `timestamp without time zone` column; a {self.column_kind} "
+                "column needs none: remove it")
+
+    def request(self, text: str) -> list[str]:
+        """The labels of the windows a ``--partitions`` request names, in time order."""
+        return [w.label for w in parse_windows(text, self.grain, self.tz)]
+
+    def window(self, label: str) -> Window:
+        """The window labelled ``label``; SpecError if no window of this grain and zone is."""
+        found = _window_of(label, self.grain, self.tz)
+        if found is None:
+            raise SpecError(f"partition {label!r} is not the label of a {self.grain} window in {self.tz}; "
+                            f"write it as {_EXAMPLES[self.grain]}")
+        return found
+
+    def labels(self, labels: list[str]) -> list[str]:
+        """Stored labels, each checked to be a window's own, in time order."""
+        return sorted(dict.fromkeys(labels), key=lambda label: self.window(label).start)
+
+    def bound(self, instant: dt.datetime) -> Bound:
+        """An instant as the column holds it (a window's start or end)."""
+        if self.column_kind == "timestamptz":
+            return instant
+        if self.column_kind == "date":
+            return instant.astimezone(self.tz).date()
+        assert self.column_tz is not None
+        return instant.astimezone(self.column_tz).replace(tzinfo=None)
+
+    def buckets(self, labels: list[str]) -> tuple[list[Bound], list[str | None]]:
+        """The windows of ``labels`` as buckets for a row's column: ascending bounds, and for
+        each bound the label of the window starting there (None where a gap between the
+        windows or the end of the last starts). A value ``v`` is in window ``labels[i]`` when
+        ``bounds[i] <= v < bounds[i + 1]``: SQL's ``width_bucket(v, bounds)`` finds ``i + 1``.
+
+        SpecError where the column cannot tell two windows apart: a ``timestamp without time
+        zone`` read in a zone whose clock repeats the hour between them."""
+        bounds: list[Bound] = []
+        names: list[str | None] = []
+        for window in sorted((self.window(label) for label in dict.fromkeys(labels))):
+            start, end = self.bound(window.start), self.bound(window.end)
+            if bounds and bounds[-1] != start:
+                names.append(None)
+                bounds.append(start)
+            elif not bounds:
+                bounds.append(start)
+            if not end > bounds[-1] or (len(bounds) > 1 and not bounds[-1] > bounds[-2]):
+                raise SpecError(
+                    f"window {window.label} cannot be told from the one before it in column clock time "
+                    f"({self.column_tz}): the clock repeats that hour, and a `timestamp without time zone` does not "
+                    "say which reading is which; store the column as timestamptz (or in UTC with "
+                    "column_time_zone: UTC), or choose windows that do not split the repeated hour")
+            names.append(window.label)
+            bounds.append(end)
+        names.append(None)
+        return bounds, names
+
+    def label_at(self, value: Bound) -> str:
+        """The label of the window that holds a column value."""
+        if isinstance(value, dt.datetime):
+            if value.tzinfo is None:
+                assert self.column_tz is not None
+                value = value.replace(tzinfo=self.column_tz)
+            return window_at(value, self.grain, self.tz).label
+        return window_at(dt.datetime.combine(value, dt.time(), self.tz), self.grain, self.tz).label
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _window_of(label: str, grain: Grain, tz: zoneinfo.ZoneInfo) -> Window | None:
+    try:
+        found = parse_windows(label, grain, tz)
+    except SpecError:
+        return None
+    return found[0] if len(found) == 1 and found[0].label == label else None

@@ -12,8 +12,14 @@ def partitions_def(spec: Spec) -> dg.PartitionsDefinition:
     """Daily or monthly time windows (keys are ISO dates), or a static list, from the spec.
 
     Raises:
-        SpecError: the spec has no ``partitions`` section.
+        SpecError: the spec has no ``partitions`` section, or declares time windows (not yet
+            served here).
     """
+    if spec.partition_window is not None:
+        raise SpecError(
+            f"spec {spec.name} declares partition_window: time windows are planned and applied through the "
+            "command line, not yet in the Dagster code location; keep the spec out of its folder for now"
+        )
     p = spec.partitions
     if p is None:
         raise SpecError(

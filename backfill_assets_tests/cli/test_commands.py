@@ -228,7 +228,8 @@ def test_help_names_the_three_engines_and_their_targets_as_the_readme_does(capsy
 def test_demo_help_says_it_runs_duckdb_ends_with_an_audit_and_writes_the_spark_source(capsys):
     text = _help(capsys, "demo")
     assert "the same backfill into a Delta Lake table, then the whole process on DuckDB from a Delta source" in text
-    assert "and end with an audit of the targets (a hand fix found, then put back)." in text
+    assert "an audit of the targets (a hand fix found, then put back), and hourly time windows over a " \
+           "daylight-saving change." in text
     assert "writes the sample rows as the Parquet folder deploy/examples/orders_spark.yaml reads" in text
 
 
@@ -243,7 +244,8 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path, server_di
     specs = ["--spec", str(REPO / "backfills/orders_daily.yaml"),
              "--lake-spec", str(REPO / "deploy/examples/orders_delta.yaml"),
              "--duckdb-spec", str(REPO / "deploy/examples/orders_duckdb.yaml"),
-             "--spark-spec", str(REPO / "deploy/examples/orders_spark.yaml")]
+             "--spark-spec", str(REPO / "deploy/examples/orders_spark.yaml"),
+             "--windows-spec", str(REPO / "deploy/examples/events_hourly.yaml")]
     done = subprocess.run(
         [sys.executable, "-m", "backfill_assets.cli", "demo", *specs], cwd=work, env=env,
         capture_output=True, text=True, timeout=300,
@@ -257,6 +259,10 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path, server_di
     audit = done.stdout[done.stdout.index("-- 11. audit"):]
     assert "of public.orders_daily: 8 hold, 0 drifted" in audit and "2024-01-01   holds           log files" in audit
     assert "7 hold, 1 drifted" in audit and "in amount" in audit and "put back: 8 of 8 partition(s) hold again" in audit
+    # And last the hours of New York over the night its clocks fall back: 25 windows, the same plan again.
+    windows = done.stdout[done.stdout.index("-- 12. time windows"):]
+    assert "25 partition(s); windows 2024-11-03T01:00-04:00 [2024-11-03T05:00:00+00:00, " in windows
+    assert "(the same plan), 25 of 25 window(s) already carry the approved fingerprint" in windows
     assert (server_dir / "home" / "pgdata").is_dir()
     # status then says when each partition was last audited.
     status = subprocess.run([sys.executable, "-m", "backfill_assets.cli", "status", "--spec",
@@ -286,7 +292,7 @@ def test_the_spark_example_plans_ready_from_the_parquet_folder_the_demo_writes(s
     monkeypatch.delenv("DATABASE_URL", raising=False)
     example = str(REPO / "deploy" / "examples" / "orders_spark.yaml")
     code, out, err = run(capsys, "demo", "--spec", str(REPO / "backfills" / "orders_daily.yaml"),
-                         "--lake-spec", "none", "--duckdb-spec", "none", "--spark-spec", example)
+                         "--lake-spec", "none", "--duckdb-spec", "none", "--spark-spec", example, "--windows-spec", "none")
     folder = tmp_path / ".backfill_assets" / "lake" / "orders_raw_parquet"
     assert code == 0, err
     assert f"the same 254 rows as a Parquet folder, the source of spec orders_daily_spark on Spark: {folder}" in out

@@ -89,7 +89,7 @@ def empty(columns: Sequence[ColumnInfo], total: str | None) -> Fingerprint:
 
 
 def fingerprint_partitions(
-    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], partition_key: str,
+    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], partition_key: str | sqlbuild.PartitionBy,
     business_key: Sequence[str], total: str | None, partitions: Sequence[object], *, utf8: bool,
     key_unique: bool = False,
 ) -> list[Fingerprint]:
@@ -103,14 +103,15 @@ def fingerprint_partitions(
     """
     if not partitions:
         return []
-    query, params = sqlbuild.partition_readings(rel, fields(columns), partition_key, business_key, total,
+    by = sqlbuild.as_by(partition_key)
+    query, params = sqlbuild.partition_readings(rel, fields(columns), by, business_key, total,
                                                 partitions, utf8=utf8)
     duplicates: dict[object, int] = {}
     with one_transaction(conn):
-        with parallel_plan(conn, _rows(conn, rel, partition_key, partitions)):
+        with parallel_plan(conn, _rows(conn, rel, by, partitions)):
             found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
         if not key_unique:
-            query, params = sqlbuild.duplicate_keys(rel, partition_key, business_key, partitions)
+            query, params = sqlbuild.duplicate_keys(rel, by, business_key, partitions)
             duplicates = {p: int(n) for p, n in conn.execute(query, params).fetchall()}
     return [
         _fingerprint(columns, found[p], duplicates.get(p, 0), total) if p in found else empty(columns, total)
@@ -119,7 +120,7 @@ def fingerprint_partitions(
 
 
 def fingerprint_partition(
-    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], partition_key: str,
+    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], partition_key: str | sqlbuild.PartitionBy,
     business_key: Sequence[str], total: str | None, partition: object, *, utf8: bool, key_unique: bool = False,
 ) -> Fingerprint:
     """The readings of one partition (:func:`fingerprint_partitions`)."""
@@ -143,14 +144,15 @@ def written(
 
 
 def written_partitions(
-    conn: psycopg.Connection, insert: sqlbuild.Query, columns: Sequence[ColumnInfo], partition_key: str,
+    conn: psycopg.Connection, insert: sqlbuild.Query, columns: Sequence[ColumnInfo], partition_key: str | sqlbuild.PartitionBy,
     business_key: Sequence[str], total: str | None, partitions: Sequence[object], *, utf8: bool,
     inserts: bool = True,
 ) -> list[Fingerprint]:
     """:func:`written` for an INSERT (or a SELECT) of several partitions: the readings of each
     of ``partitions``, in that order, from the rows the statement wrote (or selected)."""
     query, params = sqlbuild.written_readings(insert, [c.name for c in columns], fields(columns), business_key,
-                                              total, utf8=utf8, group_by=partition_key, inserts=inserts)
+                                              total, utf8=utf8, group_by=sqlbuild.as_by(partition_key).key("t", "batch"),
+                                              inserts=inserts)
     found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
     return [_fingerprint(columns, found[p], 0, total) if p in found else empty(columns, total) for p in partitions]
 
@@ -169,22 +171,23 @@ def rows_digest(
 
 
 def partitions_digest(
-    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], partition_key: str,
+    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], partition_key: str | sqlbuild.PartitionBy,
     partitions: Sequence[object], *, utf8: bool,
 ) -> list[tuple[int, str]]:
     """(row count, content hash) of each of ``partitions`` of a source-shaped relation, in that
     order, from one aggregate over all of them."""
-    query, params = sqlbuild.digest(sqlbuild.table(rel), fields(columns), sqlbuild.in_partitions(partition_key),
-                                    {"partitions": list(partitions)}, utf8=utf8, group_by=partition_key)
-    with one_transaction(conn), parallel_plan(conn, _rows(conn, rel, partition_key, partitions)):
+    by = sqlbuild.as_by(partition_key)
+    query, params = sqlbuild.digest(sqlbuild.table(rel), fields(columns), by.among("t"), by.bind(partitions),
+                                    utf8=utf8, group_by=by.key("t"))
+    with one_transaction(conn), parallel_plan(conn, _rows(conn, rel, by, partitions)):
         found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
     empty = (0, 0, None, *([0] * rows.SLICES))
     return [_digest(columns, row[0], row[3:]) for row in (found.get(p, empty) for p in partitions)]
 
 
-def _rows(conn: psycopg.Connection, rel: TableRef, partition_key: str, partitions: Sequence[object]) -> int:
+def _rows(conn: psycopg.Connection, rel: TableRef, by: sqlbuild.PartitionBy, partitions: Sequence[object]) -> int:
     """How many rows the partitions hold: a count costs a small part of the digest (a pass
     without hashing, through the partition key's index where there is one), and decides
     whether it is planned in parallel (:func:`parallel_plan`)."""
-    query, params = sqlbuild.partition_counts(rel, partition_key, list(partitions))
+    query, params = sqlbuild.partition_counts(rel, by, list(partitions))
     return sum(int(n) for _, n in conn.execute(query, params).fetchall())

@@ -11,7 +11,14 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.catalog import PARTITION_KINDS, ColumnInfo, Inspection, ServerInfo, check_total
+from backfill_assets.core.catalog import (
+    PARTITION_KINDS,
+    ColumnInfo,
+    Inspection,
+    ServerInfo,
+    check_total,
+    partition_kind_of,
+)
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionKind, TableRef
@@ -141,6 +148,15 @@ def _partition_kind(
     if spec.partition_key not in tnames:
         return None
     target_type = tnames[spec.partition_key]
+    if spec.partition_window is not None:
+        kind = partition_kind_of(target_type, problems, spec)
+        source = snames.get(spec.partition_key)
+        if kind is not None and source is not None and source.base_type != target_type.base_type:
+            problems.append(
+                f"partition_key {spec.partition_key} is {source.type_name} in the source but {target_type.type_name} "
+                "in the target; a window compares both with the same bounds, so they must be of one type"
+            )
+        return kind
     kind = PARTITION_KINDS.get(target_type.base_type)
     if kind is None:
         problems.append(

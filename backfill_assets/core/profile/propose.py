@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backfill_assets.core.build import open_reading_engine, refuse_unless_supported
-from backfill_assets.core.catalog import ColumnInfo, partition_kind_of
+from backfill_assets.core.catalog import ColumnInfo, partition_kind_of, windowing_of
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.profile.keyrule import KeyCandidate, choose
@@ -123,10 +123,14 @@ def profile_spec(spec: Spec, factory: ConnectionFactory, request: PartitionReque
         if request is not None:
             key = next((c for c in source.columns() if c.name == spec.partition_key), None)
             problems: list[str] = []
-            kind = partition_kind_of(key, problems) if key is not None else None
+            kind = partition_kind_of(key, problems, spec) if key is not None else None
             if problems:
                 raise SpecError(problems[0])
-            partitions = request.resolve(kind or "text")
+            if kind == "window":
+                assert key is not None
+                partitions = list(windowing_of(spec, key).request(request.text))
+            else:
+                partitions = request.resolve(kind or "text")
         return profile_source(source, spec, partitions, **limits)
 
 

@@ -48,6 +48,10 @@ class PartitionEntry(_Frozen):
     stage_a: Fingerprint  # what apply writes, and must read back
     stage_b: Fingerprint
     source: SourceReport
+    # A time window's first instant and the first instant after it (ISO 8601, UTC): what its
+    # label names, in the plan the approval binds to. Absent from the JSON of a value partition.
+    start: str | None = None
+    end: str | None = None
 
     def difference(self) -> StageDifference | None:
         """The readings on which the two stages differ, or None."""
@@ -103,15 +107,21 @@ class PlanDocument(_Frozen):
     # The format of every content hash in the plan (core.fingerprint.rows.FORMAT); absent
     # from the JSON of plans made before format 3, which find_plan refuses ("plan again").
     fingerprint_format: int | None = None
+    # Partitions that are time windows (Spec.partition_window, as JSON): absent from the JSON of
+    # a plan of values, whose id is therefore what it always was.
+    partition_window: dict[str, str | None] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The document as JSON values: what the plan id hashes."""
         out = self.model_dump(mode="json")
-        for optional in ("creates_target", "target_catalog", "fingerprint_format"):
+        for optional in ("creates_target", "target_catalog", "fingerprint_format", "partition_window"):
             if out[optional] is None:
                 del out[optional]
         if out["snapshot"]["version"] is None:  # absent for PostgreSQL sources: their plan ids unchanged
             del out["snapshot"]["version"]
+        for entry in out["partitions"]:
+            if entry["start"] is None:  # absent for value partitions: their plan ids unchanged
+                del entry["start"], entry["end"]
         return out
 
     def spec_fields(self) -> dict[str, Any]:
@@ -134,7 +144,7 @@ class PlanDocument(_Frozen):
 SPEC_FIELDS = (
     "format", "spec", "target", "source", "partition_key", "business_key", "ordering", "columns",
     "target_table_columns", "total", "records_can_move", "transform_version", "transform_sql_sha256",
-    "target_catalog", "fingerprint_format",
+    "target_catalog", "fingerprint_format", "partition_window",
 )
 
 

@@ -17,12 +17,12 @@ def test_key_evidence_hashes_each_column_once_and_counts_per_group(conn):
     assert query.as_string(conn) == (
         'SELECT count(*), coalesce(sum(g."__backfill_kn"), 0), count(*) FILTER (WHERE g."__backfill_kn" > 1), '
         'count(*) FILTER (WHERE g."__backfill_kv0" OR g."__backfill_kv1"), count(*) FILTER (WHERE '
-        'g."__backfill_kv0"), count(*) FILTER (WHERE g."__backfill_kv1") FROM (SELECT "r"."d", "r"."k", '
+        'g."__backfill_kv0"), count(*) FILTER (WHERE g."__backfill_kv1") FROM (SELECT "r"."__backfill_partition", "r"."k", '
         'count(*) AS "__backfill_kn", min(r."__backfill_kv0") <> max(r."__backfill_kv0") AS "__backfill_kv0", '
-        'min(r."__backfill_kv1") <> max(r."__backfill_kv1") AS "__backfill_kv1" FROM (SELECT "s"."d", "s"."k", '
+        'min(r."__backfill_kv1") <> max(r."__backfill_kv1") AS "__backfill_kv1" FROM (SELECT "s"."d" AS "__backfill_partition", "s"."k", '
         'coalesce(hashtextextended("s"."v"::text, 0), 0) AS "__backfill_kv0", '
         'coalesce(hashtextextended("s"."ts"::text, 0), 0) AS "__backfill_kv1" FROM "public"."src" AS s '
-        'WHERE "s"."d" = ANY(%(partitions)s) AND "s"."k" IS NOT NULL) AS r GROUP BY "r"."d", "r"."k") AS g'
+        'WHERE "s"."d" = ANY(%(partitions)s) AND "s"."k" IS NOT NULL) AS r GROUP BY "r"."__backfill_partition", "r"."k") AS g'
     )
     assert params == {"partitions": [DAY]}
 
@@ -30,13 +30,13 @@ def test_key_evidence_hashes_each_column_once_and_counts_per_group(conn):
 def test_key_splits_hashes_once_in_a_materialized_cte(conn):
     query, params = sqlbuild.key_splits(SRC, "d", ["k"], ["v"], ["v", "ts"], [DAY])
     assert query.as_string(conn) == (
-        'WITH r AS MATERIALIZED (SELECT "s"."d", "s"."k", hashtextextended((ROW("s"."v", "s"."ts"))::text, 0) '
+        'WITH r AS MATERIALIZED (SELECT "s"."d" AS "__backfill_partition", "s"."k", hashtextextended((ROW("s"."v", "s"."ts"))::text, 0) '
         'AS "__backfill_kh", coalesce(hashtextextended("s"."v"::text, 0), 0) AS "__backfill_ks0" FROM '
         '"public"."src" AS s WHERE "s"."d" = ANY(%(partitions)s) AND "s"."k" IS NOT NULL) SELECT '
-        'p."__backfill_ki", count(*) FROM (SELECT "q"."d", "q"."k", q."__backfill_ki" FROM (SELECT "r"."d", '
+        'p."__backfill_ki", count(*) FROM (SELECT "q"."__backfill_partition", "q"."k", q."__backfill_ki" FROM (SELECT "r"."__backfill_partition", '
         '"r"."k", x."__backfill_ki", min(r."__backfill_kh") <> max(r."__backfill_kh") AS "__backfill_kv" FROM r '
         'CROSS JOIN LATERAL (VALUES (0, r."__backfill_ks0")) AS x("__backfill_ki", "__backfill_kc") GROUP BY '
-        '"r"."d", "r"."k", x."__backfill_ki", x."__backfill_kc") AS q GROUP BY "q"."d", "q"."k", '
+        '"r"."__backfill_partition", "r"."k", x."__backfill_ki", x."__backfill_kc") AS q GROUP BY "q"."__backfill_partition", "q"."k", '
         'q."__backfill_ki" HAVING count(*) FILTER (WHERE q."__backfill_kv") >= 2) AS p GROUP BY '
         'p."__backfill_ki" ORDER BY p."__backfill_ki"'
     )

@@ -7,6 +7,7 @@ makes one; every Context this engine is handed is one."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,11 +33,24 @@ class PostgresContext(Context):
         """This context, reading the target's keys from ``keys``."""
         return dataclasses.replace(self, target_keys=keys)
 
+    @functools.cached_property
+    def by(self) -> sqlbuild.PartitionBy:
+        """Which partition a row is in, as this engine's SQL says it."""
+        if self.windowing is None:
+            return sqlbuild.ValuesBy(self.spec.partition_key)
+        return sqlbuild.WindowsBy(self.spec.partition_key, self.windowing)
+
     def input_relation(self, base: TableRef, *, filtered: bool) -> sql.Composed:
+        """The rows the builds read from ``base``; ``filtered``: ``base`` is the live source,
+        read for the context's partitions (bound by :meth:`bound`)."""
         return sqlbuild.input_relation(
-            base, self.source_column_names, self.spec.partition_key, self.spec.input_columns,
+            base, self.source_column_names, self.by, self.spec.input_columns,
             self.transform, filtered=filtered,
         )
+
+    def bound(self, partitions: Sequence[PartitionValue] | None = None) -> dict[str, object]:
+        """The parameters that name ``partitions`` (the context's, by default) to a statement."""
+        return self.by.bind(self.partitions if partitions is None else partitions)
 
     def ordering_keys(self) -> list[sqlbuild.OrderKey]:
         """The declared newest-wins order; collatable columns sort by bytes."""
@@ -64,6 +78,6 @@ class PostgresContext(Context):
         index; the grain check every plan and apply starts with), so they are not counted."""
         spec = self.spec
         return fingerprint_partitions(
-            conn, rel, self.target_columns, spec.partition_key, spec.business_key, spec.total,
+            conn, rel, self.target_columns, self.by, spec.business_key, spec.total,
             partitions, key_unique=True, utf8=self.utf8,
         )

@@ -44,7 +44,7 @@ def diff_partition(conn: psycopg.Connection, ctx: PostgresContext, left: TableRe
     order = business_key_order(ctx.target_columns, spec.business_key)
     conn.execute(sqlbuild.prefer_parallel())
     rows = conn.execute(*sqlbuild.partition_diff(
-        left, right, spec.partition_key, order, columns, ctx.value_of(label), limit,
+        left, right, ctx.by, order, columns, ctx.value_of(label), limit,
         right_as_text=label if right_as_text else None))
     for row, kind, n, key, a, b in rows:
         if row == "count":
@@ -67,7 +67,7 @@ def rows_per_partition(conn: psycopg.Connection, ctx: PostgresContext, rel: Tabl
     values = {ctx.value_of(label): label for label in labels}
     found = dict.fromkeys(labels, 0)
     if labels:
-        for value, n in conn.execute(*sqlbuild.partition_counts(rel, ctx.spec.partition_key, list(values))):
+        for value, n in conn.execute(*sqlbuild.partition_counts(rel, ctx.by, list(values))):
             if value in values:
                 found[values[value]] = int(n)
     return found
@@ -84,7 +84,7 @@ def diff_counts(conn: psycopg.Connection, ctx: PostgresContext, left: TableRef, 
     if labels:
         conn.execute(sqlbuild.prefer_parallel())
         for value, kind, n in conn.execute(*sqlbuild.partitions_diff_counts(
-                left, right, spec.partition_key, spec.business_key, spec.columns, list(values))):
+                left, right, ctx.by, spec.business_key, spec.columns, list(values))):
             if value in values:
                 counts[values[value]][kind] = int(n)
     return [PartitionDiff(label, **counts[label]) for label in labels]
@@ -96,7 +96,7 @@ def first_added(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef, l
     other side holds no row of the partition (every key added)."""
     spec = ctx.spec
     order = business_key_order(ctx.target_columns, spec.business_key)
-    rows = conn.execute(*sqlbuild.first_keys(rel, spec.partition_key, order, ctx.value_of(label), limit))
+    rows = conn.execute(*sqlbuild.first_keys(rel, ctx.by, order, ctx.value_of(label), limit))
     return [dict(zip(spec.business_key, key)) for (key,) in rows]
 
 

@@ -52,7 +52,7 @@ def exported(conn: psycopg.Connection, factory: ConnectionFactory, ctx: Postgres
             progress(ProgressEvent("snapshot", f"holding one snapshot of {spec.source_ref} for both builds",
                                    status="exported"))
             reports = check_source(holder, ctx, ctx.input_relation(spec.source_ref, filtered=True),
-                                   {"partitions": ctx.partitions})
+                                   ctx.bound())
         yield Snapshot("", "exported", spec.source_ref, True, "", {}, ctx.labels, exported=name, reports=reports)
 
 
@@ -70,7 +70,7 @@ def record_exported(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Sn
     spec = ctx.spec
     store.record_snapshot(
         conn, spec.control_schema, snapshot_id=snapshot.snapshot_id, source_table=str(spec.source_ref),
-        mode="exported", snapshot_table=None, partition_key=spec.partition_key,
+        mode="exported", snapshot_table=None, partition_key=spec.partition_by,
         partitions=[{"partition": k, **snapshot.partitions[k]} for k in ctx.labels],
         fingerprint=snapshot.fingerprint, scope=scope_document(ctx, snapshot.requested), created_at=clock(),
     )

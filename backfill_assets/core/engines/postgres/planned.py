@@ -65,7 +65,7 @@ def finish_plan(
                 if not entry.match:
                     value = ctx.value_of(entry.partition)
                     for v in ("a", "b"):
-                        conn.execute(*sqlbuild.delete_partition(ctx.stage(v), spec.partition_key, value))
+                        conn.execute(*sqlbuild.delete_partition(ctx.stage(v), ctx.by, value))
     progress(ProgressEvent("plan", f"{plan.plan_id[:16]}: {plan.status}", status=plan.status))
     return plan
 
@@ -95,5 +95,5 @@ def differing_keys(conn: psycopg.Connection, ctx: PostgresContext, a: dict[str, 
 
 def _input_reports(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot) -> dict[str, tuple[int, int]]:
     input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
-    query, params = sqlbuild.input_report(input_rel, ctx.spec.partition_key, ctx.spec.business_key, {"partitions": ctx.partitions})
+    query, params = sqlbuild.input_report(input_rel, ctx.by, ctx.spec.business_key, ctx.bound())
     return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in conn.execute(query, params).fetchall()}

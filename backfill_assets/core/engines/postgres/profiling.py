@@ -3,15 +3,20 @@ spec's own server (core.pg.sqlbuild's profiling and check statements)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import psycopg
 
-from backfill_assets.core.catalog import ColumnInfo
+from backfill_assets.core.catalog import ColumnInfo, windowing_of
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionValue
+from backfill_assets.core.windows import window_at
+
+# At most this many counts look for the first windows holding rows (profile's sample).
+WINDOW_SCANS = 20
 
 
 class PostgresProfiler:
@@ -24,41 +29,75 @@ class PostgresProfiler:
     def columns(self) -> list[ColumnInfo]:
         return table_columns(self.conn, self.src)
 
+    @functools.cached_property
+    def by(self) -> sqlbuild.PartitionBy:
+        """Which partition a source row is in: its value, or its window (of the source's column)."""
+        column = next((c for c in self.columns() if c.name == self.spec.partition_key), None)
+        if self.spec.partition_window is None or column is None:
+            return sqlbuild.ValuesBy(self.spec.partition_key)
+        return sqlbuild.WindowsBy(self.spec.partition_key, windowing_of(self.spec, column))
+
     def first_partitions(self, limit: int) -> list[PartitionValue]:
+        by = self.by
+        if isinstance(by, sqlbuild.WindowsBy):
+            return self._first_windows(by, limit)
         query, params = sqlbuild.distinct_partitions(self.src, self.spec.partition_key, limit)
         return [r[0] for r in self.conn.execute(query, params).fetchall()]
 
+    def _first_windows(self, by: sqlbuild.WindowsBy, limit: int) -> list[PartitionValue]:
+        """The first ``limit`` windows holding rows: from the window of the earliest value, a
+        count over each next ``limit`` windows (their ranges, which an index serves), up to the
+        latest value or :data:`WINDOW_SCANS` counts."""
+        first, last = self.conn.execute(*sqlbuild.column_range(self.src, by.column)).fetchone() or (None, None)
+        if first is None:
+            return []
+        windowing = by.windowing
+        window, found = windowing.window(windowing.label_at(first)), []
+        end = windowing.window(windowing.label_at(last)).end
+        for _ in range(WINDOW_SCANS):
+            windows = []
+            while window.start < end and len(windows) < limit:
+                windows.append(window)
+                window = window_at(window.end, windowing.grain, windowing.tz)
+            if not windows:
+                break
+            counts = self.partition_counts([w.label for w in windows])
+            found += [w.label for w in windows if counts.get(w.label)]
+            if len(found) >= limit:
+                break
+        return found[:limit]
+
     def partition_counts(self, partitions: Sequence[PartitionValue]) -> dict[PartitionValue, int]:
-        query, params = sqlbuild.partition_counts(self.src, self.spec.partition_key, list(partitions))
+        query, params = sqlbuild.partition_counts(self.src, self.by, list(partitions))
         return {p: int(n) for p, n in self.conn.execute(query, params).fetchall()}
 
     def column_profile(self, column: str, partitions: Sequence[PartitionValue]) -> tuple[int, int]:
-        query, params = sqlbuild.column_profile(self.src, self.spec.partition_key, column, list(partitions))
+        query, params = sqlbuild.column_profile(self.src, self.by, column, list(partitions))
         nulls, distinct = self.conn.execute(query, params).fetchone() or (0, 0)
         return int(nulls), int(distinct)
 
     def key_evidence(self, key: Sequence[str], others: Sequence[str],
                      partitions: Sequence[PartitionValue]) -> tuple[int, ...]:
-        query, params = sqlbuild.key_evidence(self.src, self.spec.partition_key, key, others, list(partitions))
+        query, params = sqlbuild.key_evidence(self.src, self.by, key, others, list(partitions))
         return tuple(int(v) for v in self.conn.execute(query, params).fetchall()[0])
 
     def key_splits(self, key: Sequence[str], split: Sequence[str], others: Sequence[str],
                    partitions: Sequence[PartitionValue]) -> list[tuple[int, int]]:
-        query, params = sqlbuild.key_splits(self.src, self.spec.partition_key, key, split, others, list(partitions))
+        query, params = sqlbuild.key_splits(self.src, self.by, key, split, others, list(partitions))
         return [(int(i), int(n)) for i, n in self.conn.execute(query, params).fetchall()]
 
     def _input(self) -> object:
         names = [c.name for c in self.columns()]
-        return sqlbuild.input_relation(self.src, names, self.spec.partition_key, names, None, filtered=True)
+        return sqlbuild.input_relation(self.src, names, self.by, names, None, filtered=True)
 
     def ordering_nulls(self, key: Sequence[str], ordering: Sequence[str], partitions: Sequence[PartitionValue]) -> int:
         query, params = sqlbuild.ordering_null_counts(self._input(), list(key), list(ordering),  # type: ignore[arg-type]
-                                                      {"partitions": list(partitions)})
+                                                      self.by.bind(partitions))
         return sum(int(n) for n in (self.conn.execute(query, params).fetchone() or ()))
 
     def tied_groups(self, key: Sequence[str], ordering: Sequence[str], others: Sequence[str],
                     partitions: Sequence[PartitionValue]) -> int:
-        query, params = sqlbuild.ordering_ties(self._input(), self.spec.partition_key, list(key),  # type: ignore[arg-type]
-                                               list(ordering), list(others), {"partitions": list(partitions)})
+        query, params = sqlbuild.ordering_ties(self._input(), self.by, list(key),  # type: ignore[arg-type]
+                                               list(ordering), list(others), self.by.bind(partitions))
         rows = self.conn.execute(query, params).fetchall()
         return int(rows[0][-1]) if rows else 0

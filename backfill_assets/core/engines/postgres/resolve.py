@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import psycopg
 
+from backfill_assets.core.catalog import windowing_of
 from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.guard.transform import GUARD, validate_transform_text
 from backfill_assets.core.engines.postgres.staged import staged_engine
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
-from backfill_assets.core.vocabulary import PartitionRequest, parse_labels
+from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, parse_labels
 
 
 def resolve(
@@ -34,7 +35,12 @@ def resolve(
     engine = staged_engine(target)
     inspection = engine.inspect(conn, transform, GUARD)
     kind = inspection.require_plannable()
-    if isinstance(request, PartitionRequest):
+    partitions: list[PartitionValue]
+    if kind == "window":  # windows are named by their labels
+        windowing = windowing_of(spec, inspection.column(spec.partition_key))
+        partitions = list(windowing.request(request.text) if isinstance(request, PartitionRequest)
+                          else windowing.labels(request))
+    elif isinstance(request, PartitionRequest):
         partitions = request.resolve(kind)
     else:
         partitions = parse_labels(request, kind)

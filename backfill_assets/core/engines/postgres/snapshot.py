@@ -73,7 +73,7 @@ def source_fingerprints(conn: psycopg.Connection, ctx: PostgresContext, rel: Tab
     """Row count and content hash of every declared partition of a source-shaped relation
     (the source, or a copy of it), from one order-independent aggregate over them all (a
     source has no key to order by, and the format-3 digest needs none)."""
-    found = partitions_digest(conn, rel, ctx.inspection.source_columns, ctx.spec.partition_key, ctx.partitions,
+    found = partitions_digest(conn, rel, ctx.inspection.source_columns, ctx.by, ctx.partitions,
                               utf8=ctx.utf8)
     return {label: Digest(row_count=rows, content_hash=digest) for label, (rows, digest) in zip(ctx.labels, found)}
 
@@ -104,7 +104,7 @@ def identity_of(
     id also covers the scope (requested partitions, and the moves found in the target)."""
     doc: SnapshotDocument = {
         "format": SNAPSHOT_FORMAT, "source": str(ctx.spec.source_ref),
-        "partition_key": ctx.spec.partition_key,
+        "partition_key": ctx.spec.partition_by,
         "columns": [[c.name, c.type_name] for c in ctx.inspection.source_columns],
         "partitions": [{"partition": k, **parts[k]} for k in ctx.labels],
     }
@@ -147,7 +147,7 @@ class _Counts:
 
     def reports(self) -> dict[str, tuple[int, int]]:
         spec = self.ctx.spec
-        query, qp = sqlbuild.input_report(self.input_rel, spec.partition_key, spec.business_key, self.params)
+        query, qp = sqlbuild.input_report(self.input_rel, self.ctx.by, spec.business_key, self.params)
         return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in self.conn.execute(query, qp).fetchall()}
 
     def ties(self) -> Ties:
@@ -156,7 +156,7 @@ class _Counts:
         others = [c for c in spec.columns if c not in {spec.partition_key, *spec.business_key, *ordering}]
         # A key that can move has one newest version across partitions, so ties are per key;
         # otherwise per (partition, key), and the partition counts among the output columns.
-        scope_key = None if spec.records_can_move else spec.partition_key
+        scope_key = None if spec.records_can_move else self.ctx.by
         if scope_key is None:
             others = [spec.partition_key, *others]
         # Grouped as values, compared as written: 1.5 and 1.50 in an output column are a tie.
@@ -177,7 +177,7 @@ class _Counts:
         """Only a transform can move rows out of the partitions the input is read from."""
         if self.ctx.transform is None:
             return Outside(0)
-        query, qp = sqlbuild.rows_outside_partitions(self.input_rel, self.ctx.spec.partition_key, self.params)
+        query, qp = sqlbuild.rows_outside_partitions(self.input_rel, self.ctx.by, self.params)
         row = self.conn.execute(query, qp).fetchone()
         return Outside((row[0] or 0) if row else 0)
 
@@ -237,11 +237,11 @@ def take_snapshot(
         snapshot_id, fingerprint = identity_of(ctx, parts, outside, scope_doc)
         if spec.source.snapshot != "immutable":
             relation = _name_copy(conn, ctx, fingerprinted, copied, fingerprint, snapshot_id, clock, progress)
-        reports = check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), {"partitions": ctx.partitions})
+        reports = check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), ctx.bound())
         store.record_snapshot(
             conn, spec.control_schema, snapshot_id=snapshot_id, source_table=str(src),
             mode=spec.source.snapshot, snapshot_table=None if filtered else str(relation),
-            partition_key=spec.partition_key,
+            partition_key=spec.partition_by,
             partitions=[{"partition": k, **parts[k]} for k in ctx.labels],
             fingerprint=fingerprint, scope=scope_doc, created_at=clock(),
         )
@@ -310,7 +310,7 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: PostgresContext, progress: Pro
             pending, src, keys_relation(ctx), names, spec.partition_key, spec.business_key, ctx.partitions
         )
     else:
-        query, params = sqlbuild.copy_partitions(pending, src, names, spec.partition_key, ctx.partitions)
+        query, params = sqlbuild.copy_partitions(pending, src, names, ctx.by, ctx.partitions)
     rows = conn.execute(query, params).rowcount
     conn.execute(sqlbuild.create_index(pending, [sqlbuild.OrderKey(spec.partition_key)]))
     progress(ProgressEvent("snapshot", f"copied {rows} row(s)", rows=rows, status="copied"))

@@ -90,7 +90,7 @@ def b_hashed_only(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snap
     the rows an INSERT would store. Where a column would be converted on the way in (an
     assignment cast, laxer or stricter than any a SELECT can spell), stage B is written."""
     spec = ctx.spec
-    input_rel = sqlbuild.input_relation(snapshot.relation, ctx.source_column_names, spec.partition_key,
+    input_rel = sqlbuild.input_relation(snapshot.relation, ctx.source_column_names, ctx.by,
                                         spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
     described = [(c.name, c.type_name) for c in describe_query(conn, sqlbuild.describe_input(input_rel, spec.columns))]
     return described == [(c.name, c.type_name) for c in ctx.target_columns]
@@ -157,7 +157,7 @@ def build_batch(
     values = [ctx.partitions[i] for i in batch]
     labels = [ctx.labels[i] for i in batch]
     input_rel = ctx.input_relation(snapshot.relation, filtered=snapshot.filtered)
-    params = {"partitions": ctx.partitions}
+    params = ctx.bound()
     reading = conn.transaction() if snapshot.exported is None else imported_snapshot(conn, snapshot.exported)
     what = f"building stage {variant} of partition{'s' if len(batch) > 1 else ''} {', '.join(labels)}"
     with transient_errors(what), reading:
@@ -165,17 +165,17 @@ def build_batch(
         # The readings of the rows as they are written, in the same statement (the stage's
         # unique index rules duplicates out; a build not kept has none by construction).
         if empty_first:
-            conn.execute(*sqlbuild.delete_partitions(stage, spec.partition_key, values))
+            conn.execute(*sqlbuild.delete_partitions(stage, ctx.by, values))
         if spec.records_can_move:
             (value,) = values
-            query = sqlbuild.build_stage(variant, into, input_rel, spec.columns, spec.partition_key, spec.business_key,
+            query = sqlbuild.build_stage(variant, into, input_rel, spec.columns, ctx.by, spec.business_key,
                                          ctx.ordering_keys(), params, value, moving=True)
             readings = [written(conn, query, ctx.target_columns, spec.business_key, spec.total, utf8=ctx.utf8,
                                 inserts=keep)]
         else:
-            query = sqlbuild.build_stage_batch(variant, into, input_rel, spec.columns, spec.partition_key,
+            query = sqlbuild.build_stage_batch(variant, into, input_rel, spec.columns, ctx.by,
                                                spec.business_key, ctx.ordering_keys(), params, values)
-            readings = written_partitions(conn, query, ctx.target_columns, spec.partition_key, spec.business_key,
+            readings = written_partitions(conn, query, ctx.target_columns, ctx.by, spec.business_key,
                                           spec.total, values, utf8=ctx.utf8, inserts=keep)
         txid = conn.execute(sqlbuild.current_txid()).fetchone()
         assert txid is not None
@@ -252,7 +252,7 @@ def stage_partitions_changed(
             continue
         readings, writer, since = built.get(label, (None, None, None))
         if readings == expected[label] and since is not None and since < SEAL_HORIZON:
-            query, params = sqlbuild.partition_seal_check(stage, spec.partition_key, value, writer)
+            query, params = sqlbuild.partition_seal_check(stage, ctx.by, value, writer)
             row = conn.execute(query, params).fetchone()
             if row is not None and (int(row[0]), int(row[1])) == (expected[label]["row_count"], 0):
                 continue

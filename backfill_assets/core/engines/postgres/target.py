@@ -176,7 +176,7 @@ class PostgresTarget(AdvisoryLocked):
         assert self._seal is not None
         labels, verified, writer = self._seal
         spec = self.ctx.spec
-        query, params = sqlbuild.batch_seal_check(spec.target_ref, spec.partition_key, self._values(labels), writer)
+        query, params = sqlbuild.batch_seal_check(spec.target_ref, self.ctx.by, self._values(labels), writer)
         found = {row[0]: (int(row[1]), int(row[2])) for row in reader.execute(query, params).fetchall()}
         return all(found.get(self.ctx.value_of(label), (0, 0)) == (verified[label]["row_count"], 0)
                    for label in labels)
@@ -218,13 +218,13 @@ class _PostgresWrite:
         spec, conn = t.ctx.spec, t.conn
         values = t._values(labels)
         for value in values:
-            conn.execute(*sqlbuild.delete_partition(spec.target_ref, spec.partition_key, value))
+            conn.execute(*sqlbuild.delete_partition(spec.target_ref, t.ctx.by, value))
         t.checkpoint("deleted", labels)
         self.replaced = True
         order = business_key_order(t.ctx.target_columns, spec.business_key)
         for value in values:
             written = conn.execute(*sqlbuild.insert_from_stage(
-                spec.target_ref, t.ctx.stage("a"), spec.columns, spec.partition_key, order, value, writer=True)).fetchone()
+                spec.target_ref, t.ctx.stage("a"), spec.columns, t.ctx.by, order, value, writer=True)).fetchone()
             if written is not None:
                 self.writers.add(str(written[0]))
         t.checkpoint("inserted", labels)

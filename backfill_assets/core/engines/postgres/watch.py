@@ -56,6 +56,7 @@ from dataclasses import dataclass, replace
 
 import psycopg
 
+from backfill_assets.core.catalog import windowing_of
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.snapshot import changes_against
 from backfill_assets.core.engines.postgres.watch_state import (
@@ -74,6 +75,7 @@ from backfill_assets.core.pg.catalog import has_ordered_index, table_columns, ta
 from backfill_assets.core.pg.db import repeatable_read, transient_errors
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
+from backfill_assets.core.windows import Windowing
 
 # Base types (domains resolved) a change column may have: ordered, and exact.
 CHANGE_COLUMN_TYPES = ("int2", "int4", "int8", "numeric", "date", "timestamp", "timestamptz")
@@ -151,6 +153,7 @@ class _Gate2:
     change_column: str | None
     key_type: str | None
     problem: str | None
+    windowing: Windowing | None = None  # the partitions are time windows of the key
 
 
 def _gate2(conn: psycopg.Connection, spec: Spec) -> _Gate2:
@@ -159,22 +162,31 @@ def _gate2(conn: psycopg.Connection, spec: Spec) -> _Gate2:
         return _Gate2(None, None, "no source.change_column is declared, so every partition is fingerprinted")
     src = spec.source_ref
     key = next((c for c in table_columns(conn, src) if c.name == spec.partition_key), None)
-    if key is None or key.base_type not in _KEY_TYPES:
+    windowing = None
+    if key is not None and spec.partition_window is not None:
+        windowing = windowing_of(spec, key)  # SpecError where the column cannot be windowed
+    elif key is None or key.base_type not in _KEY_TYPES:
         raise SpecError(f"partition_key {spec.partition_key} is not a date, integer or text column of {src}")
     if not has_ordered_index(conn, src, spec.partition_key, [(column, False)]):
         ddl = sqlbuild.create_index(src, [sqlbuild.OrderKey(spec.partition_key), sqlbuild.OrderKey(column)])
         return _Gate2(None, None, f"no index on ({spec.partition_key}, {column}) of {src}, so every "
                       f"partition is fingerprinted; add it with: {ddl.as_string(conn)};")
-    return _Gate2(column, key.base_type, None)
+    return _Gate2(column, key.base_type, None, windowing)
 
 
 def _signals(conn: psycopg.Connection, spec: Spec, gate: _Gate2, labels: list[str]) -> dict[str, Signal]:
     if not labels:
         return {}
     assert gate.change_column is not None and gate.key_type is not None
-    query, params = sqlbuild.partition_signals(
-        spec.source_ref, spec.partition_key, gate.key_type, gate.change_column, labels,
-    )
+    if gate.windowing is not None:
+        bounds = [(w.label, gate.windowing.bound(w.start), gate.windowing.bound(w.end))
+                  for w in map(gate.windowing.window, labels)]
+        query, params = sqlbuild.window_signals(spec.source_ref, spec.partition_key, gate.key_type,
+                                                gate.change_column, bounds)
+    else:
+        query, params = sqlbuild.partition_signals(
+            spec.source_ref, spec.partition_key, gate.key_type, gate.change_column, labels,
+        )
     return {label: Signal(int(n), newest, int(nulls), digest)
             for label, n, newest, nulls, digest in conn.execute(query, params).fetchall()}
 

@@ -5,7 +5,8 @@ parameters. Templates are module-level literals. No statement selects ``*``.
 
 The builders live in rooms by what the statement is for: ``parts`` (what every statement is
 built from), ``readings`` (partition readings and the format-3 digest), ``builds`` (the input
-relation and the stage builds), ``checks`` (input checks before a build), ``copies``
+relation and the stage builds), ``partitioning`` (which partition a row is in: a value or a
+time window), ``checks`` (input checks before a build), ``copies``
 (snapshot and stage tables and their seals), ``moves`` (records that can move), ``lake`` (a
 stage partition read for a lake table), ``replace`` (locks and the insert into the target) and
 ``profiling`` (what ``profile`` measures). This package re-exports every public name so that
@@ -64,8 +65,15 @@ from backfill_assets.core.pg.sqlbuild.moves import (
     outside_scope,
     scope_keys,
 )
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, ValuesBy, WindowsBy, as_by
 from backfill_assets.core.pg.sqlbuild.parts import GROUP_SIZE_COLUMN, RANK_COLUMN, OrderKey, Query, table
-from backfill_assets.core.pg.sqlbuild.profiling import column_profile, distinct_partitions, key_evidence, key_splits
+from backfill_assets.core.pg.sqlbuild.profiling import (
+    column_profile,
+    column_range,
+    distinct_partitions,
+    key_evidence,
+    key_splits,
+)
 from backfill_assets.core.pg.sqlbuild.readings import (
     digest,
     duplicate_keys,
@@ -87,12 +95,12 @@ from backfill_assets.core.pg.sqlbuild.replace import (
     lock_for_replace,
     lock_for_snapshot,
 )
-from backfill_assets.core.pg.sqlbuild.watch import partition_signals, statistics_state, table_counters
+from backfill_assets.core.pg.sqlbuild.watch import partition_signals, statistics_state, table_counters, window_signals
 
 __all__ = [
-    "GROUP_SIZE_COLUMN", "LOCKABLE_KINDS", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
+    "GROUP_SIZE_COLUMN", "LOCKABLE_KINDS", "PartitionBy", "ValuesBy", "WindowsBy", "as_by", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
     "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "batch_seal_check", "sealable", "build_stage", "build_stage_batch", "delete_partitions",
-    "column_profile", "copy_partition_csv", "copy_partitions", "digest", "duplicate_keys", "in_partitions", "row_text", "written_readings", "copy_scope",
+    "column_profile", "column_range", "copy_partition_csv", "copy_partitions", "digest", "duplicate_keys", "in_partitions", "row_text", "written_readings", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",
     "create_stage_from_input", "describe_input", "copy_keys_in", "create_temp_table", "keys_in_several_partitions",
     "unholdable_kinds", "unholdable_values", "partition_diff", "partitions_diff_counts", "first_keys", "prefer_parallel", "create_text_table",
@@ -102,5 +110,5 @@ __all__ = [
     "ordering_null_counts", "ordering_ties", "outside_scope", "partition_counts",
     "partition_readings", "partition_seal_check", "read_settings", "rename_table", "rows_outside_partitions",
     "scope_keys", "table",
-    "partition_signals", "statistics_state", "table_counters",
+    "partition_signals", "statistics_state", "table_counters", "window_signals",
 ]

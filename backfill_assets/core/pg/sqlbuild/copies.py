@@ -8,12 +8,13 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, table
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, as_by
+from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, cols, table
 from backfill_assets.core.vocabulary import TableRef
 
 _CREATE_COPY_OF = sql.SQL("CREATE {unlogged}TABLE {new} AS SELECT {cols} FROM {rel} AS s WITH NO DATA")
 _INSERT_PARTITIONS = sql.SQL(
-    "INSERT INTO {new} ({cols}) SELECT {s_cols} FROM {rel} AS s WHERE {pk} = ANY(%(partitions)s)"
+    "INSERT INTO {new} ({cols}) SELECT {s_cols} FROM {rel} AS s WHERE {among}"
 )
 _CREATE_INDEX = sql.SQL("CREATE INDEX ON {rel} ({items})")
 _CREATE_UNIQUE_INDEX = sql.SQL("CREATE UNIQUE INDEX ON {rel} ({items})")
@@ -30,12 +31,14 @@ def create_empty_copy(new: TableRef, rel: TableRef, columns: Sequence[str], *, u
     )
 
 
-def copy_partitions(new: TableRef, rel: TableRef, columns: Sequence[str], partition_key: str, partitions: list) -> Query:
+def copy_partitions(new: TableRef, rel: TableRef, columns: Sequence[str], by: PartitionBy | str,
+                    partitions: Sequence[object]) -> Query:
     """Copy the rows of ``partitions`` from ``rel`` into ``new``."""
+    by = as_by(by)
     return _INSERT_PARTITIONS.format(
         new=table(new), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
-        s_cols=cols("s", columns), rel=table(rel), pk=col("s", partition_key),
-    ), {"partitions": partitions}
+        s_cols=cols("s", columns), rel=table(rel), among=by.among("s"),
+    ), by.bind(partitions)
 
 
 def create_index(rel: TableRef, keys: Sequence[OrderKey], *, unique: bool = False) -> sql.Composed:
@@ -63,21 +66,22 @@ _DROPPED_COLUMNS = sql.SQL(
 
 _PARTITION_SEAL_CHECK = sql.SQL(
     "SELECT count(*), count(*) FILTER (WHERE t.xmin IS DISTINCT FROM %(writer)s::xid) "
-    "FROM {rel} AS t WHERE {pk} = %(partition)s"
+    "FROM {rel} AS t WHERE {at}"
 )
 
 
 _BATCH_SEAL_CHECK = sql.SQL(
     "SELECT {pk}, count(*), count(*) FILTER (WHERE t.xmin IS DISTINCT FROM %(writer)s::xid) "
-    "FROM {rel} AS t WHERE {pk} = ANY(%(batch)s) GROUP BY {pk}"
+    "FROM {rel} AS t WHERE {among} GROUP BY 1"
 )
 
 
-def batch_seal_check(rel: TableRef, partition_key: str, batch: Sequence[object], writer: str | None) -> Query:
+def batch_seal_check(rel: TableRef, by: PartitionBy | str, batch: Sequence[object], writer: str | None) -> Query:
     """Per partition of ``batch`` with rows: (partition, rows, rows another transaction than
     ``writer`` wrote; with no writer, every row), in one pass without a sort or a hash."""
-    return _BATCH_SEAL_CHECK.format(rel=table(rel), pk=col("t", partition_key)), {
-        "batch": list(batch), "writer": writer,
+    by = as_by(by)
+    return _BATCH_SEAL_CHECK.format(rel=table(rel), pk=by.key("t", "batch"), among=by.among("t", "batch")), {
+        **by.bind(batch, "batch"), "writer": writer,
     }
 
 
@@ -98,11 +102,10 @@ def sealable(rel: TableRef) -> Query:
     return _SEALABLE, {"schema": rel.schema, "name": rel.name}
 
 
-def partition_seal_check(rel: TableRef, partition_key: str, partition: object, writer: str | None) -> Query:
+def partition_seal_check(rel: TableRef, by: PartitionBy | str, partition: object, writer: str | None) -> Query:
     """Rows of one partition, and how many of them another transaction than ``writer`` wrote."""
-    return _PARTITION_SEAL_CHECK.format(rel=table(rel), pk=col("t", partition_key)), {
-        "partition": partition, "writer": writer,
-    }
+    by = as_by(by)
+    return _PARTITION_SEAL_CHECK.format(rel=table(rel), at=by.at("t")), {**by.bind_one(partition), "writer": writer}
 
 
 def copy_writer(rel: TableRef) -> sql.Composed:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, ValuesBy, as_by
 from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, order_by, table
 from backfill_assets.core.vocabulary import TableRef
 
@@ -17,7 +18,7 @@ from backfill_assets.core.vocabulary import TableRef
 # decides a plan or a verification is the format-3 fingerprint (docs/fingerprint.md).
 _SIDE = sql.SQL(
     "SELECT {keys}, true AS __present, hashtextextended(ROW({texts})::text, 0) AS __h "
-    "FROM {rel} AS t WHERE {pk} = %({param})s"
+    "FROM {rel} AS t WHERE {at}"
 )
 # A side that may hold a key more than once (a lake table enforces no key): one row per key,
 # with no digest where the key repeats, so that it counts once, as changed.
@@ -33,7 +34,7 @@ _KEY_TEXT = sql.SQL("{}::text AS {}")
 _COALESCE = sql.SQL("coalesce({}, {}) AS {}")
 _EQUAL = sql.SQL("{} = {}")
 _EQUAL_TEXT = sql.SQL("{}::text = {}")
-_VALUES = sql.SQL("(SELECT ARRAY[{texts}] FROM {rel} AS t WHERE {pk} = %({param})s AND {match} LIMIT 1)")
+_VALUES = sql.SQL("(SELECT ARRAY[{texts}] FROM {rel} AS t WHERE {at} AND {match} LIMIT 1)")
 # The counts, then up to %(limit)s differing keys in key order, each with both sides' text
 # forms (looked up by key: a few index reads). The join is materialized once.
 _DIFF = sql.SQL(
@@ -49,24 +50,26 @@ def _texts(columns: Sequence[str]) -> sql.Composed:
     return sql.SQL(", ").join(sql.SQL("{}::text").format(col("t", c)) for c in columns)
 
 
-def _side(rel: TableRef, partition_key: str, business_key: Sequence[str], columns: Sequence[str],
+def _side(rel: TableRef, by: PartitionBy | str, business_key: Sequence[str], columns: Sequence[str],
           *, as_text: bool, param: str) -> sql.Composed:
+    by = as_by(by)
     keys = (sql.SQL(", ").join(_KEY_TEXT.format(col("t", k), sql.Identifier(k)) for k in business_key)
             if as_text else cols("t", business_key))
-    return _SIDE.format(keys=keys, texts=_texts(columns), rel=table(rel), pk=col("t", partition_key), param=sql.SQL(param))
+    return _SIDE.format(keys=keys, texts=_texts(columns), rel=table(rel), at=by.at("t", param))
 
 
-def _values(rel: TableRef, partition_key: str, business_key: Sequence[str], columns: Sequence[str],
+def _values(rel: TableRef, by: PartitionBy | str, business_key: Sequence[str], columns: Sequence[str],
             *, as_text: bool, param: str) -> sql.Composed:
+    by = as_by(by)
     equal = _EQUAL_TEXT if as_text else _EQUAL
     return _VALUES.format(
-        texts=_texts(columns), rel=table(rel), pk=col("t", partition_key), param=sql.SQL(param),
+        texts=_texts(columns), rel=table(rel), at=by.at("t", param),
         match=sql.SQL(" AND ").join(equal.format(col("t", k), col("j", k)) for k in business_key),
     )
 
 
 def partition_diff(
-    left: TableRef, right: TableRef, partition_key: str, order: Sequence[OrderKey], columns: Sequence[str],
+    left: TableRef, right: TableRef, by: PartitionBy | str, order: Sequence[OrderKey], columns: Sequence[str],
     partition: object, limit: int, *, right_as_text: object = None,
 ) -> Query:
     """One partition of ``left`` (the rows that would be written) against the same partition
@@ -76,36 +79,39 @@ def partition_diff(
     differing keys, in key order.
 
     ``right_as_text``: ``right`` holds every column as text (a lake partition's canonical text
-    forms), and this is the partition key's text there. Both sides are then keyed by the text
+    forms, a value partition's), and this is the partition key's text there. Both sides are then keyed by the text
     forms of their keys (examples in that order), and a key ``right`` holds more than once
     counts once, as changed.
 
     Rows: (``'count'`` or ``'example'``, kind, count, key texts, left's texts, right's texts)."""
+    by = as_by(by)
     business_key = [k.column for k in order]
     as_text = right_as_text is not None
-    right_side = _side(right, partition_key, business_key, columns, as_text=False, param="right_partition")
+    right_by: PartitionBy = ValuesBy(by.column) if as_text else by
+    right_side = _side(right, right_by, business_key, columns, as_text=False, param="right_partition")
     if as_text:
         right_side = _SIDE_BY_KEY.format(keys=sql.SQL(", ").join(sql.Identifier(k) for k in business_key),
                                          side=right_side)
     query = _DIFF.format(
         kind=_KIND,
         keys=sql.SQL(", ").join(_COALESCE.format(col("a", k), col("b", k), sql.Identifier(k)) for k in business_key),
-        left=_side(left, partition_key, business_key, columns, as_text=as_text, param="partition"),
+        left=_side(left, by, business_key, columns, as_text=as_text, param="partition"),
         right=right_side,
         on=sql.SQL(" AND ").join(_EQUAL.format(col("a", k), col("b", k)) for k in business_key),
         key_texts=sql.SQL(", ").join(sql.SQL("{}::text").format(col("j", k)) for k in business_key),
-        left_values=_values(left, partition_key, business_key, columns, as_text=as_text, param="partition"),
-        right_values=_values(right, partition_key, business_key, columns, as_text=as_text, param="right_partition"),
+        left_values=_values(left, by, business_key, columns, as_text=as_text, param="partition"),
+        right_values=_values(right, right_by, business_key, columns, as_text=as_text, param="right_partition"),
         order=order_by("j", [OrderKey(k, collate_c=True) for k in business_key]) if as_text else order_by("j", order),
     )
-    return query, {"partition": partition, "right_partition": right_as_text if as_text else partition, "limit": limit}
+    right = right_by.bind_one(right_as_text if as_text else partition, "right_partition")
+    return query, {**by.bind_one(partition), **right, "limit": limit}
 
 
 # Many partitions of two tables of one database at once: only the counts per partition and
 # kind, from one keyed full join (the partition key joins too), each side read once.
 _SIDE_OF_PARTITIONS = sql.SQL(
     "SELECT {pk} AS __pk, {keys}, true AS __present, hashtextextended(ROW({texts})::text, 0) AS __h "
-    "FROM {rel} AS t WHERE {pk} = ANY(%(partitions)s)"
+    "FROM {rel} AS t WHERE {among}"
 )
 _DIFF_COUNTS = sql.SQL(
     "SELECT coalesce(a.__pk, b.__pk), {kind} AS __kind, count(*) FROM ({left}) AS a FULL JOIN ({right}) AS b "
@@ -113,32 +119,34 @@ _DIFF_COUNTS = sql.SQL(
 )
 
 
-def partitions_diff_counts(left: TableRef, right: TableRef, partition_key: str, business_key: Sequence[str],
+def partitions_diff_counts(left: TableRef, right: TableRef, by: PartitionBy | str, business_key: Sequence[str],
                            columns: Sequence[str], partitions: Sequence[object]) -> Query:
     """The counts of :func:`partition_diff` (per kind) for each of ``partitions`` of ``left``
     against the same partitions of ``right``, in one statement: the same keyed comparison of
     the same row digests, the partition key joined as well. Rows: (partition value, kind,
     count); a partition or kind without rows has none."""
+    by = as_by(by)
     def side(rel: TableRef) -> sql.Composed:
-        return _SIDE_OF_PARTITIONS.format(pk=col("t", partition_key), keys=cols("t", business_key),
+        return _SIDE_OF_PARTITIONS.format(pk=by.key("t"), among=by.among("t"), keys=cols("t", business_key),
                                           texts=_texts(columns), rel=table(rel))
 
     return _DIFF_COUNTS.format(
         kind=_KIND, left=side(left), right=side(right),
         on=sql.SQL(" AND ").join(_EQUAL.format(col("a", k), col("b", k)) for k in business_key),
-    ), {"partitions": list(partitions)}
+    ), by.bind(partitions)
 
 
-_FIRST_KEYS = sql.SQL("SELECT ARRAY[{key_texts}] FROM {rel} AS t WHERE {pk} = %(partition)s ORDER BY {order} LIMIT %(limit)s")
+_FIRST_KEYS = sql.SQL("SELECT ARRAY[{key_texts}] FROM {rel} AS t WHERE {at} ORDER BY {order} LIMIT %(limit)s")
 
 
-def first_keys(rel: TableRef, partition_key: str, order: Sequence[OrderKey], partition: object, limit: int) -> Query:
+def first_keys(rel: TableRef, by: PartitionBy | str, order: Sequence[OrderKey], partition: object, limit: int) -> Query:
     """The text forms of the first ``limit`` business keys of one partition of ``rel``, in the
     order :func:`partition_diff` gives its examples (``order``: the key's ascending order)."""
+    by = as_by(by)
     return _FIRST_KEYS.format(
         key_texts=sql.SQL(", ").join(sql.SQL("{}::text").format(col("t", k.column)) for k in order),
-        rel=table(rel), pk=col("t", partition_key), order=order_by("t", order),
-    ), {"partition": partition, "limit": limit}
+        rel=table(rel), at=by.at("t"), order=order_by("t", order),
+    ), {**by.bind_one(partition), "limit": limit}
 
 
 # For the caller's transaction: a parallel hash full join over both sides (PostgreSQL 16 can),

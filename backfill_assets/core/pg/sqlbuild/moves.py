@@ -8,7 +8,16 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, key_not_null, order_by, table
+from backfill_assets.core.pg.sqlbuild.parts import (
+    PARTITION_COLUMN,
+    OrderKey,
+    Query,
+    col,
+    cols,
+    key_not_null,
+    order_by,
+    table,
+)
 from backfill_assets.core.vocabulary import TableRef
 
 _SCOPE_KEYS = sql.SQL(
@@ -26,8 +35,6 @@ _KEY_HOMES = sql.SQL(
     "WHERE {h_first} IS NULL OR {c_first} IS NULL OR {h_p} IS DISTINCT FROM {c_p} "
     "OR NOT ({h_p} = ANY(%(partitions)s))"
 )
-
-_PARTITION_ALIAS = "__backfill_partition"
 
 _OUTSIDE_SCOPE_WITH_KEYS = sql.SQL(
     "({pk} IS NULL OR NOT ({pk} = ANY(%(partitions)s))) AND ({key}) IN ({keys})"
@@ -54,13 +61,13 @@ def key_homes(
 
     Rows: (home text, current text, in source, in target, key texts...).
     """
-    p = sql.Identifier(_PARTITION_ALIAS)
+    p = sql.Identifier(PARTITION_COLUMN)
     keys = scope_keys(src, tgt, partition_key, business_key)
     query = _KEY_HOMES.format(
         keys=keys, s_bk=cols("s", business_key), s_pk=col("s", partition_key), p=p,
         src=table(src), k_bk=cols("k", business_key), ordering=order_by("s", ordering),
         t_bk=cols("t", business_key), t_pk=col("t", partition_key), tgt=table(tgt),
-        h_p=col("h", _PARTITION_ALIAS), c_p=col("c", _PARTITION_ALIAS),
+        h_p=col("h", PARTITION_COLUMN), c_p=col("c", PARTITION_COLUMN),
         h_first=col("h", business_key[0]), c_first=col("c", business_key[0]),
         key_text=sql.SQL(", ").join(
             sql.SQL("coalesce({}::text, {}::text)").format(col("h", c), col("c", c))

@@ -18,6 +18,7 @@ Query = tuple[sql.Composed, dict[str, Any]]
 # "__backfill" are refused, so they cannot collide.
 RANK_COLUMN = "__backfill_rank"
 GROUP_SIZE_COLUMN = "__backfill_group_size"
+PARTITION_COLUMN = "__backfill_partition"  # a row's partition carried through a subquery
 
 
 def table(ref: TableRef) -> sql.Identifier:

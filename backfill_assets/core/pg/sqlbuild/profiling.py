@@ -8,21 +8,23 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.pg.sqlbuild.parts import Query, col, cols, key_not_null, table
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, as_by
+from backfill_assets.core.pg.sqlbuild.parts import PARTITION_COLUMN, Query, col, cols, key_not_null, table
 from backfill_assets.core.vocabulary import TableRef
 
 _COLUMN_PROFILE = sql.SQL(
-    "SELECT (SELECT count(*) FROM {rel} AS s WHERE {pk} = ANY(%(partitions)s) AND {c} IS NULL), "
+    "SELECT (SELECT count(*) FROM {rel} AS s WHERE {among} AND {c} IS NULL), "
     "(SELECT count(*) FROM (SELECT DISTINCT {pk}, {c} FROM {rel} AS s "
-    "WHERE {pk} = ANY(%(partitions)s) AND {c} IS NOT NULL) AS d)"
+    "WHERE {among} AND {c} IS NOT NULL) AS d)"
 )
 
 
-def column_profile(rel: TableRef, partition_key: str, column: str, partitions: list) -> Query:
+def column_profile(rel: TableRef, by: PartitionBy | str, column: str, partitions: list) -> Query:
     """NULL count of a column, and how many distinct (partition, value) pairs it has."""
+    by = as_by(by)
     return _COLUMN_PROFILE.format(
-        rel=table(rel), pk=col("s", partition_key), c=col("s", column)
-    ), {"partitions": partitions}
+        rel=table(rel), pk=by.key("s"), among=by.among("s"), c=col("s", column)
+    ), by.bind(partitions)
 
 
 _DISTINCT_PARTITIONS = sql.SQL(
@@ -33,6 +35,14 @@ _DISTINCT_PARTITIONS = sql.SQL(
 def distinct_partitions(rel: TableRef, partition_key: str, limit: int) -> Query:
     """The first ``limit`` partition values present in ``rel``."""
     return _DISTINCT_PARTITIONS.format(pk=col("s", partition_key), rel=table(rel)), {"limit": limit}
+
+
+_COLUMN_RANGE = sql.SQL("SELECT min({c}), max({c}) FROM {rel} AS s")
+
+
+def column_range(rel: TableRef, column: str) -> Query:
+    """The least and greatest value of a column (an index on it reads two rows)."""
+    return _COLUMN_RANGE.format(c=col("s", column), rel=table(rel)), {}
 
 
 # --- key candidates (profile) --------------------------------------------------------------
@@ -47,7 +57,7 @@ _KEY_EVIDENCE = sql.SQL(
     "count(*) FILTER (WHERE {g_any}){varying} FROM "
     "(SELECT {r_pk_key}, count(*) AS {n}{flags} FROM "
     "(SELECT {s_pk_key}{hashes} FROM {rel} AS s "
-    "WHERE {s_pk} = ANY(%(partitions)s) AND {s_key_not_null}) AS r GROUP BY {r_pk_key}) AS g"
+    "WHERE {s_among} AND {s_key_not_null}) AS r GROUP BY {r_pk_key}) AS g"
 )
 _HASH = sql.SQL(", coalesce(hashtextextended({c}::text, 0), 0) AS {a}")
 _VARIES = sql.SQL(", min(r.{a}) <> max(r.{a}) AS {a}")
@@ -58,7 +68,7 @@ _KEY_ALIAS = "__backfill_k"
 
 
 def key_evidence(
-    rel: TableRef, partition_key: str, key: Sequence[str], others: Sequence[str], partitions: list,
+    rel: TableRef, by: PartitionBy | str, key: Sequence[str], others: Sequence[str], partitions: list,
 ) -> Query:
     """How the rows of ``partitions`` group by (partition, ``key``), in one row.
 
@@ -67,17 +77,18 @@ def key_evidence(
     column of ``others`` the version groups in which it varies. A column varies in a group
     when its text forms differ (compared by a 64-bit hash) or it is NULL in some rows only.
     """
+    by = as_by(by)
     n = sql.Identifier(_KEY_ALIAS + "n")
     flags = [sql.Identifier(_KEY_ALIAS + "v" + str(i)) for i in range(len(others))]
     return _KEY_EVIDENCE.format(
-        n=n, rel=table(rel), s_pk=col("s", partition_key),
-        s_pk_key=cols("s", [partition_key, *key]), r_pk_key=cols("r", [partition_key, *key]),
+        n=n, rel=table(rel), s_among=by.among("s"),
+        s_pk_key=_with_partition(by, key), r_pk_key=cols("r", [PARTITION_COLUMN, *key]),
         s_key_not_null=key_not_null("s", key),
         hashes=sql.SQL("").join(_HASH.format(c=col("s", c), a=a) for c, a in zip(others, flags)),
         flags=sql.SQL("").join(_VARIES.format(a=a) for a in flags),
         g_any=_OR.join(sql.SQL("g.{}").format(a) for a in flags) if flags else _FALSE,
         varying=sql.SQL("").join(_COUNT_VARYING.format(a=a) for a in flags),
-    ), {"partitions": partitions}
+    ), by.bind(partitions)
 
 
 # Each row's hashes once (a materialized CTE: inlined, the planner computed them once per
@@ -87,7 +98,7 @@ def key_evidence(
 _KEY_SPLITS = sql.SQL(
     "WITH r AS MATERIALIZED "
     "(SELECT {s_pk_key}, hashtextextended(({s_row})::text, 0) AS {h}{hashes} FROM {rel} AS s "
-    "WHERE {s_pk} = ANY(%(partitions)s) AND {s_key_not_null}) "
+    "WHERE {s_among} AND {s_key_not_null}) "
     "SELECT p.{i}, count(*) FROM "
     "(SELECT {q_pk_key}, q.{i} FROM "
     "(SELECT {r_pk_key}, x.{i}, min(r.{h}) <> max(r.{h}) AS {v} FROM r "
@@ -100,7 +111,7 @@ _PAIR = sql.SQL("({i}, r.{a})")
 
 
 def key_splits(
-    rel: TableRef, partition_key: str, key: Sequence[str], split: Sequence[str],
+    rel: TableRef, by: PartitionBy | str, key: Sequence[str], split: Sequence[str],
     others: Sequence[str], partitions: list,
 ) -> Query:
     """For each column of ``split``, how many (partition, ``key``) groups it divides into two
@@ -111,14 +122,21 @@ def key_splits(
     Rows with a NULL in the key are left out; rows and values are compared by the 64-bit hash
     of their text forms (a NULL value as 0).
     """
+    by = as_by(by)
     names = [sql.Identifier(_KEY_ALIAS + "s" + str(i)) for i in range(len(split))]
     return _KEY_SPLITS.format(
         i=sql.Identifier(_KEY_ALIAS + "i"), c=sql.Identifier(_KEY_ALIAS + "c"),
         h=sql.Identifier(_KEY_ALIAS + "h"), v=sql.Identifier(_KEY_ALIAS + "v"),
-        rel=table(rel), s_pk=col("s", partition_key), s_key_not_null=key_not_null("s", key),
-        s_pk_key=cols("s", [partition_key, *key]), r_pk_key=cols("r", [partition_key, *key]),
-        q_pk_key=cols("q", [partition_key, *key]),
+        rel=table(rel), s_among=by.among("s"), s_key_not_null=key_not_null("s", key),
+        s_pk_key=_with_partition(by, key), r_pk_key=cols("r", [PARTITION_COLUMN, *key]),
+        q_pk_key=cols("q", [PARTITION_COLUMN, *key]),
         s_row=sql.SQL("ROW({})").format(cols("s", others)),
         hashes=sql.SQL("").join(_HASH.format(c=col("s", c), a=a) for c, a in zip(split, names)),
         pairs=sql.SQL(", ").join(_PAIR.format(i=sql.Literal(i), a=a) for i, a in enumerate(names)),
-    ), {"partitions": partitions}
+    ), by.bind(partitions)
+
+
+def _with_partition(by: PartitionBy | str, key: Sequence[str]) -> sql.Composed:
+    """A row's partition (as a working column) and its ``key`` columns, from ``s``."""
+    by = as_by(by)
+    return sql.SQL("{} AS {}, {}").format(by.key("s"), sql.Identifier(PARTITION_COLUMN), cols("s", key))

@@ -9,21 +9,21 @@ from typing import Any
 
 from psycopg import sql
 
-from backfill_assets.core.pg.sqlbuild.parts import Query, col, cols, key_is_null, key_not_null, table
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, as_by
+from backfill_assets.core.pg.sqlbuild.parts import PARTITION_COLUMN, Query, col, cols, key_is_null, key_not_null, table
 from backfill_assets.core.vocabulary import TableRef
 
-_IN_PARTITION = sql.SQL("{pk} = %(partition)s")
-_IN_PARTITIONS = sql.SQL("{pk} = ANY(%(partitions)s)")
+
+def in_partition(by: PartitionBy | str, alias: str = "t") -> sql.Composable:
+    """A row of ``alias`` is in the partition ``%(partition)s``."""
+    by = as_by(by)
+    return by.at(alias)
 
 
-def in_partition(partition_key: str, alias: str = "t") -> sql.Composed:
-    """``alias.partition_key = %(partition)s``."""
-    return _IN_PARTITION.format(pk=col(alias, partition_key))
-
-
-def in_partitions(partition_key: str, alias: str = "t") -> sql.Composed:
-    """``alias.partition_key = ANY(%(partitions)s)``."""
-    return _IN_PARTITIONS.format(pk=col(alias, partition_key))
+def in_partitions(by: PartitionBy | str, alias: str = "t") -> sql.Composable:
+    """A row of ``alias`` is in one of the partitions ``%(partitions)s``."""
+    by = as_by(by)
+    return by.among(alias)
 
 
 # --- the format-3 row digest (core.fingerprint.rows is its specification) -------------------
@@ -82,41 +82,44 @@ _BITS, _PIN = "__backfill_bits", "__backfill_pin"
 
 def digest(
     rel: sql.Composable, fields: Sequence[tuple[str, str, str]], where: sql.Composable, params: Mapping[str, Any],
-    *, utf8: bool, group_by: str | None = None, business_key: Sequence[str] = (), total: str | None = None,
+    *, utf8: bool, group_by: sql.Composable | None = None, business_key: Sequence[str] = (), total: str | None = None,
 ) -> Query:
     """Row count, NULL-key count, exact total and the digest's slice sums of the rows of
     ``rel`` (aliased ``t``) matching ``where``, per ``group_by`` value when given (first
-    column): one parallel aggregate that sends nothing per row.
+    column; an expression over ``t``): one parallel aggregate that sends nothing per row.
 
     The row hash is computed in a subquery that also selects a volatile, parallel-safe value
     (``clock_timestamp()``): otherwise the planner inlines the subquery into each slice's
     ``sum`` and computes the hash once per slice (``OFFSET 0`` prevents that too, but makes
     the plan serial).
     """
-    carried = [c for c in ([group_by] if group_by else []) + list(business_key) + ([total] if total else [])]
-    carried = list(dict.fromkeys(carried))
+    carried = list(dict.fromkeys(list(business_key) + ([total] if total else [])))
+    part = sql.Identifier(PARTITION_COLUMN)
     b = col("h", _BITS)
     query = _DIGEST.format(
-        group_out=sql.SQL("{}, ").format(col("h", group_by)) if group_by else sql.SQL(""),
+        group_out=sql.SQL("{}, ").format(col("h", PARTITION_COLUMN)) if group_by is not None else sql.SQL(""),
         null_keys=sql.SQL("count(*) FILTER (WHERE {})").format(key_is_null("h", business_key)) if business_key else _NO_KEY,
         total=_TOTAL.format(col("h", total)) if total else _NO_TOTAL,
         slices=sql.SQL(", ").join(_SLICE.format(b=b, shift=sql.Literal(60 * i)) for i in range(SLICES)),
-        carried=sql.SQL("").join(sql.SQL("{}, ").format(col("t", c)) for c in carried),
+        carried=sql.SQL("").join(
+            ([sql.SQL("{} AS {}, ").format(group_by, part)] if group_by is not None else [])
+            + [sql.SQL("{}, ").format(col("t", c)) for c in carried]),
         bits=_ROW_BITS.format(text=row_text("t", fields, utf8)), b=sql.Identifier(_BITS), pin=sql.Identifier(_PIN),
         rel=rel, where=where,
-        group_by=sql.SQL(" GROUP BY {}").format(col("h", group_by)) if group_by else sql.SQL(""),
+        group_by=sql.SQL(" GROUP BY {}").format(col("h", PARTITION_COLUMN)) if group_by is not None else sql.SQL(""),
     )
     return query, dict(params)
 
 
 def partition_readings(
-    rel: TableRef, fields: Sequence[tuple[str, str, str]], partition_key: str, business_key: Sequence[str],
+    rel: TableRef, fields: Sequence[tuple[str, str, str]], by: PartitionBy | str, business_key: Sequence[str],
     total: str | None, partitions: Sequence[object], *, utf8: bool,
 ) -> Query:
     """Per partition among ``partitions`` that has rows: (partition, row count, NULL-key count,
     total text, slice sums...)."""
-    return digest(table(rel), fields, in_partitions(partition_key), {"partitions": list(partitions)}, utf8=utf8,
-                  group_by=partition_key, business_key=business_key, total=total)
+    by = as_by(by)
+    return digest(table(rel), fields, by.among("t"), by.bind(partitions), utf8=utf8,
+                  group_by=by.key("t"), business_key=business_key, total=total)
 
 
 _WRITTEN = sql.SQL("WITH {w} AS ({insert} RETURNING {returned}) {readings}")
@@ -126,11 +129,12 @@ _WRITTEN_REL = sql.Identifier("__backfill_written")
 
 def written_readings(
     insert: Query, columns: Sequence[str], fields: Sequence[tuple[str, str, str]], business_key: Sequence[str],
-    total: str | None, *, utf8: bool, group_by: str | None = None, inserts: bool = True,
+    total: str | None, *, utf8: bool, group_by: sql.Composable | None = None, inserts: bool = True,
 ) -> Query:
     """``insert`` (an INSERT of ``columns``) with the readings and digest of the rows it wrote,
     in the same statement: (row count, NULL-key count, total text, slice sums...), per
-    ``group_by`` value when given (first column). Not ``inserts``: ``insert`` is a SELECT of
+    ``group_by`` value when given (first column; an expression over ``t``, the rows written, and
+    the parameters of ``insert``). Not ``inserts``: ``insert`` is a SELECT of
     ``columns``, and the readings are those of the rows it selects."""
     query, params = insert
     readings, _ = digest(_WRITTEN_REL, fields, sql.SQL("true"), {}, utf8=utf8, business_key=business_key, total=total,
@@ -143,26 +147,24 @@ def written_readings(
 
 _DUPLICATES = sql.SQL(
     "SELECT g.pk, sum(g.n - 1) FROM (SELECT {d_pk} AS pk, count(*) AS n FROM {rel} AS d "
-    "WHERE {d_pk} = ANY(%(partitions)s) AND {d_key_not_null} GROUP BY {d_pk}, {d_key} HAVING count(*) > 1) AS g "
+    "WHERE {d_among} AND {d_key_not_null} GROUP BY 1, {d_key} HAVING count(*) > 1) AS g "
     "GROUP BY g.pk"
 )
 
 
-def duplicate_keys(rel: TableRef, partition_key: str, business_key: Sequence[str], partitions: Sequence[object]) -> Query:
+def duplicate_keys(rel: TableRef, by: PartitionBy | str, business_key: Sequence[str], partitions: Sequence[object]) -> Query:
     """(partition, rows beyond the first per non-NULL business key) of the partitions that have any."""
+    by = as_by(by)
     return _DUPLICATES.format(
-        d_pk=col("d", partition_key), rel=table(rel), d_key_not_null=key_not_null("d", business_key),
+        d_pk=by.key("d"), d_among=by.among("d"), rel=table(rel), d_key_not_null=key_not_null("d", business_key),
         d_key=cols("d", business_key),
-    ), {"partitions": list(partitions)}
+    ), by.bind(partitions)
 
 
-_PARTITION_COUNTS = sql.SQL(
-    "SELECT {pk}, count(*) FROM {rel} AS s WHERE {pk} = ANY(%(partitions)s) GROUP BY {pk}"
-)
+_PARTITION_COUNTS = sql.SQL("SELECT {pk}, count(*) FROM {rel} AS s WHERE {among} GROUP BY 1")
 
 
-def partition_counts(rel: TableRef, partition_key: str, partitions: list) -> Query:
+def partition_counts(rel: TableRef, by: PartitionBy | str, partitions: Sequence[object]) -> Query:
     """Row count per partition of ``rel`` among ``partitions`` (absent partitions: no row)."""
-    return _PARTITION_COUNTS.format(pk=col("s", partition_key), rel=table(rel)), {
-        "partitions": partitions
-    }
+    by = as_by(by)
+    return _PARTITION_COUNTS.format(pk=by.key("s"), among=by.among("s"), rel=table(rel)), by.bind(partitions)

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, order_by, table
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, as_by
+from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, cols, order_by, table
 from backfill_assets.core.vocabulary import TableRef
 
 _ADVISORY_LOCK = sql.SQL("SELECT pg_advisory_lock(hashtextextended(%(key)s, 0))")
@@ -17,7 +18,7 @@ _ADVISORY_UNLOCK = sql.SQL("SELECT pg_advisory_unlock(hashtextextended(%(key)s, 
 _LOCK_TABLE = sql.SQL("LOCK TABLE {rel} IN SHARE ROW EXCLUSIVE MODE")
 _INSERT_FROM_STAGE = sql.SQL(
     "INSERT INTO {target} ({cols}) SELECT {s_cols} FROM {stage} AS s "
-    "WHERE {s_pk} = %(partition)s ORDER BY {order}"
+    "WHERE {s_at} ORDER BY {order}"
 )
 
 
@@ -71,17 +72,18 @@ _WRITER_OF = sql.SQL("WITH w AS ({insert} RETURNING xmin) SELECT w.xmin::text FR
 
 
 def insert_from_stage(
-    target: TableRef, stage: TableRef, columns: Sequence[str], partition_key: str,
+    target: TableRef, stage: TableRef, columns: Sequence[str], by: PartitionBy | str,
     order: Sequence[OrderKey], partition: object, *, writer: bool = False,
 ) -> Query:
     """Insert one stage partition into the target, with explicit columns in declared order;
     with ``writer``, the statement returns the xmin its rows carry (no row: none inserted)."""
+    by = as_by(by)
     insert = _INSERT_FROM_STAGE.format(
         target=table(target), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
-        s_cols=cols("s", columns), stage=table(stage), s_pk=col("s", partition_key),
+        s_cols=cols("s", columns), stage=table(stage), s_at=by.at("s"),
         order=order_by("s", order),
     )
-    return (_WRITER_OF.format(insert=insert) if writer else insert), {"partition": partition}
+    return (_WRITER_OF.format(insert=insert) if writer else insert), by.bind_one(partition)
 
 
 _HAS_UNIQUE_INDEX = sql.SQL(

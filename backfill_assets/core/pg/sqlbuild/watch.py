@@ -44,13 +44,21 @@ _STATISTICS_STATE = sql.SQL(
 # index on (partition key, change column) (an index-only scan where the visibility map
 # allows): no sort, no heap row decoded. The sum moves when any row's change value does,
 # whatever order the writers commit in; the count when a row comes or goes. Labels are bound
-# as text and cast to the key's type.
+# as text and cast to the key's type; a window's label comes with its bounds, a range of the index.
 _SIGNALS = sql.SQL(
-    "SELECT l.label, g.n, g.v, g.z, g.h FROM unnest(CAST(%(labels)s AS pg_catalog.text[])) AS l(label) "
+    "SELECT l.label, g.n, g.v, g.z, g.h FROM {labels} "
     "CROSS JOIN LATERAL (SELECT count(*), max(s.{c})::text, count(*) FILTER (WHERE s.{c} IS NULL), "
     "sum(pg_catalog.hashtextextended(s.{c}::text, 0))::text "
-    "FROM {rel} AS s WHERE s.{pk} = CAST(l.label AS {t})) AS g(n, v, z, h) ORDER BY l.label"
+    "FROM {rel} AS s WHERE {where}) AS g(n, v, z, h) ORDER BY l.label"
 )
+_LABELS = sql.SQL("unnest(CAST(%(labels)s AS pg_catalog.text[])) AS l(label)")
+_AT_LABEL = sql.SQL("s.{pk} = CAST(l.label AS {t})")
+# Windows: each label with its bounds, a range of the same index.
+_WINDOW_LABELS = sql.SQL(
+    "unnest(CAST(%(labels)s AS pg_catalog.text[]), CAST(%(starts)s AS {t}[]), CAST(%(ends)s AS {t}[])) "
+    "AS l(label, lo, hi)"
+)
+_IN_WINDOW = sql.SQL("s.{pk} >= l.lo AND s.{pk} < l.hi")
 
 
 def table_counters(rel: TableRef) -> Query:
@@ -74,7 +82,19 @@ def partition_signals(
     Args:
         key_type: the partition key's base type name in ``pg_catalog`` (date, int8, text...).
     """
+    pk, t = sql.Identifier(partition_key), sql.Identifier("pg_catalog", key_type)
     return _SIGNALS.format(
-        rel=table(rel), pk=sql.Identifier(partition_key), c=sql.Identifier(change_column),
-        t=sql.Identifier("pg_catalog", key_type),
+        labels=_LABELS, rel=table(rel), c=sql.Identifier(change_column), where=_AT_LABEL.format(pk=pk, t=t),
     ), {"labels": labels}
+
+
+def window_signals(
+    rel: TableRef, partition_key: str, key_type: str, change_column: str, windows: list[tuple[str, object, object]],
+) -> Query:
+    """:func:`partition_signals` of time windows: ``windows`` are (label, start, end), the
+    bounds as the column holds them (core.windows.Windowing.bound)."""
+    pk, t = sql.Identifier(partition_key), sql.Identifier("pg_catalog", key_type)
+    query = _SIGNALS.format(labels=_WINDOW_LABELS.format(t=t), rel=table(rel), c=sql.Identifier(change_column),
+                            where=_IN_WINDOW.format(pk=pk))
+    return query, {"labels": [w[0] for w in windows], "starts": [w[1] for w in windows],
+                   "ends": [w[2] for w in windows]}

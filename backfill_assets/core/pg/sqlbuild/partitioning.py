@@ -1,0 +1,128 @@
+"""Which partition a row is in, in SQL: a value of the partition key (:class:`ValuesBy`), or
+a time window of it (:class:`WindowsBy`, core.windows).
+
+Every statement that reads some partitions asks the spec's :class:`PartitionBy` for the
+predicate that keeps their rows (``among``, ``at``), the expression that names a row's
+partition (``key``: the value itself, or the window's label) and the parameters those need
+(``bind``, ``bind_one``), so that it is written once for both kinds. A window's rows are a
+range of the column (``>= start AND < end``), which its index serves; the label of each row
+comes from ``width_bucket`` over the windows' bounds, bound as parameters, so the calendar
+is core.windows' alone, never the server's time zone data.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from psycopg import sql
+
+from backfill_assets.core.windows import Windowing
+
+
+class PartitionBy(Protocol):
+    """How rows fall into partitions, as SQL over a relation aliased ``alias`` (None: the
+    column unqualified, for a DELETE's own table). ``param`` names the statement parameter
+    that holds the partitions (``bind``) or the one partition (``bind_one``)."""
+
+    column: str
+
+    def key(self, alias: str | None, param: str = "partitions") -> sql.Composable:
+        """The partition of a row among ``%(param)s`` (a row ``among`` keeps)."""
+        ...
+
+    def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
+        """Whether a row is in one of the partitions ``%(param)s``."""
+        ...
+
+    def at(self, alias: str | None, param: str = "partition") -> sql.Composable:
+        """Whether a row is in the partition ``%(param)s``."""
+        ...
+
+    def bind(self, partitions: Sequence[object], param: str = "partitions") -> dict[str, Any]:
+        """The parameters ``key`` and ``among`` read for ``partitions``."""
+        ...
+
+    def bind_one(self, partition: object, param: str = "partition") -> dict[str, Any]:
+        """The parameters ``at`` reads for ``partition``."""
+        ...
+
+
+def _column(alias: str | None, column: str) -> sql.Identifier:
+    return sql.Identifier(column) if alias is None else sql.Identifier(alias, column)
+
+
+@dataclass(frozen=True)
+class ValuesBy:
+    """Each value of ``column`` is a partition."""
+
+    column: str
+
+    def key(self, alias: str | None, param: str = "partitions") -> sql.Composable:
+        return _column(alias, self.column)
+
+    def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
+        return sql.SQL("{} = ANY({})").format(_column(alias, self.column), sql.Placeholder(param))
+
+    def at(self, alias: str | None, param: str = "partition") -> sql.Composable:
+        return sql.SQL("{} = {}").format(_column(alias, self.column), sql.Placeholder(param))
+
+    def bind(self, partitions: Sequence[object], param: str = "partitions") -> dict[str, Any]:
+        return {param: list(partitions)}
+
+    def bind_one(self, partition: object, param: str = "partition") -> dict[str, Any]:
+        return {param: partition}
+
+
+_TYPES = {"timestamptz": sql.SQL("timestamptz"), "timestamp": sql.SQL("timestamp"), "date": sql.SQL("date")}
+_RANGE = sql.SQL("({c} >= {lo}::{t} AND {c} < {hi}::{t})")
+_BUCKET = sql.SQL("({labels}::text[])[width_bucket({c}, {bounds}::{t}[])]")
+
+
+@dataclass(frozen=True)
+class WindowsBy:
+    """Each window of ``windowing`` over ``column`` is a partition, named by its label."""
+
+    column: str
+    windowing: Windowing
+
+    def _p(self, param: str, part: str) -> sql.Placeholder:
+        return sql.Placeholder(f"{param}__{part}")
+
+    def _range(self, alias: str | None, param: str) -> sql.Composed:
+        return _RANGE.format(c=_column(alias, self.column), lo=self._p(param, "lo"), hi=self._p(param, "hi"),
+                             t=_TYPES[self.windowing.column_kind])
+
+    def key(self, alias: str | None, param: str = "partitions") -> sql.Composable:
+        return _BUCKET.format(labels=self._p(param, "labels"), c=_column(alias, self.column),
+                              bounds=self._p(param, "bounds"), t=_TYPES[self.windowing.column_kind])
+
+    def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
+        # The range first, which an index serves; the bucket drops rows in a gap between windows.
+        return sql.SQL("({} AND {} IS NOT NULL)").format(self._range(alias, param), self.key(alias, param))
+
+    def at(self, alias: str | None, param: str = "partition") -> sql.Composable:
+        return self._range(alias, param)
+
+    def bind(self, partitions: Sequence[object], param: str = "partitions") -> dict[str, Any]:
+        labels = [str(p) for p in partitions]
+        if not labels:  # nothing: an empty range, and one bucket that names no window
+            least = self.windowing.bound(dt.datetime(1, 1, 2, tzinfo=dt.timezone.utc))
+            return {param: [], f"{param}__lo": least, f"{param}__hi": least, f"{param}__labels": [None],
+                    f"{param}__bounds": [least]}
+        bounds, names = self.windowing.buckets(labels)
+        return {param: labels, f"{param}__lo": bounds[0], f"{param}__hi": bounds[-1],
+                f"{param}__labels": names, f"{param}__bounds": bounds}
+
+    def bind_one(self, partition: object, param: str = "partition") -> dict[str, Any]:
+        window = self.windowing.window(str(partition))
+        return {param: window.label, f"{param}__lo": self.windowing.bound(window.start),
+                f"{param}__hi": self.windowing.bound(window.end)}
+
+
+def as_by(by: PartitionBy | str) -> PartitionBy:
+    """``by``, or the value partitions of the column it names (the simple case, spelled as
+    the partition key's name)."""
+    return ValuesBy(by) if isinstance(by, str) else by

@@ -188,6 +188,15 @@ class Spec(BaseModel):
                 "records_can_move needs `snapshot: copy`: the versions of every moved key "
                 "are copied so that old and new partitions are rebuilt from one snapshot"
             )
+        window_parts = self.partitions is not None and self.partitions.type == "window"
+        if self.partition_window is not None and self.partitions is not None and not window_parts:
+            problems.append(
+                f"partitions.type {self.partitions.type} keys partitions by value, but this spec's partitions are its "
+                "partition_window's windows: write `partitions: {type: window, start: <date>}`"
+            )
+        if window_parts and self.partition_window is None:
+            problems.append("partitions.type window needs partition_window (the windows it keys); declare it, or use "
+                            "type daily, monthly or static")
         if self.records_can_move and self.partition_window is not None:
             problems.append(
                 "records_can_move cannot be combined with partition_window yet: where a key's newest version "

@@ -97,10 +97,12 @@ class PartitionsSpec(Strict):
 
     ``daily`` and ``monthly`` are time windows from ``start`` to ``end`` (exclusive, default
     open); their keys are ISO dates (a month is keyed by its first day), so the partition key
-    column must be a date. ``static`` lists the partition values.
+    column must be a date. ``static`` lists the partition values. ``window``: the spec's own
+    ``partition_window`` windows, from the first one at or after the zone's midnight of
+    ``start`` to ``end`` (exclusive, default open), keyed by their labels (core.windows).
     """
 
-    type: Literal["daily", "monthly", "static"]
+    type: Literal["daily", "monthly", "static", "window"]
     start: dt.date | None = None
     end: dt.date | None = None
     values: list[str] | None = None

@@ -39,8 +39,10 @@ def zone(name: str) -> zoneinfo.ZoneInfo:
 @dataclass(frozen=True, order=True)
 class Window:
     """One window: its first instant, the first instant after it (both in UTC) and its label
-    (``2024-03-10T01:00-05:00`` an hour, ``2024-03-10`` a day, ``2024-W10`` a week, ``2024-03``
-    a month, ``2024`` a year: local times, an hour with its offset)."""
+    (``2024-03-10T01:00-0500`` an hour, ``2024-03-10`` a day, ``2024-03-04`` the week that starts
+    on that Monday, ``2024-03`` a month, ``2024`` a year: local times, an hour with its offset;
+    the keys of Dagster's time-window partitions in the same zone, so that a window has one name
+    on the command line and in the UI)."""
 
     start: dt.datetime
     end: dt.datetime
@@ -93,13 +95,11 @@ def _next(local: dt.datetime, grain: Grain) -> dt.datetime:
 def _label(start: dt.datetime, grain: Grain, tz: dt.tzinfo) -> str:
     local = start.astimezone(tz)
     if grain == "hour":
-        offset = local.isoformat()[-6:] if local.utcoffset() else "+00:00"
-        return f"{local:%Y-%m-%dT%H:%M}{offset}"
+        return f"{local:%Y-%m-%dT%H:%M%z}"
     if grain == "day":
         return f"{local:%Y-%m-%d}"
-    if grain == "week":
-        year, week, _ = local.isocalendar()
-        return f"{year}-W{week:02d}"
+    if grain == "week":  # the Monday it starts on
+        return f"{local:%Y-%m-%d}"
     return f"{local:%Y-%m}" if grain == "month" else f"{local:%Y}"
 
 
@@ -138,7 +138,7 @@ def windows_between(start: dt.datetime, end: dt.datetime, grain: Grain, tz: dt.t
 # What a request may name; a window is requested by its own label or by a label
 # of a unit that holds whole windows of its grain (the hours of a day, the days of a month).
 _UNITS: dict[Grain, str] = {
-    "hour": r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):00(Z|[+-]\d{2}:\d{2})?",
+    "hour": r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):00(Z|[+-]\d{2}:?\d{2})?",
     "day": r"(\d{4})-(\d{2})-(\d{2})",
     "week": r"(\d{4})-W(\d{2})",
     "month": r"(\d{4})-(\d{2})",
@@ -151,7 +151,7 @@ _HOLDS: dict[Grain, tuple[Grain, ...]] = {
     "month": ("month", "year"),
     "year": ("year",),
 }
-_EXAMPLES = {"hour": "2024-03-10T01:00", "day": "2024-03-10", "week": "2024-W10", "month": "2024-03", "year": "2024"}
+_EXAMPLES = {"hour": "2024-03-10T01:00", "day": "2024-03-10", "week": "2024-03-04", "month": "2024-03", "year": "2024"}
 
 
 def _unit_of(text: str) -> tuple[Grain, re.Match[str]]:
@@ -160,13 +160,15 @@ def _unit_of(text: str) -> tuple[Grain, re.Match[str]]:
         if match:
             return unit, match
     raise SpecError(f"partition {text!r} is not a time window: write an hour (2024-03-10T01:00), a day "
-                    "(2024-03-10), a week (2024-W10), a month (2024-03) or a year (2024), or a range a..b of them")
+                    "(2024-03-10), a week (its Monday, 2024-03-04, or 2024-W10), a month (2024-03) or a year (2024), "
+                    "or a range a..b of them")
 
 
 def _span(text: str, grain: Grain, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
     """The instants ``text`` names (a label of a unit that holds whole windows of ``grain``)."""
     unit, match = _unit_of(text)
-    if unit not in _HOLDS[grain]:
+    monday = grain == "week" and unit == "day"  # a week window is named by the Monday it starts on
+    if unit not in _HOLDS[grain] and not monday:
         units = " or ".join(_EXAMPLES[u] for u in _HOLDS[grain])
         raise SpecError(f"partition {text!r} names a {unit}, which does not hold whole {grain} windows; "
                         f"name them as {units}")
@@ -180,6 +182,12 @@ def _span(text: str, grain: Grain, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datet
         raise SpecError(f"partition {text!r} is not a date that exists") from None
     if unit == "hour":
         return _hour_span(text, first, match.group(5), tz)
+    if monday:
+        if first.weekday():
+            start = first - dt.timedelta(days=first.weekday())
+            raise SpecError(f"partition {text!r} is a {first:%A}; a week window is named by the Monday it starts on "
+                            f"({start:%Y-%m-%d}) or as an ISO week ({start:%G-W%V})")
+        unit = "week"
     return _at_local(first, tz), _at_local(_next(first, unit), tz)
 
 
@@ -189,7 +197,7 @@ def _hour_span(text: str, first: dt.datetime, offset: str | None, tz: dt.tzinfo)
     at = {a for a in at if a.astimezone(tz).replace(tzinfo=None) == first}
     if offset is not None:
         wanted = dt.timedelta(0) if offset == "Z" else (
-            (-1 if offset[0] == "-" else 1) * dt.timedelta(hours=int(offset[1:3]), minutes=int(offset[4:6])))
+            (-1 if offset[0] == "-" else 1) * dt.timedelta(hours=int(offset[1:3]), minutes=int(offset[-2:])))
         at = {a for a in at if a.astimezone(tz).utcoffset() == wanted}
     if not at:
         raise SpecError(f"partition {text!r} does not happen in {tz}: its clocks skip that hour "

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import dagster as dg
 
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import Spec
+from backfill_assets.core.windows import UTC, Grain, Window, window_at, zone
 
 
 def partitions_def(spec: Spec) -> dg.PartitionsDefinition:
-    """Daily or monthly time windows (keys are ISO dates), or a static list, from the spec.
+    """Daily or monthly time windows (keys are ISO dates), a static list, or the spec's own
+    time windows (keys are their labels), from the spec.
 
     Raises:
-        SpecError: the spec has no ``partitions`` section, or declares time windows (not yet
-            served here).
+        SpecError: the spec has no ``partitions`` section.
     """
-    if spec.partition_window is not None:
-        raise SpecError(
-            f"spec {spec.name} declares partition_window: time windows are planned and applied through the "
-            "command line, not yet in the Dagster code location; keep the spec out of its folder for now"
-        )
     p = spec.partitions
     if p is None:
         raise SpecError(
@@ -29,10 +27,42 @@ def partitions_def(spec: Spec) -> dg.PartitionsDefinition:
     if p.type == "static":
         return dg.StaticPartitionsDefinition(list(p.values or []))
     assert p.start is not None
+    if p.type == "window":
+        return _windows_def(spec)
     end = p.end.isoformat() if p.end else None
     if p.type == "daily":
         return dg.DailyPartitionsDefinition(start_date=p.start.isoformat(), end_date=end)
     return dg.MonthlyPartitionsDefinition(start_date=p.start.isoformat(), end_date=end)
+
+
+# Per grain: the schedule each window starts on, in the spec's zone, and the format of its key,
+# which is the window's label (core.windows): one name in the UI and on the command line.
+_WINDOW_SCHEDULES: dict[Grain, tuple[str, str]] = {
+    "hour": ("0 * * * *", "%Y-%m-%dT%H:%M%z"),
+    "day": ("0 0 * * *", "%Y-%m-%d"),
+    "week": ("0 0 * * 1", "%Y-%m-%d"),
+    "month": ("0 0 1 * *", "%Y-%m"),
+    "year": ("0 0 1 1 *", "%Y"),
+}
+
+
+def _windows_def(spec: Spec) -> dg.TimeWindowPartitionsDefinition:
+    """The spec's time windows from ``partitions.start`` (the first window at or after the
+    zone's midnight of that day) to ``partitions.end``, keyed by their labels."""
+    window, p = spec.partition_window, spec.partitions
+    assert window is not None and p is not None and p.start is not None
+    tz = zone(window.time_zone)
+
+    def first_at(day: dt.date) -> Window:
+        midnight = dt.datetime.combine(day, dt.time(), tz)
+        found = window_at(midnight, window.every, tz)
+        return found if found.start >= midnight.astimezone(UTC) else window_at(found.end, window.every, tz)
+
+    cron, fmt = _WINDOW_SCHEDULES[window.every]
+    return dg.TimeWindowPartitionsDefinition(
+        cron_schedule=cron, fmt=fmt, timezone=window.time_zone, start=first_at(p.start).label,
+        end=None if p.end is None else first_at(p.end).label,
+    )
 
 
 def contiguous_segments(parts: dg.PartitionsDefinition, labels: list[str]) -> list[list[str]]:

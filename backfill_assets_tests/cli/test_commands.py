@@ -261,8 +261,8 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path, server_di
     assert "7 hold, 1 drifted" in audit and "in amount" in audit and "put back: 8 of 8 partition(s) hold again" in audit
     # And last the hours of New York over the night its clocks fall back: 25 windows, the same plan again.
     windows = done.stdout[done.stdout.index("-- 12. time windows"):]
-    assert "25 partition(s); windows 2024-11-03T01:00-04:00 [2024-11-03T05:00:00+00:00, " in windows
-    assert "(the same plan), 25 of 25 window(s) already carry the approved fingerprint" in windows
+    assert "25 partition(s); windows 2024-11-03T01:00-0400 [2024-11-03T05:00:00+00:00, " in windows
+    assert "plan e8d3360f1488a7e4 (the same plan), 25 of 25 window(s) already carry the approved fingerprint" in windows
     assert (server_dir / "home" / "pgdata").is_dir()
     # status then says when each partition was last audited.
     status = subprocess.run([sys.executable, "-m", "backfill_assets.cli", "status", "--spec",

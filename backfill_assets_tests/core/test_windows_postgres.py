@@ -26,60 +26,19 @@ from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.store import ledger
 from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest, TableRef
-from backfill_assets.core.windows import UTC, Windowing, window_at, zone
+from backfill_assets.core.windows import Windowing, window_at, zone
 from backfill_assets_tests.support.source_writes import settle
-from backfill_assets_tests.support.specs import URL_ENV
+from backfill_assets_tests.support.windows import EVENT_COLUMNS, EVENTS_SPEC, FALL, create_events, utc
 
 NY = zoneinfo.ZoneInfo("America/New_York")
 TARGET = TableRef("public", "events_hourly")
-COLUMNS = ["created_at", "event_id", "updated_at", "seq", "amount", "note"]
+COLUMNS = EVENT_COLUMNS
 
 
 def _spec(**changes: object):
-    data = {
-        "name": "events_hourly", "database_url_env": URL_ENV,
-        "source": {"table": "public.events_raw", "snapshot": "copy"},
-        "target": {"table": "public.events_hourly"},
-        "partition_key": "created_at",
-        "partition_window": {"every": "hour", "time_zone": "America/New_York"},
-        "business_key": ["event_id"],
-        "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
-        "columns": COLUMNS, "total": "amount", "transform_version": "v1",
-    }
+    data = {k: v for k, v in EVENTS_SPEC.items() if k != "partitions"}
     data.update(changes)
     return spec_from_mapping({k: v for k, v in data.items() if v is not None})
-
-
-def _utc(*parts: int) -> dt.datetime:
-    return dt.datetime(*parts, tzinfo=UTC)
-
-
-# 2024-11-03 in New York: 01:00-02:00 happens twice (EDT, then EST), so the day has 25 hours.
-FALL = [
-    # event_id, created_at (UTC), updated_at, seq, amount, note
-    (1, _utc(2024, 11, 3, 4, 0), _utc(2024, 11, 4), 1, "1.00", "midnight EDT, on the boundary"),
-    (1, _utc(2024, 11, 3, 4, 30), _utc(2024, 11, 4), 2, "2.00", "same window, a later seq wins"),
-    (2, _utc(2024, 11, 3, 5, 0), _utc(2024, 11, 4), 1, "3.00", "01:00 EDT, first of the repeated hour"),
-    (2, _utc(2024, 11, 3, 6, 0), _utc(2024, 11, 4), 1, "4.00", "01:00 EST: the second, its own window"),
-    (3, _utc(2024, 11, 3, 5, 59, 59, 999999), _utc(2024, 11, 5), 1, "5.00", "last microsecond of 01:00 EDT"),
-    (3, _utc(2024, 11, 3, 5, 59), _utc(2024, 11, 4), 9, "6.00", "older version, same window"),
-    (4, _utc(2024, 11, 3, 7, 0), _utc(2024, 11, 4), 1, "7.00", None),
-    (5, _utc(2024, 11, 4, 4, 59, 59), _utc(2024, 11, 4), 1, "8.00", "ünïcödé\ttab\nnewline \x01 " + "long " * 400),
-    (6, _utc(2024, 11, 4, 5, 0), _utc(2024, 11, 4), 1, "9.00", "the next day: outside the plan"),
-    (7, _utc(2024, 11, 3, 3, 59, 59), _utc(2024, 11, 4), 1, "10.00", "the day before: outside the plan"),
-    (None, _utc(2024, 11, 3, 7, 30), _utc(2024, 11, 4), 1, "11.00", "NULL key: dropped"),
-]
-
-
-def _create(conn: psycopg.Connection, rows, ts_type: str = "timestamptz") -> None:
-    for name in ("events_raw", "events_hourly"):
-        conn.execute(f"CREATE TABLE public.{name} (created_at {ts_type}, event_id bigint, updated_at timestamptz, "
-                     "seq int, amount numeric(12,2), note text)")
-    conn.execute("CREATE INDEX ON public.events_raw (created_at)")
-    conn.execute("ALTER TABLE public.events_hourly ADD UNIQUE (created_at, event_id)")
-    with conn.cursor() as cur:
-        cur.executemany("INSERT INTO public.events_raw (event_id, created_at, updated_at, seq, amount, note) "
-                        "VALUES (%s, %s, %s, %s, %s, %s)", rows)
 
 
 def _naive_newest(rows, windowing: Windowing, labels: list[str]) -> dict[str, list[tuple]]:
@@ -110,18 +69,18 @@ def _plan_approve_apply(conn, factory, spec, request: str):
 
 @pytest.mark.parametrize("snapshot", ["copy", "exported", "immutable"])
 def test_hours_of_a_fall_back_day_plan_approve_and_apply_as_the_naive_newest_wins(conn, factory, url_env, snapshot):
-    _create(conn, FALL)
+    create_events(conn, FALL)
     conn.execute("INSERT INTO public.events_hourly VALUES ('2024-11-03 06:30+00', 99, now(), 1, 1, 'stale')")
     spec = _spec(source={"table": "public.events_raw", "snapshot": snapshot})
     plan, result = _plan_approve_apply(conn, factory, spec, "2024-11-03")
     labels = [p["partition"] for p in plan.as_json()["partitions"]]
     assert len(labels) == 25  # a day of 25 hours
-    assert labels[:3] == ["2024-11-03T00:00-04:00", "2024-11-03T01:00-04:00", "2024-11-03T01:00-05:00"]
-    assert labels[-1] == "2024-11-03T23:00-05:00"
+    assert labels[:3] == ["2024-11-03T00:00-0400", "2024-11-03T01:00-0400", "2024-11-03T01:00-0500"]
+    assert labels[-1] == "2024-11-03T23:00-0500"
     windowing = Windowing("hour", zone("America/New_York"), "timestamptz")
     expected = _naive_newest(FALL, windowing, labels)
     # An empty window already holds what it should (nothing) and is skipped; the stale row's is replaced.
-    changed = {label for label, rows in expected.items() if rows} | {"2024-11-03T01:00-05:00"}
+    changed = {label for label, rows in expected.items() if rows} | {"2024-11-03T01:00-0500"}
     assert {p["partition"]: p["status"] for p in result.partitions} == {
         label: "verified" if label in changed else "skipped-already-verified" for label in labels}
     cols = table_columns(conn, TARGET)
@@ -131,7 +90,7 @@ def test_hours_of_a_fall_back_day_plan_approve_and_apply_as_the_naive_newest_win
     got = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM public.events_hourly ORDER BY created_at, event_id").fetchall()
     assert got == sorted((r for rs in expected.values() for r in rs), key=lambda r: (r[0], r[1]))
     # The repeated hour is two windows: event 2's versions both stay, one in each.
-    assert [r[0] for r in got if r[1] == 2] == [_utc(2024, 11, 3, 5), _utc(2024, 11, 3, 6)]
+    assert [r[0] for r in got if r[1] == 2] == [utc(2024, 11, 3, 5), utc(2024, 11, 3, 6)]
     # The window that held only the stale row (01:00 EST) now holds event 2's row, and the stale one is gone.
     assert 99 not in [r[1] for r in got]
     states = {r["partition"]: r["status"] for r in ledger.ledger_status(conn, spec)}
@@ -146,12 +105,12 @@ def test_a_timestamp_without_time_zone_is_read_in_its_declared_zone_by_days_of_a
     """A `timestamp` column holding UTC clock readings, windowed by New York days: the spring
     day (2024-03-10) is 23 hours, and a row a microsecond before 05:00 UTC is still 9 March."""
     rows = [
-        (1, dt.datetime(2024, 3, 10, 4, 59, 59, 999999), _utc(2024, 3, 11), 1, "1.00", "23:59:59.999999 EST, 9 March"),
-        (2, dt.datetime(2024, 3, 10, 5, 0), _utc(2024, 3, 11), 1, "2.00", "midnight, 10 March"),
-        (3, dt.datetime(2024, 3, 11, 3, 59, 59), _utc(2024, 3, 11), 1, "3.00", "23:59:59 EDT, 10 March"),
-        (4, dt.datetime(2024, 3, 11, 4, 0), _utc(2024, 3, 11), 1, "4.00", "midnight, 11 March"),
+        (1, dt.datetime(2024, 3, 10, 4, 59, 59, 999999), utc(2024, 3, 11), 1, "1.00", "23:59:59.999999 EST, 9 March"),
+        (2, dt.datetime(2024, 3, 10, 5, 0), utc(2024, 3, 11), 1, "2.00", "midnight, 10 March"),
+        (3, dt.datetime(2024, 3, 11, 3, 59, 59), utc(2024, 3, 11), 1, "3.00", "23:59:59 EDT, 10 March"),
+        (4, dt.datetime(2024, 3, 11, 4, 0), utc(2024, 3, 11), 1, "4.00", "midnight, 11 March"),
     ]
-    _create(conn, rows, "timestamp")
+    create_events(conn, rows, "timestamp")
     spec = _spec(partition_window={"every": "day", "time_zone": "America/New_York", "column_time_zone": "UTC"})
     plan, result = _plan_approve_apply(conn, factory, spec, "2024-03-09..2024-03-11")
     counts = {p["partition"]: p["stage_a"]["row_count"] for p in plan.as_json()["partitions"]}
@@ -162,15 +121,15 @@ def test_a_timestamp_without_time_zone_is_read_in_its_declared_zone_by_days_of_a
 
 def test_a_window_is_read_by_a_range_its_index_serves(conn):
     """No function over the column: the source's index on it reads each window's rows."""
-    _create(conn, FALL)
+    create_events(conn, FALL)
     windowing = Windowing("hour", NY, "timestamptz")
     by = sqlbuild.WindowsBy("created_at", windowing)
-    labels = windowing.request("2024-11-03T01:00-05:00,2024-11-03T05:00")  # two windows with a gap
+    labels = windowing.request("2024-11-03T01:00-0500,2024-11-03T05:00")  # two windows with a gap
     query, params = sqlbuild.partition_counts(TableRef("public", "events_raw"), by, labels)
     conn.execute("SET enable_seqscan = off")
     plan = "\n".join(r[0] for r in conn.execute(psycopg.sql.SQL("EXPLAIN ") + query, params).fetchall())
     assert "Index" in plan and "created_at >=" in plan, plan
-    assert dict(conn.execute(query, params).fetchall()) == {"2024-11-03T01:00-05:00": 1}
+    assert dict(conn.execute(query, params).fetchall()) == {"2024-11-03T01:00-0500": 1}
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -192,7 +151,7 @@ def test_a_spec_of_windows_is_refused_before_anything_is_read(changes, message):
 ])
 def test_a_window_over_a_column_that_cannot_hold_it_is_refused_by_inspection(conn, factory, url_env, ts_type,
                                                                                 window, message):
-    _create(conn, [], ts_type)
+    create_events(conn, [], ts_type)
     with pytest.raises(SpecError, match=message):
         make_plan(_spec(partition_window=window), PartitionRequest("2024-11-03"), factory)
     assert conn.execute("SELECT to_regnamespace('backfill_control') IS NULL").fetchone()[0]
@@ -202,15 +161,15 @@ def test_a_repeated_hour_a_naive_column_cannot_tell_apart_is_refused():
     windowing = Windowing("hour", NY, "timestamp", NY)
     with pytest.raises(SpecError, match="cannot be told from the one before"):
         windowing.buckets(windowing.request("2024-11-03"))
-    assert window_at(_utc(2024, 11, 3, 6), "hour", NY).label == "2024-11-03T01:00-05:00"
+    assert window_at(utc(2024, 11, 3, 6), "hour", NY).label == "2024-11-03T01:00-0500"
 
 
 def test_a_late_row_in_a_window_verified_weeks_before_is_flagged_by_the_sensor_alone(conn, factory, url_env):
     """The source sensor reads each window's rows by its range of the index on (column, change
     column): a row that arrives weeks late moves exactly its own window, however old."""
-    weeks = [(n, _utc(2024, 10, 1) + dt.timedelta(hours=7 * n), _utc(2024, 11, 1), n, "1.00", None) for n in range(120)]
+    weeks = [(n, utc(2024, 10, 1) + dt.timedelta(hours=7 * n), utc(2024, 11, 1), n, "1.00", None) for n in range(120)]
     with factory() as loader:
-        _create(loader, weeks)
+        create_events(loader, weeks)
         loader.execute("CREATE INDEX events_watch ON public.events_raw (created_at, seq)")
     settle(conn)
     spec = _spec(source={"table": "public.events_raw", "snapshot": "copy", "change_column": "seq"})
@@ -219,7 +178,7 @@ def test_a_late_row_in_a_window_verified_weeks_before_is_flagged_by_the_sensor_a
         first = watch_tick(c, spec, None)
     settle(conn)
     assert first.mode == "full" and first.changed == {} and len(first.fingerprinted) == 744  # 31 days of hours
-    late = "2024-10-02T13:00-04:00"
+    late = "2024-10-02T13:00-0400"
     with factory() as w:
         w.execute("INSERT INTO public.events_raw VALUES ('2024-10-02 17:15+00', 1000, now(), 1000, 1.00, 'late')")
     settle(conn)
@@ -231,25 +190,25 @@ def test_a_late_row_in_a_window_verified_weeks_before_is_flagged_by_the_sensor_a
 def test_diff_audit_and_profile_name_windows_by_their_labels(conn, factory, url_env):
     """Before apply, diff names each changed window; after it, audit holds every verified
     window by its signal and finds a hand fix in one; profile samples the windows with rows."""
-    _create(conn, FALL)
+    create_events(conn, FALL)
     spec = _spec()
     plan = make_plan(spec, PartitionRequest("2024-11-03"), factory)
     with factory.control(conn) as store:
         approve_plan(conn, factory, spec, find_plan(store, spec, plan.plan_id), "alice")
-    repeated = diff_plan(spec, plan.plan_id, factory, request=PartitionRequest("2024-11-03T01:00-05:00"))
+    repeated = diff_plan(spec, plan.plan_id, factory, request=PartitionRequest("2024-11-03T01:00-0500"))
     (part,) = repeated.partitions
-    assert (part.partition, part.added, part.removed, part.changed) == ("2024-11-03T01:00-05:00", 1, 0, 0)
+    assert (part.partition, part.added, part.removed, part.changed) == ("2024-11-03T01:00-0500", 1, 0, 0)
     apply_plan(spec, plan.plan_id, factory, run_id="r1")
 
     conn.execute("UPDATE public.events_hourly SET note = 'hand fix' WHERE event_id = 4")
     found = {p.partition: p.result for p in audit_spec(spec, factory, full=True).partitions}
-    assert len(found) == 25 and found.pop("2024-11-03T02:00-05:00") == "drifted"
+    assert len(found) == 25 and found.pop("2024-11-03T02:00-0500") == "drifted"
     assert set(found.values()) == {"holds"}
 
     profile = profile_spec(spec, factory)
     # The first windows that hold rows, from the earliest row's (the day before's last hour) on.
-    assert profile.partitions == ["2024-11-02T23:00-04:00", "2024-11-03T00:00-04:00", "2024-11-03T01:00-04:00",
-                                  "2024-11-03T01:00-05:00", "2024-11-03T02:00-05:00", "2024-11-03T23:00-05:00",
-                                  "2024-11-04T00:00-05:00"]
+    assert profile.partitions == ["2024-11-02T23:00-0400", "2024-11-03T00:00-0400", "2024-11-03T01:00-0400",
+                                  "2024-11-03T01:00-0500", "2024-11-03T02:00-0500", "2024-11-03T23:00-0500",
+                                  "2024-11-04T00:00-0500"]
     assert profile.row_count == len(FALL)
     assert profile.key_partitions == 7 and profile.key_search_complete  # keys measured per window

@@ -7,11 +7,13 @@ approve link, enters a name and launches; approval_sensor runs the target and it
 Every text typed into the browser is recorded, and the test fails if any of it is an id. Each
 step's screenshot is kept under ``BACKFILL_TEST_ARTIFACTS`` (default ``test-artifacts/``), in
 ``ui/``. Then, over GraphQL as the UI sends it: stages that differ fail the blocking check, and
-neither re-executing the failed backfill nor materializing the target by hand replaces it.
+neither re-executing the failed backfill nor materializing the target by hand replaces it; and
+a spec of hourly time windows beside it stages a day of hours as one backfill.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import shutil
@@ -20,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from backfill_assets.core.windows import UTC, windows_between, zone
 from backfill_assets_tests.support.dagster_server import LOCATION, dagster_deployment
 from backfill_assets_tests.support.flows import target_day_hashes
 from backfill_assets_tests.support.specs import DEMO_SPEC, REPO
+from backfill_assets_tests.support.windows import EVENTS_SPEC, FALL, create_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -38,7 +42,7 @@ AN_ID = re.compile(r"[0-9a-f]{8,}|[0-9a-f]{8}-[0-9a-f]{4}")
 
 @pytest.fixture
 def dagster_ui(admin_url, db_url, tmp_path):
-    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, DEMO_SPEC) as deployment:
+    with dagster_deployment(admin_url, db_url.reveal(), tmp_path, DEMO_SPEC, also=(EVENTS_SPEC,)) as deployment:
         yield deployment
 
 
@@ -112,6 +116,7 @@ def test_a_person_approves_the_preview_they_saw_then_differing_stages_are_never_
         "SELECT plan -> 'partitions' FROM backfill_control.plans WHERE plan_id = %s", (plan_id,)).fetchone()[0]}
     assert target_day_hashes(demo_db) == stage_a != before
     _differing_stages_are_never_applied(gql, demo_db)
+    _hours_are_one_backfill(gql, demo_db)
 
 
 def _walk(person: Person, gql, demo_db) -> None:
@@ -223,3 +228,18 @@ def _differing_stages_are_never_applied(gql, demo_db) -> None:
     by_hand = gql.launch_run("orders_daily__replace_target", tags={"dagster/partition": "2024-01-02"})
     assert gql.wait_run(by_hand) == "FAILURE"
     assert target_day_hashes(demo_db) == before
+
+
+def _hours_are_one_backfill(gql, demo_db) -> None:
+    """A spec of hourly windows beside it: the 25 hours of the night New York's clocks fall
+    back, launched as one backfill of its stages (the range the UI's partition picker sends),
+    each window staged and checked on its own."""
+    create_events(demo_db, FALL)
+    hours = [w.label for w in windows_between(dt.datetime(2024, 11, 3, 4, tzinfo=UTC), dt.datetime(2024, 11, 4, 5, tzinfo=UTC),
+                                              "hour", zone("America/New_York"))]
+    assert len(hours) == 25
+    backfill = gql.launch_backfill([["events_hourly", n] for n in ("snapshot", "stage_a", "stage_b")], hours)
+    assert gql.wait_backfill(backfill) == "COMPLETED_SUCCESS"
+    assert len(gql.runs({"dagster/backfill": backfill})) == 1  # one run for the range
+    checks = gql.check_executions(["events_hourly", "stage_b"], "stages_match")
+    assert sorted(checks) == sorted(hours) and all(e["evaluation"]["success"] for e in checks.values())

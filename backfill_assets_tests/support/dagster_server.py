@@ -155,8 +155,9 @@ def wait_http(url: str, procs: list[subprocess.Popen], timeout: float = 180) -> 
 @contextlib.contextmanager
 def dagster_deployment(admin_url: str, data_url: str, tmp_path: Path, spec: dict,
                        instance_settings: dict | None = None,
-                       stopped_sensors: tuple[str, ...] = ()) -> Iterator[tuple[GraphQL, int]]:
-    """dagster-webserver and dagster-daemon on 127.0.0.1 for one spec, with the instance of
+                       stopped_sensors: tuple[str, ...] = (), also: tuple[dict, ...] = ()) -> Iterator[tuple[GraphQL, int]]:
+    """dagster-webserver and dagster-daemon on 127.0.0.1 for one spec (and the specs ``also``
+    names, in the same code location), with the instance of
     ``deploy/dagster.yaml`` (plus ``instance_settings``) in a fresh dagster-postgres database;
     yields the GraphQL client and the port. Both processes' logs are printed on failure.
 
@@ -176,10 +177,13 @@ def dagster_deployment(admin_url: str, data_url: str, tmp_path: Path, spec: dict
     # The queue is checked each second rather than each 5 s (the daemon's tick, SHORT_TICK_DAEMON).
     settings = {**settings, "run_queue": {"dequeue_interval_seconds": 1}, **(instance_settings or {})}
     (home / "dagster.yaml").write_text(yaml.safe_dump(settings), encoding="utf-8")
-    spec_file = tmp_path / f"{spec['name']}.yaml"
-    spec_file.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    spec_files = []
+    for each in (spec, *also):
+        spec_files.append(tmp_path / f"{each['name']}.yaml")
+        spec_files[-1].write_text(yaml.safe_dump(each), encoding="utf-8")
     env = {
-        **os.environ, "DAGSTER_HOME": str(home), URL_ENV: data_url, "BACKFILL_SPECS": str(spec_file),
+        **os.environ, "DAGSTER_HOME": str(home), URL_ENV: data_url,
+        "BACKFILL_SPECS": os.pathsep.join(map(str, spec_files)),
         "DAGSTER_PG_URL": urlunsplit(urlsplit(admin_url)._replace(path="/" + instance_db)),
     }
     port = free_port()

@@ -32,9 +32,11 @@ SETTING_VALUES = {"database": "stages.duckdb", "memory_limit": "1GB", "threads":
 
 
 def sample_mapping(engine: str, source: str, target: str, **changes: object) -> dict[str, object]:
-    """The demo spec on ``engine``, reading the sample ``source`` into the sample ``target``."""
+    """The demo spec on ``engine``, reading the sample ``source`` into the sample ``target``
+    (with time windows, its Dagster partitions are those windows)."""
+    windows = {"partitions": {"type": "window", "start": "2024-01-01"}} if changes.get("partition_window") else {}
     return {**DEMO_SPEC, "records_can_move": False, "engine": {"type": engine}, "source": SOURCES[source],
-            "target": TARGETS[target], **changes}
+            "target": TARGETS[target], **windows, **changes}
 
 
 def refused_with(data: dict[str, object]) -> str | None:

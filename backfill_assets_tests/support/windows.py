@@ -1,0 +1,64 @@
+"""A table of events for the time-window tests: its rows over the night New York's clocks fall
+back (2024-11-03: 01:00-02:00 happens twice, so the day has 25 hours), the tables they are
+loaded into, and the spec that windows them by the hour."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import psycopg
+from psycopg import sql
+
+from backfill_assets.core.windows import UTC
+from backfill_assets_tests.support.specs import URL_ENV
+
+EVENT_COLUMNS = ["created_at", "event_id", "updated_at", "seq", "amount", "note"]
+# The hours of New York, as the Dagster code location partitions them (a week of November 2024).
+EVENTS_SPEC: dict[str, object] = {
+    "name": "events_hourly", "database_url_env": URL_ENV,
+    "source": {"table": "public.events_raw", "snapshot": "copy"},
+    "target": {"table": "public.events_hourly"},
+    "partition_key": "created_at",
+    "partition_window": {"every": "hour", "time_zone": "America/New_York"},
+    "business_key": ["event_id"],
+    "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
+    "columns": EVENT_COLUMNS, "total": "amount", "transform_version": "v1",
+    "partitions": {"type": "window", "start": "2024-11-01", "end": "2024-11-08"},
+}
+
+
+def utc(*parts: int) -> dt.datetime:
+    return dt.datetime(*parts, tzinfo=UTC)
+
+
+FALL = [
+    # event_id, created_at (UTC), updated_at, seq, amount, note
+    (1, utc(2024, 11, 3, 4, 0), utc(2024, 11, 4), 1, "1.00", "midnight EDT, on the boundary"),
+    (1, utc(2024, 11, 3, 4, 30), utc(2024, 11, 4), 2, "2.00", "same window, a later seq wins"),
+    (2, utc(2024, 11, 3, 5, 0), utc(2024, 11, 4), 1, "3.00", "01:00 EDT, first of the repeated hour"),
+    (2, utc(2024, 11, 3, 6, 0), utc(2024, 11, 4), 1, "4.00", "01:00 EST: the second, its own window"),
+    (3, utc(2024, 11, 3, 5, 59, 59, 999999), utc(2024, 11, 5), 1, "5.00", "last microsecond of 01:00 EDT"),
+    (3, utc(2024, 11, 3, 5, 59), utc(2024, 11, 4), 9, "6.00", "older version, same window"),
+    (4, utc(2024, 11, 3, 7, 0), utc(2024, 11, 4), 1, "7.00", None),
+    (5, utc(2024, 11, 4, 4, 59, 59), utc(2024, 11, 4), 1, "8.00", "ünïcödé\ttab\nnewline \x01 " + "long " * 400),
+    (6, utc(2024, 11, 4, 5, 0), utc(2024, 11, 4), 1, "9.00", "the next day: outside the plan"),
+    (7, utc(2024, 11, 3, 3, 59, 59), utc(2024, 11, 4), 1, "10.00", "the day before: outside the plan"),
+    (None, utc(2024, 11, 3, 7, 30), utc(2024, 11, 4), 1, "11.00", "NULL key: dropped"),
+]
+
+_CREATE = sql.SQL("CREATE TABLE {} (created_at {}, event_id bigint, updated_at timestamptz, seq int, "
+                  "amount numeric(12,2), note text)")
+_INSERT = sql.SQL("INSERT INTO public.events_raw (event_id, created_at, updated_at, seq, amount, note) "
+                  "VALUES (%s, %s, %s, %s, %s, %s)")
+
+
+def create_events(conn: psycopg.Connection, rows: list[tuple], ts_type: str = "timestamptz") -> None:
+    """``public.events_raw`` holding ``rows`` (an index on created_at) and an empty
+    ``public.events_hourly`` with UNIQUE (created_at, event_id); ``ts_type``: the type of both
+    tables' created_at."""
+    for name in ("events_raw", "events_hourly"):
+        conn.execute(_CREATE.format(sql.Identifier("public", name), sql.SQL(ts_type)))  # type: ignore[arg-type]
+    conn.execute(sql.SQL("CREATE INDEX ON public.events_raw (created_at)"))
+    conn.execute(sql.SQL("ALTER TABLE public.events_hourly ADD UNIQUE (created_at, event_id)"))
+    with conn.cursor() as cur:
+        cur.executemany(_INSERT, rows)

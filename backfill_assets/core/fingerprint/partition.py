@@ -148,11 +148,13 @@ def written_partitions(
     business_key: Sequence[str], total: str | None, partitions: Sequence[object], *, utf8: bool,
     inserts: bool = True,
 ) -> list[Fingerprint]:
-    """:func:`written` for an INSERT (or a SELECT) of several partitions: the readings of each
-    of ``partitions``, in that order, from the rows the statement wrote (or selected)."""
+    """:func:`written` for an INSERT (or a SELECT) of several partitions (``%(batch)s``): the
+    readings of each of ``partitions``, in that order, from the rows the statement wrote (or
+    selected)."""
+    by = sqlbuild.as_by(partition_key)
     query, params = sqlbuild.written_readings(insert, [c.name for c in columns], fields(columns), business_key,
-                                              total, utf8=utf8, group_by=sqlbuild.as_by(partition_key).key("t", "batch"),
-                                              inserts=inserts)
+                                              total, utf8=utf8, group_by=by.key("t", "batch"),
+                                              group_name=lambda key: by.name(key, "batch"), inserts=inserts)
     found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
     return [_fingerprint(columns, found[p], 0, total) if p in found else empty(columns, total) for p in partitions]
 
@@ -178,7 +180,7 @@ def partitions_digest(
     order, from one aggregate over all of them."""
     by = sqlbuild.as_by(partition_key)
     query, params = sqlbuild.digest(sqlbuild.table(rel), fields(columns), by.among("t"), by.bind(partitions),
-                                    utf8=utf8, group_by=by.key("t"))
+                                    utf8=utf8, group_by=by.key("t"), group_name=by.name)
     with one_transaction(conn), parallel_plan(conn, _rows(conn, rel, by, partitions)):
         found = {row[0]: row[1:] for row in conn.execute(query, params).fetchall()}
     empty = (0, 0, None, *([0] * rows.SLICES))
@@ -189,5 +191,5 @@ def _rows(conn: psycopg.Connection, rel: TableRef, by: sqlbuild.PartitionBy, par
     """How many rows the partitions hold: a count costs a small part of the digest (a pass
     without hashing, through the partition key's index where there is one), and decides
     whether it is planned in parallel (:func:`parallel_plan`)."""
-    query, params = sqlbuild.partition_counts(rel, by, list(partitions))
-    return sum(int(n) for _, n in conn.execute(query, params).fetchall())
+    row = conn.execute(*sqlbuild.rows_in(rel, by, list(partitions))).fetchone()
+    return int(row[0]) if row else 0

@@ -36,7 +36,12 @@ PINNED_SETTINGS: tuple[tuple[str, str], ...] = (
 # Not a digest's dependency but its cost: JIT compiles each statement's expressions anew, and
 # for one partition's digest (a SHA-256 per row) compiling costs more than it saves
 # (BENCHMARKS.md, "Format 3").
-SESSION_SETTINGS = (*PINNED_SETTINGS, ("jit", "off"))
+# Nor is plan_cache_mode: a statement psycopg prepares (from its fifth run on) keeps the generic
+# plan the server made then, and one made while a target was small (empty at the start of an
+# apply) scans the whole table however large the apply makes it: each partition's reading then
+# read every row written before it (8,760 hour windows: 62M rows read in 5 s, quadratic). A
+# custom plan per execution reads each partition through its index, at the cost of planning it.
+SESSION_SETTINGS = (*PINNED_SETTINGS, ("jit", "off"), ("plan_cache_mode", "force_custom_plan"))
 
 _PIN_SESSION = sql.SQL("SELECT {}").format(sql.SQL(", ").join(
     sql.SQL("set_config({}, {}, false)").format(sql.Placeholder(f"name{i}"), sql.Placeholder(f"value{i}"))

@@ -103,7 +103,8 @@ def test_readings_and_ties_run_on_the_database(conn):
 
 def test_a_window_is_a_range_of_its_column_and_a_bucket_names_each_row(conn):
     """A window's rows are ``>= start AND < end`` of the column itself (an index serves it); the
-    row's window is ``width_bucket`` over the bound windows, a gap between them naming none."""
+    row's window is its bucket, ``width_bucket`` over the bound windows (grouped by as a number,
+    named by the labels), a gap between them naming none."""
     from backfill_assets.core.windows import Windowing, zone
 
     windowing = Windowing("day", zone("America/New_York"), "timestamptz")
@@ -113,7 +114,8 @@ def test_a_window_is_a_range_of_its_column_and_a_bucket_names_each_row(conn):
         'SELECT (%(partitions__labels)s::text[])[width_bucket("s"."at", %(partitions__bounds)s::timestamptz[])], '
         'count(*) FROM "public"."orders_raw" AS s WHERE (("s"."at" >= %(partitions__lo)s::timestamptz AND "s"."at" < '
         '%(partitions__hi)s::timestamptz) AND (%(partitions__labels)s::text[])[width_bucket("s"."at", '
-        '%(partitions__bounds)s::timestamptz[])] IS NOT NULL) GROUP BY 1'
+        '%(partitions__bounds)s::timestamptz[])] IS NOT NULL) GROUP BY width_bucket("s"."at", '
+        '%(partitions__bounds)s::timestamptz[])'
     )
     utc = dt.timezone.utc
     assert params["partitions__bounds"] == [dt.datetime(2024, 3, 10, 5, tzinfo=utc), dt.datetime(2024, 3, 11, 4, tzinfo=utc),

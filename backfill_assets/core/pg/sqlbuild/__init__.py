@@ -82,6 +82,7 @@ from backfill_assets.core.pg.sqlbuild.readings import (
     partition_counts,
     partition_readings,
     row_text,
+    rows_in,
     written_readings,
 )
 from backfill_assets.core.pg.sqlbuild.replace import (
@@ -108,7 +109,7 @@ __all__ = [
     "has_unique_index", "in_partition", "input_relation", "input_report", "insert_from_stage",
     "key_evidence", "key_homes", "key_splits", "lock_against_writers", "lock_for_replace", "lock_for_snapshot",
     "ordering_null_counts", "ordering_ties", "outside_scope", "partition_counts",
-    "partition_readings", "partition_seal_check", "read_settings", "rename_table", "rows_outside_partitions",
+    "partition_readings", "partition_seal_check", "rows_in", "read_settings", "rename_table", "rows_outside_partitions",
     "scope_keys", "table",
     "partition_signals", "statistics_state", "table_counters", "window_signals",
 ]

@@ -39,7 +39,7 @@ _TIED_GROUP = sql.SQL(
 )
 
 _INPUT_REPORT = sql.SQL(
-    "SELECT {i_pk}, count(*), count(*) FILTER (WHERE {i_key_null}) "
+    "SELECT {i_name}, count(*), count(*) FILTER (WHERE {i_key_null}) "
     "FROM ({input}) AS i GROUP BY {i_pk}"
 )
 
@@ -99,7 +99,7 @@ def ordering_ties(
         for n, c in enumerate(other_columns)
     )
     g_key_text = sql.SQL(", ").join(
-        [sql.SQL("{}::text").format(col("g", PARTITION_COLUMN)) if by is not None else sql.SQL("NULL::text")]
+        [sql.SQL("{}::text").format(by.name(col("g", PARTITION_COLUMN))) if by is not None else sql.SQL("NULL::text")]
         + [sql.SQL("{}::text").format(col("g", c)) for c in business_key]
     )
     read = list(dict.fromkeys([*key_ord, *other_columns]))
@@ -122,7 +122,7 @@ def input_report(
     """Per partition of the input: rows read and rows with a NULL business key."""
     by = as_by(by)
     return _INPUT_REPORT.format(
-        i_pk=by.key("i"), i_key_null=key_is_null("i", business_key),
+        i_pk=by.key("i"), i_name=by.name(by.key("i")), i_key_null=key_is_null("i", business_key),
         input=input_rel,
     ), dict(params)
 

@@ -71,8 +71,8 @@ _PARTITION_SEAL_CHECK = sql.SQL(
 
 
 _BATCH_SEAL_CHECK = sql.SQL(
-    "SELECT {pk}, count(*), count(*) FILTER (WHERE t.xmin IS DISTINCT FROM %(writer)s::xid) "
-    "FROM {rel} AS t WHERE {among} GROUP BY 1"
+    "SELECT {name}, count(*), count(*) FILTER (WHERE t.xmin IS DISTINCT FROM %(writer)s::xid) "
+    "FROM {rel} AS t WHERE {among} GROUP BY {pk}"
 )
 
 
@@ -80,7 +80,8 @@ def batch_seal_check(rel: TableRef, by: PartitionBy | str, batch: Sequence[objec
     """Per partition of ``batch`` with rows: (partition, rows, rows another transaction than
     ``writer`` wrote; with no writer, every row), in one pass without a sort or a hash."""
     by = as_by(by)
-    return _BATCH_SEAL_CHECK.format(rel=table(rel), pk=by.key("t", "batch"), among=by.among("t", "batch")), {
+    key = by.key("t", "batch")
+    return _BATCH_SEAL_CHECK.format(rel=table(rel), pk=key, name=by.name(key, "batch"), among=by.among("t", "batch")), {
         **by.bind(batch, "batch"), "writer": writer,
     }
 

@@ -114,8 +114,8 @@ _SIDE_OF_PARTITIONS = sql.SQL(
     "FROM {rel} AS t WHERE {among}"
 )
 _DIFF_COUNTS = sql.SQL(
-    "SELECT coalesce(a.__pk, b.__pk), {kind} AS __kind, count(*) FROM ({left}) AS a FULL JOIN ({right}) AS b "
-    "ON a.__pk = b.__pk AND {on} GROUP BY 1, 2"
+    "SELECT {name}, {kind} AS __kind, count(*) FROM ({left}) AS a FULL JOIN ({right}) AS b "
+    "ON a.__pk = b.__pk AND {on} GROUP BY coalesce(a.__pk, b.__pk), 2"
 )
 
 
@@ -131,7 +131,7 @@ def partitions_diff_counts(left: TableRef, right: TableRef, by: PartitionBy | st
                                           texts=_texts(columns), rel=table(rel))
 
     return _DIFF_COUNTS.format(
-        kind=_KIND, left=side(left), right=side(right),
+        kind=_KIND, left=side(left), right=side(right), name=by.name(sql.SQL("coalesce(a.__pk, b.__pk)")),
         on=sql.SQL(" AND ").join(_EQUAL.format(col("a", k), col("b", k)) for k in business_key),
     ), by.bind(partitions)
 

@@ -2,12 +2,13 @@
 a time window of it (:class:`WindowsBy`, core.windows).
 
 Every statement that reads some partitions asks the spec's :class:`PartitionBy` for the
-predicate that keeps their rows (``among``, ``at``), the expression that names a row's
-partition (``key``: the value itself, or the window's label) and the parameters those need
-(``bind``, ``bind_one``), so that it is written once for both kinds. A window's rows are a
-range of the column (``>= start AND < end``), which its index serves; the label of each row
-comes from ``width_bucket`` over the windows' bounds, bound as parameters, so the calendar
-is core.windows' alone, never the server's time zone data.
+predicate that keeps their rows (``among``, ``at``), the expression that tells a row's
+partition apart (``key``: the value itself, or the number of the window's bucket, cheap to
+group and sort by), the partition's name for a grouped key (``name``: the value, or the
+window's label) and the parameters those need (``bind``, ``bind_one``), so that it is written
+once for both kinds. A window's rows are a range of the column (``>= start AND < end``), which
+its index serves; the bucket of each row comes from ``width_bucket`` over the windows' bounds,
+bound as parameters, so the calendar is core.windows' alone, never the server's time zone data.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ class PartitionBy(Protocol):
     column: str
 
     def key(self, alias: str | None, param: str = "partitions") -> sql.Composable:
-        """The partition of a row among ``%(param)s`` (a row ``among`` keeps)."""
+        """What tells the partition of a row among ``%(param)s`` apart (a row ``among`` keeps):
+        group, sort and join by it."""
+        ...
+
+    def name(self, key: sql.Composable, param: str = "partitions") -> sql.Composable:
+        """The partition's value or label, from its ``key`` (grouped by, or carried as a column)."""
         ...
 
     def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
@@ -63,6 +69,9 @@ class ValuesBy:
     def key(self, alias: str | None, param: str = "partitions") -> sql.Composable:
         return _column(alias, self.column)
 
+    def name(self, key: sql.Composable, param: str = "partitions") -> sql.Composable:
+        return key
+
     def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
         return sql.SQL("{} = ANY({})").format(_column(alias, self.column), sql.Placeholder(param))
 
@@ -78,7 +87,8 @@ class ValuesBy:
 
 _TYPES = {"timestamptz": sql.SQL("timestamptz"), "timestamp": sql.SQL("timestamp"), "date": sql.SQL("date")}
 _RANGE = sql.SQL("({c} >= {lo}::{t} AND {c} < {hi}::{t})")
-_BUCKET = sql.SQL("({labels}::text[])[width_bucket({c}, {bounds}::{t}[])]")
+_BUCKET = sql.SQL("width_bucket({c}, {bounds}::{t}[])")
+_LABEL = sql.SQL("({labels}::text[])[{key}]")
 
 
 @dataclass(frozen=True)
@@ -96,12 +106,16 @@ class WindowsBy:
                              t=_TYPES[self.windowing.column_kind])
 
     def key(self, alias: str | None, param: str = "partitions") -> sql.Composable:
-        return _BUCKET.format(labels=self._p(param, "labels"), c=_column(alias, self.column),
-                              bounds=self._p(param, "bounds"), t=_TYPES[self.windowing.column_kind])
+        return _BUCKET.format(c=_column(alias, self.column), bounds=self._p(param, "bounds"),
+                              t=_TYPES[self.windowing.column_kind])
+
+    def name(self, key: sql.Composable, param: str = "partitions") -> sql.Composable:
+        return _LABEL.format(labels=self._p(param, "labels"), key=key)
 
     def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
         # The range first, which an index serves; the bucket drops rows in a gap between windows.
-        return sql.SQL("({} AND {} IS NOT NULL)").format(self._range(alias, param), self.key(alias, param))
+        return sql.SQL("({} AND {} IS NOT NULL)").format(self._range(alias, param),
+                                                         self.name(self.key(alias, param), param))
 
     def at(self, alias: str | None, param: str = "partition") -> sql.Composable:
         return self._range(alias, param)

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -82,11 +82,13 @@ _BITS, _PIN = "__backfill_bits", "__backfill_pin"
 
 def digest(
     rel: sql.Composable, fields: Sequence[tuple[str, str, str]], where: sql.Composable, params: Mapping[str, Any],
-    *, utf8: bool, group_by: sql.Composable | None = None, business_key: Sequence[str] = (), total: str | None = None,
+    *, utf8: bool, group_by: sql.Composable | None = None, group_name: Callable[[sql.Composable], sql.Composable] | None = None,
+    business_key: Sequence[str] = (), total: str | None = None,
 ) -> Query:
     """Row count, NULL-key count, exact total and the digest's slice sums of the rows of
     ``rel`` (aliased ``t``) matching ``where``, per ``group_by`` value when given (first
-    column; an expression over ``t``): one parallel aggregate that sends nothing per row.
+    column; an expression over ``t``, named in the result by ``group_name`` of it): one parallel
+    aggregate that sends nothing per row.
 
     The row hash is computed in a subquery that also selects a volatile, parallel-safe value
     (``clock_timestamp()``): otherwise the planner inlines the subquery into each slice's
@@ -97,7 +99,8 @@ def digest(
     part = sql.Identifier(PARTITION_COLUMN)
     b = col("h", _BITS)
     query = _DIGEST.format(
-        group_out=sql.SQL("{}, ").format(col("h", PARTITION_COLUMN)) if group_by is not None else sql.SQL(""),
+        group_out=sql.SQL("{}, ").format((group_name or (lambda k: k))(col("h", PARTITION_COLUMN)))
+        if group_by is not None else sql.SQL(""),
         null_keys=sql.SQL("count(*) FILTER (WHERE {})").format(key_is_null("h", business_key)) if business_key else _NO_KEY,
         total=_TOTAL.format(col("h", total)) if total else _NO_TOTAL,
         slices=sql.SQL(", ").join(_SLICE.format(b=b, shift=sql.Literal(60 * i)) for i in range(SLICES)),
@@ -119,7 +122,7 @@ def partition_readings(
     total text, slice sums...)."""
     by = as_by(by)
     return digest(table(rel), fields, by.among("t"), by.bind(partitions), utf8=utf8,
-                  group_by=by.key("t"), business_key=business_key, total=total)
+                  group_by=by.key("t"), group_name=by.name, business_key=business_key, total=total)
 
 
 _WRITTEN = sql.SQL("WITH {w} AS ({insert} RETURNING {returned}) {readings}")
@@ -129,7 +132,8 @@ _WRITTEN_REL = sql.Identifier("__backfill_written")
 
 def written_readings(
     insert: Query, columns: Sequence[str], fields: Sequence[tuple[str, str, str]], business_key: Sequence[str],
-    total: str | None, *, utf8: bool, group_by: sql.Composable | None = None, inserts: bool = True,
+    total: str | None, *, utf8: bool, group_by: sql.Composable | None = None,
+    group_name: Callable[[sql.Composable], sql.Composable] | None = None, inserts: bool = True,
 ) -> Query:
     """``insert`` (an INSERT of ``columns``) with the readings and digest of the rows it wrote,
     in the same statement: (row count, NULL-key count, total text, slice sums...), per
@@ -138,7 +142,7 @@ def written_readings(
     ``columns``, and the readings are those of the rows it selects."""
     query, params = insert
     readings, _ = digest(_WRITTEN_REL, fields, sql.SQL("true"), {}, utf8=utf8, business_key=business_key, total=total,
-                         group_by=group_by)
+                         group_by=group_by, group_name=group_name)
     if not inserts:
         return _SELECTED.format(w=_WRITTEN_REL, select=query, readings=readings), params
     return _WRITTEN.format(w=_WRITTEN_REL, insert=query, returned=sql.SQL(", ").join(map(sql.Identifier, columns)),
@@ -146,7 +150,7 @@ def written_readings(
 
 
 _DUPLICATES = sql.SQL(
-    "SELECT g.pk, sum(g.n - 1) FROM (SELECT {d_pk} AS pk, count(*) AS n FROM {rel} AS d "
+    "SELECT {g_name}, sum(g.n - 1) FROM (SELECT {d_pk} AS pk, count(*) AS n FROM {rel} AS d "
     "WHERE {d_among} AND {d_key_not_null} GROUP BY 1, {d_key} HAVING count(*) > 1) AS g "
     "GROUP BY g.pk"
 )
@@ -156,15 +160,26 @@ def duplicate_keys(rel: TableRef, by: PartitionBy | str, business_key: Sequence[
     """(partition, rows beyond the first per non-NULL business key) of the partitions that have any."""
     by = as_by(by)
     return _DUPLICATES.format(
-        d_pk=by.key("d"), d_among=by.among("d"), rel=table(rel), d_key_not_null=key_not_null("d", business_key),
+        d_pk=by.key("d"), g_name=by.name(sql.SQL("g.pk")), d_among=by.among("d"), rel=table(rel),
+        d_key_not_null=key_not_null("d", business_key),
         d_key=cols("d", business_key),
     ), by.bind(partitions)
 
 
-_PARTITION_COUNTS = sql.SQL("SELECT {pk}, count(*) FROM {rel} AS s WHERE {among} GROUP BY 1")
+_ROWS_IN = sql.SQL("SELECT count(*) FROM {rel} AS s WHERE {among}")
+
+
+def rows_in(rel: TableRef, by: PartitionBy | str, partitions: Sequence[object]) -> Query:
+    """How many rows of ``rel`` the partitions hold together."""
+    by = as_by(by)
+    return _ROWS_IN.format(rel=table(rel), among=by.among("s")), by.bind(partitions)
+
+
+_PARTITION_COUNTS = sql.SQL("SELECT {name}, count(*) FROM {rel} AS s WHERE {among} GROUP BY {pk}")
 
 
 def partition_counts(rel: TableRef, by: PartitionBy | str, partitions: Sequence[object]) -> Query:
     """Row count per partition of ``rel`` among ``partitions`` (absent partitions: no row)."""
     by = as_by(by)
-    return _PARTITION_COUNTS.format(pk=by.key("s"), among=by.among("s"), rel=table(rel)), by.bind(partitions)
+    key = by.key("s")
+    return _PARTITION_COUNTS.format(name=by.name(key), pk=key, among=by.among("s"), rel=table(rel)), by.bind(partitions)

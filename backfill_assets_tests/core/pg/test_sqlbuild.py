@@ -113,14 +113,15 @@ def test_a_window_is_a_range_of_its_column_and_a_bucket_names_each_row(conn):
     assert query.as_string(conn) == (
         'SELECT (%(partitions__labels)s::text[])[width_bucket("s"."at", %(partitions__bounds)s::timestamptz[])], '
         'count(*) FROM "public"."orders_raw" AS s WHERE (("s"."at" >= %(partitions__lo)s::timestamptz AND "s"."at" < '
-        '%(partitions__hi)s::timestamptz) AND (%(partitions__labels)s::text[])[width_bucket("s"."at", '
-        '%(partitions__bounds)s::timestamptz[])] IS NOT NULL) GROUP BY width_bucket("s"."at", '
+        '%(partitions__hi)s::timestamptz) AND (%(partitions__gapless)s::boolean OR (%(partitions__labels)s::text[])'
+        '[width_bucket("s"."at", %(partitions__bounds)s::timestamptz[])] IS NOT NULL)) GROUP BY width_bucket("s"."at", '
         '%(partitions__bounds)s::timestamptz[])'
     )
     utc = dt.timezone.utc
     assert params["partitions__bounds"] == [dt.datetime(2024, 3, 10, 5, tzinfo=utc), dt.datetime(2024, 3, 11, 4, tzinfo=utc),
                                             dt.datetime(2024, 3, 12, 4, tzinfo=utc), dt.datetime(2024, 3, 13, 4, tzinfo=utc)]
     assert params["partitions__labels"] == ["2024-03-10", None, "2024-03-12", None]
+    assert params["partitions__gapless"] is False  # the bucket is looked up: 11 March is not asked for
     conn.execute("CREATE TABLE public.orders_raw (at timestamptz)")
     conn.execute("INSERT INTO public.orders_raw VALUES ('2024-03-10 04:59:59.999999+00'), ('2024-03-10 05:00+00'), "
                  "('2024-03-11 04:00+00'), ('2024-03-12 04:00+00'), ('2024-03-13 03:59:59+00'), ('2024-03-13 04:00+00')")

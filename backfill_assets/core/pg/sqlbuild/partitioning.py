@@ -113,9 +113,10 @@ class WindowsBy:
         return _LABEL.format(labels=self._p(param, "labels"), key=key)
 
     def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
-        # The range first, which an index serves; the bucket drops rows in a gap between windows.
-        return sql.SQL("({} AND {} IS NOT NULL)").format(self._range(alias, param),
-                                                         self.name(self.key(alias, param), param))
+        # The range first, which an index serves; the bucket drops rows in a gap between windows,
+        # and is not looked up at all for windows without gaps (a custom plan folds the flag).
+        return sql.SQL("({} AND ({}::boolean OR {} IS NOT NULL))").format(
+            self._range(alias, param), self._p(param, "gapless"), self.name(self.key(alias, param), param))
 
     def at(self, alias: str | None, param: str = "partition") -> sql.Composable:
         return self._range(alias, param)
@@ -125,10 +126,10 @@ class WindowsBy:
         if not labels:  # nothing: an empty range, and one bucket that names no window
             least = self.windowing.bound(dt.datetime(1, 1, 2, tzinfo=dt.timezone.utc))
             return {param: [], f"{param}__lo": least, f"{param}__hi": least, f"{param}__labels": [None],
-                    f"{param}__bounds": [least]}
+                    f"{param}__bounds": [least], f"{param}__gapless": True}
         bounds, names = self.windowing.buckets(labels)
         return {param: labels, f"{param}__lo": bounds[0], f"{param}__hi": bounds[-1],
-                f"{param}__labels": names, f"{param}__bounds": bounds}
+                f"{param}__labels": names, f"{param}__bounds": bounds, f"{param}__gapless": None not in names[:-1]}
 
     def bind_one(self, partition: object, param: str = "partition") -> dict[str, Any]:
         window = self.windowing.window(str(partition))

@@ -358,12 +358,14 @@ GROUPS = {
              "and the raw read",
     "pgdefault": "3 and 7a-c again on the machine's own PostgreSQL (Debian's), started by the benchmark with "
                  "initdb's defaults",
+    "windows": "16: a year of hourly time windows (8,760) through the CLI vs the naive per-window DELETE+INSERT, "
+               "the fixed cost per window; the same rows by New York's days as windows and as a date column's values",
 }
 _NEED_FIG3 = {"fp", "dagster", "scaling"}
 # Rows and notes are written in this order, whatever order the figures ran in.
 FIGURES = ("1", "2", "3", "4", "5", "6", "4b", "7a", "7b", "7c", "7c+batch", "8", "8b", "9", "15a", "15b", "10a", "10b",
-           "11", "12", "13a", "13b", "14")
-SECTIONS = ("fp", "fig3", "shapes", "big", "sensor", "lake", "diff", "duckdb", "spark")
+           "11", "12", "13a", "13b", "14", "16a", "16b")
+SECTIONS = ("fp", "fig3", "shapes", "big", "sensor", "lake", "diff", "duckdb", "spark", "windows")
 
 
 @dataclass
@@ -829,7 +831,7 @@ def main() -> int:
                  ("memory", figure_5), ("scaling", figure_6), ("big", figure_big), ("year", figure_4b),
                  ("sensor", figure_sensor_alone), ("lake", figure_lake), ("lake", figure_lake_fingerprint),
                  ("diff", figure_diff), ("duckdb", figure_duckdb), ("spark", figure_spark),
-                 ("pgdefault", figures_default_server)]
+                 ("windows", figure_windows), ("pgdefault", figures_default_server)]
         for group, figure in steps:
             if group in only:
                 t, _ = timed(lambda: figure(b, report))
@@ -840,6 +842,68 @@ def main() -> int:
         return 0
     write_report(Path(args.out or "BENCHMARKS.md"), args, only, report, elapsed)
     return 0
+
+
+def figure_windows(b: Bench, report: Report) -> None:
+    """Figure 16: time windows. 16a: New York's 8,760 hours of 2023 as hour windows of a
+    timestamptz column, plan, approve and apply as processes, against the naive way per window
+    (DELETE and INSERT ... DISTINCT ON of the window's range, one transaction each); the fixed
+    cost per window from the slope between a quarter of them and all. 16b: the same rows by New
+    York's days, as 365 day windows of the column and as the 365 values of a date column holding
+    each row's day: a window must cost no more than a value partition."""
+    hours = shapes.hourly()
+    quarter = hours.days // 4
+    with b.factory() as conn:
+        t_load, rows = timed(lambda: shapes.load(conn, hours))
+        print(f"generated {rows} source rows over {hours.days} hours in {t_load:.1f} s", flush=True)
+
+        def naive(n: int | None) -> Callable[[], float]:
+            def run() -> float:
+                shapes.reset(conn, hours)
+                return shapes.naive_window_backfill(conn, hours, n)
+            return run
+
+        def ours(n: int | None) -> Callable[[], tuple[float, shapes.CliRun]]:
+            def run() -> tuple[float, shapes.CliRun]:
+                shapes.reset(conn, hours)
+                done = shapes.run_cli(hours, b.url.reveal(), b.folder, n)
+                return done.seconds, done
+            return run
+
+        few = pairs.alternated(b.args.pairs, naive(quarter), ours(quarter))
+        paired = pairs.alternated(b.args.pairs, naive(None), ours(None))
+        written = int(conn.execute(sql.SQL("SELECT count(*) FROM bench_hourly.tgt")).fetchone()[0])
+    run = paired.detail
+    slope, naive_slope, per_step = _fixed_cost(run, few.detail, paired.naive, few.naive, hours.days - quarter)
+    report.row("16a. CLI backfill vs naive: a year of hour windows (8,760 x ~40 rows)", run.seconds, paired.naive,
+               "s", "-", paired.ratio, None)
+    report.note("windows", "Time windows (figure 16; benchmarks/shapes.py `hourly`, New York's hours of 2023, 40 "
+                "source rows and 36 target rows an hour, an index on the column; each run from empty targets and no "
+                "control schema, after a CHECKPOINT):",
+                f"   - 16a. {hours.days} hour windows, {rows} source rows, {written} written: ours {run.seconds:.2f} s "
+                f"({run.shares()}; the {paired.spread()}), naive per-window DELETE+INSERT {paired.naive:.2f} s; "
+                f"peak RSS {run.peak_mib:.0f} MiB. Fixed cost per window, the slope between {quarter} and {hours.days} "
+                f"windows: ours {1000 * slope:.1f} ms ({per_step}), naive {1000 * naive_slope:.1f} ms")
+
+    day_windows = shapes.hourly(spec=shapes.DAY_WINDOWS_SPEC, windows=365)
+    day_values = dataclasses.replace(shapes.hourly(spec=shapes.DAY_VALUES_SPEC, windows=365), key="dayval")
+    with b.factory() as conn:
+        def side(shape: shapes.Shape) -> Callable[[], tuple[float, shapes.CliRun]]:
+            def run() -> tuple[float, shapes.CliRun]:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(shape.control_schema)))
+                conn.execute(sql.SQL("TRUNCATE {}").format(shape.table(shape.spec["target"]["table"].split(".")[1])))
+                conn.execute(sql.SQL("CHECKPOINT"))
+                done = shapes.run_cli(shape, b.url.reveal(), b.folder)
+                return done.seconds, done
+            return run
+
+        values = side(day_values)
+        days = pairs.alternated(b.args.pairs, lambda: values()[0], side(day_windows))
+    report.row("16b. 365 day windows of a timestamptz vs 365 values of a date column (the same rows)", days.ours,
+               days.naive, "s", "<= 1.1x", days.ratio, days.ratio <= 1.1)
+    report.note("windows", f"   - 16b. the same rows by New York's days: as 365 day windows of `at` {days.ours:.2f} s "
+                f"({days.detail.shares()}), as the 365 values of a date column `d` holding each row's day "
+                f"{days.naive:.2f} s; {days.ratio:.2f}x ({days.spread()})")
 
 
 def figure_lake(b: Bench, report: Report) -> None:
@@ -1125,7 +1189,8 @@ def write_report(path: Path, args, only: set[str], report: Report, elapsed: floa
         f"Source: {args.rows} rows over {DAYS} daily partitions, about 20% duplicate keys, ties "
         "broken by the tiebreak, a few NULL keys, unicode and control characters. Figures 7 and 9 "
         "add two shapes (benchmarks/shapes.py): 650k wide rows over 6 days, half of them copies "
-        "or other versions, and 365 daily partitions of ~1k rows.", "",
+        "or other versions, and 365 daily partitions of ~1k rows; figure 16, New York's 8,760 hours of 2023 as "
+        "time windows of a time stamp.", "",
         "| figure | ours | reference | ratio | target | met? |", "|---|---:|---:|---:|---|---|",
     ]
     order = {key: n for n, key in enumerate(FIGURES)}

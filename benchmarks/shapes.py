@@ -41,13 +41,15 @@ import psycopg
 import yaml
 from psycopg import sql
 
+from backfill_assets.core.windows import Window, window_at, zone
+
 DAY0 = dt.date(2024, 1, 1)
 URL_ENV = "BENCH_URL"
 
 
-def day_list(n: int) -> list[dt.date]:
-    """``n`` daily partitions from 2024-01-01."""
-    return [DAY0 + dt.timedelta(days=i) for i in range(n)]
+def day_list(n: int, first: dt.date = DAY0) -> list[dt.date]:
+    """``n`` daily partitions from ``first`` (2024-01-01)."""
+    return [first + dt.timedelta(days=i) for i in range(n)]
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ class Shape:
     ddl: tuple[sql.Composable, ...]
     generate: sql.Composable
     params: dict[str, Any]
-    days: int
+    days: int  # partitions: days, or windows for a shape with a partition_window
+    window_start: dt.datetime | None = None  # the first window's start (a shape of time windows)
+    first_day: dt.date = DAY0  # the first daily partition (a shape of dates)
 
     @property
     def schema(self) -> str:
@@ -80,12 +84,25 @@ class Shape:
 
     def days_list(self, n: int | None = None) -> list[dt.date]:
         """The first ``n`` partitions (default: all)."""
-        return day_list(self.days if n is None else n)
+        return day_list(self.days if n is None else n, self.first_day)
 
     def partitions_arg(self, n: int | None = None) -> str:
-        """The ``--partitions`` range of the first ``n`` days (default: all)."""
+        """The ``--partitions`` range of the first ``n`` days or windows (default: all)."""
+        if self.window_start is not None:
+            labels = [w.label for w in self.windows(n)]
+            return f"{labels[0]}..{labels[-1]}"
         days = self.days_list(n)
         return f"{days[0].isoformat()}..{days[-1].isoformat()}"
+
+    def windows(self, n: int | None = None) -> list[Window]:
+        """The first ``n`` windows of a shape of time windows (default: all)."""
+        window = self.spec["partition_window"]
+        tz = zone(window["time_zone"])
+        assert self.window_start is not None
+        found = [window_at(self.window_start, window["every"], tz)]
+        while len(found) < (self.days if n is None else n):
+            found.append(window_at(found[-1].end, window["every"], tz))
+        return found
 
 
 # --- the current shape (the benchmark's historic source) ------------------------------------
@@ -236,6 +253,67 @@ def small(days: int = 365) -> Shape:
                  _SMALL_GENERATE, {"days": days}, days)
 
 
+# --- time windows: New York's hours of 2023 -------------------------------------------------
+
+HOURLY_START = dt.datetime(2023, 1, 1, 5, tzinfo=dt.timezone.utc)  # midnight EST, 1 January 2023
+HOURLY_COLUMNS = ["at", "k", "updated_at", "seq", "amount", "note"]
+HOURLY_SPEC: dict[str, Any] = {
+    "name": "bench_hourly", "database_url_env": URL_ENV, "control_schema": "bench_hourly_control",
+    "source": {"table": "bench_hourly.src"}, "target": {"table": "bench_hourly.tgt"},
+    "partition_key": "at", "partition_window": {"every": "hour", "time_zone": "America/New_York"},
+    "business_key": ["k"],
+    "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
+    "columns": HOURLY_COLUMNS, "total": "amount", "transform_version": "bench-hourly-v1",
+}
+# The same rows by New York's days: windows of `at`, and the values of `d` (each row's day there).
+DAY_WINDOWS_SPEC: dict[str, Any] = {
+    **HOURLY_SPEC, "name": "bench_daywin", "control_schema": "bench_daywin_control",
+    "target": {"table": "bench_hourly.tgt_daywin"},
+    "partition_window": {"every": "day", "time_zone": "America/New_York"}, "transform_version": "bench-daywin-v1",
+}
+DAY_VALUES_SPEC: dict[str, Any] = {
+    **{k: v for k, v in HOURLY_SPEC.items() if k != "partition_window"}, "name": "bench_dayval",
+    "control_schema": "bench_dayval_control", "target": {"table": "bench_hourly.tgt_dayval"}, "partition_key": "d",
+    "columns": ["d", *HOURLY_COLUMNS], "transform_version": "bench-dayval-v1",
+}
+_HOURLY_DDL = (
+    sql.SQL("DROP SCHEMA IF EXISTS bench_hourly CASCADE"),
+    sql.SQL("CREATE SCHEMA bench_hourly"),
+    sql.SQL("CREATE TABLE bench_hourly.src (at timestamptz NOT NULL, d date NOT NULL, k bigint, "
+            "updated_at timestamptz NOT NULL, seq bigint NOT NULL, amount numeric(12,2), note text)"),
+    sql.SQL("CREATE INDEX ON bench_hourly.src (at)"),
+    sql.SQL("CREATE INDEX ON bench_hourly.src (d)"),
+    sql.SQL("CREATE TABLE bench_hourly.tgt (at timestamptz NOT NULL, k bigint NOT NULL, updated_at timestamptz, "
+            "seq bigint, amount numeric(12,2), note text, UNIQUE (at, k))"),
+    sql.SQL("CREATE TABLE bench_hourly.tgt_naive (LIKE bench_hourly.tgt INCLUDING ALL)"),
+    sql.SQL("CREATE TABLE bench_hourly.tgt_daywin (LIKE bench_hourly.tgt INCLUDING ALL)"),
+    sql.SQL("CREATE TABLE bench_hourly.tgt_dayval (d date NOT NULL, at timestamptz NOT NULL, k bigint NOT NULL, "
+            "updated_at timestamptz, seq bigint, amount numeric(12,2), note text, UNIQUE (d, k))"),
+)
+# Hour i has 40 rows: keys i * 1000 + 0..35, then 4 later versions (an hour newer, a higher seq)
+# of keys 0..3, each at a second of the hour; d is the row's day in New York.
+_HOURLY_GENERATE = sql.SQL(
+    "INSERT INTO bench_hourly.src (at, d, k, updated_at, seq, amount, note) "
+    "SELECT x.at, (x.at AT TIME ZONE 'America/New_York')::date, i * 1000::bigint + r %% 36, "
+    "x.at + CASE WHEN r >= 36 THEN interval '1 hour' ELSE interval '0' END, i * 100::bigint + r, "
+    "((i * 37 + r) %% 100000) / 100.0, 'note ' || r || CASE r %% 5 WHEN 0 THEN E'\\t☕' WHEN 1 THEN 'é' ELSE '' END "
+    "FROM generate_series(0, %(hours)s - 1) AS i, generate_series(0, 39) AS r, "
+    "LATERAL (SELECT %(start)s::timestamptz + make_interval(hours => i, secs => (r * 89) %% 3600) AS at) AS x"
+)
+
+
+def hourly(hours: int = 8760, spec: dict[str, Any] | None = None, windows: int | None = None) -> Shape:
+    """New York's hours of 2023 (8,760 of them, the spring's 23-hour day and the autumn's
+    25-hour one included), 40 source rows and 36 target rows each, as time windows of ``at``
+    (``spec``: another reading of the same rows, with ``windows`` partitions)."""
+    spec = HOURLY_SPEC if spec is None else spec
+    every = (spec.get("partition_window") or {}).get("every", "day")
+    n = hours if windows is None else windows
+    return Shape(spec["name"], f"{n} {every} partitions of New York's {hours} hours of 2023 (~{40 * hours // n} rows each)",
+                 spec, _HOURLY_DDL, _HOURLY_GENERATE, {"hours": hours, "start": HOURLY_START}, n,
+                 HOURLY_START if spec.get("partition_window") else None, dt.date(2023, 1, 1))
+
+
 # --- load, reset, the naive way ---------------------------------------------------------------
 
 _DROP_SCHEMA = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
@@ -327,6 +405,42 @@ def naive_backfill(conn: psycopg.Connection, shape: Shape, n_days: int | None = 
             conn.execute(delete, {"partition": day})
             conn.execute(insert, {"partition": day})
     return time.perf_counter() - start
+
+
+_NAIVE_WINDOW_DELETE = sql.SQL("DELETE FROM {target} WHERE {part} >= %(start)s AND {part} < %(end)s")
+
+
+def naive_window_backfill(conn: psycopg.Connection, shape: Shape, n: int | None = None) -> float:
+    """The naive way over the first ``n`` windows of a shape of time windows: per window, one
+    transaction of DELETE + INSERT ... SELECT DISTINCT ON (the business key) of the rows in
+    its range of the column. Seconds."""
+    spec = shape.spec
+    target = shape.table("tgt_naive")
+    part = sql.Identifier(spec["partition_key"])
+    insert = _NAIVE_WINDOW_INSERT.format(
+        target=target, columns=sql.SQL(", ").join(sql.Identifier(c) for c in spec["columns"]),
+        keys=sql.SQL(", ").join(sql.Identifier("s", k) for k in spec["business_key"]),
+        selected=sql.SQL(", ").join(sql.Identifier("s", c) for c in spec["columns"]),
+        source=sql.Identifier(*spec["source"]["table"].split(".")), part=part,
+        ordering=sql.SQL(", ").join(_ORDER_ITEM.format(sql.Identifier("s", o["column"]), _DIRECTION[o["direction"]],
+                                                       _NULLS[o.get("nulls")]) for o in spec["ordering"]),
+        keyed=sql.SQL(" AND ").join(_NOT_NULL.format(sql.Identifier("s", k)) for k in spec["business_key"]),
+    )
+    delete = _NAIVE_WINDOW_DELETE.format(target=target, part=part)
+    server_defaults(conn)
+    start = time.perf_counter()
+    for window in shape.windows(n):
+        bounds = {"start": window.start, "end": window.end}
+        with conn.transaction():
+            conn.execute(delete, bounds)
+            conn.execute(insert, bounds)
+    return time.perf_counter() - start
+
+
+_NAIVE_WINDOW_INSERT = sql.SQL(
+    "INSERT INTO {target} ({columns}) SELECT DISTINCT ON ({keys}) {selected} FROM {source} AS s "
+    "WHERE s.{part} >= %(start)s AND s.{part} < %(end)s AND {keyed} ORDER BY {keys}, {ordering}"
+)
 
 
 # --- the command line, as processes -------------------------------------------------------------

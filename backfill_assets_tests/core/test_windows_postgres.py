@@ -15,6 +15,7 @@ from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
 from backfill_assets.core.audit import audit_spec
 from backfill_assets.core.diff import diff_plan
+from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.watch import watch_tick
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.fingerprint import rows as fingerprint_rows
@@ -204,6 +205,10 @@ def test_diff_audit_and_profile_name_windows_by_their_labels(conn, factory, url_
     found = {p.partition: p.result for p in audit_spec(spec, factory, full=True).partitions}
     assert len(found) == 25 and found.pop("2024-11-03T02:00-0500") == "drifted"
     assert set(found.values()) == {"holds"}
+    # UNIQUE (created_at, event_id) lets a key in twice within a window: the readings count it.
+    conn.execute("INSERT INTO public.events_hourly VALUES ('2024-11-03 04:10+00', 1, now(), 1, 1, 'twice')")
+    ctx = resolve(conn, spec, ["2024-11-03T00:00-0400"])
+    assert ctx.readings(conn, TARGET, "2024-11-03T00:00-0400").duplicate_key_count == 1
 
     profile = profile_spec(spec, factory)
     # The first windows that hold rows, from the earliest row's (the day before's last hour) on.

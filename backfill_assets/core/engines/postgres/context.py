@@ -75,9 +75,18 @@ class PostgresContext(Context):
     def readings_of(self, conn: psycopg.Connection, rel: TableRef, partitions: Sequence[PartitionValue]) -> list[Fingerprint]:
         """The fingerprints of partitions of a stage or of the target, in that order, from one
         aggregate, in the caller's transaction. Both rule duplicates out (a stage's unique
-        index; the grain check every plan and apply starts with), so they are not counted."""
+        index; the target's unique key, which inspection requires), so they are not counted;
+        but a window holds several values of the partition key, so a target whose unique key
+        includes that column can hold a business key twice in one window: there they are."""
         spec = self.spec
         return fingerprint_partitions(
             conn, rel, self.target_columns, self.by, spec.business_key, spec.total,
-            partitions, key_unique=True, utf8=self.utf8,
+            partitions, key_unique=rel != spec.target_ref or self._key_unique_per_partition, utf8=self.utf8,
         )
+
+    @functools.cached_property
+    def _key_unique_per_partition(self) -> bool:
+        """Whether the target's unique keys keep a business key to one row per partition."""
+        if self.windowing is None:
+            return True
+        return any(set(cols) <= set(self.spec.business_key) for _, cols in self.inspection.target_unique_keys)

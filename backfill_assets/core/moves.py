@@ -24,6 +24,7 @@ from backfill_assets.core.vocabulary import (
     parse_labels,
     partition_label,
 )
+from backfill_assets.core.windows import Windowing
 
 MAX_ROUNDS = 100
 EXAMPLES = 3
@@ -65,23 +66,45 @@ def _key_text(spec: Spec, values: tuple) -> str:
 
 def close_scope(
     conn: psycopg.Connection, spec: Spec, kind: PartitionKind, requested: list[PartitionValue],
-    ordering: list[sqlbuild.OrderKey], target: TableRef,
+    ordering: list[sqlbuild.OrderKey], target: TableRef, by: sqlbuild.PartitionBy | None = None,
 ) -> Scope:
     """Add to ``requested`` every partition a moved key leaves or enters, to a fixed point.
-    ``target``: where the target's keys are read (core.engines.postgres.staged.keys_relation).
+    ``target``: where the target's keys are read (core.engines.postgres.staged.keys_relation);
+    ``by``: how rows fall into partitions (default: the partition key's values). With time
+    windows, a key moves when its newest version's time stamp lies in another window than
+    the target's row: core.windows places both.
 
     Raises:
         SourceDataError: a key's newest version, or the target row holding it, has a NULL
             partition, so its old or new partition cannot be identified.
         SpecError: the scope grows past the partition limit.
     """
-    def homes(partitions: list[PartitionValue]) -> list[tuple]:
-        query, params = sqlbuild.key_homes(
-            spec.source_ref, target, spec.partition_key, spec.business_key, ordering, partitions
-        )
-        return conn.execute(query, params).fetchall()
+    by = by or sqlbuild.ValuesBy(spec.partition_key)
+    windowing = by.windowing if isinstance(by, sqlbuild.WindowsBy) else None
 
-    return close_scope_with(spec, kind, requested, homes)
+    def homes(partitions: list[PartitionValue]) -> list[tuple]:
+        query, params = sqlbuild.key_homes(spec.source_ref, target, by, spec.business_key, ordering, partitions)
+        rows = conn.execute(query, params).fetchall()
+        return rows if windowing is None else _placed(rows, windowing, {str(p) for p in partitions})
+
+    scope = close_scope_with(spec, kind, requested, homes)
+    if windowing is not None:  # in time order (a label's text order is not, where clocks fall back east of UTC)
+        scope.partitions = list(windowing.labels([str(p) for p in scope.partitions]))
+    return scope
+
+
+def _placed(rows: list[tuple], windowing: Windowing, requested: set[str]) -> list[tuple]:
+    """key_homes' rows with the column values placed in windows (labels), less the keys whose
+    newest version and target row lie in the same requested window (a time stamp that moved
+    within its window)."""
+    placed = []
+    for home, current, in_source, in_target, *key in rows:
+        home_label = None if home is None else windowing.label_at(home)
+        current_label = None if current is None else windowing.label_at(current)
+        if in_source and in_target and home_label == current_label and home_label in requested:
+            continue
+        placed.append((home_label, current_label, in_source, in_target, *key))
+    return placed
 
 
 KeyHomes = Callable[[list[PartitionValue]], list[tuple]]

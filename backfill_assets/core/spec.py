@@ -197,11 +197,6 @@ class Spec(BaseModel):
         if window_parts and self.partition_window is None:
             problems.append("partitions.type window needs partition_window (the windows it keys); declare it, or use "
                             "type daily, monthly or static")
-        if self.records_can_move and self.partition_window is not None:
-            problems.append(
-                "records_can_move cannot be combined with partition_window yet: where a key's newest version "
-                "lands is read by its partition value; leave one of them out"
-            )
         if self.records_can_move and self.transform_sql is not None:
             problems.append(
                 "records_can_move cannot be combined with transform_sql yet: a key's versions "

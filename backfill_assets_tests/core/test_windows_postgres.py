@@ -136,7 +136,6 @@ def test_a_window_is_read_by_a_range_its_index_serves(conn):
 @pytest.mark.parametrize(("changes", "message"), [
     ({"partition_window": {"every": "fortnight", "time_zone": "UTC"}}, "every"),
     ({"partition_window": {"every": "hour", "time_zone": "Mars/Olympus"}}, "not an IANA time zone"),
-    ({"records_can_move": True}, "records_can_move cannot be combined with partition_window"),
     ({"target": {"format": "delta", "location": "/nowhere"}}, "Delta target is not built yet"),
 ])
 def test_a_spec_of_windows_is_refused_before_anything_is_read(changes, message):
@@ -217,3 +216,33 @@ def test_diff_audit_and_profile_name_windows_by_their_labels(conn, factory, url_
                                   "2024-11-04T00:00-0500"]
     assert profile.row_count == len(FALL)
     assert profile.key_partitions == 7 and profile.key_search_complete  # keys measured per window
+
+
+def test_a_time_stamp_that_moves_to_another_window_is_a_moved_record(conn, factory, url_env):
+    """records_can_move: a key's newest version decides its window. A correction that moves
+    an event's time stamp three hours on adds the window it lands in, both replaced in one
+    transaction; a time stamp that moves within its window adds nothing."""
+    rows = [
+        (1, utc(2024, 11, 3, 5, 10), utc(2024, 11, 4), 1, "1.00", "first"),
+        (1, utc(2024, 11, 3, 9, 20), utc(2024, 11, 5), 2, "1.50", "corrected: 04:20 EST, another window"),
+        (2, utc(2024, 11, 3, 5, 30), utc(2024, 11, 4), 1, "2.00", None),
+        (3, utc(2024, 11, 3, 6, 5), utc(2024, 11, 4), 1, "3.00", None),
+        (3, utc(2024, 11, 3, 6, 45), utc(2024, 11, 5), 2, "3.50", "corrected within its window"),
+    ]
+    create_events(conn, rows)
+    conn.execute("ALTER TABLE public.events_hourly DROP CONSTRAINT events_hourly_created_at_event_id_key")
+    conn.execute("ALTER TABLE public.events_hourly ADD UNIQUE (event_id)")
+    conn.execute("INSERT INTO public.events_hourly VALUES ('2024-11-03 05:10+00', 1, now(), 1, 1.00, 'first'), "
+                 "('2024-11-03 06:05+00', 3, now(), 1, 3.00, NULL)")
+    spec = _spec(records_can_move=True)
+    plan, result = _plan_approve_apply(conn, factory, spec, "2024-11-03T01:00-0400,2024-11-03T01:00-0500")
+    doc = plan.document
+    assert [a.partition for a in doc.added_partitions] == ["2024-11-03T04:00-0500"]
+    assert "key (event_id=1) moves here from 2024-11-03T01:00-0400" in doc.added_partitions[0].reasons[0]
+    assert [list(g) for g in doc.replace_groups] == [["2024-11-03T01:00-0400", "2024-11-03T04:00-0500"],
+                                                     ["2024-11-03T01:00-0500"]]
+    assert {p["partition"]: p["status"] for p in result.partitions} == dict.fromkeys(
+        ["2024-11-03T01:00-0400", "2024-11-03T01:00-0500", "2024-11-03T04:00-0500"], "verified")
+    got = conn.execute("SELECT event_id, created_at, amount FROM public.events_hourly ORDER BY event_id").fetchall()
+    assert got == [(1, utc(2024, 11, 3, 9, 20), Decimal("1.50")), (2, utc(2024, 11, 3, 5, 30), Decimal("2.00")),
+                   (3, utc(2024, 11, 3, 6, 45), Decimal("3.50"))]

@@ -82,8 +82,8 @@ def outside_fingerprint(conn: psycopg.Connection, ctx: PostgresContext, rel: Tab
     """Row count and hash of the versions of the scope's keys that lie outside its partitions
     (records that can move), read from a source-shaped relation."""
     spec = ctx.spec
-    where = sqlbuild.outside_scope(rel, keys_relation(ctx), spec.partition_key, spec.business_key)
-    params = {"partitions": ctx.partitions}
+    where = sqlbuild.outside_scope(rel, keys_relation(ctx), ctx.by, spec.business_key)
+    params = ctx.bound()
     rows, digest = rows_digest(conn, rel, ctx.inspection.source_columns, where, params, utf8=ctx.utf8)
     return Digest(row_count=rows, content_hash=digest)
 
@@ -216,7 +216,7 @@ def take_snapshot(
     with transient_errors("taking the snapshot"), source_held(conn, src):
         if spec.records_can_move:
             ctx = staged(ctx).with_target_keys(conn, ctx)  # the target's keys, for this transaction's SQL
-            scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys(), keys_relation(ctx))
+            scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys(), keys_relation(ctx), ctx.by)
             ctx.engine.check_partitions(scope.partitions)  # the partitions moved keys add must be writable too
             ctx = dataclasses.replace(ctx, partitions=scope.partitions, scope=scope)
             if scope.added:
@@ -307,7 +307,7 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: PostgresContext, progress: Pro
     conn.execute(sqlbuild.create_empty_copy(pending, src, names, unlogged=True))
     if spec.records_can_move:
         query, params = sqlbuild.copy_scope(
-            pending, src, keys_relation(ctx), names, spec.partition_key, spec.business_key, ctx.partitions
+            pending, src, keys_relation(ctx), names, ctx.by, spec.business_key, ctx.partitions
         )
     else:
         query, params = sqlbuild.copy_partitions(pending, src, names, ctx.by, ctx.partitions)

@@ -4,10 +4,12 @@ newest version lives, and copying or counting every version of the scope's keys.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from psycopg import sql
 
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, as_by
 from backfill_assets.core.pg.sqlbuild.parts import (
     PARTITION_COLUMN,
     OrderKey,
@@ -21,8 +23,8 @@ from backfill_assets.core.pg.sqlbuild.parts import (
 from backfill_assets.core.vocabulary import TableRef
 
 _SCOPE_KEYS = sql.SQL(
-    "SELECT {s_bk} FROM {src} AS s WHERE {s_pk} = ANY(%(partitions)s) AND {s_key_not_null} "
-    "UNION SELECT {t_bk} FROM {tgt} AS t WHERE {t_pk} = ANY(%(partitions)s)"
+    "SELECT {s_bk} FROM {src} AS s WHERE {s_among} AND {s_key_not_null} "
+    "UNION SELECT {t_bk} FROM {tgt} AS t WHERE {t_among}"
 )
 
 _KEY_HOMES = sql.SQL(
@@ -30,44 +32,48 @@ _KEY_HOMES = sql.SQL(
     "h AS (SELECT DISTINCT ON ({s_bk}) {s_bk}, {s_pk} AS {p} FROM {src} AS s "
     "WHERE ({s_bk}) IN (SELECT {k_bk} FROM k) ORDER BY {s_bk}, {ordering}), "
     "c AS (SELECT {t_bk}, {t_pk} AS {p} FROM {tgt} AS t WHERE ({t_bk}) IN (SELECT {k_bk} FROM k)) "
-    "SELECT {h_p}::text, {c_p}::text, {h_first} IS NOT NULL, {c_first} IS NOT NULL, {key_text} "
+    "SELECT {h_out}, {c_out}, {h_first} IS NOT NULL, {c_first} IS NOT NULL, {key_text} "
     "FROM h FULL JOIN c ON {join} "
     "WHERE {h_first} IS NULL OR {c_first} IS NULL OR {h_p} IS DISTINCT FROM {c_p} "
-    "OR NOT ({h_p} = ANY(%(partitions)s))"
+    "OR ({h_among}) IS NOT TRUE"
 )
 
-_OUTSIDE_SCOPE_WITH_KEYS = sql.SQL(
-    "({pk} IS NULL OR NOT ({pk} = ANY(%(partitions)s))) AND ({key}) IN ({keys})"
-)
+_OUTSIDE_SCOPE_WITH_KEYS = sql.SQL("({among}) IS NOT TRUE AND ({key}) IN ({keys})")
 
 
 
-def scope_keys(src: TableRef, tgt: TableRef, partition_key: str, business_key: Sequence[str]) -> sql.Composed:
+def scope_keys(src: TableRef, tgt: TableRef, by: PartitionBy | str, business_key: Sequence[str]) -> sql.Composed:
     """Every business key with a source or target row in ``%(partitions)s`` (a subquery)."""
+    by = as_by(by)
     return _SCOPE_KEYS.format(
-        s_bk=cols("s", business_key), src=table(src), s_pk=col("s", partition_key),
+        s_bk=cols("s", business_key), src=table(src), s_among=by.among("s"),
         s_key_not_null=key_not_null("s", business_key), t_bk=cols("t", business_key),
-        tgt=table(tgt), t_pk=col("t", partition_key),
+        tgt=table(tgt), t_among=by.among("t"),
     )
 
 
 def key_homes(
-    src: TableRef, tgt: TableRef, partition_key: str, business_key: Sequence[str],
+    src: TableRef, tgt: TableRef, by: PartitionBy | str, business_key: Sequence[str],
     ordering: Sequence[OrderKey], partitions: list,
 ) -> Query:
     """For the keys of ``partitions``: each key whose newest source version (its home) lies
     in another partition than the target holds it in, or outside ``partitions``, or that
     only one side has.
 
-    Rows: (home text, current text, in source, in target, key texts...).
+    Rows: (home, current, in source, in target, key texts...): a value partition's home and
+    current as text; for time windows the column's values, which the caller places in
+    windows (a time stamp that changed within its window is no move).
     """
+    by = as_by(by)
     p = sql.Identifier(PARTITION_COLUMN)
-    keys = scope_keys(src, tgt, partition_key, business_key)
+    keys = scope_keys(src, tgt, by, business_key)
+    h_p, c_p = col("h", PARTITION_COLUMN), col("c", PARTITION_COLUMN)
+    carried = dataclasses.replace(by, column=PARTITION_COLUMN)  # the same partitions, of h's working column
     query = _KEY_HOMES.format(
-        keys=keys, s_bk=cols("s", business_key), s_pk=col("s", partition_key), p=p,
+        keys=keys, s_bk=cols("s", business_key), s_pk=col("s", by.column), p=p,
         src=table(src), k_bk=cols("k", business_key), ordering=order_by("s", ordering),
-        t_bk=cols("t", business_key), t_pk=col("t", partition_key), tgt=table(tgt),
-        h_p=col("h", PARTITION_COLUMN), c_p=col("c", PARTITION_COLUMN),
+        t_bk=cols("t", business_key), t_pk=col("t", by.column), tgt=table(tgt),
+        h_p=h_p, c_p=c_p, h_out=by.value(h_p), c_out=by.value(c_p), h_among=carried.among("h"),
         h_first=col("h", business_key[0]), c_first=col("c", business_key[0]),
         key_text=sql.SQL(", ").join(
             sql.SQL("coalesce({}::text, {}::text)").format(col("h", c), col("c", c))
@@ -77,32 +83,34 @@ def key_homes(
             sql.SQL("{} = {}").format(col("h", c), col("c", c)) for c in business_key
         ),
     )
-    return query, {"partitions": partitions}
+    return query, by.bind(partitions)
 
 
 _COPY_SCOPE = sql.SQL(
     "INSERT INTO {new} ({cols}) SELECT {s_cols} FROM {rel} AS s "
-    "WHERE {pk} = ANY(%(partitions)s) OR ({s_bk}) IN ({keys})"
+    "WHERE {among} OR ({s_bk}) IN ({keys})"
 )
 
 
 def copy_scope(
-    new: TableRef, src: TableRef, tgt: TableRef, columns: Sequence[str], partition_key: str,
+    new: TableRef, src: TableRef, tgt: TableRef, columns: Sequence[str], by: PartitionBy | str,
     business_key: Sequence[str], partitions: list,
 ) -> Query:
     """Copy the rows of ``partitions`` and every version of their keys from other partitions."""
+    by = as_by(by)
     return _COPY_SCOPE.format(
         new=table(new), cols=sql.SQL(", ").join(sql.Identifier(c) for c in columns),
-        s_cols=cols("s", columns), rel=table(src), pk=col("s", partition_key),
-        s_bk=cols("s", business_key), keys=scope_keys(src, tgt, partition_key, business_key),
-    ), {"partitions": partitions}
+        s_cols=cols("s", columns), rel=table(src), among=by.among("s"),
+        s_bk=cols("s", business_key), keys=scope_keys(src, tgt, by, business_key),
+    ), by.bind(partitions)
 
 
-def outside_scope(src: TableRef, tgt: TableRef, partition_key: str, business_key: Sequence[str]) -> sql.Composed:
-    """WHERE clause (alias ``t``) for versions of the scope's keys outside its partitions."""
+def outside_scope(src: TableRef, tgt: TableRef, by: PartitionBy | str, business_key: Sequence[str]) -> sql.Composed:
+    """WHERE clause (alias ``t``) for versions of the scope's keys outside its partitions
+    (``%(partitions)s``, bound by ``by.bind``)."""
+    by = as_by(by)
     return _OUTSIDE_SCOPE_WITH_KEYS.format(
-        pk=col("t", partition_key), key=cols("t", business_key),
-        keys=scope_keys(src, tgt, partition_key, business_key),
+        among=by.among("t"), key=cols("t", business_key), keys=scope_keys(src, tgt, by, business_key),
     )
 
 

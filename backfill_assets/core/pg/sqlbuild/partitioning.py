@@ -39,6 +39,12 @@ class PartitionBy(Protocol):
         """The partition's value or label, from its ``key`` (grouped by, or carried as a column)."""
         ...
 
+    def value(self, column: sql.Composable) -> sql.Composable:
+        """A row's partition column as the caller places it in a partition: a value
+        partition's text; a window's column value, which core.windows places (rows outside
+        any bound window, such as a moved key's other versions)."""
+        ...
+
     def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
         """Whether a row is in one of the partitions ``%(param)s``."""
         ...
@@ -71,6 +77,9 @@ class ValuesBy:
 
     def name(self, key: sql.Composable, param: str = "partitions") -> sql.Composable:
         return key
+
+    def value(self, column: sql.Composable) -> sql.Composable:
+        return sql.SQL("{}::text").format(column)
 
     def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
         return sql.SQL("{} = ANY({})").format(_column(alias, self.column), sql.Placeholder(param))
@@ -111,6 +120,9 @@ class WindowsBy:
 
     def name(self, key: sql.Composable, param: str = "partitions") -> sql.Composable:
         return _LABEL.format(labels=self._p(param, "labels"), key=key)
+
+    def value(self, column: sql.Composable) -> sql.Composable:
+        return column
 
     def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
         # The range first, which an index serves; the bucket drops rows in a gap between windows,

@@ -345,11 +345,14 @@ def reset(conn: psycopg.Connection, shape: Shape) -> None:
     conn.execute(sql.SQL("CHECKPOINT"))
 
 
-_NAIVE_DELETE = sql.SQL("DELETE FROM {target} WHERE {part} = %(partition)s")
+_NAIVE_DELETE = sql.SQL("DELETE FROM {target} WHERE {in_part}")
 _NAIVE_INSERT = sql.SQL(
     "INSERT INTO {target} ({columns}) SELECT DISTINCT ON ({grain}) {selected} FROM {source} AS s "
-    "WHERE s.{part} = %(partition)s AND {keyed} ORDER BY {grain}, {ordering}"
+    "WHERE {s_in_part} AND {keyed} ORDER BY {grain}, {ordering}"
 )
+# One partition's rows: a value (%(partition)s), or a window's range (%(start)s, %(end)s).
+_AT_VALUE = sql.SQL("{} = %(partition)s")
+_IN_RANGE = sql.SQL("{c} >= %(start)s AND {c} < %(end)s")
 _DIRECTION = {"asc": sql.SQL("ASC"), "desc": sql.SQL("DESC")}
 _NULLS = {"first": sql.SQL("NULLS FIRST"), "last": sql.SQL("NULLS LAST"), None: sql.SQL("")}
 _NOT_NULL = sql.SQL("{} IS NOT NULL")
@@ -358,21 +361,28 @@ _ORDER_ITEM = sql.SQL("{} {} {}")
 
 def naive_statements(spec: dict[str, Any], target: sql.Identifier) -> tuple[sql.Composed, sql.Composed]:
     """DELETE one partition of ``target``, and INSERT its newest-wins rows from the source
-    (``DISTINCT ON`` the grain, in the spec's ordering; rows with a NULL key dropped)."""
+    (``DISTINCT ON`` the grain, in the spec's ordering; rows with a NULL key dropped). A
+    partition is a value of the partition key (``%(partition)s``), or with the spec's
+    ``partition_window`` the window from ``%(start)s`` to ``%(end)s``, keyed by the business key."""
     schema, name = spec["source"]["table"].split(".")
     part, keys = spec["partition_key"], spec["business_key"]
-    grain = sql.SQL(", ").join(sql.Identifier("s", c) for c in [part, *keys])
+    windows = bool(spec.get("partition_window"))
+
+    def in_part(column: sql.Identifier) -> sql.Composed:
+        return _IN_RANGE.format(c=column) if windows else _AT_VALUE.format(column)
+
+    grain = sql.SQL(", ").join(sql.Identifier("s", c) for c in [*([] if windows else [part]), *keys])
     ordering = sql.SQL(", ").join(
         _ORDER_ITEM.format(sql.Identifier("s", o["column"]), _DIRECTION[o["direction"]], _NULLS[o.get("nulls")])
         for o in spec["ordering"])
     insert = _NAIVE_INSERT.format(
         target=target, columns=sql.SQL(", ").join(sql.Identifier(c) for c in spec["columns"]),
         grain=grain, selected=sql.SQL(", ").join(sql.Identifier("s", c) for c in spec["columns"]),
-        source=sql.Identifier(schema, name), part=sql.Identifier(part),
+        source=sql.Identifier(schema, name), s_in_part=in_part(sql.Identifier("s", part)),
         keyed=sql.SQL(" AND ").join(_NOT_NULL.format(sql.Identifier("s", k)) for k in keys),
         ordering=ordering,
     )
-    return _NAIVE_DELETE.format(target=target, part=sql.Identifier(part)), insert
+    return _NAIVE_DELETE.format(target=target, in_part=in_part(sql.Identifier(part))), insert
 
 
 _SET_WORK_MEM = sql.SQL("SELECT set_config('work_mem', %(work_mem)s, true)")
@@ -407,26 +417,11 @@ def naive_backfill(conn: psycopg.Connection, shape: Shape, n_days: int | None = 
     return time.perf_counter() - start
 
 
-_NAIVE_WINDOW_DELETE = sql.SQL("DELETE FROM {target} WHERE {part} >= %(start)s AND {part} < %(end)s")
-
-
 def naive_window_backfill(conn: psycopg.Connection, shape: Shape, n: int | None = None) -> float:
     """The naive way over the first ``n`` windows of a shape of time windows: per window, one
     transaction of DELETE + INSERT ... SELECT DISTINCT ON (the business key) of the rows in
     its range of the column. Seconds."""
-    spec = shape.spec
-    target = shape.table("tgt_naive")
-    part = sql.Identifier(spec["partition_key"])
-    insert = _NAIVE_WINDOW_INSERT.format(
-        target=target, columns=sql.SQL(", ").join(sql.Identifier(c) for c in spec["columns"]),
-        keys=sql.SQL(", ").join(sql.Identifier("s", k) for k in spec["business_key"]),
-        selected=sql.SQL(", ").join(sql.Identifier("s", c) for c in spec["columns"]),
-        source=sql.Identifier(*spec["source"]["table"].split(".")), part=part,
-        ordering=sql.SQL(", ").join(_ORDER_ITEM.format(sql.Identifier("s", o["column"]), _DIRECTION[o["direction"]],
-                                                       _NULLS[o.get("nulls")]) for o in spec["ordering"]),
-        keyed=sql.SQL(" AND ").join(_NOT_NULL.format(sql.Identifier("s", k)) for k in spec["business_key"]),
-    )
-    delete = _NAIVE_WINDOW_DELETE.format(target=target, part=part)
+    delete, insert = naive_statements(shape.spec, shape.table("tgt_naive"))
     server_defaults(conn)
     start = time.perf_counter()
     for window in shape.windows(n):
@@ -435,12 +430,6 @@ def naive_window_backfill(conn: psycopg.Connection, shape: Shape, n: int | None 
             conn.execute(delete, bounds)
             conn.execute(insert, bounds)
     return time.perf_counter() - start
-
-
-_NAIVE_WINDOW_INSERT = sql.SQL(
-    "INSERT INTO {target} ({columns}) SELECT DISTINCT ON ({keys}) {selected} FROM {source} AS s "
-    "WHERE s.{part} >= %(start)s AND s.{part} < %(end)s AND {keyed} ORDER BY {keys}, {ordering}"
-)
 
 
 # --- the command line, as processes -------------------------------------------------------------

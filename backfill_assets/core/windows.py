@@ -295,10 +295,9 @@ class Windowing:
         names: list[str | None] = []
         for window in sorted((self.window(label) for label in dict.fromkeys(labels))):
             start, end = self.bound(window.start), self.bound(window.end)
-            if bounds and bounds[-1] != start:
-                names.append(None)
-                bounds.append(start)
-            elif not bounds:
+            if not bounds or bounds[-1] != start:
+                if bounds:  # a gap since the window before
+                    names.append(None)
                 bounds.append(start)
             if not end > bounds[-1] or (len(bounds) > 1 and not bounds[-1] > bounds[-2]):
                 raise SpecError(

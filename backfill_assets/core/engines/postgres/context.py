@@ -49,8 +49,13 @@ class PostgresContext(Context):
         )
 
     def bound(self, partitions: Sequence[PartitionValue] | None = None) -> dict[str, object]:
-        """The parameters that name ``partitions`` (the context's, by default) to a statement."""
-        return self.by.bind(self.partitions if partitions is None else partitions)
+        """The parameters that name ``partitions`` (the context's, by default: worked out once,
+        for every batch of a build) to a statement."""
+        return dict(self._bound) if partitions is None else self.by.bind(partitions)
+
+    @functools.cached_property
+    def _bound(self) -> dict[str, object]:
+        return self.by.bind(self.partitions)
 
     def ordering_keys(self) -> list[sqlbuild.OrderKey]:
         """The declared newest-wins order; collatable columns sort by bytes."""

@@ -149,9 +149,7 @@ def test_an_engine_that_does_not_build_windows_yet_refuses_a_window_spec(engine)
         spec_from_mapping(data)
 
 
-def test_engine_postgres_takes_windows_for_a_postgresql_target_and_refuses_a_lake_one_yet():
+def test_engine_postgres_takes_windows_for_a_postgresql_delta_or_iceberg_target():
     window = {"every": "hour", "time_zone": "America/New_York"}
-    assert spec_from_mapping(sample_mapping("postgres", "postgres", "postgres", partition_window=window))
-    for target in ("delta", "iceberg"):
-        with pytest.raises(SpecError, match="is not built yet on engine postgres"):
-            spec_from_mapping(sample_mapping("postgres", "postgres", target, partition_window=window))
+    for target in ("postgres", "delta", "iceberg"):
+        assert spec_from_mapping(sample_mapping("postgres", "postgres", target, partition_window=window))

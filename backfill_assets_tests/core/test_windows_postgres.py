@@ -29,7 +29,15 @@ from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest, TableRef
 from backfill_assets.core.windows import Windowing, window_at, zone
 from backfill_assets_tests.support.source_writes import settle
-from backfill_assets_tests.support.windows import EVENT_COLUMNS, EVENTS_SPEC, FALL, create_events, utc
+from backfill_assets_tests.support.windows import (
+    EVENT_COLUMNS,
+    EVENTS_SPEC,
+    FALL,
+    create_events,
+    naive_newest,
+    plan_approve_apply,
+    utc,
+)
 
 NY = zoneinfo.ZoneInfo("America/New_York")
 TARGET = TableRef("public", "events_hourly")
@@ -42,44 +50,18 @@ def _spec(**changes: object):
     return spec_from_mapping({k: v for k, v in data.items() if v is not None})
 
 
-def _naive_newest(rows, windowing: Windowing, labels: list[str]) -> dict[str, list[tuple]]:
-    """Newest wins per (window, event_id), by (updated_at, seq) descending: each window's
-    rows in the target's column order and key order."""
-    best: dict[tuple[str, int], tuple] = {}
-    for event_id, created, updated, seq, amount, note in rows:
-        label = windowing.label_at(created)
-        if event_id is None or label not in labels:
-            continue
-        row = (created, event_id, updated, seq, Decimal(amount), note)
-        if (label, event_id) not in best or (updated, seq) > best[(label, event_id)][2:4]:
-            best[(label, event_id)] = row
-    out: dict[str, list[tuple]] = {label: [] for label in labels}
-    for (label, _), row in sorted(best.items(), key=lambda kv: kv[0][1]):
-        out[label].append(row)
-    return out
-
-
-def _plan_approve_apply(conn, factory, spec, request: str):
-    plan = make_plan(spec, PartitionRequest(request), factory)
-    with factory.control(conn) as store:
-        stored = find_plan(store, spec, plan.plan_id)
-    approve_plan(conn, factory, spec, stored, "alice")
-    result = apply_plan(spec, plan.plan_id, factory, run_id="r1")
-    return plan, result
-
-
 @pytest.mark.parametrize("snapshot", ["copy", "exported", "immutable"])
 def test_hours_of_a_fall_back_day_plan_approve_and_apply_as_the_naive_newest_wins(conn, factory, url_env, snapshot):
     create_events(conn, FALL)
     conn.execute("INSERT INTO public.events_hourly VALUES ('2024-11-03 06:30+00', 99, now(), 1, 1, 'stale')")
     spec = _spec(source={"table": "public.events_raw", "snapshot": snapshot})
-    plan, result = _plan_approve_apply(conn, factory, spec, "2024-11-03")
+    plan, result = plan_approve_apply(conn, factory, spec, "2024-11-03")
     labels = [p["partition"] for p in plan.as_json()["partitions"]]
     assert len(labels) == 25  # a day of 25 hours
     assert labels[:3] == ["2024-11-03T00:00-0400", "2024-11-03T01:00-0400", "2024-11-03T01:00-0500"]
     assert labels[-1] == "2024-11-03T23:00-0500"
     windowing = Windowing("hour", zone("America/New_York"), "timestamptz")
-    expected = _naive_newest(FALL, windowing, labels)
+    expected = naive_newest(FALL, windowing, labels)
     # An empty window already holds what it should (nothing) and is skipped; the stale row's is replaced.
     changed = {label for label, rows in expected.items() if rows} | {"2024-11-03T01:00-0500"}
     assert {p["partition"]: p["status"] for p in result.partitions} == {
@@ -113,7 +95,7 @@ def test_a_timestamp_without_time_zone_is_read_in_its_declared_zone_by_days_of_a
     ]
     create_events(conn, rows, "timestamp")
     spec = _spec(partition_window={"every": "day", "time_zone": "America/New_York", "column_time_zone": "UTC"})
-    plan, result = _plan_approve_apply(conn, factory, spec, "2024-03-09..2024-03-11")
+    plan, result = plan_approve_apply(conn, factory, spec, "2024-03-09..2024-03-11")
     counts = {p["partition"]: p["stage_a"]["row_count"] for p in plan.as_json()["partitions"]}
     assert counts == {"2024-03-09": 1, "2024-03-10": 2, "2024-03-11": 1}
     assert [p["status"] for p in result.partitions] == ["verified"] * 3
@@ -136,7 +118,6 @@ def test_a_window_is_read_by_a_range_its_index_serves(conn):
 @pytest.mark.parametrize(("changes", "message"), [
     ({"partition_window": {"every": "fortnight", "time_zone": "UTC"}}, "every"),
     ({"partition_window": {"every": "hour", "time_zone": "Mars/Olympus"}}, "not an IANA time zone"),
-    ({"target": {"format": "delta", "location": "/nowhere"}}, "Delta target is not built yet"),
 ])
 def test_a_spec_of_windows_is_refused_before_anything_is_read(changes, message):
     with pytest.raises(SpecError, match=message):
@@ -235,7 +216,7 @@ def test_a_time_stamp_that_moves_to_another_window_is_a_moved_record(conn, facto
     conn.execute("INSERT INTO public.events_hourly VALUES ('2024-11-03 05:10+00', 1, now(), 1, 1.00, 'first'), "
                  "('2024-11-03 06:05+00', 3, now(), 1, 3.00, NULL)")
     spec = _spec(records_can_move=True)
-    plan, result = _plan_approve_apply(conn, factory, spec, "2024-11-03T01:00-0400,2024-11-03T01:00-0500")
+    plan, result = plan_approve_apply(conn, factory, spec, "2024-11-03T01:00-0400,2024-11-03T01:00-0500")
     doc = plan.document
     assert [a.partition for a in doc.added_partitions] == ["2024-11-03T04:00-0500"]
     assert "key (event_id=1) moves here from 2024-11-03T01:00-0400" in doc.added_partitions[0].reasons[0]

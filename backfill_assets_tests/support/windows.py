@@ -5,11 +5,17 @@ loaded into, and the spec that windows them by the hour."""
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 
 import psycopg
 from psycopg import sql
 
-from backfill_assets.core.windows import UTC
+from backfill_assets.core.apply import apply_plan
+from backfill_assets.core.approve import approve_plan
+from backfill_assets.core.plan import make_plan
+from backfill_assets.core.store.plans import find_plan
+from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.core.windows import UTC, Windowing
 from backfill_assets_tests.support.specs import URL_ENV
 
 EVENT_COLUMNS = ["created_at", "event_id", "updated_at", "seq", "amount", "note"]
@@ -62,3 +68,29 @@ def create_events(conn: psycopg.Connection, rows: list[tuple], ts_type: str = "t
     conn.execute(sql.SQL("ALTER TABLE public.events_hourly ADD UNIQUE (created_at, event_id)"))
     with conn.cursor() as cur:
         cur.executemany(_INSERT, rows)
+
+
+def naive_newest(rows, windowing: Windowing, labels: list[str]) -> dict[str, list[tuple]]:
+    """Newest wins per (window, event_id), by (updated_at, seq) descending: each window's
+    rows in the target's column order and key order."""
+    best: dict[tuple[str, int], tuple] = {}
+    for event_id, created, updated, seq, amount, note in rows:
+        label = windowing.label_at(created)
+        if event_id is None or label not in labels:
+            continue
+        row = (created, event_id, updated, seq, Decimal(amount), note)
+        if (label, event_id) not in best or (updated, seq) > best[(label, event_id)][2:4]:
+            best[(label, event_id)] = row
+    out: dict[str, list[tuple]] = {label: [] for label in labels}
+    for (label, _), row in sorted(best.items(), key=lambda kv: kv[0][1]):
+        out[label].append(row)
+    return out
+
+
+def plan_approve_apply(conn, factory, spec, request: str, run_id: str = "r1"):
+    plan = make_plan(spec, PartitionRequest(request), factory)
+    with factory.control(conn) as store:
+        stored = find_plan(store, spec, plan.plan_id)
+    approve_plan(conn, factory, spec, stored, "alice")
+    result = apply_plan(spec, plan.plan_id, factory, run_id=run_id)
+    return plan, result

@@ -54,10 +54,10 @@ def _row_batches(copy: Iterator[bytes]) -> Iterator[tuple[bytes, int]]:
 
 
 def read_stage_partition(
-    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], partition_key: str,
+    conn: psycopg.Connection, rel: TableRef, columns: Sequence[ColumnInfo], by: sqlbuild.PartitionBy | str,
     partition_value: object, business_key: Sequence[str],
 ) -> pa.Table:
-    """The rows of one partition of ``rel`` as an Arrow table of :func:`lake_schema`
+    """The rows of one partition of ``rel`` (``by`` the partition key's values, or its windows) as an Arrow table of :func:`lake_schema`
     (``columns`` in their order), in business-key order (strings by bytes, NULLs last), every
     value exact: floats as the shortest exact text parses back, decimals at their scale,
     timestamptz in UTC microseconds, NULL apart from the empty string.
@@ -91,7 +91,7 @@ def read_stage_partition(
     )
     _require_pinned(conn)
     query, params = sqlbuild.copy_partition_csv(
-        rel, names, partition_key, business_key_order(columns, business_key), partition_value
+        rel, names, by, business_key_order(columns, business_key), partition_value
     )
     batches: list[pa.RecordBatch] = []
     with conn.cursor() as cur, cur.copy(query, params) as copy:

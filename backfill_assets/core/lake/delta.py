@@ -29,16 +29,21 @@ from backfill_assets.core.lake.engine import LakeEngine
 from backfill_assets.core.lake.tables import (
     META_PREFIX,
     LakeTable,
+    Part,
+    Span,
     TableShape,
     WrittenFile,
     among,
+    arrow_filter,
     commit_failed,
     key_bounds,
     local_path,
+    part_label,
     signature,
 )
 from backfill_assets.core.spec import DeltaTargetSpec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
+from backfill_assets.core.windows import Windowing
 
 
 class DeltaEngine(LakeEngine):
@@ -49,12 +54,21 @@ class DeltaEngine(LakeEngine):
         assert isinstance(target, DeltaTargetSpec)
         return DeltaLakeTable(target.location)
 
+    def window_partitioning(self, windowing: Windowing, shape: TableShape | None) -> list[str]:
+        """Any: a window is a range of the column, overwritten by a predicate, whose files the
+        log's statistics find. apply creates the table unpartitioned (a partition per time
+        stamp value would be a folder per row)."""
+        return [] if shape is None else list(shape.partitioned_by)
+
     def check_partitions(self, partitions: list[PartitionValue]) -> None:
-        """Every partition value must be one a Delta predicate can carry (built, never run here).
+        """Every partition value must be one a Delta predicate can carry (built, never run here;
+        a window's bounds always can).
 
         Raises:
             SpecError: naming the value.
         """
+        if self.spec.partition_window is not None:
+            return
         for value in partitions:
             delta_predicate(self.spec.partition_key, [value])
 
@@ -82,12 +96,30 @@ def _sql_literal(value: PartitionValue) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def delta_predicate(column: str, values: Sequence[PartitionValue]) -> str:
-    """``"col" = v`` (one partition) or ``"col" IN (v1, v2)``, from validated values only."""
+def _bound_literal(bound: dt.date) -> str:
+    """A window's bound as a literal DataFusion casts to the column's type: an instant in UTC
+    (``'2024-11-03T05:00:00Z'``), a clock's reading (``'2024-11-03T01:00:00'``) or a date."""
+    if isinstance(bound, dt.datetime):
+        if bound.tzinfo is not None:
+            return f"'{bound.astimezone(dt.timezone.utc).replace(tzinfo=None).isoformat()}Z'"
+        return f"'{bound.isoformat()}'"
+    return f"'{bound.isoformat()}'"
+
+
+def delta_predicate(column: str, values: Sequence[Part]) -> str:
+    """``"col" = v`` (one partition), ``"col" IN (v1, v2)``, or for windows ``("col" >= start
+    AND "col" < end) OR ...``, from validated values only."""
     ident = '"' + column.replace('"', '""') + '"'
-    if len(values) == 1:
-        return f"{ident} = {_sql_literal(values[0])}"
-    return f"{ident} IN ({', '.join(_sql_literal(v) for v in values)})"
+    spans = [v for v in values if isinstance(v, Span)]
+    if spans:
+        if len(spans) < len(values):
+            raise TypeError("a predicate is over windows or values, not both")
+        return " OR ".join(f"({ident} >= {_bound_literal(s.start)} AND {ident} < {_bound_literal(s.end)})"
+                           for s in spans)
+    plain = [v for v in values if not isinstance(v, Span)]
+    if len(plain) == 1:
+        return f"{ident} = {_sql_literal(plain[0])}"
+    return f"{ident} IN ({', '.join(_sql_literal(v) for v in plain)})"
 
 
 class DeltaLakeTable:
@@ -171,21 +203,22 @@ class DeltaLakeTable:
     def version(self, handle: Any) -> str | None:
         return None if handle is None else str(handle.version())
 
-    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
-        # The files of these partitions only; the row filter stays, so a file the pruning
-        # kept for any reason still gives only their rows.
+    def read(self, handle: Any, column: str, values: Sequence[Part]) -> pa.Table:
+        # The files of these partitions only (a window's: those whose statistics of the column
+        # overlap it); the row filter stays, so a file the pruning kept for any reason still
+        # gives only their rows.
         dataset = handle.to_pyarrow_dataset(file_pruning_predicate=delta_predicate(column, values))
-        return dataset.to_table(filter=pads.field(column).isin(list(values)))
+        return dataset.to_table(filter=arrow_filter(column, values))
 
     def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
         return handle.to_pyarrow_dataset().to_table(columns=list(columns))
 
-    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
+    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[Part],
                        keys: pa.Table) -> pa.Table | None:
         if handle is None:
             return None
-        # Rows with a NULL partition value are outside our partitions too (~isin keeps them).
-        where = ~pads.field(column).isin(list(values))
+        # Rows with a NULL partition value are outside our partitions too.
+        where = ~arrow_filter(column, values) | pads.field(column).is_null()
         for name, least, greatest in key_bounds(keys):
             where = where & (pads.field(name) >= least) & (pads.field(name) <= greatest)
         found = handle.to_pyarrow_dataset().to_table(columns=[column, *keys.column_names], filter=where)
@@ -196,7 +229,7 @@ class DeltaLakeTable:
         # can lie between them.
         return handle is not None and base is not None and handle.version() == int(base) + 1
 
-    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+    def read_version(self, version: str | None, column: str, values: Sequence[Part]) -> pa.Table:
         # A version never changes: the one loaded for the last partition serves the next.
         if version is not None and self._version_read is not None and self._version_read[0] == int(version):
             return self.read(self._version_read[1], column, values)
@@ -204,19 +237,23 @@ class DeltaLakeTable:
         if handle is not None and version is not None:
             self._version_read = (int(version), handle)
         if handle is None:
-            raise VerificationError(", ".join(partition_label(v) for v in values), "read of the committed version",
+            raise VerificationError(", ".join(part_label(v) for v in values), "read of the committed version",
                                     f"{self.name} at version {version}", "no table")
         return self.read(handle, column, values)
 
     def close(self) -> None:
         pass
 
-    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
+    def create(self, schema: pa.Schema, partition_key: str, windowing: Windowing | None = None) -> str | None:
+        """Partitioned by the key's values; with time windows, not partitioned: a window is a
+        range of the column, whose files the log's statistics find (a Delta table has no hidden
+        partitioning, and a partition per time stamp would be a folder per row)."""
         from deltalake import DeltaTable
         from deltalake.exceptions import DeltaError
         Path(self.path).mkdir(parents=True, exist_ok=True)
         try:
-            created = DeltaTable.create(self.path, schema, mode="error", partition_by=[partition_key])
+            created = DeltaTable.create(self.path, schema, mode="error",
+                                        partition_by=None if windowing is not None else [partition_key])
         except DeltaError as err:
             if "already exists" not in str(err):
                 raise
@@ -225,12 +262,15 @@ class DeltaLakeTable:
             return str(created.version())
         raise TransientDatabaseError(problem)
 
-    def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
+    def overwrite(self, handle: Any, column: str, values: Sequence[Part], data: pa.Table,
                   metadata: Mapping[str, str], exclusive: bool = False) -> str:
         from deltalake import CommitProperties, write_deltalake
         from deltalake.exceptions import CommitFailedError
         predicate = delta_predicate(column, values)
         base = handle.version()
+        # Windows: the files that can hold their rows, and how many rows of each lie outside
+        # them, which the commit must keep (see _check_commit).
+        kept = self._rows_outside(handle, column, values, predicate) if _windows(values) else None
         # Without retries delta-rs commits exactly the next version after the handle's, or
         # fails: it neither rebases over a newer version nor retries after losing the race
         # for the next one.
@@ -242,8 +282,17 @@ class DeltaLakeTable:
                 commit_failed(self.name, values, base, exclusive, " ".join(str(err).split())[:200])
             ) from err
         version = handle.version()
-        self._check_commit(version, column, values, predicate, metadata)
+        self._check_commit(version, column, values, predicate, metadata, kept, data.num_rows)
         return str(version)
+
+    @staticmethod
+    def _rows_outside(handle: Any, column: str, values: Sequence[Part], predicate: str) -> dict[str, int]:
+        """Of the files whose statistics of ``column`` overlap the windows (those an overwrite
+        where ``predicate`` may rewrite), each one's rows outside the windows, by its path in
+        the log."""
+        inside = arrow_filter(column, values)
+        return {fragment.path: fragment.count_rows() - fragment.count_rows(filter=inside)
+                for fragment in handle.to_pyarrow_dataset(file_pruning_predicate=predicate).get_fragments()}
 
     # -- files a build engine writes (core.lake.tables.FileLakeTable) --------------------------
     carries_partition = False  # the log carries a file's partition value
@@ -261,21 +310,25 @@ class DeltaLakeTable:
 
     SIGNAL = "log files"
 
-    def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
+    def partition_signatures(self, handle: Any, column: str, values: Sequence[Part],
                              version: str | None = None) -> dict[str, str | None] | None:
         """Each partition's data files in the log (a file of a Delta table is never written
-        again) and the table's schema, at the handle's version or at ``version``."""
+        again) and the table's schema, at the handle's version or at ``version``. A window's
+        files are those whose statistics of the column overlap it, in a table not partitioned
+        (a file added with rows in the window has statistics that say so, or none, and is
+        listed either way)."""
         if version is not None and (handle is None or handle.version() != int(version)):
             handle = self._at_version(version)
         if handle is None:
-            return dict.fromkeys((partition_label(v) for v in values), None)
+            return dict.fromkeys((part_label(v) for v in values), None)
         protocol = handle.protocol()
         config = {k.lower(): str(v).lower() for k, v in (handle.metadata().configuration or {}).items()}
+        by = [] if _windows(values) else [column]
         if ("deletionVectors" in set(protocol.reader_features or []) or config.get("delta.columnmapping.mode", "none") != "none"
-                or list(handle.metadata().partition_columns) != [column]):
+                or list(handle.metadata().partition_columns) != by):
             return None  # rows hidden by deletion vectors, columns renamed, or files not by partition
         schema = handle.schema().to_json()
-        return {partition_label(v): signature(schema, sorted(
+        return {part_label(v): signature(schema, sorted(
             local_path(uri) for uri in handle.file_uris(file_pruning_predicate=delta_predicate(column, [v]))))
             for v in values}
 
@@ -375,31 +428,51 @@ class DeltaLakeTable:
         actions = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
         return next((a["commitInfo"] for a in actions if "commitInfo" in a), {}), actions
 
-    def _check_commit(self, version: int, column: str, values: Sequence[PartitionValue], predicate: str,
-                      metadata: Mapping[str, str]) -> None:
+    def _check_commit(self, version: int, column: str, values: Sequence[Part], predicate: str,
+                      metadata: Mapping[str, str], kept: dict[str, int] | None = None, written: int = 0) -> None:
         """Read OUR commit from the table's log: an overwrite with a predicate, carrying our
         plan, whose every added and removed file lies in our partitions. (delta-rs records
         the predicate as it parsed it, ``order_date = '2024-01-01'::date``, so its text is not
         compared; the files it touched say exactly what it did.)
+
+        Windows have no partition values in the log: every file removed must be one that could
+        hold their rows (``kept``: those files, with their rows outside the windows), and the
+        files added must hold our ``written`` rows plus exactly the rows outside the windows
+        that the removed files held (delta-rs rewrites a file that held both), so that no row
+        of another window was dropped or added.
 
         Raises:
             VerificationError: naming what the commit did instead.
         """
         info, actions = self._commit(version)
         params = info.get("operationParameters", {})
-        ours = {partition_label(v) for v in values}
-        touched = {(a.get("add") or a.get("remove") or {}).get("partitionValues", {}).get(column)
-                   for a in actions if "add" in a or "remove" in a}
+        ours = {part_label(v) for v in values}
+        if kept is None:
+            touched = {(a.get("add") or a.get("remove") or {}).get("partitionValues", {}).get(column)
+                       for a in actions if "add" in a or "remove" in a}
+            within, did = touched <= ours, f"touching {', '.join(sorted(str(t) for t in touched))}"
+        else:
+            removed = [urllib.parse.unquote(a["remove"]["path"]) for a in actions if "remove" in a]
+            added = sum(json.loads(a["add"].get("stats") or "{}").get("numRecords", -1) for a in actions if "add" in a)
+            outside = sum(kept.get(path, 0) for path in removed)
+            strays = [path for path in removed if path not in kept]
+            within = not strays and added == written + outside
+            did = (f"removing {len(strays)} file(s) that could not hold them" if strays else
+                   f"adding {added} row(s) for our {written} and the {outside} of other windows it rewrote")
         if (info.get("operation") != "WRITE" or params.get("mode") != "Overwrite" or not params.get("predicate")
                 or info.get(META_PREFIX + "plan_id") != metadata.get(META_PREFIX + "plan_id")
-                or not touched <= ours):
+                or not within):
             raise VerificationError(
                 ", ".join(sorted(ours)), f"the log of {self.name} at version {version}",
                 f"an overwrite where {predicate} by plan {metadata.get(META_PREFIX + 'plan_id', '')[:16]}, "
                 f"touching partition(s) {', '.join(sorted(ours))} only",
-                f"{info.get('operation')} {params.get('mode')} where {params.get('predicate')} touching "
-                f"{', '.join(sorted(str(t) for t in touched))}",
+                f"{info.get('operation')} {params.get('mode')} where {params.get('predicate')} {did}",
             )
+
+
+def _windows(values: Sequence[Part]) -> bool:
+    """Whether the partitions asked for are time windows (ranges of the column)."""
+    return any(isinstance(v, Span) for v in values)
 
 
 # --- Apache Iceberg ---------------------------------------------------------------------------

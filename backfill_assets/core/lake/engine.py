@@ -22,16 +22,17 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from backfill_assets.core.catalog import ColumnInfo, Inspection, check_total, partition_kind_of
+from backfill_assets.core.catalog import ColumnInfo, Inspection, check_total, partition_kind_of, windowing_of
 from backfill_assets.core.context import Checkpoint, Context, Target, no_checkpoint
 from backfill_assets.core.errors import SourceDataError, SpecError
 from backfill_assets.core.fingerprint.kinds import lake_type
-from backfill_assets.core.lake.tables import LakeTable, lake_errors, shape_problems, type_text
+from backfill_assets.core.lake.tables import LakeTable, TableShape, lake_errors, shape_problems, type_text
 from backfill_assets.core.lake.target import LakeTarget
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import ENGINES
 from backfill_assets.core.vocabulary import PartitionValue, TableRef
+from backfill_assets.core.windows import Windowing
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ class LakeEngine:
         columns = [described[c] for c in spec.columns]
         inspection.target_columns = columns
         problems = inspection.problems
-        inspection.partition_kind = partition_kind_of(described[spec.partition_key], problems)
+        inspection.partition_kind = partition_kind_of(described[spec.partition_key], problems, spec)
+        windowing = windowing_of(spec, described[spec.partition_key]) if inspection.partition_kind == "window" else None
         check_total(spec, described, problems)
         wanted: list[tuple[str, pa.DataType]] = []
         for c in columns:
@@ -115,10 +117,29 @@ class LakeEngine:
             catalog = self.catalog_of(table)
         finally:
             table.close()
+        if windowing is None:
+            partitioned_by = [spec.partition_key]
+        else:
+            try:
+                partitioned_by = self.window_partitioning(windowing, shape)
+            except SpecError as err:
+                problems.append(str(err))
+                partitioned_by = [] if shape is None else shape.partitioned_by
         if shape is not None:
-            problems.extend(shape_problems(table.name, shape, wanted, spec.partition_key))
+            problems.extend(shape_problems(table.name, shape, wanted, partitioned_by))
         inspection.target_table = LakeState(table.name, shape is not None, [(n, type_text(t)) for n, t in wanted],
-                                            [spec.partition_key], catalog)
+                                            partitioned_by, catalog)
+
+    def window_partitioning(self, windowing: Windowing, shape: TableShape | None) -> list[str]:
+        """How a table written by the spec's time windows is partitioned: an existing table's
+        own partitioning where it can hold them, else what apply creates.
+
+        Raises:
+            SpecError: the existing table's partitioning cannot hold the windows (naming what
+                to declare instead).
+        """
+        raise SpecError(f"partition_window is not built for a {self.spec.target.format} target; "
+                        "write a PostgreSQL target, or partition by a date column")
 
     def check_partitions(self, partitions: list[PartitionValue]) -> None:
         """Any partition value can be written (a format whose writes cannot says otherwise)."""

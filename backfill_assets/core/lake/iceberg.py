@@ -13,6 +13,7 @@ table promises.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,8 @@ from backfill_assets.core.lake.lake_files import plain_iceberg_files
 from backfill_assets.core.lake.tables import (
     META_PREFIX,
     LakeTable,
+    Part,
+    Span,
     TableShape,
     WrittenFile,
     among,
@@ -37,10 +40,12 @@ from backfill_assets.core.lake.tables import (
     commit_failed,
     key_bounds,
     local_path,
+    part_label,
     signature,
 )
 from backfill_assets.core.spec import IcebergTargetSpec
 from backfill_assets.core.vocabulary import PartitionValue, TableRef, partition_label
+from backfill_assets.core.windows import UTC, Bound, Windowing, windows_between
 
 
 class IcebergEngine(LakeEngine):
@@ -61,14 +66,122 @@ class IcebergEngine(LakeEngine):
         assert isinstance(table, IcebergLakeTable)
         return catalog_identity(table.url, table.warehouse)
 
+    def window_partitioning(self, windowing: Windowing, shape: TableShape | None) -> list[str]:
+        """Native partitions of the windows: the table's hidden partitioning (``hour``, ``day``,
+        ``month``, ``year`` of the column, in UTC for a time stamp) must cut time where the
+        windows do, so that a window's overwrite deletes whole partitions' files. A missing
+        table is created partitioned by the coarsest such transform (:func:`window_transform`).
+
+        Raises:
+            SpecError: the table is not partitioned by the column, or by a transform that splits
+                a window (an Iceberg ``day(ts)`` is a day in UTC, not in New York), naming what
+                to declare instead.
+        """
+        column = self.spec.partition_key
+        if shape is None:
+            return [f"{window_transform(windowing)}({column})"]
+        fits = _fitting_transform(windowing)
+        instead = (f"write it to a new table (apply creates one partitioned by {fits}({column})), or "
+                   if fits else "")
+        if not shape.partitioned_by:
+            raise SpecError(
+                f"{self.spec.target_name} is not partitioned, so a window's overwrite would rewrite files holding "
+                f"other windows' rows; {instead}partition it by {fits or 'hour'}({column})")
+        for field in shape.partitioned_by:
+            transform, _, source = field.removesuffix(")").partition("(")
+            if not source:
+                transform, source = "identity", transform
+            if source != column:
+                raise SpecError(
+                    f"{self.spec.target_name} is partitioned by {field}, not by the windows' column {column}: a "
+                    f"window's overwrite would not be one of its partitions; {instead}partition it by "
+                    f"{fits or 'hour'}({column}) alone")
+            if not _aligned(windowing, transform):
+                raise SpecError(
+                    f"{self.spec.target_name} is partitioned by {field}, {_cuts(transform)}, which cannot hold the "
+                    f"{windowing.grain}s of {windowing.tz} as its own partitions (a window would take part of "
+                    f"one); declare partition_window.time_zone: UTC, or {instead}partition it by "
+                    f"{fits or 'hour'}({column})")
+        return list(shape.partitioned_by)
+
     def held_elsewhere(self) -> tuple[list[TableRef], list[str]]:
         """A catalog kept in the spec's database: a lock on its tables holds every commit up."""
         in_database = self._target().catalog.uri_env is None
         return [], (list(CATALOG_TABLES) if in_database else [])
 
 
-def _iceberg_literal(value: PartitionValue) -> object:
+def _iceberg_literal(value: PartitionValue | Bound) -> object:
     return value.isoformat() if isinstance(value, dt.date) else value
+
+
+# Iceberg's transforms of a time stamp or date that a window can be a union of, finest first.
+_TRANSFORMS = ("hour", "day", "month", "year")
+_GRAIN_TRANSFORM = {"hour": "hour", "day": "day", "week": "day", "month": "month", "year": "year"}
+
+
+def _cuts(transform: str) -> str:
+    return "values" if transform == "identity" else f"{transform}s in UTC"
+
+
+def _on_boundary(bound: Bound, transform: str) -> bool:
+    """Whether ``transform``'s partitions of the column start at ``bound`` (an instant in UTC
+    for a time stamp, as Iceberg computes its transforms; a date)."""
+    if isinstance(bound, dt.datetime):
+        at = bound.astimezone(UTC)
+        if at.minute or at.second or at.microsecond:
+            return False
+        if transform == "hour":
+            return True
+        if at.hour:
+            return False
+        day = at.date()
+    elif transform == "hour":
+        return False  # Iceberg has no hour of a date
+    else:
+        day = bound
+    return transform == "day" or (day.day == 1 and (transform == "month" or day.month == 1))
+
+
+_SAMPLE = (dt.datetime(2000, 1, 1, tzinfo=UTC), dt.datetime(2040, 1, 1, tzinfo=UTC))
+
+
+@functools.lru_cache(maxsize=64)
+def _aligned(windowing: Windowing, transform: str) -> bool:
+    """Whether every window is a union of ``transform``'s partitions: its bounds fall on the
+    transform's, over the windows of 2000 to 2040 (an hour's bounds are whole hours in UTC
+    where the zone's offset from UTC is whole hours, which its days' bounds show)."""
+    if transform == "identity":
+        return True
+    if transform not in _TRANSFORMS:
+        return False
+    grain = "day" if windowing.grain == "hour" else windowing.grain
+    if windowing.grain == "hour" and transform != "hour":
+        return False
+    return all(_on_boundary(windowing.bound(w.start), transform)
+               for w in windows_between(*_SAMPLE, grain, windowing.tz))
+
+
+def _fitting_transform(windowing: Windowing) -> str | None:
+    """The coarsest transform the windows are unions of (the grain's own, else hours), or None."""
+    for transform in dict.fromkeys((_GRAIN_TRANSFORM[windowing.grain], "hour")):
+        if not (windowing.column_kind == "date" and transform == "hour") and _aligned(windowing, transform):
+            return transform
+    return None
+
+
+def window_transform(windowing: Windowing) -> str:
+    """The transform a new table's windows are partitioned by (:func:`_fitting_transform`).
+
+    Raises:
+        SpecError: none fits (a zone whose offset from UTC is not whole hours)."""
+    found = _fitting_transform(windowing)
+    if found is None:
+        raise SpecError(
+            f"no Iceberg partition transform (hour, day, month or year, in UTC) cuts time where the "
+            f"{windowing.grain}s of {windowing.tz} start (its offset from UTC is not whole hours), so an Iceberg "
+            "table cannot hold them as its own partitions; declare partition_window.time_zone: UTC, or write a "
+            "Delta or PostgreSQL target")
+    return found
 
 
 class IcebergLakeTable:
@@ -200,12 +313,17 @@ class IcebergLakeTable:
         snapshot = handle.current_snapshot()
         return None if snapshot is None else str(snapshot.snapshot_id)
 
-    def _filter(self, column: str, values: Sequence[PartitionValue]) -> Any:
-        from pyiceberg.expressions import EqualTo, In
-        literals = [_iceberg_literal(v) for v in values]
+    def _filter(self, column: str, values: Sequence[Part]) -> Any:
+        from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, In, LessThan, Or
+        spans = [v for v in values if isinstance(v, Span)]
+        if spans:  # windows: ranges of the column, which its hidden partitioning prunes by
+            ranges = [And(GreaterThanOrEqual(column, _iceberg_literal(s.start)), LessThan(column, _iceberg_literal(s.end)))
+                      for s in spans]
+            return ranges[0] if len(ranges) == 1 else Or(*ranges)
+        literals = [_iceberg_literal(v) for v in values if not isinstance(v, Span)]
         return EqualTo(column, literals[0]) if len(literals) == 1 else In(column, literals)
 
-    def _scan(self, handle: Any, snapshot_id: int | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+    def _scan(self, handle: Any, snapshot_id: int | None, column: str, values: Sequence[Part]) -> pa.Table:
         schema = handle.schema().as_arrow()
         if snapshot_id is None:
             return schema.empty_table()
@@ -216,11 +334,11 @@ class IcebergLakeTable:
             return handle.schema().as_arrow().empty_table().select(list(columns))
         return handle.scan(selected_fields=tuple(columns)).to_arrow()
 
-    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+    def read(self, handle: Any, column: str, values: Sequence[Part]) -> pa.Table:
         version = self.version(handle)
         return self._scan(handle, None if version is None else int(version), column, values)
 
-    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
+    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[Part],
                        keys: pa.Table) -> pa.Table | None:
         from pyiceberg.expressions import And, GreaterThanOrEqual, IsNull, LessThanOrEqual, Not, Or
         version = self.version(handle)
@@ -284,12 +402,12 @@ class IcebergLakeTable:
 
     SIGNAL = "manifest files"
 
-    def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
+    def partition_signatures(self, handle: Any, column: str, values: Sequence[Part],
                              version: str | None = None) -> dict[str, str | None] | None:
         """Each partition's data and delete files in the manifests (an Iceberg file is never
         written again) and the schema they are read with, at the handle's snapshot or at
         snapshot ``version``."""
-        labels = [partition_label(v) for v in values]
+        labels = [part_label(v) for v in values]
         if handle is None:
             return dict.fromkeys(labels, None)
         snapshot_id = version if version is not None else self.version(handle)
@@ -357,16 +475,18 @@ class IcebergLakeTable:
             ) from err
         return self._committed(handle, table, before, values, metadata)
 
-    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+    def read_version(self, version: str | None, column: str, values: Sequence[Part]) -> pa.Table:
         known = self._loaded is not None and version is not None and self._loaded.snapshot_by_id(int(version))
         handle = self._loaded if known else self._load()
         self._loaded = handle
         if handle is None:
-            raise VerificationError(", ".join(partition_label(v) for v in values), "read of the committed snapshot",
+            raise VerificationError(", ".join(part_label(v) for v in values), "read of the committed snapshot",
                                     f"{self.name} at snapshot {version}", "no table")
         return self._scan(handle, None if version is None else int(version), column, values)
 
-    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
+    def create(self, schema: pa.Schema, partition_key: str, windowing: Windowing | None = None) -> str | None:
+        """Partitioned by the key's values (identity), or for time windows by the transform of
+        the column that cuts time where they do (:func:`window_transform`)."""
         namespace = self.identifier.split(".")[0]
         Path(self.warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
         catalog = self.catalog()
@@ -377,14 +497,18 @@ class IcebergLakeTable:
         try:
             with catalog.create_table_transaction(self.identifier, schema=schema) as txn:
                 with txn.update_spec() as spec:
-                    spec.add_identity(partition_key)
+                    if windowing is None:
+                        spec.add_identity(partition_key)
+                    else:
+                        transform = window_transform(windowing)
+                        spec.add_field(partition_key, _transform(transform), f"{partition_key}_{transform}")
         except (TableAlreadyExistsError, CommitFailedException):
             problem = f"creating {self.name}: another writer created it first"
         else:
             return None  # a new Iceberg table has no snapshot
         raise TransientDatabaseError(problem)
 
-    def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
+    def overwrite(self, handle: Any, column: str, values: Sequence[Part], data: pa.Table,
                   metadata: Mapping[str, str], exclusive: bool = False) -> str:
         from pyiceberg.exceptions import CommitFailedException, ValidationException
         check_rows_in(data, column, values, self.name)
@@ -404,7 +528,7 @@ class IcebergLakeTable:
             ) from err
         return self._committed(handle, table, before, values, metadata)
 
-    def _committed(self, handle: Any, table: Any, before: str | None, values: Sequence[PartitionValue],
+    def _committed(self, handle: Any, table: Any, before: str | None, values: Sequence[Part],
                    metadata: Mapping[str, str]) -> str | None:
         """Our commit's snapshot, checked to carry our plan (``before`` where nothing was
         committed); the handle then reads it."""
@@ -418,7 +542,13 @@ class IcebergLakeTable:
         if snapshot.summary is None or \
                 snapshot.summary.additional_properties.get(META_PREFIX + "plan_id") != metadata.get(META_PREFIX + "plan_id"):
             raise VerificationError(
-                ", ".join(partition_label(v) for v in values), f"snapshot summary of {self.name}",
+                ", ".join(part_label(v) for v in values), f"snapshot summary of {self.name}",
                 f"a snapshot by plan {metadata.get(META_PREFIX + 'plan_id', '')[:16]}", "another snapshot",
             )
         return str(snapshot.snapshot_id)
+
+
+def _transform(name: str) -> Any:
+    """pyiceberg's transform named ``name`` (hour, day, month, year)."""
+    from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
+    return {"hour": HourTransform, "day": DayTransform, "month": MonthTransform, "year": YearTransform}[name]()

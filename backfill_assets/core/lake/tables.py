@@ -37,22 +37,69 @@ between, without relying on either library keeping that behaviour.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import functools
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 
 from backfill_assets.core.errors import BackfillError, LakeTargetError, VerificationError
 from backfill_assets.core.pg.db import as_transient
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
+from backfill_assets.core.windows import Bound, Windowing
 
 # Commit metadata keys (Delta commit properties, Iceberg snapshot summary).
 META_PREFIX = "backfill_assets."
+
+
+@dataclass(frozen=True)
+class Span:
+    """A time window (core.windows) as a lake column holds its bounds: the partition's rows
+    are those with ``start <= column < end`` (an instant in UTC for a timestamptz column, the
+    clock's reading for a ``timestamp``, a date for a date column)."""
+
+    start: Bound
+    end: Bound
+    label: str
+
+
+# A partition as a lake table is asked for it: a value of the partition column, or a window.
+Part = PartitionValue | Span
+
+
+def part_label(part: Part) -> str:
+    """The partition's label: a window's own, or the value's (vocabulary.partition_label)."""
+    return part.label if isinstance(part, Span) else partition_label(part)
+
+
+def _bound_type(bound: Bound) -> pa.DataType:
+    """The Arrow type of a lake column holding ``bound``: a UTC-adjusted time stamp, a plain
+    one, or a date."""
+    if isinstance(bound, dt.datetime):
+        return pa.timestamp("us", tz="UTC") if bound.tzinfo is not None else pa.timestamp("us")
+    return pa.date32()
+
+
+def arrow_filter(column: str, parts: Sequence[Part]) -> pads.Expression:
+    """The rows of ``parts`` as a dataset filter: the value among the values, or in one of the
+    windows' ranges (which a file's and a row group's statistics prune by)."""
+    values = [p for p in parts if not isinstance(p, Span)]
+    field = pads.field(column)
+    terms = [field.isin(values)] if values else []
+    for span in (p for p in parts if isinstance(p, Span)):
+        t = _bound_type(span.start)
+        terms.append((field >= pa.scalar(span.start, t)) & (field < pa.scalar(span.end, t)))
+    if not terms:
+        return pads.scalar(False)
+    return functools.reduce(operator.or_, terms)
 
 
 @dataclass(frozen=True)
@@ -83,11 +130,11 @@ class LakeTable(Protocol):
         """The version (Delta) or snapshot id (Iceberg) a handle reads; None: no commit yet."""
         ...
 
-    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+    def read(self, handle: Any, column: str, values: Sequence[Part]) -> pa.Table:
         """The rows of some partitions as the handle's version holds them."""
         ...
 
-    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+    def read_version(self, version: str | None, column: str, values: Sequence[Part]) -> pa.Table:
         """The rows of some partitions at exactly ``version``, read afresh."""
         ...
 
@@ -95,9 +142,10 @@ class LakeTable(Protocol):
         """Some columns of every row, as the handle's version holds them."""
         ...
 
-    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
-        """Create the table, empty, partitioned by ``partition_key`` (identity); return the
-        version that creation made (what :meth:`version` says of a handle opened right after,
+    def create(self, schema: pa.Schema, partition_key: str, windowing: Windowing | None = None) -> str | None:
+        """Create the table, empty, partitioned by ``partition_key`` (identity; for time
+        windows as the format holds them: Delta not partitioned, Iceberg by the transform that
+        cuts time where they do); return the version that creation made (what :meth:`version` says of a handle opened right after,
         unless another writer came in between).
 
         Raises:
@@ -109,7 +157,7 @@ class LakeTable(Protocol):
         """Release the catalog's connections."""
         ...
 
-    def overwrite(self, handle: Any, column: str, values: Sequence[PartitionValue], data: pa.Table,
+    def overwrite(self, handle: Any, column: str, values: Sequence[Part], data: pa.Table,
                   metadata: Mapping[str, str], exclusive: bool = False) -> str | None:
         """Replace the partitions with ``data`` in one commit based on the handle's version;
         return the committed version. The handle then reads that version. ``exclusive``: the
@@ -122,7 +170,7 @@ class LakeTable(Protocol):
         """
         ...
 
-    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[PartitionValue],
+    def keys_elsewhere(self, handle: Any, column: str, values: Sequence[Part],
                        keys: pa.Table) -> pa.Table | None:
         """The rows, as the handle's version holds them, outside the partitions ``values``
         whose business key (the columns of ``keys``) is one of ``keys``' rows: their
@@ -145,7 +193,7 @@ class LakeTable(Protocol):
         longer an ancestor of the handle's."""
         ...
 
-    def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
+    def partition_signatures(self, handle: Any, column: str, values: Sequence[Part],
                              version: str | None = None) -> dict[str, str | None] | None:
         """Label -> what each partition is made of, from metadata only (its data files, no row
         read), as the handle's version holds it or, with ``version``, at that version; equal
@@ -233,8 +281,10 @@ def type_text(t: pa.DataType) -> str:
 
 
 def shape_problems(name: str, shape: TableShape, wanted: Sequence[tuple[str, pa.DataType]],
-                   partition_key: str) -> list[str]:
-    """Why an existing lake table cannot take the stage's rows, naming each column."""
+                   partitioned_by: Sequence[str]) -> list[str]:
+    """Why an existing lake table cannot take the stage's rows, naming each column
+    (``partitioned_by``: how the rows must be partitioned, the partition key itself or, for
+    time windows, what the format checked)."""
     problems = []
     have = dict(shape.columns)
     for column, want in wanted:
@@ -257,10 +307,10 @@ def shape_problems(name: str, shape: TableShape, wanted: Sequence[tuple[str, pa.
             f"{name} has the constraint {constraint}, which could refuse the stage's rows at commit; "
             "drop it, or keep it out of the table this tool writes"
         )
-    if shape.partitioned_by != [partition_key]:
+    if list(shape.partitioned_by) != list(partitioned_by):
         problems.append(
             f"{name} is partitioned by ({', '.join(shape.partitioned_by) or 'nothing'}), "
-            f"not by the partition key ({partition_key})"
+            f"not by the partition key ({', '.join(partitioned_by)})"
         )
     return problems
 
@@ -309,22 +359,24 @@ class KeysFound:
     examples: list[str]
 
 
-def keys_found(found: pa.Table | None, column: str, key_columns: Sequence[str]) -> KeysFound | None:
-    """What :meth:`LakeTable.keys_elsewhere` found, for a message; None if nothing."""
+def keys_found(found: pa.Table | None, column: str, key_columns: Sequence[str],
+               name: Callable[[Any], str] = partition_label) -> KeysFound | None:
+    """What :meth:`LakeTable.keys_elsewhere` found, for a message; None if nothing. ``name``
+    names the partition of a column value (a window's label for windows)."""
     if found is None or found.num_rows == 0:
         return None
-    labels = sorted({"NULL" if v is None else partition_label(v) for v in pc.unique(found[column]).to_pylist()})
+    labels = sorted({"NULL" if v is None else name(v) for v in pc.unique(found[column]).to_pylist()})
     count = found.group_by(list(key_columns)).aggregate([]).num_rows
     first = found.sort_by([(c, "ascending") for c in (*key_columns, column)]).slice(0, EXAMPLE_KEYS)
     examples = [
         ", ".join(f"{c}={row[c]}" for c in key_columns)
-        + f" in {'NULL' if row[column] is None else partition_label(row[column])}"
+        + f" in {'NULL' if row[column] is None else name(row[column])}"
         for row in first.to_pylist()
     ]
     return KeysFound(labels, count, examples)
 
 
-def check_rows_in(data: pa.Table, column: str, values: Sequence[PartitionValue], name: str) -> None:
+def check_rows_in(data: pa.Table, column: str, values: Sequence[Part], name: str) -> None:
     """Every row of ``data`` must lie in one of the partitions ``values`` (pyiceberg writes
     rows outside an overwrite's filter into other partitions instead of refusing them).
 
@@ -333,19 +385,18 @@ def check_rows_in(data: pa.Table, column: str, values: Sequence[PartitionValue],
     """
     if data.num_rows == 0:
         return
-    inside = pc.is_in(data[column], value_set=pa.array(list(values), type=data.schema.field(column).type))
-    outside = data.num_rows - pc.sum(pc.fill_null(inside, False).cast(pa.int64())).as_py()
+    inside = pads.dataset(data.select([column])).count_rows(filter=arrow_filter(column, values))
+    outside = data.num_rows - inside
     if outside:
-        raise VerificationError(
-            ", ".join(partition_label(v) for v in values), f"partition check before writing {name}",
-            f"every row in partition(s) {', '.join(partition_label(v) for v in values)}", f"{outside} row(s) outside",
-        )
+        labels = ", ".join(part_label(v) for v in values)
+        raise VerificationError(labels, f"partition check before writing {name}",
+                                f"every row in partition(s) {labels}", f"{outside} row(s) outside")
 
 
-def commit_failed(name: str, values: Sequence[PartitionValue], base: object, exclusive: bool, why: str) -> str:
+def commit_failed(name: str, values: Sequence[Part], base: object, exclusive: bool, why: str) -> str:
     """The problem of an overwrite another writer's commit made fail (TransientDatabaseError
     adds that it is safe to retry)."""
-    labels = ", ".join(partition_label(v) for v in values)
+    labels = ", ".join(part_label(v) for v in values)
     if exclusive:
         return (f"replacing partition(s) {labels} of {name}: another writer committed to the table after "
                 f"version {base}, which our commit had to follow directly (with records_can_move the "

@@ -42,10 +42,19 @@ from backfill_assets.core.errors import BackfillError, KeysElsewhereError, Trans
 from backfill_assets.core.fingerprint.arrow import arrow_readings
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.rows import Reading
-from backfill_assets.core.lake.tables import META_PREFIX, KeysFound, LakeTable, keys_found, lake_errors
+from backfill_assets.core.lake.tables import META_PREFIX, KeysFound, LakeTable, Part, Span, keys_found, lake_errors
 from backfill_assets.core.pg.db import transient_errors
 from backfill_assets.core.targets.common import AdvisoryLocked
-from backfill_assets.core.vocabulary import PartitionValue
+
+
+def part_of(ctx: Context, label: str) -> Part:
+    """The partition ``label`` as a lake table is asked for it: its value, or its window's
+    bounds as the column holds them."""
+    windowing = ctx.windowing
+    if windowing is None:
+        return ctx.value_of(label)
+    window = windowing.window(label)
+    return Span(windowing.bound(window.start), windowing.bound(window.end), label)
 
 
 class LakeTarget(AdvisoryLocked):
@@ -66,6 +75,12 @@ class LakeTarget(AdvisoryLocked):
         self._rechecked: dict[str, pa.Table] = {}  # label -> stage A's rows read by the recheck
         self._known: dict[int, tuple[pa.Table, Reading]] = {}  # id(rows) -> (rows, their readings)
         self._keeping = False  # from a recheck to the end of its write: readings kept by rows
+
+    def part(self, label: str) -> Part:
+        return part_of(self.ctx, label)
+
+    def parts(self, labels: list[str]) -> list[Part]:
+        return [self.part(label) for label in labels]
 
     def fingerprint(self, data: pa.Table) -> Reading:
         """The readings of one partition's rows in Arrow (the canonical fingerprint)."""
@@ -88,7 +103,7 @@ class LakeTarget(AdvisoryLocked):
         if handle is None:  # no table yet: every partition is empty
             return {label: self.readings_of(self.schema.empty_table()) for label in labels}
         pk = self.ctx.spec.partition_key
-        return {label: self.readings_of(self.table.read(handle, pk, [self.ctx.value_of(label)])) for label in labels}
+        return {label: self.readings_of(self.table.read(handle, pk, [self.part(label)])) for label in labels}
 
     def readings(self, labels: list[str]) -> dict[str, Reading]:
         with lake_errors(self.table, "reading"):
@@ -96,7 +111,7 @@ class LakeTarget(AdvisoryLocked):
 
     def signals(self, labels: list[str]) -> Signals:
         """Each partition's files as the table's current version lists them (LakeTable.partition_signatures)."""
-        values = [self.ctx.value_of(label) for label in labels]
+        values = self.parts(labels)
         with lake_errors(self.table, "listing the files of"):
             handle = self.table.open()
             found = self.table.partition_signatures(handle, self.ctx.spec.partition_key, values)
@@ -106,7 +121,7 @@ class LakeTarget(AdvisoryLocked):
         return Signals(self.table.SIGNAL, found, at=handle)
 
     def signals_at(self, version: str, labels: list[str]) -> dict[str, str | None] | None:
-        values = [self.ctx.value_of(label) for label in labels]
+        values = self.parts(labels)
         try:
             with lake_errors(self.table, f"listing the files of version {version} of"):
                 return self.table.partition_signatures(self.table.open(), self.ctx.spec.partition_key, values, version)
@@ -118,7 +133,7 @@ class LakeTarget(AdvisoryLocked):
         each partition differ from the version before (the commits that touched it: a write, a
         compaction, a delete); None where the table keeps no versions, ``version`` is gone, or
         there are more than ``most``."""
-        values = [self.ctx.value_of(label) for label in labels]
+        values = self.parts(labels)
         pk = self.ctx.spec.partition_key
         try:
             with lake_errors(self.table, f"listing the versions after {version} of"):
@@ -198,7 +213,7 @@ class LakeTarget(AdvisoryLocked):
     def committed_readings(self, labels: list[str]) -> dict[str, Reading]:
         version, pk = self._committed[labels[0]], self.ctx.spec.partition_key
         with lake_errors(self.table, f"reading back version {version} of"):
-            return {label: self.readings_of(self.table.read_version(version, pk, [self.ctx.value_of(label)]))
+            return {label: self.readings_of(self.table.read_version(version, pk, [self.part(label)]))
                     for label in labels}
 
     def committed_version(self, labels: list[str]) -> str | None:
@@ -237,7 +252,7 @@ class LakeWrite:
         assert self.pending is not None
         handle = self.created()
         spec = t.ctx.spec
-        values = [t.ctx.value_of(label) for label in labels]
+        values = t.parts(labels)
         # With records_can_move: the keys written here, in no other partition at the version
         # our commit is based on, and nothing committed between that version and ours.
         guarded = spec.records_can_move and self.writes_keys(labels)
@@ -269,7 +284,7 @@ class LakeWrite:
         """The handle our commit is based on, the table created first if it is missing."""
         t = self.target
         if self.handle is None:
-            created = t.table.create(t.schema, t.ctx.spec.partition_key)
+            created = t.table.create(t.schema, t.ctx.spec.partition_key, t.ctx.windowing)
             self.handle = t.table.open()
             # Our commit is based on this handle: it must be the table as created, or the rows
             # of a writer that came in between would be overwritten without a conflict.
@@ -286,7 +301,7 @@ class LakeWrite:
         keys = list(self.target.ctx.spec.business_key)
         return pa.concat_tables([self.pending[label].select(keys) for label in labels])
 
-    def overwrite(self, handle: Any, labels: list[str], values: list[PartitionValue], exclusive: bool) -> str | None:
+    def overwrite(self, handle: Any, labels: list[str], values: list[Part], exclusive: bool) -> str | None:
         """The commit of the pending rows of ``labels``, based on the handle's version."""
         t = self.target
         assert self.pending is not None
@@ -300,9 +315,11 @@ class LakeWrite:
         """Whether the write puts any row (so any business key) into ``labels``."""
         return self.keys(labels).num_rows > 0
 
-    def keys_elsewhere(self, handle: Any, labels: list[str], values: list[PartitionValue]) -> KeysFound | None:
+    def keys_elsewhere(self, handle: Any, labels: list[str], values: list[Part]) -> KeysFound | None:
         """The keys being written that the handle's version holds outside ``values``."""
         t = self.target
         spec = t.ctx.spec
+        windowing = t.ctx.windowing
         return keys_found(t.table.keys_elsewhere(handle, spec.partition_key, values, self.keys(labels)),
-                          spec.partition_key, spec.business_key)
+                          spec.partition_key, spec.business_key,
+                          *(() if windowing is None else (windowing.label_at,)))

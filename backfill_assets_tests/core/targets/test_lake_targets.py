@@ -390,8 +390,8 @@ def test_a_writer_right_after_our_create_fails_our_first_commit_and_keeps_its_ro
     at = dt.datetime(2024, 1, 3, tzinfo=dt.timezone.utc)
     theirs = [(dt.date(2024, 1, 3), 7, 7, at, 7, None, "theirs", "")]
 
-    def create_then_another_writer(self, schema, partition_key):
-        created = create(self, schema, partition_key)
+    def create_then_another_writer(self, schema, partition_key, windowing=None):
+        created = create(self, schema, partition_key, windowing)
         Lake(fmt, spec, unmoved_db).overwrite(dt.date(2024, 1, 3), theirs, LAKE_SCHEMA)
         return created
 

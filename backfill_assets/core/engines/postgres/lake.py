@@ -22,7 +22,7 @@ from backfill_assets.core.fingerprint.arrow import canonical_texts
 from backfill_assets.core.fingerprint.stage_arrow import read_stage_partition
 from backfill_assets.core.lake.engine import LakeEngine, refuse_keys_in_several_partitions
 from backfill_assets.core.lake.tables import lake_errors
-from backfill_assets.core.lake.target import LakeTarget
+from backfill_assets.core.lake.target import LakeTarget, part_of
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import describe_query, inspect_source
 from backfill_assets.core.pg.db import ConnectionFactory, read_committed
@@ -127,7 +127,7 @@ class StagedLake:
         conn.execute(sqlbuild.drop_table(rows))
         conn.execute(sqlbuild.create_text_table(rows.name, spec.columns))
         table = self.engine.table(conn)
-        values = [ctx.value_of(label)]
+        values = [part_of(ctx, label)]
         try:
             with lake_errors(table, f"reading partition {label} of"):
                 if version is not None:
@@ -149,7 +149,7 @@ class StagedLake:
         checked = [(c.name, c.base_type) for c in ctx.target_columns if c.base_type in sqlbuild.unholdable_kinds()]
         if not checked:
             return []
-        rows = conn.execute(*sqlbuild.unholdable_values(ctx.stage("a"), spec.partition_key, checked, ctx.partitions))
+        rows = conn.execute(*sqlbuild.unholdable_values(ctx.stage("a"), ctx.by, checked, ctx.partitions))
         return [
             f"partition {label}: column {name} has {n} value(s) a {spec.target.format} column cannot hold "
             "(an infinite or BC date or time stamp, a year after 9999, or NaN in a decimal); fix them in the "
@@ -170,7 +170,7 @@ class PostgresLakeTarget(LakeTarget):
     def read_stage(self, label: str) -> pa.Table:
         """Stage A's rows of one partition, in the lake schema and business-key order."""
         ctx, spec = self.ctx, self.ctx.spec
-        return read_stage_partition(self.conn, ctx.stage("a"), ctx.target_columns, spec.partition_key,
+        return read_stage_partition(self.conn, ctx.stage("a"), ctx.target_columns, ctx.by,
                                     ctx.value_of(label), spec.business_key).cast(self.schema)
 
     def data_transaction(self) -> contextlib.AbstractContextManager[None]:

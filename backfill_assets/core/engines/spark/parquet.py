@@ -54,6 +54,7 @@ from backfill_assets.core.errors import SpecError, TransientDatabaseError
 from backfill_assets.core.lake.engine import LakeEngine
 from backfill_assets.core.lake.tables import LakeTable, TableShape, local_path, signature
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
+from backfill_assets.core.windows import Windowing
 
 STAGING = "_backfill_staging"  # new partitions being written, and what a killed run left
 REPLACED = "_backfill_replaced"  # old partitions, kept for readers that listed them
@@ -260,7 +261,7 @@ class ParquetFolderTable(LakeTable):
                 parts.append(data.select(list(columns)))
         return pa.concat_tables(parts, promote_options="permissive") if parts else pa.table({})
 
-    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
+    def create(self, schema: pa.Schema, partition_key: str, windowing: Windowing | None = None) -> str | None:
         self.root.mkdir(parents=True, exist_ok=True)
         created = self._listing()
         assert created is not None

@@ -34,6 +34,7 @@ from backfill_assets.core.fingerprint.kinds import lake_type
 from backfill_assets.core.lake.engine import LakeEngine
 from backfill_assets.core.lake.tables import LakeTable, TableShape, signature
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
+from backfill_assets.core.windows import Windowing
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -133,7 +134,7 @@ class SparkCatalogTable(LakeTable):
     def read_columns(self, handle: Any, columns: Sequence[str]) -> pa.Table:
         raise SpecError("records_can_move is not supported on a spark_table target")
 
-    def create(self, schema: pa.Schema, partition_key: str) -> str | None:
+    def create(self, schema: pa.Schema, partition_key: str, windowing: Windowing | None = None) -> str | None:
         raise SpecError(f"{self.name} does not exist; create it first, partitioned by {partition_key} "
                         "(CREATE TABLE ... USING parquet PARTITIONED BY (...)), so that its location and format "
                         "are yours")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, ValuesBy, as_by
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, ValuesBy, WholeBy, as_by
 from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, order_by, table
 from backfill_assets.core.vocabulary import TableRef
 
@@ -87,7 +87,9 @@ def partition_diff(
     by = as_by(by)
     business_key = [k.column for k in order]
     as_text = right_as_text is not None
-    right_by: PartitionBy = ValuesBy(by.column) if as_text else by
+    # As text, a value partition's rows are those whose key text is its label; a window's
+    # text table holds that window's rows alone (its column's text is not the label).
+    right_by: PartitionBy = (ValuesBy(by.column) if isinstance(by, ValuesBy) else WholeBy(by.column)) if as_text else by
     right_side = _side(right, right_by, business_key, columns, as_text=False, param="right_partition")
     if as_text:
         right_side = _SIDE_BY_KEY.format(keys=sql.SQL(", ").join(sql.Identifier(k) for k in business_key),

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, as_by
 from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, order_by, table
 from backfill_assets.core.vocabulary import TableRef
 
@@ -18,7 +19,7 @@ from backfill_assets.core.vocabulary import TableRef
 # Every row starts with a constant 0: pyarrow drops a byte-order mark (U+FEFF) at the start of
 # the text it parses, which would otherwise be the first value of the first row of each batch.
 _COPY_CSV = sql.SQL(
-    "COPY (SELECT 0, {cols} FROM {rel} AS t WHERE {pk} = %(partition)s ORDER BY {order}) "
+    "COPY (SELECT 0, {cols} FROM {rel} AS t WHERE {at} ORDER BY {order}) "
     "TO STDOUT (FORMAT csv)"
 )
 
@@ -37,16 +38,17 @@ def read_settings() -> Query:
 
 
 def copy_partition_csv(
-    rel: TableRef, columns: Sequence[str], partition_key: str, order: Sequence[OrderKey], partition: object,
+    rel: TableRef, columns: Sequence[str], by: PartitionBy | str, order: Sequence[OrderKey], partition: object,
 ) -> Query:
     """CSV COPY of one partition of ``rel`` (aliased ``t``): a constant 0, then ``columns`` in
-    the given order, rows in ``order``. The partition value is bound by psycopg on the client (COPY takes no
-    parameters)."""
+    the given order, rows in ``order``. The partition (a value, or a window's bounds) is bound by
+    psycopg on the client (COPY takes no parameters)."""
+    by = as_by(by)
     query = _COPY_CSV.format(
         cols=sql.SQL(", ").join(col("t", c) for c in columns), rel=table(rel),
-        pk=col("t", partition_key), order=order_by("t", order),
+        at=by.at("t"), order=order_by("t", order),
     )
-    return query, {"partition": partition}
+    return query, by.bind_one(partition)
 
 
 # Values a lake column cannot hold, by the column's base type (the lake keeps years 1..9999,
@@ -60,7 +62,7 @@ _UNHOLDABLE = {
     "numeric": sql.SQL("{c} = 'NaN'::numeric"),
 }
 _UNHOLDABLE_COUNTS = sql.SQL(
-    "SELECT {pk}::text, {counts} FROM {rel} AS t WHERE {pk} = ANY(%(partitions)s) GROUP BY {pk} ORDER BY {pk}"
+    "SELECT {name}::text, {counts} FROM {rel} AS t WHERE {among} GROUP BY {key} ORDER BY {key}"
 )
 
 
@@ -69,13 +71,15 @@ def unholdable_kinds() -> frozenset[str]:
     return frozenset(_UNHOLDABLE)
 
 
-def unholdable_values(rel: TableRef, partition_key: str, columns: Sequence[tuple[str, str]], partitions: list) -> Query:
+def unholdable_values(rel: TableRef, by: PartitionBy | str, columns: Sequence[tuple[str, str]],
+                      partitions: list) -> Query:
     """Per partition of ``rel`` among ``partitions``: how many values of each ``(column, base
     type)`` a lake column could not hold. Rows: (partition text, count per column...)."""
     counts = sql.SQL(", ").join(
         sql.SQL("count(*) FILTER (WHERE {})").format(_UNHOLDABLE[base].format(c=col("t", name)))
         for name, base in columns
     )
-    return _UNHOLDABLE_COUNTS.format(pk=col("t", partition_key), counts=counts, rel=table(rel)), {
-        "partitions": partitions
-    }
+    by = as_by(by)
+    key = by.key("t")
+    return _UNHOLDABLE_COUNTS.format(name=by.name(key), key=key, counts=counts, rel=table(rel),
+                                     among=by.among("t")), by.bind(partitions)

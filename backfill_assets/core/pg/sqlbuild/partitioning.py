@@ -149,6 +149,36 @@ class WindowsBy:
                 f"{param}__hi": self.windowing.bound(window.end)}
 
 
+@dataclass(frozen=True)
+class WholeBy:
+    """Every row of the relation is the one partition asked for: a table that holds a single
+    partition's rows already (a lake window's rows rendered as text, whose column's text is
+    not the window's label)."""
+
+    column: str
+
+    def key(self, alias: str | None, param: str = "partitions") -> sql.Composable:
+        return sql.Placeholder(param)
+
+    def name(self, key: sql.Composable, param: str = "partitions") -> sql.Composable:
+        return key
+
+    def value(self, column: sql.Composable) -> sql.Composable:
+        return column
+
+    def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
+        return sql.SQL("true")
+
+    def at(self, alias: str | None, param: str = "partition") -> sql.Composable:
+        return sql.SQL("true")
+
+    def bind(self, partitions: Sequence[object], param: str = "partitions") -> dict[str, Any]:
+        return {param: str(partitions[0]) if partitions else None}
+
+    def bind_one(self, partition: object, param: str = "partition") -> dict[str, Any]:
+        return {}
+
+
 def as_by(by: PartitionBy | str) -> PartitionBy:
     """``by``, or the value partitions of the column it names (the simple case, spelled as
     the partition key's name)."""

@@ -11,11 +11,38 @@ a row with a NULL in a candidate key is left out of that candidate's groups.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.vocabulary import PartitionValue
+from backfill_assets.core.windows import Bound, Windowing, window_at
+
+# At most this many counts look for the first windows holding rows (profile's sample).
+WINDOW_SCANS = 20
+
+
+def first_windows(windowing: Windowing, first: Bound | None, last: Bound | None,
+                  counts: Callable[[list[str]], dict], limit: int) -> list[PartitionValue]:
+    """The first ``limit`` windows holding rows, for a column whose least and greatest values
+    are ``first`` and ``last``: from the window of the earliest value, ``counts`` (label ->
+    rows) of each next ``limit`` windows, up to the latest value or :data:`WINDOW_SCANS` counts."""
+    if first is None or last is None:
+        return []
+    window, found = windowing.window(windowing.label_at(first)), []
+    end = windowing.window(windowing.label_at(last)).end
+    for _ in range(WINDOW_SCANS):
+        windows = []
+        while window.start < end and len(windows) < limit:
+            windows.append(window)
+            window = window_at(window.end, windowing.grain, windowing.tz)
+        if not windows:
+            break
+        found_now = counts([w.label for w in windows])
+        found += [w.label for w in windows if found_now.get(w.label)]
+        if len(found) >= limit:
+            break
+    return found[:limit]
 
 
 class SourceProfiler(Protocol):

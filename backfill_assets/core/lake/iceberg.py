@@ -114,6 +114,19 @@ def _iceberg_literal(value: PartitionValue | Bound) -> object:
     return value.isoformat() if isinstance(value, dt.date) else value
 
 
+def iceberg_filter(column: str, values: Sequence[Part]) -> Any:
+    """The rows of some partitions as a pyiceberg row filter: the value equal to one of the
+    values, or in one of the windows' ranges (which hidden partitioning and file metrics prune by)."""
+    from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, In, LessThan, Or
+    spans = [v for v in values if isinstance(v, Span)]
+    if spans:
+        ranges = [And(GreaterThanOrEqual(column, _iceberg_literal(s.start)), LessThan(column, _iceberg_literal(s.end)))
+                  for s in spans]
+        return ranges[0] if len(ranges) == 1 else Or(*ranges)
+    literals = [_iceberg_literal(v) for v in values if not isinstance(v, Span)]
+    return EqualTo(column, literals[0]) if len(literals) == 1 else In(column, literals)
+
+
 # Iceberg's transforms of a time stamp or date that a window can be a union of, finest first.
 _TRANSFORMS = ("hour", "day", "month", "year")
 _GRAIN_TRANSFORM = {"hour": "hour", "day": "day", "week": "day", "month": "month", "year": "year"}
@@ -314,14 +327,7 @@ class IcebergLakeTable:
         return None if snapshot is None else str(snapshot.snapshot_id)
 
     def _filter(self, column: str, values: Sequence[Part]) -> Any:
-        from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, In, LessThan, Or
-        spans = [v for v in values if isinstance(v, Span)]
-        if spans:  # windows: ranges of the column, which its hidden partitioning prunes by
-            ranges = [And(GreaterThanOrEqual(column, _iceberg_literal(s.start)), LessThan(column, _iceberg_literal(s.end)))
-                      for s in spans]
-            return ranges[0] if len(ranges) == 1 else Or(*ranges)
-        literals = [_iceberg_literal(v) for v in values if not isinstance(v, Span)]
-        return EqualTo(column, literals[0]) if len(literals) == 1 else In(column, literals)
+        return iceberg_filter(column, values)
 
     def _scan(self, handle: Any, snapshot_id: int | None, column: str, values: Sequence[Part]) -> pa.Table:
         schema = handle.schema().as_arrow()

@@ -80,12 +80,26 @@ def part_label(part: Part) -> str:
     return part.label if isinstance(part, Span) else partition_label(part)
 
 
-def _bound_type(bound: Bound) -> pa.DataType:
+def span_of(windowing: Windowing, label: str) -> Span:
+    """The window ``label`` as the column holds its bounds (core.windows.Windowing.bound)."""
+    window = windowing.window(label)
+    return Span(windowing.bound(window.start), windowing.bound(window.end), label)
+
+
+def bound_type(bound: Bound) -> pa.DataType:
     """The Arrow type of a lake column holding ``bound``: a UTC-adjusted time stamp, a plain
     one, or a date."""
     if isinstance(bound, dt.datetime):
         return pa.timestamp("us", tz="UTC") if bound.tzinfo is not None else pa.timestamp("us")
     return pa.date32()
+
+
+def spans_table(spans: Sequence[Span]) -> pa.Table:
+    """Windows as rows (``label``, ``lo``, ``hi``) for an engine to join a column with: a row is
+    in the window whose ``lo <= column < hi``."""
+    t = bound_type(spans[0].start) if spans else pa.timestamp("us", tz="UTC")
+    return pa.table({"label": pa.array([s.label for s in spans], pa.string()),
+                     "lo": pa.array([s.start for s in spans], t), "hi": pa.array([s.end for s in spans], t)})
 
 
 def arrow_filter(column: str, parts: Sequence[Part]) -> pads.Expression:
@@ -95,7 +109,7 @@ def arrow_filter(column: str, parts: Sequence[Part]) -> pads.Expression:
     field = pads.field(column)
     terms = [field.isin(values)] if values else []
     for span in (p for p in parts if isinstance(p, Span)):
-        t = _bound_type(span.start)
+        t = bound_type(span.start)
         terms.append((field >= pa.scalar(span.start, t)) & (field < pa.scalar(span.end, t)))
     if not terms:
         return pads.scalar(False)

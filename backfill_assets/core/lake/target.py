@@ -31,7 +31,7 @@ The protocol of core.apply, for a lake table:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -42,7 +42,7 @@ from backfill_assets.core.errors import BackfillError, KeysElsewhereError, Trans
 from backfill_assets.core.fingerprint.arrow import arrow_readings
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.rows import Reading
-from backfill_assets.core.lake.tables import META_PREFIX, KeysFound, LakeTable, Part, Span, keys_found, lake_errors
+from backfill_assets.core.lake.tables import META_PREFIX, KeysFound, LakeTable, Part, keys_found, lake_errors, span_of
 from backfill_assets.core.pg.db import transient_errors
 from backfill_assets.core.targets.common import AdvisoryLocked
 
@@ -51,10 +51,12 @@ def part_of(ctx: Context, label: str) -> Part:
     """The partition ``label`` as a lake table is asked for it: its value, or its window's
     bounds as the column holds them."""
     windowing = ctx.windowing
-    if windowing is None:
-        return ctx.value_of(label)
-    window = windowing.window(label)
-    return Span(windowing.bound(window.start), windowing.bound(window.end), label)
+    return ctx.value_of(label) if windowing is None else span_of(windowing, label)
+
+
+def parts_of(ctx: Context, labels: Sequence[str] | None = None) -> list[Part]:
+    """:func:`part_of` of each of ``labels`` (default: the context's partitions)."""
+    return [part_of(ctx, label) for label in (ctx.labels if labels is None else labels)]
 
 
 class LakeTarget(AdvisoryLocked):

@@ -10,13 +10,13 @@ import pyarrow as pa
 
 from backfill_assets.core.duck import copy_batches
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.lake.iceberg import IcebergLakeTable
+from backfill_assets.core.lake.iceberg import IcebergLakeTable, iceberg_filter
 from backfill_assets.core.lake.lake_files import files_digest, plain_iceberg_files, task_files
-from backfill_assets.core.lake.tables import local_path
+from backfill_assets.core.lake.tables import Part, local_path, part_label
 from backfill_assets.core.pinned.pins import Pin
-from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource, plan_again, quoted
+from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource, in_windows, plan_again, quoted, spans_in
 from backfill_assets.core.spec import IcebergSourceSpec
-from backfill_assets.core.vocabulary import PartitionValue, partition_label
+from backfill_assets.core.vocabulary import PartitionValue
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -34,7 +34,9 @@ class IcebergSource(LakeSource):
             raise SpecError(f"source {self.name} does not exist in its catalog; check source.table and source.catalog")
         return handle
 
-    def _filter(self, partition_key: str, values: Sequence[PartitionValue]) -> Any:
+    def _filter(self, partition_key: str, values: Sequence[Part]) -> Any:
+        if spans_in(values):  # windows: ranges of the column
+            return iceberg_filter(partition_key, values)
         from pyiceberg.expressions import In
         return In(partition_key, list(values))
 
@@ -42,12 +44,12 @@ class IcebergSource(LakeSource):
         snapshot = self._handle().current_snapshot()
         return Pin("none" if snapshot is None else str(snapshot.snapshot_id))
 
-    def _tasks(self, handle: Any, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> list[Any]:
+    def _tasks(self, handle: Any, pin: Pin, partition_key: str, values: Sequence[Part]) -> list[Any]:
         if pin.version == "none":
             return []
         return list(handle.scan(snapshot_id=int(pin.version), row_filter=self._filter(partition_key, values)).plan_files())
 
-    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[Part]) -> str | None:
         handle = self._handle()
         if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
             return "the snapshot was expired"
@@ -72,7 +74,7 @@ class IcebergSource(LakeSource):
             return None
         return handle
 
-    def attach(self, duck: DuckDBPyConnection, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
+    def attach(self, duck: DuckDBPyConnection, pin: Pin, partition_key: str, values: Sequence[Part]) -> None:
         handle = self._pinned(duck, pin)
         if handle is not None:
             scan = handle.scan(snapshot_id=int(pin.version), row_filter=self._filter(partition_key, values))
@@ -87,7 +89,7 @@ class IcebergSource(LakeSource):
             self._register(duck, handle, handle.scan(snapshot_id=int(pin.version)), None)
 
     def _register(self, duck: DuckDBPyConnection, handle: Any, scan: Any,
-                  wanted: tuple[str, Sequence[PartitionValue]] | None) -> None:
+                  wanted: tuple[str, Sequence[Part]] | None) -> None:
         """The scan's rows (of the partitions ``wanted``, where given) as :data:`SOURCE_ROWS`,
         within DuckDB's memory_limit: its files read by DuckDB where they are the rows as they
         stand (:func:`plain_iceberg_files`), else pyiceberg's batches copied in. Either way with
@@ -105,22 +107,24 @@ class IcebergSource(LakeSource):
             return
         columns = ", ".join(quoted(c) for c in schema.names)
         relation = duck.read_parquet(files, union_by_name=True).select(columns)
-        if wanted is not None:  # the planned files may hold other partitions' rows too
+        if wanted is not None and spans_in(wanted[1]):  # the planned files may hold other windows' rows too
+            relation = in_windows(duck, relation, wanted[0], spans_in(wanted[1]))
+        elif wanted is not None:  # the planned files may hold other partitions' rows too
             key, values = wanted
             duck.register(f"{SOURCE_ROWS}_values", pa.table({"v": pa.array(list(values))}))
             relation = relation.filter(f"{quoted(key)} IN (SELECT v FROM {SOURCE_ROWS}_values)")
         duck.register(SOURCE_ROWS, relation)
 
-    def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
+    def signature(self, partition_key: str, values: Sequence[Part]) -> tuple[str, dict[str, str]]:
         pin = self.latest(partition_key, values)
         return pin.version, self.signature_at(pin, partition_key, values)
 
-    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[Part]) -> dict[str, str]:
         handle = self._handle()
         if pin.version != "none" and handle.snapshot_by_id(int(pin.version)) is None:
-            return {partition_label(v): "unreadable" for v in values}
-        # One planning per partition: its files are pruned by its value.
-        return {partition_label(v): files_digest([(p,) for t in self._tasks(handle, pin, partition_key, [v])
+            return {part_label(v): "unreadable" for v in values}
+        # One planning per partition: its files are pruned by its value (a window: its range).
+        return {part_label(v): files_digest([(p,) for t in self._tasks(handle, pin, partition_key, [v])
                                                     for p in task_files(t)])
                 for v in values}
 

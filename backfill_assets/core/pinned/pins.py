@@ -29,6 +29,8 @@ from backfill_assets.core.fingerprint.identity import (
 )
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.fingerprint.rows import Digest, Fingerprint
+from backfill_assets.core.lake.tables import Part
+from backfill_assets.core.lake.target import parts_of
 from backfill_assets.core.moves import Scope
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
@@ -131,7 +133,7 @@ def load_snapshot(control: psycopg.Connection, ctx_of: Callable[[list[str]], Con
                         list(scope.get("requested", labels))), ctx
 
 
-def pin_problem(source: PinnedSource, pin: Pin, partition_key: str, values: Sequence[PartitionValue],
+def pin_problem(source: PinnedSource, pin: Pin, partition_key: str, values: Sequence[Part],
                 recorded: dict[str, str]) -> str | None:
     """Why the partitions ``values`` of ``pin`` are not exactly what the snapshot recorded
     (``recorded``: label -> the digest of its files at the pin), or None: the version can no
@@ -153,7 +155,7 @@ def require_pin(source: PinnedSource, spec: Spec, snapshot: LakeSnapshot, ctx: C
     Raises:
         SnapshotError: it does not; take a snapshot again.
     """
-    why = pin_problem(source, snapshot.pin, spec.partition_key, ctx.partitions,
+    why = pin_problem(source, snapshot.pin, spec.partition_key, parts_of(ctx),
                       {label: p["content_hash"] for label, p in snapshot.partitions.items()})
     if why is not None:
         raise SnapshotError(f"the pinned version {snapshot.pin.version} of {spec.source_name} can no longer be read "
@@ -175,7 +177,7 @@ def require_plan_pin(control: psycopg.Connection, source: PinnedSource, spec: Sp
     if found is None or found["fingerprint"] != snap.fingerprint:
         raise ApprovalError(f"snapshot {snap.id} of plan {stored.plan_id[:16]} is gone; plan again")
     pin = Pin.of(found["scope"]["pin"])
-    why = pin_problem(source, pin, spec.partition_key, ctx.partitions,
+    why = pin_problem(source, pin, spec.partition_key, parts_of(ctx),
                       {p["partition"]: p["content_hash"] for p in found["partitions"]})
     if why is not None:
         raise ApprovalError(f"the pinned version {pin.version[:16]} of {spec.source_name} can no longer be read "

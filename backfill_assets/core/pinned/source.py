@@ -21,11 +21,11 @@ sensor's cheap per-partition signal: metadata only, no data file read.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.errors import SnapshotError, SpecError
+from backfill_assets.core.lake.tables import Part, Span, spans_table
 from backfill_assets.core.pinned.pins import Pin
-from backfill_assets.core.vocabulary import PartitionValue
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -33,6 +33,25 @@ if TYPE_CHECKING:
 
 # The relation the pinned rows are visible as, on the connection that reads them.
 SOURCE_ROWS = "source_rows"
+
+
+# The time windows a build reads (core.lake.tables.spans_table: label, lo, hi), registered on
+# the connection beside the pinned rows.
+WINDOWS = "__backfill_windows"
+
+
+def spans_in(values: Sequence[Part]) -> list[Span]:
+    """The time windows among the partitions asked for (none: they are values)."""
+    return [v for v in values if isinstance(v, Span)]
+
+
+def in_windows(duck: DuckDBPyConnection, relation: Any, column: str, spans: Sequence[Span]) -> Any:
+    """The rows of ``relation`` whose ``column`` lies in one of ``spans`` (registered as
+    :data:`WINDOWS` on ``duck``): a semi-join, whose bounds DuckDB pushes into the Parquet
+    scan, skipping the row groups whose statistics lie outside."""
+    duck.register(WINDOWS, spans_table(spans))
+    return relation.set_alias("s").join(duck.table(WINDOWS).set_alias("w"),
+                                        f"s.{quoted(column)} >= w.lo AND s.{quoted(column)} < w.hi", how="semi")
 
 
 def quoted(name: str) -> str:
@@ -52,18 +71,19 @@ class LakeSource:
     # holds only the files of the partitions it was taken for.
     keeps_versions = True
 
-    def latest(self, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+    def latest(self, partition_key: str, values: Sequence[Part]) -> Pin:
         """The newest version, for the partitions ``values``."""
         raise NotImplementedError
 
-    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[Part]) -> str | None:
         """Why the partitions ``values`` of ``pin`` can no longer be read exactly (a vacuumed
         or expired version, a file missing or changed), or None. Reads metadata and file
         listings (a Parquet folder's files are hashed again)."""
         raise NotImplementedError
 
-    def attach(self, duck: DuckDBPyConnection, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> None:
-        """Make the partitions ``values`` of ``pin`` readable as :data:`SOURCE_ROWS` on the
+    def attach(self, duck: DuckDBPyConnection, pin: Pin, partition_key: str, values: Sequence[Part]) -> None:
+        """Make the partitions ``values`` (values of the key, or time windows of it: then only
+        the rows in a window, read from the files whose statistics can hold them) of ``pin`` readable as :data:`SOURCE_ROWS` on the
         DuckDB connection ``con`` (its own: each build reads the source on its own).
 
         Raises:
@@ -86,12 +106,12 @@ class LakeSource:
         rows (what inspection describes)."""
         raise NotImplementedError
 
-    def signature(self, partition_key: str, values: Sequence[PartitionValue]) -> tuple[str, dict[str, str]]:
+    def signature(self, partition_key: str, values: Sequence[Part]) -> tuple[str, dict[str, str]]:
         """The newest version, and per partition a digest of the files that hold it there
         (metadata only): the source sensor's signal of which partitions changed."""
         raise NotImplementedError
 
-    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[Part]) -> dict[str, str]:
         """Per partition, the digest :meth:`signature` gives, at ``pin`` (metadata only)."""
         raise NotImplementedError
 

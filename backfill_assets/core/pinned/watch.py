@@ -18,8 +18,10 @@ from typing import Protocol
 
 import psycopg
 
-from backfill_assets.core.catalog import partition_kind_of
+from backfill_assets.core.catalog import partition_kind_of, windowing_of
 from backfill_assets.core.duck import connect
+from backfill_assets.core.errors import SpecError
+from backfill_assets.core.lake.tables import Part, span_of
 from backfill_assets.core.pinned.by_format import lake_source
 from backfill_assets.core.pinned.duck_types import column_info, source_types
 from backfill_assets.core.pinned.pins import Pin
@@ -83,15 +85,31 @@ class LakeSignatures:
         with connect() as duck:
             self.source.attach_schema(duck)
             types = dict(source_types(duck))
+        if self.spec.partition_window is not None:
+            return "text"  # windows are named by their labels
         info = column_info(self.spec.partition_key, types.get(self.spec.partition_key, ""))
         kind = None if info is None else partition_kind_of(info, [])
         return kind or "text"
 
     def now(self, values: Sequence[PartitionValue]) -> dict[str, str]:
-        return self.source.signature(self.spec.partition_key, values)[1]
+        return self.source.signature(self.spec.partition_key, self._parts(values))[1]
 
     def at(self, pin: Pin, values: Sequence[PartitionValue]) -> dict[str, str]:
-        return self.source.signature_at(pin, self.spec.partition_key, values)
+        return self.source.signature_at(pin, self.spec.partition_key, self._parts(values))
+
+    def _parts(self, values: Sequence[PartitionValue]) -> Sequence[Part]:
+        """Time windows (their labels, as ``kind`` reads them) as the ranges of the column the
+        source's files are looked up by; values as they are."""
+        if self.spec.partition_window is None:
+            return values
+        with connect() as duck:
+            self.source.attach_schema(duck)
+            types = dict(source_types(duck))
+        info = column_info(self.spec.partition_key, types.get(self.spec.partition_key, ""))
+        if info is None:
+            raise SpecError(f"source {self.spec.source_name} has no column {self.spec.partition_key} to window")
+        windowing = windowing_of(self.spec, info)
+        return [span_of(windowing, str(label)) for label in values]
 
 
 def lake_changes(conn: psycopg.Connection, spec: Spec) -> dict[str, str]:

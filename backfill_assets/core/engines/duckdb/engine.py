@@ -32,7 +32,7 @@ import psycopg
 
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.comparison import compare
-from backfill_assets.core.comparison.diff import diff_partition
+from backfill_assets.core.comparison.diff import diff_relations
 from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_checkpoint
 from backfill_assets.core.differences import Against, Change, PartitionDiff
 from backfill_assets.core.engines.duckdb import statements
@@ -41,9 +41,11 @@ from backfill_assets.core.engines.duckdb.inspect import inspect, resolve
 from backfill_assets.core.engines.duckdb.profiling import DuckProfiler
 from backfill_assets.core.engines.duckdb.snapshot import input_reports, take_snapshot
 from backfill_assets.core.engines.duckdb.stages import (
+    as_stage,
     build_both,
     fields_of,
     finish_plan,
+    partition_column,
     readings_of,
     seals_hold,
     stage_name,
@@ -51,6 +53,7 @@ from backfill_assets.core.engines.duckdb.stages import (
 from backfill_assets.core.engines.duckdb.target import DuckLakeTarget
 from backfill_assets.core.errors import ApprovalError, StageError, VerificationError
 from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
+from backfill_assets.core.lake.target import part_of
 from backfill_assets.core.pg.db import ConnectionFactory
 from backfill_assets.core.pinned.by_format import lake_source
 from backfill_assets.core.pinned.engine import PinnedBuildEngine
@@ -119,7 +122,7 @@ class DuckBuildEngine(PinnedBuildEngine):
         with contextlib.closing(cursor(self.db)) as duck:
             if not duck.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
                 raise StageError(f"stage {stage} has never been built; materialize both stages first")
-            return readings_of(duck, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+            return readings_of(duck, stage, ctx.target_columns, partition_column(ctx), spec.business_key, spec.total,
                                ctx.partitions)
 
     def build_both(self, ctx: Context, snapshot: LakeSnapshot, clock: Clock,
@@ -153,7 +156,7 @@ class DuckBuildEngine(PinnedBuildEngine):
         with contextlib.closing(cursor(self.db)) as duck:
             if not duck.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall():
                 raise StageError(f"stage {stage} of spec {spec.name} does not exist in {spec.engine.database or 'its DuckDB database'}; plan again")
-            found = readings_of(duck, stage, ctx.target_columns, spec.partition_key, spec.business_key, spec.total,
+            found = readings_of(duck, stage, ctx.target_columns, partition_column(ctx), spec.business_key, spec.total,
                                 [ctx.value_of(label) for label in labels])
         return {label: fp.as_dict() for label, fp in zip(labels, found)}
 
@@ -183,19 +186,19 @@ class DuckBuildEngine(PinnedBuildEngine):
                 for label in stored.labels:
                     value = ctx.value_of(label)
                     rows_now = (target.schema.empty_table() if handle is None
-                                else target.table.read(handle, spec.partition_key, [value]))
-                    duck.register("target_rows", rows_now.select(list(spec.columns)))
+                                else target.table.read(handle, spec.partition_key, [part_of(ctx, label)]))
+                    duck.register("target_rows", as_stage(ctx, rows_now, label))
                     if rows_now.num_rows == 0:  # an empty (or new) partition: every approved key is added
                         out[label] = Change(added=built[label], removed=0, changed=0, unchanged=0)
                     else:
-                        query = compare.change_counts(stage_name(spec, "a"), "target_rows", spec.partition_key,
+                        query = compare.change_counts(stage_name(spec, "a"), "target_rows", partition_column(ctx),
                                                          spec.business_key, fields)
                         added, removed, changed, unchanged = duck.execute(query, {"partition": value}).fetchall()[0]
                         out[label] = Change(added=int(added), removed=int(removed), changed=int(changed),
                                             unchanged=int(unchanged))
                     if first:
                         rows = duck.execute(compare.first_changes(
-                            stage_name(spec, "a"), "target_rows", spec.partition_key, spec.business_key, fields, first),
+                            stage_name(spec, "a"), "target_rows", partition_column(ctx), spec.business_key, fields, first),
                             {"partition": value}).fetchall()
                         out[label]["first"] = compare.first_changes_json(rows, spec.business_key)
         finally:
@@ -207,7 +210,7 @@ class DuckBuildEngine(PinnedBuildEngine):
         with contextlib.closing(cursor(self.db)) as duck:
             if not duck.execute(statements.TABLE_COLUMNS, {'table': stage_name(spec, "b")}).fetchall():
                 return dict.fromkeys(labels, 0)
-            counted = dict(duck.execute(statements.partition_counts(stage_name(spec, "b"), spec.partition_key),
+            counted = dict(duck.execute(statements.partition_counts(stage_name(spec, "b"), partition_column(ctx)),
                                         {"partitions": [ctx.value_of(label) for label in labels]}).fetchall())
         return {label: int(counted.get(ctx.value_of(label), 0)) for label in labels}
 
@@ -222,10 +225,12 @@ class DuckBuildEngine(PinnedBuildEngine):
                     other = stage_name(spec, "b")
                     if target is not None:
                         now = (target.schema.empty_table() if handle is None
-                               else target.table.read(handle, spec.partition_key, [ctx.value_of(label)]))
-                        duck.register("target_rows", now.select(list(spec.columns)))
+                               else target.table.read(handle, spec.partition_key, [part_of(ctx, label)]))
+                        duck.register("target_rows", as_stage(ctx, now, label))
                         other = "target_rows"
-                    out.append(diff_partition(duck, ctx, stage_name(spec, "a"), other, label, limit))
+                    out.append(diff_relations(duck, stage_name(spec, "a"), other, ctx.target_columns,
+                                              partition_column(ctx), spec.business_key, label, ctx.value_of(label),
+                                              limit))
         finally:
             if target is not None:
                 target.close()
@@ -258,11 +263,11 @@ class DuckBuildEngine(PinnedBuildEngine):
             return err
         try:
             value = ctx.value_of(err.partition)
-            data = self._target.table.read_version(version, spec.partition_key, [value])
+            data = self._target.table.read_version(version, spec.partition_key, [part_of(ctx, err.partition)])
             with contextlib.closing(cursor(self.db)) as duck:
-                duck.register("committed_rows", data.select(list(spec.columns)))
+                duck.register("committed_rows", as_stage(ctx, data, err.partition))
                 keys = duck.execute(compare.differing_keys(
-                    stage_name(spec, "a"), "committed_rows", spec.partition_key, spec.business_key,
+                    stage_name(spec, "a"), "committed_rows", partition_column(ctx), spec.business_key,
                     fields_of(ctx.target_columns)), {"partition": value}).fetchall()
         except Exception:  # noqa: BLE001 - only an explanation failed; the verification error stands
             return err

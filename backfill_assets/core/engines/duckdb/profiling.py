@@ -17,10 +17,13 @@ from typing import Any
 
 from psycopg import sql
 
-from backfill_assets.core.catalog import ColumnInfo
+from backfill_assets.core.catalog import ColumnInfo, windowing_of
 from backfill_assets.core.duck import connect
+from backfill_assets.core.engines.duckdb import statements
+from backfill_assets.core.lake.tables import span_of, spans_table
 from backfill_assets.core.pinned.duck_types import column_info, source_types
-from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource
+from backfill_assets.core.pinned.source import SOURCE_ROWS, WINDOWS, LakeSource
+from backfill_assets.core.profiling import first_windows
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionValue
 
@@ -63,39 +66,52 @@ class DuckProfiler:
         source.attach_newest(self.duck)
         types = source_types(self.duck)
         self._columns = [column_info(n, t) or ColumnInfo(n, t.lower(), "X", False, t.lower()) for n, t in types]
+        # Time windows: rows are read with their window's label (of the windows asked about,
+        # registered by _all), which every question groups and filters by as by a key's value.
+        key = next((c for c in self._columns if c.name == spec.partition_key), None)
+        self._windowing = None if spec.partition_window is None or key is None else windowing_of(spec, key)
+        self._pk = spec.partition_key if self._windowing is None else statements.WINDOW
+        self._src: sql.Composable = _SRC if self._windowing is None else statements.labelled(
+            _SRC, spec.partition_key, [n for n, _ in types])
 
     def close(self) -> None:
         self.duck.close()
 
     def _all(self, statement: sql.Composable, partitions: Sequence[PartitionValue] | None = None) -> list[tuple]:
         params: dict[str, Any] = {} if partitions is None else {"partitions": list(partitions)}
+        if partitions is not None and self._windowing is not None:
+            self.duck.register(WINDOWS, spans_table([span_of(self._windowing, str(p)) for p in partitions]))
         return self.duck.execute(_text(statement), params).fetchall()
 
     def columns(self) -> list[ColumnInfo]:
         return list(self._columns)
 
     def first_partitions(self, limit: int) -> list[PartitionValue]:
+        if self._windowing is not None:
+            pk = sql.Identifier(self.spec.partition_key)
+            ((first, last),) = self._all(sql.SQL("SELECT min({pk}), max({pk}) FROM {src}").format(pk=pk, src=_SRC))
+            return first_windows(self._windowing, first, last, self.partition_counts, limit)
         pk = sql.Identifier(self.spec.partition_key)
         return [r[0] for r in self._all(sql.SQL("SELECT DISTINCT {pk} FROM {src} WHERE {pk} IS NOT NULL "
                                                  "ORDER BY {pk} LIMIT {n}").format(pk=pk, src=_SRC, n=sql.Literal(limit)))]
 
     def partition_counts(self, partitions: Sequence[PartitionValue]) -> dict[PartitionValue, int]:
-        pk = sql.Identifier(self.spec.partition_key)
+        pk = sql.Identifier(self._pk)
         found = self._all(sql.SQL("SELECT {pk}, count(*) FROM {src} WHERE {inside} GROUP BY {pk}").format(
-            pk=pk, src=_SRC, inside=_IN.format(pk)), partitions)
+            pk=pk, src=self._src, inside=_IN.format(pk)), partitions)
         return {p: int(n) for p, n in found}
 
     def column_profile(self, column: str, partitions: Sequence[PartitionValue]) -> tuple[int, int]:
-        pk, c = sql.Identifier(self.spec.partition_key), sql.Identifier(column)
+        pk, c = sql.Identifier(self._pk), sql.Identifier(column)
         ((nulls, distinct),) = self._all(sql.SQL(
             "SELECT (SELECT count(*) FROM {src} WHERE {inside} AND {c} IS NULL), "
             "(SELECT count(*) FROM (SELECT DISTINCT {pk}, {c} FROM {src} WHERE {inside} AND {c} IS NOT NULL))").format(
-            src=_SRC, inside=_IN.format(pk), pk=pk, c=c), partitions)
+            src=self._src, inside=_IN.format(pk), pk=pk, c=c), partitions)
         return int(nulls), int(distinct)
 
     def key_evidence(self, key: Sequence[str], others: Sequence[str],
                      partitions: Sequence[PartitionValue]) -> tuple[int, ...]:
-        grain = _ids([self.spec.partition_key, *key])
+        grain = _ids([self._pk, *key])
         flags = [sql.Identifier(f"__v{i}") for i in range(len(others))]
         hashes = sql.SQL("").join(sql.SQL(", {} AS {}").format(_TEXT_HASH.format(c=sql.Identifier(c)), a)
                                   for c, a in zip(others, flags))
@@ -107,15 +123,15 @@ class DuckProfiler:
             "count(*) FILTER (WHERE {versions}){varying} FROM "
             "(SELECT {grain}, count(*) AS __n{varies} FROM (SELECT {grain}{hashes} FROM {src} WHERE {keyed}) "
             "GROUP BY {grain})").format(
-            versions=versions, varying=varying, grain=grain, varies=varies, hashes=hashes, src=_SRC,
-            keyed=_keyed(self.spec.partition_key, key)), partitions)
+            versions=versions, varying=varying, grain=grain, varies=varies, hashes=hashes, src=self._src,
+            keyed=_keyed(self._pk, key)), partitions)
         return tuple(int(v) for v in row)
 
     def key_splits(self, key: Sequence[str], split: Sequence[str], others: Sequence[str],
                    partitions: Sequence[PartitionValue]) -> list[tuple[int, int]]:
         if not split:
             return []
-        grain = _ids([self.spec.partition_key, *key])
+        grain = _ids([self._pk, *key])
         parts = sql.SQL(" UNION ALL ").join(
             sql.SQL("SELECT {grain}, {i} AS __i, {value} AS __c, __h FROM r").format(
                 grain=grain, i=sql.Literal(i), value=_TEXT_HASH.format(c=sql.Identifier(c)))
@@ -125,24 +141,24 @@ class DuckProfiler:
             "SELECT __i, count(*) FROM (SELECT {grain}, __i FROM "
             "(SELECT {grain}, __i, min(__h) <> max(__h) AS __v FROM ({parts}) GROUP BY {grain}, __i, __c) "
             "GROUP BY {grain}, __i HAVING count(*) FILTER (WHERE __v) >= 2) GROUP BY __i ORDER BY __i").format(
-            grain=grain, split_cols=_ids(split), row=_rows_hash(others), src=_SRC,
-            keyed=_keyed(self.spec.partition_key, key), parts=parts), partitions)
+            grain=grain, split_cols=_ids(split), row=_rows_hash(others), src=self._src,
+            keyed=_keyed(self._pk, key), parts=parts), partitions)
         return [(int(i), int(n)) for i, n in found]
 
     def ordering_nulls(self, key: Sequence[str], ordering: Sequence[str], partitions: Sequence[PartitionValue]) -> int:
         counts = sql.SQL(" + ").join(sql.SQL("count(*) FILTER (WHERE {} IS NULL)").format(sql.Identifier(c))
                                      for c in ordering)
         ((n,),) = self._all(sql.SQL("SELECT {counts} FROM {src} WHERE {keyed}").format(
-            counts=counts, src=_SRC, keyed=_keyed(self.spec.partition_key, key)), partitions)
+            counts=counts, src=self._src, keyed=_keyed(self._pk, key)), partitions)
         return int(n or 0)
 
     def tied_groups(self, key: Sequence[str], ordering: Sequence[str], others: Sequence[str],
                     partitions: Sequence[PartitionValue]) -> int:
         if not others:
             return 0  # rows equal in every other column are not a tie
-        grain = _ids([self.spec.partition_key, *key, *ordering])
+        grain = _ids([self._pk, *key, *ordering])
         ((n,),) = self._all(sql.SQL(
             "SELECT count(*) FROM (SELECT {grain} FROM {src} WHERE {keyed} GROUP BY {grain} "
             "HAVING count(*) > 1 AND count(DISTINCT {row}) > 1)").format(
-            grain=grain, src=_SRC, keyed=_keyed(self.spec.partition_key, key), row=_rows_hash(others)), partitions)
+            grain=grain, src=self._src, keyed=_keyed(self._pk, key), row=_rows_hash(others)), partitions)
         return int(n)

@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg import sql
 
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor
-from backfill_assets.core.engines.duckdb.stages import fields_of
+from backfill_assets.core.engines.duckdb.stages import attach_input, fields_of, partition_column, windowed
 from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.rows import Digest
 from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
+from backfill_assets.core.lake.target import parts_of
 from backfill_assets.core.moves import close_scope_with
 from backfill_assets.core.pinned.duck_types import source_types
 from backfill_assets.core.pinned.pins import LakeSnapshot, Pin, record_snapshot
@@ -36,7 +38,9 @@ TARGET_KEYS = "target_keys"  # the lake target's keys, registered for the moved 
 
 
 def input_of(ctx: Context, source_names: Sequence[str]) -> Any:
-    return statements.input_relation(source_names, ctx.spec.input_columns, ctx.transform)
+    """The input of the builds, each row with its window's label for time windows."""
+    return windowed(ctx, statements.input_relation(source_names, ctx.spec.input_columns, ctx.transform),
+                    ctx.spec.input_columns)
 
 
 def check_source(duck: DuckDBPyConnection, ctx: Context) -> dict[str, tuple[int, int]]:
@@ -62,7 +66,7 @@ class _Counts:
     relation: Any
 
     def outside(self) -> Outside:
-        found = self.duck.execute(statements.outside_partitions(self.relation, self.ctx.spec.partition_key),
+        found = self.duck.execute(statements.outside_partitions(self.relation, partition_column(self.ctx)),
                                   {"partitions": list(self.ctx.partitions)}).fetchall()
         return Outside(sum(n for _, n in found), [(value, n) for value, n in found])
 
@@ -72,14 +76,14 @@ class _Counts:
         return self.duck.execute(query).fetchall()[0]
 
     def reports(self) -> dict[str, tuple[int, int]]:
-        query = statements.input_report(self.relation, self.ctx.spec.partition_key, self.ctx.spec.business_key)
+        query = statements.input_report(self.relation, partition_column(self.ctx), self.ctx.spec.business_key)
         return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in self.duck.execute(query).fetchall()}
 
     def ties(self) -> Ties:
         spec = self.ctx.spec
         fields = fields_of(self.ctx.target_columns)  # the output rows decide whether tied rows differ
         # A key that can move has one newest version across partitions, so ties are per key.
-        scope_key = None if spec.records_can_move else spec.partition_key
+        scope_key = None if spec.records_can_move else partition_column(self.ctx)
         tied = self.duck.execute(statements.tied_groups(
             self.relation, scope_key, spec.business_key, [o.column for o in spec.ordering], fields)).fetchall()
         width = 0 if scope_key is None else 1  # each row: (partition,)? key values..., different rows
@@ -159,22 +163,24 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
             raise SnapshotError(f"source {spec.source_name} kept changing while moved keys' partitions were "
                                 "pinned; plan again when its writers are done")
     with contextlib.closing(cursor(db)) as duck:
-        source.attach(duck, pin, spec.partition_key, ctx.partitions)
-        names = set([name for name, _ in source_types(duck)])
+        attach_input(duck, ctx, source, pin, ctx.labels)
+        found = [name for name, _ in source_types(duck)]
+        names = set(found)
         columns = [c for c in ctx.inspection.source_columns if c.name in names]
+        rows = windowed(ctx, sql.Identifier(SOURCE_ROWS), found)
         counts = {partition_label(p): int(n) for p, n in duck.execute(
-            statements.partition_counts(SOURCE_ROWS, spec.partition_key), {"partitions": list(ctx.partitions)}).fetchall()}
+            statements.partition_counts(rows, partition_column(ctx)), {"partitions": list(ctx.partitions)}).fetchall()}
         reports = check_source(duck, ctx)
     # The pinned version cannot change, so its files name each partition's rows: their digest
     # is the partition's hash here (the rows themselves are fingerprinted in the stages).
-    files = source.signature_at(pin, spec.partition_key, ctx.partitions)
+    files = source.signature_at(pin, spec.partition_key, parts_of(ctx))
     parts = {label: Digest(row_count=counts.get(label, 0), content_hash=files[label]) for label in ctx.labels}
     return record_snapshot(control, ctx, pin, columns, parts, requested, reports, clock), ctx
 
 
 def input_reports(db: DuckDBPyConnection, ctx: Context, snapshot: LakeSnapshot, source: LakeSource) -> dict[str, tuple[int, int]]:
     with contextlib.closing(cursor(db)) as duck:
-        source.attach(duck, snapshot.pin, ctx.spec.partition_key, ctx.partitions)
+        attach_input(duck, ctx, source, snapshot.pin, ctx.labels)
         relation = input_of(ctx, [name for name, _ in source_types(duck)])
-        found = duck.execute(statements.input_report(relation, ctx.spec.partition_key, ctx.spec.business_key)).fetchall()
+        found = duck.execute(statements.input_report(relation, partition_column(ctx), ctx.spec.business_key)).fetchall()
     return {partition_label(p): (int(n), int(nulls)) for p, n, nulls in found}

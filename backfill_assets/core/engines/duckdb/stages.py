@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
 from backfill_assets.core.catalog import ColumnInfo
@@ -22,14 +23,17 @@ from backfill_assets.core.engines.duckdb.inspect import described
 from backfill_assets.core.fingerprint import digest, rows
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
+from backfill_assets.core.lake.tables import spans_table
+from backfill_assets.core.lake.target import parts_of
 from backfill_assets.core.pinned.duck_types import source_types
 from backfill_assets.core.pinned.pins import (
     LakeSnapshot,
+    Pin,
     keys_detail,
     record_builds_b_kept_where_it_differs,
     record_plan,
 )
-from backfill_assets.core.pinned.source import LakeSource
+from backfill_assets.core.pinned.source import WINDOWS, LakeSource, spans_in
 from backfill_assets.core.planning import assemble
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
@@ -48,6 +52,43 @@ def stage_name(spec: Spec, variant: str) -> str:
 def builds_table(spec: Spec) -> str:
     """The builds' records (readings and seals) in the spec's DuckDB database."""
     return f"{spec.name}__builds"
+
+
+def partition_column(ctx: Context) -> str:
+    """The column a partition's rows are read by in the input and the stages: the partition
+    key, or for time windows the window's label (statements.WINDOW)."""
+    return statements.WINDOW if ctx.windowing is not None else ctx.spec.partition_key
+
+
+def stage_columns(ctx: Context) -> list[str]:
+    """A stage's columns: the spec's, then for time windows the window's label."""
+    return [*ctx.spec.columns, statements.WINDOW] if ctx.windowing is not None else list(ctx.spec.columns)
+
+
+def attach_input(duck: DuckDBPyConnection, ctx: Context, source: LakeSource, pin: Pin, labels: Sequence[str]) -> None:
+    """The pinned source's rows of the partitions ``labels`` as SOURCE_ROWS on ``duck`` (time
+    windows: only the rows in them, the windows registered as WINDOWS for :func:`windowed`)."""
+    parts = parts_of(ctx, labels)
+    source.attach(duck, pin, ctx.spec.partition_key, parts)
+    if ctx.windowing is not None:
+        duck.register(WINDOWS, spans_table(spans_in(parts)))
+
+
+def windowed(ctx: Context, relation: sql.Composable, columns: Sequence[str]) -> sql.Composable:
+    """``relation`` (of ``columns``) with each row's window label, for time windows (as is
+    otherwise): what :func:`partition_column` reads."""
+    if ctx.windowing is None:
+        return relation
+    return statements.labelled(relation, ctx.spec.partition_key, columns)
+
+
+def as_stage(ctx: Context, data: pa.Table, label: str) -> pa.Table:
+    """One partition's rows read from the target (the spec's columns), as a stage holds them:
+    for time windows with the window's label, so that they compare with the stage's by it."""
+    data = data.select(list(ctx.spec.columns))
+    if ctx.windowing is None:
+        return data
+    return data.append_column(statements.WINDOW, pa.array([label] * data.num_rows, pa.string()))
 
 
 def fields_of(columns: Sequence[ColumnInfo]) -> list[tuple[str, str]]:
@@ -90,10 +131,13 @@ def _readings(duck: DuckDBPyConnection, relation: str | sql.Composable, columns:
 
 
 def _ensure_stage(duck: DuckDBPyConnection, ctx: Context, variant: str, types: list[tuple[str, str]]) -> str:
-    """The stage table with the input's DuckDB types, (re)created when its columns differ."""
+    """The stage table with the input's DuckDB types (and a time window's label), (re)created
+    when its columns differ."""
     stage = stage_name(ctx.spec, variant)
     wanted = [(n, t) for n, t in types if n in ctx.spec.columns]
     wanted.sort(key=lambda c: ctx.spec.columns.index(c[0]))
+    if ctx.windowing is not None:
+        wanted.append((statements.WINDOW, "VARCHAR"))
     if [tuple(r) for r in duck.execute(statements.TABLE_COLUMNS, {'table': stage}).fetchall()] != wanted:
         duck.execute(statements.create_stage(stage, wanted))
     return stage
@@ -109,14 +153,16 @@ def build_stage(db: DuckDBPyConnection, ctx: Context, snapshot: LakeSnapshot, so
     spec = ctx.spec
     values = list(ctx.partitions if values is None else values)
     labels = [partition_label(v) for v in values]
+    key, columns = partition_column(ctx), stage_columns(ctx)
     out: dict[str, Fingerprint] = {}
     step, total = f"stage {variant}", len(values)
     with contextlib.closing(cursor(db)) as duck:
-        source.attach(duck, snapshot.pin, spec.partition_key, values)
+        attach_input(duck, ctx, source, snapshot.pin, labels)
         names = [name for name, _ in source_types(duck)]
         relation = statements.input_relation(names, spec.input_columns, ctx.transform)
         stage = _ensure_stage(duck, ctx, variant, described(duck, relation, spec.input_columns))
-        select = statements.build_select(variant, relation, spec.columns, spec.partition_key, spec.business_key,
+        relation = windowed(ctx, relation, spec.input_columns)
+        select = statements.build_select(variant, relation, columns, key, spec.business_key,
                                          spec.ordering, moving=spec.records_can_move)
         progress(ProgressEvent(step, f"building {total} partition(s)", done=0, total=total, status="started"))
         # Every partition in one transaction and three statements: DuckDB parallelises each one
@@ -124,13 +170,13 @@ def build_stage(db: DuckDBPyConnection, ctx: Context, snapshot: LakeSnapshot, so
         params = {"partitions": values}
         duck.begin()
         try:
-            duck.execute(statements.delete_partitions(stage, spec.partition_key), params)
+            duck.execute(statements.delete_partitions(stage, key), params)
             if keep:
-                duck.execute(statements.build_stage(variant, stage, relation, spec.columns, spec.partition_key,
+                duck.execute(statements.build_stage(variant, stage, relation, columns, key,
                                                     spec.business_key, spec.ordering, moving=spec.records_can_move),
                              params)
             found = _readings(duck, stage if keep else sql.SQL("({})").format(select), ctx.target_columns,
-                              spec.partition_key, spec.business_key, spec.total, values, sealed=keep)
+                              key, spec.business_key, spec.total, values, sealed=keep)
             record_seals(duck, ctx, variant, snapshot.snapshot_id, dict(zip(labels, found)) if keep else {}, labels)
             duck.commit()
         except BaseException:
@@ -145,7 +191,7 @@ def build_stage(db: DuckDBPyConnection, ctx: Context, snapshot: LakeSnapshot, so
 
 def _seals_now(duck: DuckDBPyConnection, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> dict[str, tuple[int, str]]:
     spec = ctx.spec
-    query = statements.seals(stage_name(spec, variant), spec.partition_key, fields_of(ctx.target_columns))
+    query = statements.seals(stage_name(spec, variant), partition_column(ctx), fields_of(ctx.target_columns))
     found = duck.execute(query, {"partitions": list(values)}).fetchall()
     return {partition_label(value): (int(n), str(seal)) for value, n, seal in found}
 
@@ -184,7 +230,7 @@ def seals_hold(duck: DuckDBPyConnection, ctx: Context, variant: str, expected: d
                 or now.get(label, (0, "0")) != recorded[label][1:]]
     if not doubtful:
         return []
-    found = readings_of(duck, stage_name(spec, variant), ctx.target_columns, spec.partition_key, spec.business_key,
+    found = readings_of(duck, stage_name(spec, variant), ctx.target_columns, partition_column(ctx), spec.business_key,
                         spec.total, [ctx.value_of(label) for label in doubtful])
     return [label for label, fp in zip(doubtful, found) if fp.as_dict() != expected[label]]
 
@@ -213,7 +259,7 @@ def unholdable(duck: DuckDBPyConnection, ctx: Context) -> list[str]:
     checked = [c.name for c in ctx.target_columns if c.base_type in ("date", "timestamptz")]
     if not checked:
         return []
-    query = statements.unholdable(stage_name(spec, "a"), spec.partition_key, checked)
+    query = statements.unholdable(stage_name(spec, "a"), partition_column(ctx), checked)
     found = duck.execute(query, {"partitions": list(ctx.partitions)}).fetchall()
     return [
         f"partition {partition_label(row[0])}: column {name} has {n} value(s) a {spec.target.format} column cannot hold "
@@ -225,7 +271,7 @@ def unholdable(duck: DuckDBPyConnection, ctx: Context) -> list[str]:
 def differing_keys(duck: DuckDBPyConnection, ctx: Context, a: dict[str, Fingerprint], b: dict[str, Fingerprint]) -> list[str]:
     spec = ctx.spec
     out = []
-    query = compare.differing_keys(stage_name(spec, "a"), stage_name(spec, "b"), spec.partition_key,
+    query = compare.differing_keys(stage_name(spec, "a"), stage_name(spec, "b"), partition_column(ctx),
                                       spec.business_key, fields_of(ctx.target_columns))
     for value, label in zip(ctx.partitions, ctx.labels):
         if a[label] == b[label]:
@@ -250,6 +296,6 @@ def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapsho
             for entry in plan.document.partitions:
                 if not entry.match:
                     for v in ("a", "b"):
-                        duck.execute(statements.delete_partition(stage_name(spec, v), spec.partition_key),
+                        duck.execute(statements.delete_partition(stage_name(spec, v), partition_column(ctx)),
                                     {"partition": ctx.value_of(entry.partition)})
     return record_plan(control, spec, plan, snapshot.snapshot_id, clock, progress)

@@ -19,7 +19,7 @@ from backfill_assets.core.comparison.compare import identifiers as _ids
 from backfill_assets.core.comparison.compare import text_of as _text
 from backfill_assets.core.engines.duckdb.guard import type_sql
 from backfill_assets.core.fingerprint import digest
-from backfill_assets.core.pinned.source import SOURCE_ROWS
+from backfill_assets.core.pinned.source import SOURCE_ROWS, WINDOWS
 from backfill_assets.core.spec import OrderingColumn
 
 _PARTITIONS = sql.SQL("(SELECT unnest($partitions))")
@@ -32,6 +32,22 @@ def input_relation(source_columns: Sequence[str], input_columns: Sequence[str], 
     return sql.SQL("(WITH source AS (SELECT {cols} FROM {rows}) SELECT {inputs} FROM ({body}) AS input)").format(
         cols=_ids(source_columns), rows=sql.Identifier(SOURCE_ROWS), inputs=_ids(input_columns), body=body,
     )
+
+
+# A time window's label, a column the input and the stages carry beside the spec's columns
+# when the spec declares partition_window: every statement that reads some partitions reads
+# them by it, as by a partition key's values (its value is the label).
+WINDOW = "__backfill_window"
+_LABELLED = sql.SQL(
+    "(SELECT {cols}, w.label AS {window} FROM {relation} AS i LEFT JOIN {windows} AS w "
+    "ON i.{column} >= w.lo AND i.{column} < w.hi)")
+
+
+def labelled(relation: sql.Composable, column: str, columns: Sequence[str]) -> sql.Composed:
+    """``relation`` (of ``columns``) with :data:`WINDOW`: the label of the window (of those
+    registered as core.pinned.source.WINDOWS) its ``column`` lies in, NULL outside them."""
+    return _LABELLED.format(cols=_ids(columns, "i"), window=sql.Identifier(WINDOW), relation=relation,
+                            windows=sql.Identifier(WINDOWS), column=sql.Identifier(column))
 
 
 def describe(relation: sql.Composed, columns: Sequence[str]) -> str:
@@ -206,10 +222,12 @@ def seals(stage: str, partition_key: str, fields: Sequence[tuple[str, str]]) -> 
              parts=_PARTITIONS))
 
 
-def partition_counts(relation: str, partition_key: str) -> str:
-    """Per partition among ``$partitions`` that has rows: its value and row count."""
+def partition_counts(relation: str | sql.Composable, partition_key: str) -> str:
+    """Per partition among ``$partitions`` that has rows: its value and row count (``relation``:
+    a relation's name, or a parenthesised query aliased by the caller's need)."""
+    rel = sql.Identifier(relation) if isinstance(relation, str) else sql.SQL("{} AS r").format(relation)
     return _text(sql.SQL("SELECT {pk}, count(*) FROM {rel} WHERE {pk} IN {parts} GROUP BY {pk}").format(
-        pk=sql.Identifier(partition_key), rel=sql.Identifier(relation), parts=_PARTITIONS))
+        pk=sql.Identifier(partition_key), rel=rel, parts=_PARTITIONS))
 
 
 def key_homes(target_keys: str, partition_key: str, business_key: Sequence[str],

@@ -31,7 +31,7 @@ import pyarrow as pa
 from backfill_assets.core.context import Checkpoint, Context, no_checkpoint
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.engines.duckdb.database import cursor
-from backfill_assets.core.engines.duckdb.stages import readings_of, stage_name
+from backfill_assets.core.engines.duckdb.stages import partition_column, readings_of, stage_name
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.lake.engine import lake_engine_for
@@ -116,7 +116,7 @@ class DuckLakeTarget(LakeTarget):
 
     def read_stage(self, label: str) -> pa.Table:
         spec = self.ctx.spec
-        query = statements.stage_rows(stage_name(spec, "a"), spec.columns, spec.partition_key, spec.business_key)
+        query = statements.stage_rows(stage_name(spec, "a"), spec.columns, partition_column(self.ctx), spec.business_key)
         with contextlib.closing(cursor(self.db)) as duck:
             data = duck.sql(query, params={"partition": self.ctx.value_of(label)}).to_arrow_table()
         return data.cast(lake_schema(self.ctx.target_columns))
@@ -125,8 +125,9 @@ class DuckLakeTarget(LakeTarget):
         return super().fingerprint(data if data.num_rows else self.schema.empty_table())
 
     def _files(self, handle: Any, labels: list[str]) -> dict[str, list[str]] | None:
-        """Each partition's data files at the handle's version, if they can be read as plain files."""
-        if not isinstance(self.table, FileLakeTable):
+        """Each partition's data files at the handle's version, if they can be read as plain files
+        (a time window is read by its range, through the table's library)."""
+        if not isinstance(self.table, FileLakeTable) or self.ctx.windowing is not None:
             return None
         if handle is None:
             return {label: [] for label in labels}
@@ -143,7 +144,10 @@ class DuckLakeTarget(LakeTarget):
         return files_readings(self.db, self.ctx, self.schema, files, self.table.carries_partition)
 
     def new_write(self, handle: Any) -> LakeWrite:
-        self.writes_files = isinstance(self.table, FileLakeTable) and self.table.writable_as_files(handle)
+        # A time window is overwritten by its range through the table's library (a file of
+        # ours per window would still be committed as a partition value's).
+        self.writes_files = (isinstance(self.table, FileLakeTable) and self.ctx.windowing is None
+                             and self.table.writable_as_files(handle))
         if self.writes_files:
             assert isinstance(self.table, FileLakeTable)
             return FilesWrite(self, self.table, handle)
@@ -151,7 +155,7 @@ class DuckLakeTarget(LakeTarget):
 
     def committed_readings(self, labels: list[str]) -> dict[str, Reading]:
         version = self.committed_version(labels)
-        if isinstance(self.table, FileLakeTable) and version is not None:
+        if isinstance(self.table, FileLakeTable) and version is not None and self.ctx.windowing is None:
             # The table as our commit left it (the library read our commit back), or loaded
             # afresh; its files at exactly that version either way.
             handle = self.committed_handle if self.committed_handle is not None else self.table.open()

@@ -11,12 +11,9 @@ import psycopg
 from backfill_assets.core.catalog import ColumnInfo, windowing_of
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns
+from backfill_assets.core.profiling import first_windows
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionValue
-from backfill_assets.core.windows import window_at
-
-# At most this many counts look for the first windows holding rows (profile's sample).
-WINDOW_SCANS = 20
 
 
 class PostgresProfiler:
@@ -45,27 +42,10 @@ class PostgresProfiler:
         return [r[0] for r in self.conn.execute(query, params).fetchall()]
 
     def _first_windows(self, by: sqlbuild.WindowsBy, limit: int) -> list[PartitionValue]:
-        """The first ``limit`` windows holding rows: from the window of the earliest value, a
-        count over each next ``limit`` windows (their ranges, which an index serves), up to the
-        latest value or :data:`WINDOW_SCANS` counts."""
+        """The first ``limit`` windows holding rows, each next few counted by their ranges
+        (which an index serves): core.profiling.first_windows."""
         first, last = self.conn.execute(*sqlbuild.column_range(self.src, by.column)).fetchone() or (None, None)
-        if first is None:
-            return []
-        windowing = by.windowing
-        window, found = windowing.window(windowing.label_at(first)), []
-        end = windowing.window(windowing.label_at(last)).end
-        for _ in range(WINDOW_SCANS):
-            windows = []
-            while window.start < end and len(windows) < limit:
-                windows.append(window)
-                window = window_at(window.end, windowing.grain, windowing.tz)
-            if not windows:
-                break
-            counts = self.partition_counts([w.label for w in windows])
-            found += [w.label for w in windows if counts.get(w.label)]
-            if len(found) >= limit:
-                break
-        return found[:limit]
+        return first_windows(by.windowing, first, last, self.partition_counts, limit)
 
     def partition_counts(self, partitions: Sequence[PartitionValue]) -> dict[PartitionValue, int]:
         query, params = sqlbuild.partition_counts(self.src, self.by, list(partitions))

@@ -1,0 +1,176 @@
+"""Time windows on engine duckdb: the hours of New York over a fall-back day, read from a Delta
+or Iceberg source by the statistics of its files, built twice in DuckDB and written to a Delta
+or Iceberg table; the rows equal the naive newest-wins per window, and the hashes equal those
+engine postgres computes for the same rows."""
+
+from __future__ import annotations
+
+import zoneinfo
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from backfill_assets.core.errors import SpecError
+from backfill_assets.core.pinned.watch import lake_changes
+from backfill_assets.core.plan import make_plan
+from backfill_assets.core.spec import spec_from_mapping
+from backfill_assets.core.targets import engine_for
+from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.core.windows import Windowing
+from backfill_assets_tests.support.windows import (
+    EVENT_COLUMNS,
+    EVENTS_SPEC,
+    FALL,
+    create_events,
+    naive_newest,
+    plan_approve_apply,
+    utc,
+)
+
+HOURS = Windowing("hour", zoneinfo.ZoneInfo("America/New_York"), "timestamptz")
+_TS = pa.timestamp("us", tz="UTC")
+SCHEMA = pa.schema([("created_at", _TS), ("event_id", pa.int64()), ("updated_at", _TS), ("seq", pa.int32()),
+                    ("amount", pa.decimal128(12, 2)), ("note", pa.string())])
+
+
+def _table(rows: list[tuple]) -> pa.Table:
+    from decimal import Decimal
+    return pa.Table.from_pylist([{"event_id": e, "created_at": c, "updated_at": u, "seq": s, "amount": Decimal(a),
+                                  "note": n} for e, c, u, s, a, n in rows], schema=SCHEMA)
+
+
+def _delta_source(where: Path, rows: list[tuple]) -> dict[str, Any]:
+    """The rows in a Delta table, one file per UTC day written (so that a window's files can be
+    told from the others' by their statistics)."""
+    from deltalake import write_deltalake
+    for day in sorted({r[1].date() for r in rows}):
+        write_deltalake(str(where / "events_raw"), _table([r for r in rows if r[1].date() == day]), mode="append")
+    return {"format": "delta", "location": str(where / "events_raw")}
+
+
+def _spec(where: Path, source: dict[str, Any], target: str, **changes: Any):
+    tgt: dict[str, Any] = (
+        {"format": "delta", "location": str(where / "events")} if target == "delta"
+        else {"format": "iceberg", "table": "lake.events", "catalog": {"type": "sql", "warehouse": str(where / "wh")}}
+    )
+    data = {k: v for k, v in EVENTS_SPEC.items() if k != "partitions"}
+    data.update({"engine": {"type": "duckdb", "database": str(where / "stages.duckdb")}, "source": source,
+                 "target": tgt, **changes})
+    return spec_from_mapping(data)
+
+
+def _rows(spec, conn) -> dict[str, list[tuple]]:
+    table = engine_for(spec).table(conn)
+    try:
+        handle = table.open()
+        data = handle.to_pyarrow_table() if hasattr(handle, "to_pyarrow_table") else handle.scan().to_arrow()
+    finally:
+        table.close()
+    out: dict[str, list[tuple]] = {}
+    for row in sorted(data.select(EVENT_COLUMNS).to_pylist(), key=lambda r: r["event_id"]):
+        out.setdefault(HOURS.label_at(row["created_at"]), []).append(tuple(row[c] for c in EVENT_COLUMNS))
+    return out
+
+
+@pytest.mark.parametrize("target", ["delta", "iceberg"])
+def test_hours_of_a_fall_back_day_from_a_lake_source_equal_the_naive_newest_wins_and_postgres_hashes(
+        conn, factory, url_env, tmp_path, target):
+    spec = _spec(tmp_path, _delta_source(tmp_path, FALL), target)
+    plan, result = plan_approve_apply(conn, factory, spec, "2024-11-03")
+    labels = [p.partition for p in plan.document.partitions]
+    assert len(labels) == 25 and labels[1:3] == ["2024-11-03T01:00-0400", "2024-11-03T01:00-0500"]
+    assert plan.status == "ready" and {p["status"] for p in result.partitions} <= {"verified",
+                                                                                  "skipped-already-verified"}
+    expected = {label: rows for label, rows in naive_newest(FALL, HOURS, labels).items() if rows}
+    assert _rows(spec, conn) == expected
+    # The same rows in PostgreSQL, planned on engine postgres: the same hash for every window.
+    create_events(conn, FALL)
+    pg_spec = spec_from_mapping({k: v for k, v in EVENTS_SPEC.items() if k != "partitions"})
+    pg_plan = make_plan(pg_spec, PartitionRequest("2024-11-03"), factory)
+    ours = {p.partition: (p.stage_a.row_count, p.stage_a.content_hash) for p in plan.document.partitions}
+    theirs = {p.partition: (p.stage_a.row_count, p.stage_a.content_hash) for p in pg_plan.document.partitions}
+    assert ours == theirs
+
+    # A late row lands in one window of the source: the sensor names that window alone, and
+    # the next plan of the whole day replaces it alone.
+    from deltalake import write_deltalake
+    late = (8, utc(2024, 11, 3, 9, 15), utc(2024, 11, 6), 1, "12.00", "late")
+    write_deltalake(str(tmp_path / "events_raw"), _table([late]), mode="append")
+    assert list(lake_changes(conn, spec)) == ["2024-11-03T04:00-0500"]
+    _, again = plan_approve_apply(conn, factory, spec, "2024-11-03", run_id="r2")
+    assert [p["partition"] for p in again.partitions if p["status"] == "verified"] == ["2024-11-03T04:00-0500"]
+    assert _rows(spec, conn)["2024-11-03T04:00-0500"][0][1] == 8
+
+
+def test_a_window_reads_only_the_files_whose_statistics_can_hold_it(tmp_path):
+    """The pinned Delta version's files for a window are those whose statistics of the column
+    overlap it: one UTC day's file for an hour of it."""
+    import duckdb
+
+    from backfill_assets.core.lake.tables import span_of
+    from backfill_assets.core.pinned.delta import DeltaSource
+    from backfill_assets.core.pinned.source import SOURCE_ROWS
+    from backfill_assets.core.spec import DeltaSourceSpec
+    rows = FALL + [(9, utc(2024, 11, 10, 12), utc(2024, 11, 11), 1, "1.00", "a week on")]
+    _delta_source(tmp_path, rows)
+    source = DeltaSource(DeltaSourceSpec(format="delta", location=str(tmp_path / "events_raw")))
+    pin = source.latest("created_at", [])
+    span = span_of(HOURS, "2024-11-03T01:00-0500")
+    files = source._files(source._table(int(pin.version)), "created_at", [span])
+    assert len(files["2024-11-03T01:00-0500"]) == 1  # of three files
+    with duckdb.connect() as duck:
+        duck.execute("SET TimeZone = 'UTC'")
+        source.attach(duck, pin, "created_at", [span])
+        got = duck.execute(f"SELECT event_id FROM {SOURCE_ROWS} ORDER BY event_id").fetchall()
+    assert got == [(2,)]
+
+
+def test_windows_are_refused_with_records_can_move_and_a_parquet_source_on_engine_duckdb(conn, factory, url_env,
+                                                                                          tmp_path):
+    spec = _spec(tmp_path, _delta_source(tmp_path, FALL), "delta", records_can_move=True)
+    with pytest.raises(SpecError, match="records_can_move with partition_window is built on engine postgres"):
+        make_plan(spec, PartitionRequest("2024-11-03"), factory)
+    with pytest.raises(SpecError, match="partition_window needs a Delta or Iceberg source on engine duckdb, not parquet"):
+        _spec(tmp_path, {"format": "parquet", "location": str(tmp_path)}, "delta")
+
+
+def test_hours_from_an_iceberg_source_partitioned_by_day_are_read_by_its_hidden_partitions(
+        conn, factory, url_env, tmp_path, monkeypatch):
+    """An Iceberg source partitioned by day(created_at): each window's files are those its
+    partition and metrics let through; the rows written equal the naive newest-wins."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.transforms import DayTransform
+    uri = f"sqlite:///{tmp_path}/source_catalog.db"
+    monkeypatch.setenv("BFA_TEST_ICEBERG_SOURCE", uri)
+    catalog = SqlCatalog("default", uri=uri, warehouse=f"file://{tmp_path}/source_warehouse")
+    catalog.create_namespace("raw")
+    with catalog.create_table_transaction("raw.events_raw", schema=SCHEMA) as txn, txn.update_spec() as update:
+        update.add_field("created_at", DayTransform(), "created_at_day")
+    catalog.load_table("raw.events_raw").append(_table(FALL))
+    source = {"format": "iceberg", "table": "raw.events_raw",
+              "catalog": {"type": "sql", "uri_env": "BFA_TEST_ICEBERG_SOURCE",
+                          "warehouse": str(tmp_path / "source_warehouse")}}
+    spec = _spec(tmp_path, source, "delta")
+    plan, result = plan_approve_apply(conn, factory, spec, "2024-11-03T01:00-0400..2024-11-03T02:00-0500")
+    labels = [p.partition for p in plan.document.partitions]
+    assert labels == ["2024-11-03T01:00-0400", "2024-11-03T01:00-0500", "2024-11-03T02:00-0500"]
+    assert {p["status"] for p in result.partitions} == {"verified"}
+    expected = {label: rows for label, rows in naive_newest(FALL, HOURS, labels).items() if rows}
+    assert _rows(spec, conn) == expected
+
+
+def test_profile_of_a_lake_source_by_windows_equals_postgres(conn, factory, url_env, tmp_path):
+    """The first windows holding rows, their counts and the key measured per window: the same
+    profile from the Delta source in DuckDB as from the same rows in PostgreSQL."""
+    from backfill_assets.core.profile.propose import profile_spec
+    spec = _spec(tmp_path, _delta_source(tmp_path, FALL), "delta")
+    create_events(conn, FALL)
+    pg_spec = spec_from_mapping({k: v for k, v in EVENTS_SPEC.items() if k != "partitions"})
+    ours, theirs = profile_spec(spec, factory), profile_spec(pg_spec, factory)
+    assert ours.partitions == theirs.partitions and ours.partitions[0] == "2024-11-02T23:00-0400"
+    assert (ours.row_count, ours.key_partitions) == (theirs.row_count, theirs.key_partitions) == (len(FALL), 7)
+    assert (ours.business_key, ours.ordering) == (theirs.business_key, theirs.ordering)
+    asked = profile_spec(spec, factory, PartitionRequest("2024-11-03T01:00-0400,2024-11-03T01:00-0500"))
+    assert asked.partitions == ["2024-11-03T01:00-0400", "2024-11-03T01:00-0500"] and asked.row_count == 4

@@ -85,7 +85,7 @@ def close_scope(
     def homes(partitions: list[PartitionValue]) -> list[tuple]:
         query, params = sqlbuild.key_homes(spec.source_ref, target, by, spec.business_key, ordering, partitions)
         rows = conn.execute(query, params).fetchall()
-        return rows if windowing is None else _placed(rows, windowing, {str(p) for p in partitions})
+        return rows if windowing is None else placed(rows, windowing, {str(p) for p in partitions})
 
     scope = close_scope_with(spec, kind, requested, homes)
     if windowing is not None:  # in time order (a label's text order is not, where clocks fall back east of UTC)
@@ -93,7 +93,7 @@ def close_scope(
     return scope
 
 
-def _placed(rows: list[tuple], windowing: Windowing, requested: set[str]) -> list[tuple]:
+def placed(rows: list[tuple], windowing: Windowing, requested: set[str]) -> list[tuple]:
     """key_homes' rows with the column values placed in windows (labels), less the keys whose
     newest version and target row lie in the same requested window (a time stamp that moved
     within its window)."""

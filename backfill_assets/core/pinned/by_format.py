@@ -19,7 +19,7 @@ def lake_source(spec: Spec, conn: psycopg.Connection | None) -> LakeSource:
     if isinstance(source, DeltaSourceSpec):
         return DeltaSource(source)
     if isinstance(source, ParquetSourceSpec):
-        return ParquetSource(source)
+        return ParquetSource(source, windowed=spec.partition_window is not None)
     assert conn is not None, "an Iceberg source's catalog is reached through the control store's connection"
     return IcebergSource(source, catalog_url(conn, spec, source.catalog))
 

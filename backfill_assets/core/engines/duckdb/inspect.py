@@ -80,9 +80,6 @@ def resolve(conn: psycopg.Connection | None, spec: Spec, request: PartitionReque
     kind = inspection.require_plannable()
     partitions: list[PartitionValue]
     if kind == "window":  # windows are named by their labels
-        if spec.records_can_move:
-            raise SpecError("records_can_move with partition_window is built on engine postgres, not yet on engine "
-                            "duckdb; leave records_can_move out, or plan on engine postgres")
         windowing = windowing_of(spec, inspection.column(spec.partition_key))
         partitions = list(windowing.request(request.text) if isinstance(request, PartitionRequest)
                           else windowing.labels(request))

@@ -22,11 +22,12 @@ from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.rows import Digest
 from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
+from backfill_assets.core.lake.tables import span_of, spans_table
 from backfill_assets.core.lake.target import parts_of
-from backfill_assets.core.moves import close_scope_with
+from backfill_assets.core.moves import close_scope_with, placed
 from backfill_assets.core.pinned.duck_types import source_types
 from backfill_assets.core.pinned.pins import LakeSnapshot, Pin, record_snapshot
-from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource
+from backfill_assets.core.pinned.source import SOURCE_ROWS, WINDOWS, LakeSource
 from backfill_assets.core.planning import Outside, Tie, Ties, check_source_counts
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
@@ -117,15 +118,28 @@ def _moved_scope(control: psycopg.Connection, ctx: Context, source: LakeSource, 
     """records_can_move: the context with every partition a moved key leaves or enters added,
     to a fixed point, read at ``pin`` (every partition of it) and the target as it is now."""
     spec = ctx.spec
+    windowing = ctx.windowing
     with contextlib.closing(cursor(db)) as duck:
         source.attach_all(duck, pin)
         keys = _target_keys(duck, control, ctx)
-        query = statements.key_homes(keys, spec.partition_key, spec.business_key, spec.ordering)
+        if windowing is None:
+            query = statements.key_homes(keys, spec.partition_key, spec.business_key, spec.ordering)
+        else:  # every row labelled by the windows asked about, registered each round
+            names = [name for name, _ in source_types(duck)]
+            query = statements.window_key_homes(
+                windowed(ctx, sql.Identifier(SOURCE_ROWS), names),
+                windowed(ctx, sql.Identifier(keys), [spec.partition_key, *spec.business_key]),
+                spec.partition_key, spec.business_key, spec.ordering)
 
         def homes(partitions: list[PartitionValue]) -> list[tuple]:
-            return [tuple(r) for r in duck.execute(query, {"partitions": partitions}).fetchall()]
+            if windowing is not None:
+                duck.register(WINDOWS, spans_table([span_of(windowing, str(p)) for p in partitions]))
+            rows = [tuple(r) for r in duck.execute(query, {"partitions": partitions}).fetchall()]
+            return rows if windowing is None else placed(rows, windowing, {str(p) for p in partitions})
 
         scope = close_scope_with(spec, ctx.kind, ctx.partitions, homes)
+        if windowing is not None:  # in time order
+            scope.partitions = list(windowing.labels([str(p) for p in scope.partitions]))
     ctx.engine.check_partitions(scope.partitions)
     if scope.added:
         progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))
@@ -144,7 +158,7 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
     control store. Returns the snapshot and the context, widened by moved keys."""
     spec = ctx.spec
     requested = list(ctx.labels)
-    pin = source.latest(spec.partition_key, ctx.partitions)
+    pin = source.latest(spec.partition_key, parts_of(ctx))
     progress(ProgressEvent("snapshot", f"pinned {spec.source_name} at version {pin.version[:16]}"))
     if spec.records_can_move:
         asked = ctx
@@ -157,7 +171,7 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: LakeSource,
             if source.keeps_versions or set(ctx.labels) == pinned_for:
                 break
             pinned_for = set(ctx.labels)
-            pin = source.latest(spec.partition_key, ctx.partitions)
+            pin = source.latest(spec.partition_key, parts_of(ctx))
             ctx = _moved_scope(control, asked, source, db, pin, progress)
         else:
             raise SnapshotError(f"source {spec.source_name} kept changing while moved keys' partitions were "

@@ -267,6 +267,42 @@ def key_homes(target_keys: str, partition_key: str, business_key: Sequence[str],
     ))
 
 
+def window_key_homes(rows: sql.Composable, target_keys: sql.Composable, partition_key: str,
+                     business_key: Sequence[str], ordering: Sequence[OrderingColumn]) -> str:
+    """:func:`key_homes` for time windows: ``rows`` (every row of the pin) and ``target_keys``
+    carry each row's window label (:func:`labelled`; NULL outside the windows ``$partitions``).
+    The keys are those with a row in those windows; each row gives the home and the current
+    row's column values themselves (typed: core.moves places them in windows), for every key
+    whose newest version's value differs from the target's, lies outside the windows, or that
+    only one side has."""
+    pk, window = sql.Identifier(partition_key), sql.Identifier(WINDOW)
+    same = lambda a, b: sql.SQL(" AND ").join(  # noqa: E731 - a local shorthand
+        sql.SQL("{}.{} = {}.{}").format(sql.Identifier(a), sql.Identifier(k), sql.Identifier(b), sql.Identifier(k))
+        for k in business_key)
+    not_null = sql.SQL(" AND ").join(sql.SQL("s.{} IS NOT NULL").format(sql.Identifier(k)) for k in business_key)
+    order = sql.SQL(", ").join(
+        sql.SQL("s.{} {} NULLS {}").format(sql.Identifier(o.column), sql.SQL(o.direction.upper()),
+                                           sql.SQL((o.nulls or "last").upper()))
+        for o in ordering)
+    first = sql.Identifier(business_key[0])
+    return _text(sql.SQL(
+        "WITH k AS (SELECT {s_bk} FROM {rows} AS s WHERE s.{window} IN {parts} AND {not_null} "
+        "UNION SELECT {t_bk} FROM {tgt} AS t WHERE t.{window} IN {parts}), "
+        "h AS (SELECT DISTINCT ON ({s_bk}) {s_bk}, s.{pk} AS __home, s.{window} AS __in FROM {rows} AS s "
+        "WHERE EXISTS (SELECT 1 FROM k WHERE {k_s}) ORDER BY {s_bk}, {order}), "
+        "c AS (SELECT {t_bk}, t.{pk} AS __home FROM {tgt} AS t WHERE EXISTS (SELECT 1 FROM k WHERE {k_t})) "
+        "SELECT h.__home, c.__home, h.{first} IS NOT NULL, c.{first} IS NOT NULL, "
+        "{key_text} FROM h FULL JOIN c ON {h_c} "
+        "WHERE h.{first} IS NULL OR c.{first} IS NULL OR h.__home IS DISTINCT FROM c.__home OR h.__in IS NULL"
+    ).format(
+        s_bk=_ids(business_key, "s"), t_bk=_ids(business_key, "t"), rows=rows, tgt=target_keys, pk=pk,
+        window=window, parts=_PARTITIONS, not_null=not_null, order=order, k_s=same("k", "s"), k_t=same("k", "t"),
+        h_c=same("h", "c"), first=first,
+        key_text=sql.SQL(", ").join(sql.SQL("coalesce(h.{k}, c.{k})").format(k=sql.Identifier(k))
+                                    for k in business_key),
+    ))
+
+
 def keys_in_several_partitions(target_keys: str, business_key: Sequence[str]) -> str:
     """Up to 5 business keys found in more than one partition of the target's distinct
     (partition key, business key) pairs: (key texts..., count)."""

@@ -12,7 +12,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from backfill_assets.core.errors import SpecError
 from backfill_assets.core.pinned.watch import lake_changes
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import spec_from_mapping
@@ -127,13 +126,61 @@ def test_a_window_reads_only_the_files_whose_statistics_can_hold_it(tmp_path):
     assert got == [(2,)]
 
 
-def test_windows_are_refused_with_records_can_move_and_a_parquet_source_on_engine_duckdb(conn, factory, url_env,
-                                                                                          tmp_path):
-    spec = _spec(tmp_path, _delta_source(tmp_path, FALL), "delta", records_can_move=True)
-    with pytest.raises(SpecError, match="records_can_move with partition_window is built on engine postgres"):
-        make_plan(spec, PartitionRequest("2024-11-03"), factory)
-    with pytest.raises(SpecError, match="partition_window needs a Delta or Iceberg source on engine duckdb, not parquet"):
-        _spec(tmp_path, {"format": "parquet", "location": str(tmp_path)}, "delta")
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+def test_a_time_stamp_that_moves_to_another_window_is_a_moved_record_on_engine_duckdb(conn, factory, url_env,
+                                                                                       tmp_path, fmt):
+    """records_can_move: the key's newest version is looked for in every row of the pin, placed
+    in its window, and the window it leaves is replaced with the one it lands in."""
+    import pyarrow.parquet as pq
+    first = [(1, utc(2024, 11, 3, 5, 10), utc(2024, 11, 4), 1, "1.00", "first"),
+             (2, utc(2024, 11, 3, 5, 30), utc(2024, 11, 4), 1, "2.00", None)]
+    moved = (1, utc(2024, 11, 3, 9, 20), utc(2024, 11, 5), 2, "1.50", "corrected: 04:20 EST")
+    folder = tmp_path / "events_raw"
+    if fmt == "delta":
+        source = _delta_source(tmp_path, first)
+    else:
+        folder.mkdir()
+        pq.write_table(_table(first), folder / "part-0.parquet")
+        source = {"format": "parquet", "location": str(folder)}
+    spec = _spec(tmp_path, source, "delta", records_can_move=True)
+    plan_approve_apply(conn, factory, spec, "2024-11-03T01:00-0400")
+    if fmt == "delta":
+        from deltalake import write_deltalake
+        write_deltalake(str(folder), _table([moved]), mode="append")
+    else:
+        pq.write_table(_table([moved]), folder / "part-1.parquet")
+    plan, result = plan_approve_apply(conn, factory, spec, "2024-11-03T01:00-0400", run_id="r2")
+    doc = plan.document
+    assert [a.partition for a in doc.added_partitions] == ["2024-11-03T04:00-0500"]
+    assert "key (event_id=1) moves here from 2024-11-03T01:00-0400" in doc.added_partitions[0].reasons[0]
+    assert {p["partition"]: p["status"] for p in result.partitions} == dict.fromkeys(
+        ["2024-11-03T01:00-0400", "2024-11-03T04:00-0500"], "verified")
+    assert {label: [r[1] for r in got] for label, got in _rows(spec, conn).items()} == {
+        "2024-11-03T01:00-0400": [2], "2024-11-03T04:00-0500": [1]}
+
+
+def test_hours_from_a_parquet_folder_pin_only_the_files_whose_row_groups_can_hold_them(conn, factory, url_env,
+                                                                                      tmp_path):
+    """A folder of Parquet files by UTC day (Hive-partitioned by another column): the pin holds
+    the files whose footers' statistics overlap the windows asked for, a file added later with a
+    row in one of them moves that window alone, and the rows written are the naive newest-wins."""
+    import pyarrow.parquet as pq
+    folder = tmp_path / "events_raw"
+    for day in sorted({r[1].date() for r in FALL}):
+        (folder / f"day={day}").mkdir(parents=True)
+        pq.write_table(_table([r for r in FALL if r[1].date() == day]), folder / f"day={day}" / "part-0.parquet")
+    spec = _spec(tmp_path, {"format": "parquet", "location": str(folder)}, "delta")
+    plan, result = plan_approve_apply(conn, factory, spec, "2024-11-03T01:00-0400..2024-11-03T02:00-0500")
+    labels = [p.partition for p in plan.document.partitions]
+    assert {p["status"] for p in result.partitions} == {"verified"}
+    expected = {label: rows for label, rows in naive_newest(FALL, HOURS, labels).items() if rows}
+    assert _rows(spec, conn) == expected
+    from backfill_assets.core.store import control as store
+    found = store.find_snapshot(conn, spec.control_schema, plan.document.snapshot.id)
+    assert [f[0] for f in found["scope"]["pin"]["files"]] == ["day=2024-11-03/part-0.parquet"]  # of three
+    pq.write_table(_table([(8, utc(2024, 11, 3, 6, 30), utc(2024, 11, 6), 1, "12.00", "late")]),
+                   folder / "day=2024-11-03" / "part-1.parquet")
+    assert list(lake_changes(conn, spec)) == ["2024-11-03T01:00-0500"]
 
 
 def test_hours_from_an_iceberg_source_partitioned_by_day_are_read_by_its_hidden_partitions(

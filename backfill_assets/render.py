@@ -117,7 +117,9 @@ def render_replacement(doc: PlanDocument) -> str:
     spans = ""
     if doc.partition_window is not None and entries:  # the instants the labels name
         first, last = entries[0], entries[-1]
-        spans = (f" They are {doc.partition_window['every']} windows of {doc.partition_key} in "
+        cron = doc.partition_window.get("cron")
+        starting = f" (cron {cron})" if cron else ""
+        spans = (f" They are {doc.partition_window['every']} windows{starting} of {doc.partition_key} in "
                  f"{doc.partition_window['time_zone']}, from {first.start} to {last.end} (UTC, the end excluded)"
                  f"{', with gaps' if len(entries) > 1 and any(a.end != b.start for a, b in zip(entries, entries[1:])) else ''}.")
     return (

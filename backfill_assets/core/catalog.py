@@ -151,8 +151,9 @@ def windowing_of(spec: Spec, column: ColumnInfo) -> Windowing:
             f"partition_window needs a date or time stamp partition_key; {column.name} has type {column.type_name}: "
             "window a timestamptz, timestamp or date column, or leave partition_window out to partition by its values"
         )
+    assert window.every is not None  # the spec's validator derives it from a cron
     return Windowing(window.every, zone(window.time_zone), kind,
-                     zone(window.column_time_zone) if window.column_time_zone else None)
+                     zone(window.column_time_zone) if window.column_time_zone else None, window.offset)
 
 
 def partition_kind_of(column: ColumnInfo, problems: list[str], spec: Spec | None = None) -> PartitionKind | None:

@@ -64,7 +64,7 @@ def spec_document(ctx: Context) -> dict[str, Any]:
         "transform_version": spec.transform_version,
         "transform_sql_sha256": None if ctx.transform is None else sha256_hex(ctx.transform.encode("utf-8")),
         # Left out of the plan's JSON where None: a spec of values keeps the plan ids it always had.
-        "partition_window": None if spec.partition_window is None else spec.partition_window.model_dump(),
+        "partition_window": None if spec.partition_window is None else spec.partition_window.declared(),
     }
 
 

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from backfill_assets.core.catalog import ColumnInfo
 from backfill_assets.core.vocabulary import PartitionValue
-from backfill_assets.core.windows import Bound, Windowing, window_at
+from backfill_assets.core.windows import Bound, Windowing
 
 # At most this many counts look for the first windows holding rows (profile's sample).
 WINDOW_SCANS = 20
@@ -35,7 +35,7 @@ def first_windows(windowing: Windowing, first: Bound | None, last: Bound | None,
         windows = []
         while window.start < end and len(windows) < limit:
             windows.append(window)
-            window = window_at(window.end, windowing.grain, windowing.tz)
+            window = windowing.at(window.end)
         if not windows:
             break
         found_now = counts([w.label for w in windows])

@@ -269,7 +269,8 @@ class Spec(BaseModel):
         if window is None:
             return self.partition_key
         read_in = f" read in {window.column_time_zone}" if window.column_time_zone else ""
-        return f"{self.partition_key}{read_in} every {window.every} in {window.time_zone}"
+        every = f"every {window.every}" if window.cron is None else f"on cron {' '.join(window.cron.split())}"
+        return f"{self.partition_key}{read_in} {every} in {window.time_zone}"
 
     @property
     def input_columns(self) -> list[str]:

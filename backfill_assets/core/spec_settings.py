@@ -20,7 +20,7 @@ from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec_formats import Strict
 from backfill_assets.core.supports import DEFAULT_ENGINE, SUPPORTS, setting_problems
 from backfill_assets.core.vocabulary import Identifier, check_identifier
-from backfill_assets.core.windows import Grain, zone
+from backfill_assets.core.windows import Grain, Offset, cron_schedule, zone
 
 
 def _known_engine(value: str) -> str:
@@ -126,12 +126,45 @@ class PartitionsSpec(Strict):
 
 class PartitionWindowSpec(Strict):
     """Partitions that are time windows of ``partition_key`` (core.windows): every hour, day,
-    week, month or year of the zone ``time_zone``. A ``timestamp without time zone`` column
-    says which zone its clock reads in (``column_time_zone``): nothing is guessed."""
+    week, month or year of the zone ``time_zone``, or the windows between the ticks of a cron
+    schedule there (``cron``: hours from a minute, days from a time, weeks from a day and time,
+    months from a day and time). A ``timestamp without time zone`` column says which zone its
+    clock reads in (``column_time_zone``): nothing is guessed."""
 
-    every: Grain
+    every: Grain | None = None
     time_zone: str
     column_time_zone: str | None = None
+    cron: str | None = None
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _schedule(cls, data: object) -> object:
+        """``every`` from the cron's schedule, which must be one this tool reads."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("cron") is None:
+            if data.get("every") is None:
+                raise ValueError("partition_window needs `every` (hour, day, week, month or year) or `cron` "
+                                 "(a schedule such as `30 6 * * *`)")
+            return data
+        try:
+            grain, _ = cron_schedule(str(data["cron"]))
+        except SpecError as err:
+            raise ValueError(str(err)) from None
+        if data.get("every") not in (None, grain):
+            raise ValueError(f"partition_window.cron {data['cron']!r} makes {grain} windows, not {data['every']}: "
+                             "leave `every` out")
+        return {**data, "every": grain}
+
+    @property
+    def offset(self) -> Offset | None:
+        """Where each window starts within its unit (the cron's; None: the unit's start)."""
+        return None if self.cron is None else cron_schedule(self.cron)[1]
+
+    def declared(self) -> dict[str, str | None]:
+        """What a plan records of it: without ``cron`` where none is given (a plan of ``every``
+        keeps its id)."""
+        return self.model_dump(exclude=set() if self.cron is not None else {"cron"})
 
     @pydantic.field_validator("time_zone", "column_time_zone")
     @classmethod

@@ -58,6 +58,97 @@ class Window:
         return self.start.astimezone(tz), self.end.astimezone(tz)
 
 
+@dataclass(frozen=True)
+class Offset:
+    """Where each window starts within its unit, as a cron schedule says it (``30 6 * * *``:
+    days from 06:30): the minute (hours), the minute and hour (days), and the day too (a week's
+    day, 0 Sunday to 6 Saturday as cron counts; a month's day, 1 to 28)."""
+
+    minute: int = 0
+    hour: int = 0
+    day: int | None = None
+
+
+# The schedules a cron may say, as Dagster's time-window partitions compute them (its hourly,
+# daily, weekly and monthly kinds): a grain and where its windows start.
+_CRON_FORMS = (
+    ("hour", re.compile(r"(\d{1,2}) \* \* \* \*")),
+    ("day", re.compile(r"(\d{1,2}) (\d{1,2}) \* \* \*")),
+    ("week", re.compile(r"(\d{1,2}) (\d{1,2}) \* \* (\d)")),
+    ("month", re.compile(r"(\d{1,2}) (\d{1,2}) (\d{1,2}) \* \*")),
+)
+
+
+def cron_schedule(cron: str) -> tuple[Grain, Offset | None]:
+    """The grain and offset of a cron schedule (None: the grain's own start, the windows of
+    ``every``: ``0 * * * *``, ``0 0 * * *``, ``0 0 * * 1``, ``0 0 1 * *``).
+
+    Raises:
+        SpecError: not one of the four forms, or a field out of range, naming the forms.
+    """
+    text = " ".join(cron.split())
+    for grain, form in _CRON_FORMS:
+        match = form.fullmatch(text)
+        if match is None:
+            continue
+        numbers = [int(g) for g in match.groups()]
+        minute, hour = numbers[0], numbers[1] if len(numbers) > 1 else 0
+        day = numbers[2] if len(numbers) > 2 else None
+        if minute > 59 or hour > 23 or (grain == "week" and day is not None and day > 6) or \
+                (grain == "month" and day is not None and not 1 <= day <= 28):
+            break
+        offset = Offset(minute, hour, day)
+        plain = {"hour": Offset(), "day": Offset(), "week": Offset(0, 0, 1), "month": Offset(0, 0, 1)}[grain]
+        return grain, (None if offset == plain else offset)  # type: ignore[return-value]
+    raise SpecError(
+        f"partition_window.cron {cron!r} is not a schedule of windows this tool reads: write hours from a "
+        "minute (`15 * * * *`), days from a time (`30 6 * * *`), weeks from a day and time (`0 6 * * 0`, "
+        "0 Sunday to 6 Saturday) or months from a day (1 to 28) and time (`0 6 15 * *`)")
+
+
+# Hours in which Dagster reads an ambiguous clock time as its later reading (its schedules'
+# rule, kept so that a window has the same instants in the UI).
+_FOLD_HOURS = frozenset({1, 2, 3})
+
+
+def _at_offset(naive: dt.datetime, tz: dt.tzinfo) -> dt.datetime:
+    """The instant a window starting at the clock reading ``naive`` starts, as Dagster's
+    schedules read it: a reading the clock skips is the instant the gap ends; a reading it
+    shows twice (in the hours 1 to 3) is the later one; any other is the one it shows."""
+    first = naive.replace(tzinfo=tz, fold=0)
+    if first.astimezone(UTC).astimezone(tz).replace(tzinfo=None) != naive:  # skipped: the gap's end
+        return _at_local(naive.replace(minute=0, second=0, microsecond=0) + dt.timedelta(hours=1), tz)
+    later = naive.replace(tzinfo=tz, fold=1)
+    if naive.hour in _FOLD_HOURS and later.utcoffset() != first.utcoffset():
+        return later.astimezone(UTC)
+    return first.astimezone(UTC)
+
+
+def _floor_offset(local: dt.datetime, grain: Grain, offset: Offset) -> dt.datetime:
+    """The clock reading a window of ``grain`` starting at ``offset`` starts at, for the
+    window whose unit holds the clock reading ``local`` (naive)."""
+    start = local.replace(hour=offset.hour, minute=offset.minute, second=0, microsecond=0)
+    if grain == "week":
+        wanted = ((offset.day or 0) - 1) % 7  # cron's Sunday 0 as Python's weekday 6
+        start -= dt.timedelta(days=(start.weekday() - wanted) % 7)
+        return start - dt.timedelta(days=7) if start > local else start
+    if grain == "month":
+        start = start.replace(day=offset.day or 1)
+        if start > local:  # that day of the month before (the last day before the 1st, then the day)
+            start = (start.replace(day=1) - dt.timedelta(days=1)).replace(day=offset.day or 1)
+        return start
+    return start - dt.timedelta(days=1) if start > local else start
+
+
+def _next_offset(start: dt.datetime, grain: Grain, offset: Offset) -> dt.datetime:
+    """The clock reading the window after the one starting at ``start`` (naive) starts at."""
+    if grain == "week":
+        return start + dt.timedelta(days=7)
+    if grain == "month":
+        return _next(start.replace(day=1), "month").replace(day=offset.day or 1)
+    return start + dt.timedelta(days=1)
+
+
 def _at_local(naive: dt.datetime, tz: dt.tzinfo) -> dt.datetime:
     """The instant the zone's clock first reads ``naive`` (a unit's start, on the hour): the
     earlier one when the clock reads it twice; where the clock skips it (a day that begins
@@ -92,8 +183,10 @@ def _next(local: dt.datetime, grain: Grain) -> dt.datetime:
     return local.replace(year=local.year + 1)
 
 
-def _label(start: dt.datetime, grain: Grain, tz: dt.tzinfo) -> str:
+def _label(start: dt.datetime, grain: Grain, tz: dt.tzinfo, offset: Offset | None = None) -> str:
     local = start.astimezone(tz)
+    if offset is not None:  # a window named by its start: an hour's minute, another's day
+        return f"{local:%Y-%m-%dT%H:%M%z}" if grain == "hour" else f"{local:%Y-%m-%d}"
     if grain == "hour":
         return f"{local:%Y-%m-%dT%H:%M%z}"
     if grain == "day":
@@ -103,8 +196,11 @@ def _label(start: dt.datetime, grain: Grain, tz: dt.tzinfo) -> str:
     return f"{local:%Y-%m}" if grain == "month" else f"{local:%Y}"
 
 
-def window_at(instant: dt.datetime, grain: Grain, tz: dt.tzinfo) -> Window:
-    """The window of ``grain`` in ``tz`` that holds ``instant`` (an aware datetime)."""
+def window_at(instant: dt.datetime, grain: Grain, tz: dt.tzinfo, offset: Offset | None = None) -> Window:
+    """The window of ``grain`` in ``tz`` (starting at ``offset``: a cron schedule's) that
+    holds ``instant`` (an aware datetime)."""
+    if offset is not None:
+        return _window_with_offset(instant, grain, tz, offset)
     if grain == "hour":  # an hour of instants: the repeated hour is two windows, the skipped none
         local = instant.astimezone(tz)
         start = local.replace(minute=0, second=0, microsecond=0).astimezone(UTC)
@@ -117,17 +213,40 @@ def window_at(instant: dt.datetime, grain: Grain, tz: dt.tzinfo) -> Window:
     return Window(start, _at_local(_next(first, grain), tz), _label(start, grain, tz))
 
 
-def windows_between(start: dt.datetime, end: dt.datetime, grain: Grain, tz: dt.tzinfo) -> list[Window]:
+def _window_with_offset(instant: dt.datetime, grain: Grain, tz: dt.tzinfo, offset: Offset) -> Window:
+    """:func:`window_at` for windows that start at ``offset`` (Dagster's rules: an hour from a
+    minute is an hour of instants; a day, week or month from a clock time starts where
+    :func:`_at_offset` reads that time)."""
+    if grain == "hour":
+        local = instant.astimezone(tz)
+        start = local.replace(minute=offset.minute, second=0, microsecond=0).astimezone(UTC)
+        if start > instant:
+            start -= dt.timedelta(hours=1)
+        return Window(start, start + dt.timedelta(hours=1), _label(start, grain, tz, offset))
+    first = _floor_offset(instant.astimezone(tz).replace(tzinfo=None), grain, offset)
+    start = _at_offset(first, tz)
+    while start > instant:  # its reading was skipped or read later: the window before
+        first = _floor_offset(first - dt.timedelta(microseconds=1), grain, offset)
+        start = _at_offset(first, tz)
+    end = _at_offset(_next_offset(first, grain, offset), tz)
+    while end <= instant:  # the next window's reading came earlier than the instant's clock showed
+        first = _next_offset(first, grain, offset)
+        start, end = end, _at_offset(_next_offset(first, grain, offset), tz)
+    return Window(start, end, _label(start, grain, tz, offset))
+
+
+def windows_between(start: dt.datetime, end: dt.datetime, grain: Grain, tz: dt.tzinfo,
+                    offset: Offset | None = None) -> list[Window]:
     """The windows whose first instant is at or after ``start`` and before ``end``."""
     found: list[Window] = []
-    window = window_at(start, grain, tz)
+    window = window_at(start, grain, tz, offset)
     if window.start < start:
-        window = window_at(window.end, grain, tz)
+        window = window_at(window.end, grain, tz, offset)
     while window.start < end:
         found.append(window)
         if len(found) > MAX_PARTITIONS:
             raise SpecError(f"--partitions names more than {MAX_PARTITIONS} windows")
-        window = window_at(window.end, grain, tz)
+        window = window_at(window.end, grain, tz, offset)
         if window.start != found[-1].end:  # hours, where a zone's clock moves by part of one
             raise SpecError(f"time zone {tz} moves its clocks by part of an hour near {found[-1].end:%Y-%m-%d}, "
                             "so its hours do not tile the day; hour windows need a zone whose clocks move by "
@@ -209,23 +328,72 @@ def _hour_span(text: str, first: dt.datetime, offset: str | None, tz: dt.tzinfo)
     return start, start + dt.timedelta(hours=1)
 
 
-def parse_windows(text: str, grain: Grain, tz: dt.tzinfo) -> list[Window]:
+_START = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(Z|[+-]\d{2}:?\d{2})?")
+
+
+def _offset_span(text: str, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
+    """What ``text`` names of windows that start at an offset: the windows starting at the
+    instant a label gives (``2024-11-03T01:30-0500``), or in a day, week, month or year."""
+    match = _START.fullmatch(text)
+    if match is None:
+        unit, found = _unit_of(text)
+        if unit == "hour":  # an hour's label is a start: _START reads it
+            raise AssertionError(unit)
+        numbers = [int(g) for g in found.groups()[:3] if g is not None]
+        try:
+            if unit == "week":
+                first = dt.datetime.combine(dt.date.fromisocalendar(numbers[0], numbers[1], 1), dt.time())
+            else:
+                first = dt.datetime(*numbers, *([1] * (3 - len(numbers))))  # type: ignore[misc]
+        except ValueError:
+            raise SpecError(f"partition {text!r} is not a date that exists") from None
+        return _at_local(first, tz), _at_local(_next(first, unit), tz)
+    numbers = [int(g) for g in match.groups()[:5]]
+    try:
+        first = dt.datetime(*numbers)  # type: ignore[misc]
+    except ValueError:
+        raise SpecError(f"partition {text!r} is not a date and time that exists") from None
+    start, _ = _hour_span(text, first, match.group(6), tz)
+    return start, start + dt.timedelta(microseconds=1)
+
+
+def parse_windows(text: str, grain: Grain, tz: dt.tzinfo, offset: Offset | None = None) -> list[Window]:
     """The windows ``--partitions`` names, sorted and distinct: a comma list of labels and
-    ranges ``a..b`` (inclusive), each a window of ``grain`` or a unit that holds whole ones."""
+    ranges ``a..b`` (inclusive), each a window of ``grain`` or a unit that holds whole ones
+    (windows starting at an ``offset``: a window's label, or a unit naming the windows that
+    start in it)."""
     example = _EXAMPLES[grain]
     items = request_items(text, f"{example} or a range {example}..{example}")
     found: dict[dt.datetime, Window] = {}
     for item in items:
         lo_text, dots, hi_text = item.partition("..")
-        lo, hi = _span(lo_text.strip(), grain, tz), _span(hi_text.strip(), grain, tz) if dots else None
+        if offset is None:
+            lo, hi = _span(lo_text.strip(), grain, tz), _span(hi_text.strip(), grain, tz) if dots else None
+        else:
+            lo, hi = _offset_span(lo_text.strip(), tz), _offset_span(hi_text.strip(), tz) if dots else None
         end = hi[1] if hi else lo[1]
         if end <= lo[0]:
             raise SpecError(f"partition range {item!r} ends before it starts")
-        for window in windows_between(lo[0], end, grain, tz):
+        between = windows_between(lo[0], end, grain, tz, offset)
+        if offset is not None and not between:
+            raise SpecError(f"partition {item!r} names no window: each starts at {_offset_text(grain, offset)}; "
+                            "name one by its start (its label) or a day, month or year they start in")
+        for window in between:
             found[window.start] = window
         if len(found) > MAX_PARTITIONS:
             raise SpecError(f"--partitions names more than {MAX_PARTITIONS} windows")
     return [found[k] for k in sorted(found)]
+
+
+def _offset_text(grain: Grain, offset: Offset) -> str:
+    """Where windows of ``grain`` start, in words (``minute 30 of each hour``)."""
+    if grain == "hour":
+        return f"minute {offset.minute} of each hour"
+    at = f"{offset.hour:02d}:{offset.minute:02d}"
+    if grain == "week":
+        day = ("Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")[offset.day or 0]
+        return f"{at} each {day}"
+    return f"{at} on day {offset.day} of each month" if grain == "month" else f"{at} each day"
 
 
 # What a window column holds: instants (timestamptz), a clock's readings in a declared zone
@@ -245,11 +413,15 @@ class Windowing:
     tz: zoneinfo.ZoneInfo
     column_kind: ColumnKind
     column_tz: zoneinfo.ZoneInfo | None = None
+    offset: Offset | None = None  # where each window starts (a cron schedule's), None: its unit's start
 
     def __post_init__(self) -> None:
         if self.column_kind == "date" and self.grain == "hour":
             raise SpecError("partition_window every hour needs a time stamp column; a date column holds days: "
                             "declare `every: day` or longer, or window a time stamp column")
+        if self.column_kind == "date" and self.offset is not None and (self.offset.hour or self.offset.minute):
+            raise SpecError("partition_window.cron starts each window at a time of day; a date column holds whole "
+                            "days: start at 00:00 (`0 0 * * 0`, `0 0 15 * *`), or window a time stamp column")
         if (self.column_kind == "timestamp") != (self.column_tz is not None):
             raise SpecError(
                 "partition_window.column_time_zone says which zone a `timestamp without time zone` column's "
@@ -260,15 +432,20 @@ class Windowing:
 
     def request(self, text: str) -> list[str]:
         """The labels of the windows a ``--partitions`` request names, in time order."""
-        return [w.label for w in parse_windows(text, self.grain, self.tz)]
+        return [w.label for w in parse_windows(text, self.grain, self.tz, self.offset)]
 
     def window(self, label: str) -> Window:
         """The window labelled ``label``; SpecError if no window of this grain and zone is."""
-        found = _window_of(label, self.grain, self.tz)
+        found = _window_of(label, self.grain, self.tz, self.offset)
         if found is None:
-            raise SpecError(f"partition {label!r} is not the label of a {self.grain} window in {self.tz}; "
-                            f"write it as {_EXAMPLES[self.grain]}")
+            starts = "" if self.offset is None else f" starting at {_offset_text(self.grain, self.offset)}"
+            raise SpecError(f"partition {label!r} is not the label of a {self.grain} window{starts} in {self.tz}; "
+                            f"write it as {_EXAMPLES[self.grain] if self.offset is None else 'its start'}")
         return found
+
+    def at(self, instant: dt.datetime) -> Window:
+        """The window that holds ``instant``."""
+        return window_at(instant, self.grain, self.tz, self.offset)
 
     def labels(self, labels: list[str]) -> list[str]:
         """Stored labels, each checked to be a window's own, in time order."""
@@ -316,14 +493,14 @@ class Windowing:
             if value.tzinfo is None:
                 assert self.column_tz is not None
                 value = value.replace(tzinfo=self.column_tz)
-            return window_at(value, self.grain, self.tz).label
-        return window_at(dt.datetime.combine(value, dt.time(), self.tz), self.grain, self.tz).label
+            return self.at(value).label
+        return self.at(dt.datetime.combine(value, dt.time(), self.tz)).label
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _window_of(label: str, grain: Grain, tz: zoneinfo.ZoneInfo) -> Window | None:
+def _window_of(label: str, grain: Grain, tz: zoneinfo.ZoneInfo, offset: Offset | None = None) -> Window | None:
     try:
-        found = parse_windows(label, grain, tz)
+        found = parse_windows(label, grain, tz, offset)
     except SpecError:
         return None
     return found[0] if len(found) == 1 and found[0].label == label else None

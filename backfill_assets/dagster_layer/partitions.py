@@ -50,18 +50,25 @@ def _windows_def(spec: Spec) -> dg.TimeWindowPartitionsDefinition:
     """The spec's time windows from ``partitions.start`` (the first window at or after the
     zone's midnight of that day) to ``partitions.end``, keyed by their labels."""
     window, p = spec.partition_window, spec.partitions
-    assert window is not None and p is not None and p.start is not None
-    tz = zone(window.time_zone)
+    assert window is not None and window.every is not None and p is not None and p.start is not None
+    tz, grain, offset = zone(window.time_zone), window.every, window.offset
 
     def first_at(day: dt.date) -> Window:
         midnight = dt.datetime.combine(day, dt.time(), tz)
-        found = window_at(midnight, window.every, tz)
-        return found if found.start >= midnight.astimezone(UTC) else window_at(found.end, window.every, tz)
+        found = window_at(midnight, grain, tz, offset)
+        return found if found.start >= midnight.astimezone(UTC) else window_at(found.end, grain, tz, offset)
 
-    cron, fmt = _WINDOW_SCHEDULES[window.every]
+    cron, fmt = _WINDOW_SCHEDULES[grain]
+    if offset is not None:  # the spec's own schedule; each key the window's start (core.windows)
+        cron, fmt = " ".join((window.cron or "").split()), "%Y-%m-%dT%H:%M%z" if grain == "hour" else "%Y-%m-%d"
+    # Offset windows are bounded by instants: a day's label alone would read as its midnight.
+    def bound(day: dt.date) -> str | dt.datetime:
+        first = first_at(day)
+        return first.label if offset is None else first.start.astimezone(tz)
+
     return dg.TimeWindowPartitionsDefinition(
-        cron_schedule=cron, fmt=fmt, timezone=window.time_zone, start=first_at(p.start).label,
-        end=None if p.end is None else first_at(p.end).label,
+        cron_schedule=cron, fmt=fmt, timezone=window.time_zone, start=bound(p.start),
+        end=None if p.end is None else bound(p.end),
     )
 
 

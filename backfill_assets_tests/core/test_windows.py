@@ -14,7 +14,16 @@ from hypothesis import strategies as st
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.supports import ENGINE_TYPES, SUPPORTS
-from backfill_assets.core.windows import GRAINS, UTC, parse_windows, window_at, windows_between, zone
+from backfill_assets.core.windows import (
+    GRAINS,
+    UTC,
+    Windowing,
+    cron_schedule,
+    parse_windows,
+    window_at,
+    windows_between,
+    zone,
+)
 from backfill_assets_tests.support.spec_samples import refused_with, sample_mapping
 
 NEW_YORK = zone("America/New_York")
@@ -103,6 +112,72 @@ def test_every_instant_lies_in_exactly_one_window_and_the_windows_tile_time(naiv
     assert window_at(window.start, grain, tz) == window  # a boundary belongs to the window it starts
     assert len({after.label, window.label, before.label}) == 3
     assert windows_between(before.start, after.end, grain, tz) == [before, window, after]
+
+
+CRONS = ["15 * * * *", "30 6 * * *", "30 1 * * *", "0 2 * * *", "0 6 * * 0", "30 2 * * 6", "0 6 15 * *"]
+
+
+@given(st.datetimes(min_value=dt.datetime(1990, 1, 1), max_value=dt.datetime(2040, 1, 1)),
+       st.sampled_from(WHOLE_HOURS), st.sampled_from(CRONS))
+def test_the_windows_of_a_cron_schedule_tile_time_too(naive, name, cron):
+    grain, offset = cron_schedule(cron)
+    tz = zone(name)
+    instant = naive.replace(tzinfo=UTC)
+    window = window_at(instant, grain, tz, offset)
+    assert window.start <= instant < window.end
+    after = window_at(window.end, grain, tz, offset)
+    before = window_at(window.start - dt.timedelta(microseconds=1), grain, tz, offset)
+    assert after.start == window.end and before.end == window.start
+    assert window_at(window.start, grain, tz, offset) == window
+    assert parse_windows(window.label, grain, tz, offset) == [window]  # a label names its window
+
+
+def test_a_cron_schedule_names_its_windows_by_their_starts_and_a_day_names_those_starting_in_it():
+    grain, offset = cron_schedule("30 6 * * *")
+    days = parse_windows("2024-11-03", grain, NEW_YORK, offset)
+    assert [(w.label, w.start, w.hours) for w in days] == [("2024-11-03", utc(2024, 11, 3, 11, 30), 24.0)]
+    # The day from 01:30 on the night the clocks fall back starts at the later 01:30 (Dagster's rule).
+    grain, offset = cron_schedule("30 1 * * *")
+    (fall,) = parse_windows("2024-11-03", grain, NEW_YORK, offset)
+    assert fall.start == utc(2024, 11, 3, 6, 30)
+    # ...and where they skip 02:00, the day starts when the gap ends (03:00).
+    grain, offset = cron_schedule("0 2 * * *")
+    (spring,) = parse_windows("2024-03-10", grain, NEW_YORK, offset)
+    assert spring.start == utc(2024, 3, 10, 7) and spring.hours == 23
+    grain, offset = cron_schedule("15 * * * *")
+    hours = parse_windows("2024-11-03", grain, NEW_YORK, offset)
+    assert len(hours) == 25 and hours[0].label == "2024-11-03T00:15-0400"
+    assert [w.label for w in parse_windows("2024-11-03T01:15-0500", grain, NEW_YORK, offset)] == ["2024-11-03T01:15-0500"]
+    with pytest.raises(SpecError, match="happens twice"):
+        parse_windows("2024-11-03T01:15", grain, NEW_YORK, offset)
+    with pytest.raises(SpecError, match="names no window: each starts at minute 15 of each hour"):
+        parse_windows("2024-11-03T01:00-0400", grain, NEW_YORK, offset)
+
+
+@pytest.mark.parametrize(("cron", "grain", "plain"), [
+    ("0 * * * *", "hour", True), ("0 0 * * *", "day", True), ("0 0 * * 1", "week", True), ("0 0 1 * *", "month", True),
+    ("15 * * * *", "hour", False), ("0 6 * * 0", "week", False), ("30 6 15 * *", "month", False),
+])
+def test_a_cron_schedule_is_a_grain_and_where_its_windows_start(cron, grain, plain):
+    found, offset = cron_schedule(cron)
+    assert found == grain and (offset is None) == plain
+
+
+@pytest.mark.parametrize(("cron", "says"), [
+    ("*/15 * * * *", "is not a schedule of windows this tool reads"),
+    ("0 6 * * 1-5", "is not a schedule of windows"), ("0 6 31 * *", "is not a schedule of windows"),
+    ("61 * * * *", "is not a schedule"), ("0 0 1 1 *", "is not a schedule"),
+])
+def test_a_cron_schedule_that_is_no_such_windows_is_refused_with_the_forms_it_may_take(cron, says):
+    refusal = refused_with(sample_mapping("postgres", "postgres", "postgres",
+                                          partition_window={"cron": cron, "time_zone": "UTC"}))
+    assert says in refusal and "`30 6 * * *`" in refusal
+
+
+def test_a_date_column_takes_no_time_of_day_from_a_cron():
+    with pytest.raises(SpecError, match="a date column holds whole days"):
+        Windowing("day", NEW_YORK, "date", offset=cron_schedule("30 6 * * *")[1])
+    assert Windowing("week", NEW_YORK, "date", offset=cron_schedule("0 0 * * 0")[1])
 
 
 def _moved_by_part_of_an_hour(tz: dt.tzinfo) -> bool:

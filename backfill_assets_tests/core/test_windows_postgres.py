@@ -27,7 +27,7 @@ from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.store import ledger
 from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest, TableRef
-from backfill_assets.core.windows import Windowing, window_at, zone
+from backfill_assets.core.windows import Windowing, cron_schedule, window_at, zone
 from backfill_assets_tests.support.source_writes import settle
 from backfill_assets_tests.support.windows import (
     EVENT_COLUMNS,
@@ -227,3 +227,27 @@ def test_a_time_stamp_that_moves_to_another_window_is_a_moved_record(conn, facto
     got = conn.execute("SELECT event_id, created_at, amount FROM public.events_hourly ORDER BY event_id").fetchall()
     assert got == [(1, utc(2024, 11, 3, 9, 20), Decimal("1.50")), (2, utc(2024, 11, 3, 5, 30), Decimal("2.00")),
                    (3, utc(2024, 11, 3, 6, 45), Decimal("3.50"))]
+
+
+def test_hours_from_minute_30_of_a_cron_schedule_plan_approve_and_apply_as_the_naive_newest_wins(conn, factory,
+                                                                                                url_env):
+    """partition_window.cron: the windows between the ticks of `30 * * * *` in New York, named
+    by their starts; the plan records the cron; the rows written are the naive newest-wins."""
+    create_events(conn, FALL)
+    # The NULL-key row is alone in its window here (02:30-03:30 EST): a partition it would empty.
+    conn.execute("DELETE FROM public.events_raw WHERE event_id IS NULL")
+    spec = _spec(partition_window={"cron": "30 * * * *", "time_zone": "America/New_York"})
+    plan, result = plan_approve_apply(conn, factory, spec, "2024-11-03")
+    labels = [p["partition"] for p in plan.as_json()["partitions"]]
+    assert len(labels) == 25 and labels[:3] == ["2024-11-03T00:30-0400", "2024-11-03T01:30-0400",
+                                                "2024-11-03T01:30-0500"]
+    assert plan.document.partition_window == {"every": "hour", "time_zone": "America/New_York",
+                                              "column_time_zone": None, "cron": "30 * * * *"}
+    assert {p["status"] for p in result.partitions} <= {"verified", "skipped-already-verified"}
+    windowing = Windowing("hour", NY, "timestamptz", offset=cron_schedule("30 * * * *")[1])
+    expected = naive_newest(FALL, windowing, labels)
+    got = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM public.events_hourly ORDER BY created_at, event_id").fetchall()
+    assert got == sorted((r for rows in expected.values() for r in rows), key=lambda r: (r[0], r[1]))
+    # Event 1's version at 00:00 EDT lies in the window from 23:30 the day before, which was not
+    # asked for; its 00:30 version starts the day's first window.
+    assert [r[0] for r in got if r[1] == 1] == [utc(2024, 11, 3, 4, 30)]

@@ -46,6 +46,31 @@ def test_the_dagster_keys_of_a_window_spec_are_the_labels_of_its_windows(grain, 
         assert (span.start.astimezone(UTC), span.end.astimezone(UTC)) == (w.start, w.end)
 
 
+@pytest.mark.parametrize("cron", ["15 * * * *", "30 6 * * *", "30 1 * * *", "0 2 * * *", "45 23 * * *",
+                                  "0 6 * * 0", "30 2 * * 6", "0 6 15 * *", "30 1 1 * *"])
+@pytest.mark.parametrize("zone_name", ["America/New_York", "Europe/Berlin", "Asia/Kolkata", "Australia/Sydney",
+                                       "America/Santiago", "UTC"])
+def test_the_dagster_keys_of_a_cron_window_spec_are_the_labels_of_its_windows(cron, zone_name):
+    """Windows between the ticks of a cron schedule, over every daylight-saving change of two
+    years (a day from 01:30 or 02:00 where the clocks skip or repeat it): Dagster's partitions
+    and core.windows' are the same keys and the same instants."""
+    hourly = cron.split()[1] == "*"
+    start, end = (dt.date(2024, 3, 1), dt.date(2024, 4, 15)) if hourly else (dt.date(2023, 1, 1), dt.date(2025, 1, 1))
+    spec = spec_from_mapping({**WINDOW_SPEC, "partition_window": {"cron": cron, "time_zone": zone_name},
+                              "partitions": {"type": "window", "start": start.isoformat(), "end": end.isoformat()}})
+    window = spec.partition_window
+    assert window is not None and window.every is not None
+    parts = partitions_def(spec)
+    tz = zone(zone_name)
+    ours = windows_between(dt.datetime.combine(start, dt.time(), tz).astimezone(UTC),
+                           dt.datetime.combine(end, dt.time(), tz).astimezone(UTC), window.every, tz, window.offset)
+    keys = parts.get_partition_keys()
+    assert keys == [w.label for w in ours]
+    for w in ours:
+        span = parts.time_window_for_partition_key(w.label)
+        assert (span.start.astimezone(UTC), span.end.astimezone(UTC)) == (w.start, w.end), w.label
+
+
 def test_a_window_spec_keys_its_dagster_partitions_by_its_windows_or_is_refused():
     with pytest.raises(SpecError, match="write `partitions: {type: window, start: <date>}`"):
         spec_from_mapping({**WINDOW_SPEC, "partitions": {"type": "daily", "start": "2024-11-01"}})

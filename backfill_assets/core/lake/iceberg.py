@@ -167,11 +167,13 @@ def _aligned(windowing: Windowing, transform: str) -> bool:
         return True
     if transform not in _TRANSFORMS:
         return False
-    grain = "day" if windowing.grain == "hour" else windowing.grain
-    if windowing.grain == "hour" and transform != "hour":
-        return False
+    if windowing.grain == "hour":  # hours from a minute past the hour are no UTC hours
+        if transform != "hour" or (windowing.offset is not None and windowing.offset.minute):
+            return False
+        return all(_on_boundary(windowing.bound(w.start), transform)
+                   for w in windows_between(*_SAMPLE, "day", windowing.tz))
     return all(_on_boundary(windowing.bound(w.start), transform)
-               for w in windows_between(*_SAMPLE, grain, windowing.tz))
+               for w in windows_between(*_SAMPLE, windowing.grain, windowing.tz, windowing.offset))
 
 
 def _fitting_transform(windowing: Windowing) -> str | None:

@@ -106,12 +106,21 @@ def _creates(doc: PlanDocument) -> str:
     if not doc.creates_target:
         return ""
     schema = ", ".join(f"{name} {kind}" for name, kind in doc.target_table_columns)
-    return f"\n  creates the table: it does not exist; apply creates it, partitioned by {doc.partition_key}: {schema}"
+    return f"\n  creates the table: it does not exist; apply creates it, {_partitioned(doc)}: {schema}"
+
+
+def _partitioned(doc: PlanDocument) -> str:
+    """How a lake table apply creates is partitioned, in words."""
+    if doc.target_partitioned_by is None:
+        return f"partitioned by {doc.partition_key}"
+    if not doc.target_partitioned_by:
+        return f"not partitioned (each window is a range of {doc.partition_key})"
+    return f"partitioned by {', '.join(doc.target_partitioned_by)}"
 
 
 def render_replacement(doc: PlanDocument) -> str:
     labels = doc.labels
-    created = f"Approving will CREATE {doc.target} (empty, partitioned by {doc.partition_key}), then " \
+    created = f"Approving will CREATE {doc.target} (empty, {_partitioned(doc)}), then " \
         if doc.creates_target else "Approving will "
     entries = doc.partitions
     spans = ""

@@ -152,10 +152,13 @@ class LakeEngine:
     def plan_fields(self, ctx: Context) -> dict[str, Any]:
         """The schema the stage maps to, which an existing table must have; an Iceberg
         table's catalog too, so that a plan made against one catalog is refused against
-        another (absent for other tables: their plan ids unchanged)."""
+        another (absent for other tables: their plan ids unchanged); for time windows, how the
+        table is partitioned (not by the key's values: nothing for Delta, a transform of the
+        column for Iceberg), which an existing table must keep."""
         state = self._state(ctx)
         catalog = {} if state.catalog is None else {"target_catalog": state.catalog}
-        return {**catalog, "target_table_columns": [list(c) for c in state.columns]}
+        windows = {} if ctx.windowing is None else {"target_partitioned_by": list(state.partitioned_by)}
+        return {**catalog, **windows, "target_table_columns": [list(c) for c in state.columns]}
 
     def creates_target(self, ctx: Context) -> bool | None:
         return not self._state(ctx).exists

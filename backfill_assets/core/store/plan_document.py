@@ -110,11 +110,15 @@ class PlanDocument(_Frozen):
     # Partitions that are time windows (Spec.partition_window, as JSON): absent from the JSON of
     # a plan of values, whose id is therefore what it always was.
     partition_window: dict[str, str | None] | None = None
+    # A lake target of time windows: how the table is partitioned (core.lake.engine); absent
+    # from other plans' JSON.
+    target_partitioned_by: tuple[str, ...] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The document as JSON values: what the plan id hashes."""
         out = self.model_dump(mode="json")
-        for optional in ("creates_target", "target_catalog", "fingerprint_format", "partition_window"):
+        for optional in ("creates_target", "target_catalog", "fingerprint_format", "partition_window",
+                         "target_partitioned_by"):
             if out[optional] is None:
                 del out[optional]
         if out["snapshot"]["version"] is None:  # absent for PostgreSQL sources: their plan ids unchanged
@@ -144,7 +148,7 @@ class PlanDocument(_Frozen):
 SPEC_FIELDS = (
     "format", "spec", "target", "source", "partition_key", "business_key", "ordering", "columns",
     "target_table_columns", "total", "records_can_move", "transform_version", "transform_sql_sha256",
-    "target_catalog", "fingerprint_format", "partition_window",
+    "target_catalog", "fingerprint_format", "partition_window", "target_partitioned_by",
 )
 
 

@@ -64,6 +64,13 @@ def test_hours_of_a_fall_back_day_replace_a_lake_table_as_the_naive_newest_wins(
     labels = [p["partition"] for p in plan.as_json()["partitions"]]
     assert len(labels) == 25 and labels[1:3] == ["2024-11-03T01:00-0400", "2024-11-03T01:00-0500"]
     assert plan.document.creates_target is True
+    from backfill_assets.render import render_replacement
+    said = render_replacement(plan.document)
+    if fmt == "delta":
+        assert plan.document.target_partitioned_by == () and "not partitioned (each window is a range" in said
+    else:
+        assert plan.document.target_partitioned_by == ("hour(created_at)",)
+        assert "partitioned by hour(created_at)" in said
     statuses = {p["status"] for p in result.partitions}
     assert statuses <= {"verified", "skipped-already-verified"} and "verified" in statuses
     table = engine_for(spec).table(conn)

@@ -291,14 +291,7 @@ def _span(text: str, grain: Grain, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datet
         units = " or ".join(_EXAMPLES[u] for u in _HOLDS[grain])
         raise SpecError(f"partition {text!r} names a {unit}, which does not hold whole {grain} windows; "
                         f"name them as {units}")
-    numbers = [int(g) for g in match.groups()[:4] if g is not None]  # the fifth is an hour's offset
-    try:
-        if unit == "week":
-            first = dt.datetime.combine(dt.date.fromisocalendar(numbers[0], numbers[1], 1), dt.time())
-        else:
-            first = dt.datetime(*numbers, *([1] * (3 - len(numbers))))  # type: ignore[misc]
-    except ValueError:
-        raise SpecError(f"partition {text!r} is not a date that exists") from None
+    first = _unit_start(text, unit, match)
     if unit == "hour":
         return _hour_span(text, first, match.group(5), tz)
     if monday:
@@ -308,6 +301,17 @@ def _span(text: str, grain: Grain, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datet
                             f"({start:%Y-%m-%d}) or as an ISO week ({start:%G-W%V})")
         unit = "week"
     return _at_local(first, tz), _at_local(_next(first, unit), tz)
+
+
+def _unit_start(text: str, unit: Grain, match: re.Match[str]) -> dt.datetime:
+    """The clock reading a unit named by ``text`` (matched as ``unit``) starts at."""
+    numbers = [int(g) for g in match.groups()[:4] if g is not None]  # the fifth is an hour's offset
+    try:
+        if unit == "week":
+            return dt.datetime.combine(dt.date.fromisocalendar(numbers[0], numbers[1], 1), dt.time())
+        return dt.datetime(*numbers, *([1] * (3 - len(numbers))))  # type: ignore[misc]
+    except ValueError:
+        raise SpecError(f"partition {text!r} is not a date that exists") from None
 
 
 def _hour_span(text: str, first: dt.datetime, offset: str | None, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
@@ -339,14 +343,7 @@ def _offset_span(text: str, tz: dt.tzinfo) -> tuple[dt.datetime, dt.datetime]:
         unit, found = _unit_of(text)
         if unit == "hour":  # an hour's label is a start: _START reads it
             raise AssertionError(unit)
-        numbers = [int(g) for g in found.groups()[:3] if g is not None]
-        try:
-            if unit == "week":
-                first = dt.datetime.combine(dt.date.fromisocalendar(numbers[0], numbers[1], 1), dt.time())
-            else:
-                first = dt.datetime(*numbers, *([1] * (3 - len(numbers))))  # type: ignore[misc]
-        except ValueError:
-            raise SpecError(f"partition {text!r} is not a date that exists") from None
+        first = _unit_start(text, unit, found)
         return _at_local(first, tz), _at_local(_next(first, unit), tz)
     numbers = [int(g) for g in match.groups()[:5]]
     try:

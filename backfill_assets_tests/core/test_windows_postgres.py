@@ -23,7 +23,6 @@ from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.plan import make_plan, snapshot_step
 from backfill_assets.core.profile.propose import profile_spec
-from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.store import ledger
 from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest, TableRef
@@ -31,9 +30,9 @@ from backfill_assets.core.windows import Windowing, cron_schedule, window_at, zo
 from backfill_assets_tests.support.source_writes import settle
 from backfill_assets_tests.support.windows import (
     EVENT_COLUMNS,
-    EVENTS_SPEC,
     FALL,
     create_events,
+    events_spec,
     naive_newest,
     plan_approve_apply,
     utc,
@@ -45,9 +44,7 @@ COLUMNS = EVENT_COLUMNS
 
 
 def _spec(**changes: object):
-    data = {k: v for k, v in EVENTS_SPEC.items() if k != "partitions"}
-    data.update(changes)
-    return spec_from_mapping({k: v for k, v in data.items() if v is not None})
+    return events_spec(**changes)
 
 
 @pytest.mark.parametrize("snapshot", ["copy", "exported", "immutable"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
+from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -13,6 +15,7 @@ from psycopg import sql
 from backfill_assets.core.apply import apply_plan
 from backfill_assets.core.approve import approve_plan
 from backfill_assets.core.plan import make_plan
+from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.store.plans import find_plan
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets.core.windows import UTC, Windowing
@@ -31,6 +34,19 @@ EVENTS_SPEC: dict[str, object] = {
     "columns": EVENT_COLUMNS, "total": "amount", "transform_version": "v1",
     "partitions": {"type": "window", "start": "2024-11-01", "end": "2024-11-08"},
 }
+
+
+def events_spec(target: str | None = None, where: Path | None = None, **changes: Any):
+    """EVENTS_SPEC without its Dagster partitions, with ``changes`` (None drops a key), and
+    for ``target`` ``delta`` or ``iceberg`` a lake table of that format under ``where``."""
+    data: dict[str, Any] = {k: v for k, v in EVENTS_SPEC.items() if k != "partitions"}
+    if target is not None:
+        assert where is not None
+        data["target"] = ({"format": "delta", "location": str(where / "events")} if target == "delta" else
+                          {"format": "iceberg", "table": "lake.events",
+                           "catalog": {"type": "sql", "warehouse": str(where / "wh")}})
+    data.update(changes)
+    return spec_from_mapping({k: v for k, v in data.items() if v is not None})
 
 
 def utc(*parts: int) -> dt.datetime:

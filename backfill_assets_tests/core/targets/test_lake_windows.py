@@ -17,15 +17,14 @@ import pytest
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.lake.tables import Span, arrow_filter
 from backfill_assets.core.plan import make_plan
-from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest
 from backfill_assets.core.windows import Windowing
 from backfill_assets_tests.support.windows import (
     EVENT_COLUMNS,
-    EVENTS_SPEC,
     FALL,
     create_events,
+    events_spec,
     naive_newest,
     plan_approve_apply,
     utc,
@@ -37,13 +36,7 @@ FORMATS = ["delta", "iceberg"]
 
 
 def _spec(fmt: str, where: Path, **changes: Any):
-    target: dict[str, Any] = (
-        {"format": "delta", "location": str(where / "events")} if fmt == "delta"
-        else {"format": "iceberg", "table": "lake.events", "catalog": {"type": "sql", "warehouse": str(where / "wh")}}
-    )
-    data = {k: v for k, v in EVENTS_SPEC.items() if k != "partitions"}
-    data.update({"target": target, **changes})
-    return spec_from_mapping(data)
+    return events_spec(fmt, where, **changes)
 
 
 def _rows(table, label_of=None) -> dict[str, list[tuple]]:

@@ -12,6 +12,7 @@ before the builds make sure of.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from psycopg import sql
 
@@ -230,6 +231,21 @@ def partition_counts(relation: str | sql.Composable, partition_key: str) -> str:
         pk=sql.Identifier(partition_key), rel=rel, parts=_PARTITIONS))
 
 
+def _homes_parts(business_key: Sequence[str], ordering: Sequence[OrderingColumn]) -> tuple[Any, sql.Composed,
+                                                                                         sql.Composed, sql.Identifier]:
+    """What both key-home queries are made of: a join of two aliases on the business key,
+    the key not NULL in ``s``, the newest-first order over ``s``, and the key's first column."""
+    def same(a: str, b: str) -> sql.Composed:
+        return sql.SQL(" AND ").join(sql.SQL("{}.{} = {}.{}").format(
+            sql.Identifier(a), sql.Identifier(k), sql.Identifier(b), sql.Identifier(k)) for k in business_key)
+    not_null = sql.SQL(" AND ").join(sql.SQL("s.{} IS NOT NULL").format(sql.Identifier(k)) for k in business_key)
+    order = sql.SQL(", ").join(
+        sql.SQL("s.{} {} NULLS {}").format(sql.Identifier(o.column), sql.SQL(o.direction.upper()),
+                                           sql.SQL((o.nulls or "last").upper()))
+        for o in ordering)
+    return same, not_null, order, sql.Identifier(business_key[0])
+
+
 def key_homes(target_keys: str, partition_key: str, business_key: Sequence[str],
               ordering: Sequence[OrderingColumn]) -> str:
     """For the keys with a source row or a target row in ``$partitions`` (records_can_move):
@@ -239,15 +255,7 @@ def key_homes(target_keys: str, partition_key: str, business_key: Sequence[str],
     them. The source is every partition of the pin (SOURCE_ROWS), the target's keys
     ``target_keys`` (its distinct (partition key, business key) pairs)."""
     pk = sql.Identifier(partition_key)
-    same = lambda a, b: sql.SQL(" AND ").join(  # noqa: E731 - a local shorthand
-        sql.SQL("{}.{} = {}.{}").format(sql.Identifier(a), sql.Identifier(k), sql.Identifier(b), sql.Identifier(k))
-        for k in business_key)
-    not_null = sql.SQL(" AND ").join(sql.SQL("s.{} IS NOT NULL").format(sql.Identifier(k)) for k in business_key)
-    order = sql.SQL(", ").join(
-        sql.SQL("s.{} {} NULLS {}").format(sql.Identifier(o.column), sql.SQL(o.direction.upper()),
-                                           sql.SQL((o.nulls or "last").upper()))
-        for o in ordering)
-    first = sql.Identifier(business_key[0])
+    same, not_null, order, first = _homes_parts(business_key, ordering)
     return _text(sql.SQL(
         "WITH k AS (SELECT {s_bk} FROM {rows} AS s WHERE s.{pk} IN {parts} AND {not_null} "
         "UNION SELECT {t_bk} FROM {tgt} AS t WHERE t.{pk} IN {parts}), "
@@ -276,15 +284,7 @@ def window_key_homes(rows: sql.Composable, target_keys: sql.Composable, partitio
     whose newest version's value differs from the target's, lies outside the windows, or that
     only one side has."""
     pk, window = sql.Identifier(partition_key), sql.Identifier(WINDOW)
-    same = lambda a, b: sql.SQL(" AND ").join(  # noqa: E731 - a local shorthand
-        sql.SQL("{}.{} = {}.{}").format(sql.Identifier(a), sql.Identifier(k), sql.Identifier(b), sql.Identifier(k))
-        for k in business_key)
-    not_null = sql.SQL(" AND ").join(sql.SQL("s.{} IS NOT NULL").format(sql.Identifier(k)) for k in business_key)
-    order = sql.SQL(", ").join(
-        sql.SQL("s.{} {} NULLS {}").format(sql.Identifier(o.column), sql.SQL(o.direction.upper()),
-                                           sql.SQL((o.nulls or "last").upper()))
-        for o in ordering)
-    first = sql.Identifier(business_key[0])
+    same, not_null, order, first = _homes_parts(business_key, ordering)
     return _text(sql.SQL(
         "WITH k AS (SELECT {s_bk} FROM {rows} AS s WHERE s.{window} IN {parts} AND {not_null} "
         "UNION SELECT {t_bk} FROM {tgt} AS t WHERE t.{window} IN {parts}), "

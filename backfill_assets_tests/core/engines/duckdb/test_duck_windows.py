@@ -23,6 +23,7 @@ from backfill_assets_tests.support.windows import (
     EVENTS_SPEC,
     FALL,
     create_events,
+    events_spec,
     naive_newest,
     plan_approve_apply,
     utc,
@@ -50,14 +51,8 @@ def _delta_source(where: Path, rows: list[tuple]) -> dict[str, Any]:
 
 
 def _spec(where: Path, source: dict[str, Any], target: str, **changes: Any):
-    tgt: dict[str, Any] = (
-        {"format": "delta", "location": str(where / "events")} if target == "delta"
-        else {"format": "iceberg", "table": "lake.events", "catalog": {"type": "sql", "warehouse": str(where / "wh")}}
-    )
-    data = {k: v for k, v in EVENTS_SPEC.items() if k != "partitions"}
-    data.update({"engine": {"type": "duckdb", "database": str(where / "stages.duckdb")}, "source": source,
-                 "target": tgt, **changes})
-    return spec_from_mapping(data)
+    return events_spec(target, where, engine={"type": "duckdb", "database": str(where / "stages.duckdb")},
+                       source=source, **changes)
 
 
 def _rows(spec, conn) -> dict[str, list[tuple]]:

@@ -25,20 +25,17 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from backfill_assets.core.errors import SpecError, TransientDatabaseError, VerificationError
+from backfill_assets.core.lake.delta_log import check_commit, check_files_commit, windowed
 from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.parts import Part, Span, arrow_filter, part_label
 from backfill_assets.core.lake.tables import (
-    META_PREFIX,
     LakeTable,
-    Part,
-    Span,
     TableShape,
     WrittenFile,
     among,
-    arrow_filter,
     commit_failed,
     key_bounds,
     local_path,
-    part_label,
     signature,
 )
 from backfill_assets.core.spec import DeltaTargetSpec
@@ -225,7 +222,7 @@ class DeltaLakeTable:
         return among(found, keys)
 
     def follows(self, handle: Any, base: str | None, metadata: Mapping[str, str]) -> bool:
-        # The version after ``base`` is ours (_check_commit read it from the log): nothing
+        # The version after ``base`` is ours (check_commit read it from the log): nothing
         # can lie between them.
         return handle is not None and base is not None and handle.version() == int(base) + 1
 
@@ -269,8 +266,8 @@ class DeltaLakeTable:
         predicate = delta_predicate(column, values)
         base = handle.version()
         # Windows: the files that can hold their rows, and how many rows of each lie outside
-        # them, which the commit must keep (see _check_commit).
-        kept = self._rows_outside(handle, column, values, predicate) if _windows(values) else None
+        # them, which the commit must keep (see check_commit).
+        kept = self._rows_outside(handle, column, values, predicate) if windowed(values) else None
         # Without retries delta-rs commits exactly the next version after the handle's, or
         # fails: it neither rebases over a newer version nor retries after losing the race
         # for the next one.
@@ -282,7 +279,7 @@ class DeltaLakeTable:
                 commit_failed(self.name, values, base, exclusive, " ".join(str(err).split())[:200])
             ) from err
         version = handle.version()
-        self._check_commit(version, column, values, predicate, metadata, kept, data.num_rows)
+        check_commit(self.path, self.name, version, column, values, predicate, metadata, kept, data.num_rows)
         return str(version)
 
     @staticmethod
@@ -323,7 +320,7 @@ class DeltaLakeTable:
             return dict.fromkeys((part_label(v) for v in values), None)
         protocol = handle.protocol()
         config = {k.lower(): str(v).lower() for k, v in (handle.metadata().configuration or {}).items()}
-        by = [] if _windows(values) else [column]
+        by = [] if windowed(values) else [column]
         if ("deletionVectors" in set(protocol.reader_features or []) or config.get("delta.columnmapping.mode", "none") != "none"
                 or list(handle.metadata().partition_columns) != by):
             return None  # rows hidden by deletion vectors, columns renamed, or files not by partition
@@ -395,85 +392,8 @@ class DeltaLakeTable:
             ) from err
         handle.update_incremental()
         version = handle.version()
-        self._check_files_commit(version, column, values, files, metadata)
+        check_files_commit(self.path, self.name, version, column, values, files, metadata)
         return str(version)
-
-    def _check_files_commit(self, version: int, column: str, values: Sequence[PartitionValue],
-                            files: Sequence[WrittenFile], metadata: Mapping[str, str]) -> None:
-        """Read OUR commit from the log: an overwrite carrying our plan that added exactly our
-        files and removed files of our partitions only.
-
-        Raises:
-            VerificationError: naming what the commit did instead.
-        """
-        info, actions = self._commit(version)
-        ours = {partition_label(v) for v in values}
-        added = sorted(urllib.parse.unquote(a["add"]["path"]) for a in actions if "add" in a)
-        touched = {(a.get("add") or a.get("remove") or {}).get("partitionValues", {}).get(column)
-                   for a in actions if "add" in a or "remove" in a}
-        if (info.get("operation") != "WRITE" or info.get("operationParameters", {}).get("mode") != "Overwrite"
-                or info.get(META_PREFIX + "plan_id") != metadata.get(META_PREFIX + "plan_id")
-                or added != sorted(f.logged for f in files) or not touched <= ours):
-            raise VerificationError(
-                ", ".join(sorted(ours)), f"the log of {self.name} at version {version}",
-                f"an overwrite of partition(s) {', '.join(sorted(ours))} by plan "
-                f"{metadata.get(META_PREFIX + 'plan_id', '')[:16]} adding {len(files)} file(s) of ours",
-                f"{info.get('operation')} {info.get('operationParameters', {}).get('mode')} adding {len(added)} "
-                f"file(s), touching {', '.join(sorted(str(t) for t in touched))}",
-            )
-
-    def _commit(self, version: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """A version's commit info and actions, from its file in the log."""
-        log = Path(self.path) / "_delta_log" / f"{version:020d}.json"
-        actions = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
-        return next((a["commitInfo"] for a in actions if "commitInfo" in a), {}), actions
-
-    def _check_commit(self, version: int, column: str, values: Sequence[Part], predicate: str,
-                      metadata: Mapping[str, str], kept: dict[str, int] | None = None, written: int = 0) -> None:
-        """Read OUR commit from the table's log: an overwrite with a predicate, carrying our
-        plan, whose every added and removed file lies in our partitions. (delta-rs records
-        the predicate as it parsed it, ``order_date = '2024-01-01'::date``, so its text is not
-        compared; the files it touched say exactly what it did.)
-
-        Windows have no partition values in the log: every file removed must be one that could
-        hold their rows (``kept``: those files, with their rows outside the windows), and the
-        files added must hold our ``written`` rows plus exactly the rows outside the windows
-        that the removed files held (delta-rs rewrites a file that held both), so that no row
-        of another window was dropped or added.
-
-        Raises:
-            VerificationError: naming what the commit did instead.
-        """
-        info, actions = self._commit(version)
-        params = info.get("operationParameters", {})
-        ours = {part_label(v) for v in values}
-        if kept is None:
-            touched = {(a.get("add") or a.get("remove") or {}).get("partitionValues", {}).get(column)
-                       for a in actions if "add" in a or "remove" in a}
-            within, did = touched <= ours, f"touching {', '.join(sorted(str(t) for t in touched))}"
-        else:
-            removed = [urllib.parse.unquote(a["remove"]["path"]) for a in actions if "remove" in a]
-            added = sum(json.loads(a["add"].get("stats") or "{}").get("numRecords", -1) for a in actions if "add" in a)
-            outside = sum(kept.get(path, 0) for path in removed)
-            strays = [path for path in removed if path not in kept]
-            within = not strays and added == written + outside
-            did = (f"removing {len(strays)} file(s) that could not hold them" if strays else
-                   f"adding {added} row(s) for our {written} and the {outside} of other windows it rewrote")
-        if (info.get("operation") != "WRITE" or params.get("mode") != "Overwrite" or not params.get("predicate")
-                or info.get(META_PREFIX + "plan_id") != metadata.get(META_PREFIX + "plan_id")
-                or not within):
-            raise VerificationError(
-                ", ".join(sorted(ours)), f"the log of {self.name} at version {version}",
-                f"an overwrite where {predicate} by plan {metadata.get(META_PREFIX + 'plan_id', '')[:16]}, "
-                f"touching partition(s) {', '.join(sorted(ours))} only",
-                f"{info.get('operation')} {params.get('mode')} where {params.get('predicate')} {did}",
-            )
-
-
-def _windows(values: Sequence[Part]) -> bool:
-    """Whether the partitions asked for are time windows (ranges of the column)."""
-    return any(isinstance(v, Span) for v in values)
-
 
 # --- Apache Iceberg ---------------------------------------------------------------------------
 

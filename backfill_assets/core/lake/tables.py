@@ -37,11 +37,8 @@ between, without relying on either library keeping that behaviour.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import functools
 import hashlib
 import json
-import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,68 +49,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from backfill_assets.core.errors import BackfillError, LakeTargetError, VerificationError
+from backfill_assets.core.lake.parts import Part, arrow_filter, part_label
 from backfill_assets.core.pg.db import as_transient
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
-from backfill_assets.core.windows import Bound, Windowing
+from backfill_assets.core.windows import Windowing
 
 # Commit metadata keys (Delta commit properties, Iceberg snapshot summary).
 META_PREFIX = "backfill_assets."
-
-
-@dataclass(frozen=True)
-class Span:
-    """A time window (core.windows) as a lake column holds its bounds: the partition's rows
-    are those with ``start <= column < end`` (an instant in UTC for a timestamptz column, the
-    clock's reading for a ``timestamp``, a date for a date column)."""
-
-    start: Bound
-    end: Bound
-    label: str
-
-
-# A partition as a lake table is asked for it: a value of the partition column, or a window.
-Part = PartitionValue | Span
-
-
-def part_label(part: Part) -> str:
-    """The partition's label: a window's own, or the value's (vocabulary.partition_label)."""
-    return part.label if isinstance(part, Span) else partition_label(part)
-
-
-def span_of(windowing: Windowing, label: str) -> Span:
-    """The window ``label`` as the column holds its bounds (core.windows.Windowing.bound)."""
-    window = windowing.window(label)
-    return Span(windowing.bound(window.start), windowing.bound(window.end), label)
-
-
-def bound_type(bound: Bound) -> pa.DataType:
-    """The Arrow type of a lake column holding ``bound``: a UTC-adjusted time stamp, a plain
-    one, or a date."""
-    if isinstance(bound, dt.datetime):
-        return pa.timestamp("us", tz="UTC") if bound.tzinfo is not None else pa.timestamp("us")
-    return pa.date32()
-
-
-def spans_table(spans: Sequence[Span]) -> pa.Table:
-    """Windows as rows (``label``, ``lo``, ``hi``) for an engine to join a column with: a row is
-    in the window whose ``lo <= column < hi``."""
-    t = bound_type(spans[0].start) if spans else pa.timestamp("us", tz="UTC")
-    return pa.table({"label": pa.array([s.label for s in spans], pa.string()),
-                     "lo": pa.array([s.start for s in spans], t), "hi": pa.array([s.end for s in spans], t)})
-
-
-def arrow_filter(column: str, parts: Sequence[Part]) -> pads.Expression:
-    """The rows of ``parts`` as a dataset filter: the value among the values, or in one of the
-    windows' ranges (which a file's and a row group's statistics prune by)."""
-    values = [p for p in parts if not isinstance(p, Span)]
-    field = pads.field(column)
-    terms = [field.isin(values)] if values else []
-    for span in (p for p in parts if isinstance(p, Span)):
-        t = bound_type(span.start)
-        terms.append((field >= pa.scalar(span.start, t)) & (field < pa.scalar(span.end, t)))
-    if not terms:
-        return pads.scalar(False)
-    return functools.reduce(operator.or_, terms)
 
 
 @dataclass(frozen=True)

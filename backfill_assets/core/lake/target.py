@@ -42,7 +42,8 @@ from backfill_assets.core.errors import BackfillError, KeysElsewhereError, Trans
 from backfill_assets.core.fingerprint.arrow import arrow_readings
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.rows import Reading
-from backfill_assets.core.lake.tables import META_PREFIX, KeysFound, LakeTable, Part, keys_found, lake_errors, span_of
+from backfill_assets.core.lake.parts import Part, span_of
+from backfill_assets.core.lake.tables import META_PREFIX, KeysFound, LakeTable, keys_found, lake_errors
 from backfill_assets.core.pg.db import transient_errors
 from backfill_assets.core.targets.common import AdvisoryLocked
 

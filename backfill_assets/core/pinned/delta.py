@@ -12,7 +12,8 @@ import pyarrow.dataset as pads
 
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.lake.lake_files import delta_dataset, files_digest
-from backfill_assets.core.lake.tables import Part, local_path, part_label
+from backfill_assets.core.lake.parts import Part, part_label
+from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource, in_windows, plan_again, quoted, spans_in
 from backfill_assets.core.spec import DeltaSourceSpec

@@ -10,9 +10,11 @@ import pyarrow as pa
 
 from backfill_assets.core.duck import copy_batches
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.lake.iceberg import IcebergLakeTable, iceberg_filter
+from backfill_assets.core.lake.iceberg import IcebergLakeTable
+from backfill_assets.core.lake.iceberg_partitions import iceberg_filter
 from backfill_assets.core.lake.lake_files import files_digest, plain_iceberg_files, task_files
-from backfill_assets.core.lake.tables import Part, local_path, part_label
+from backfill_assets.core.lake.parts import Part, part_label
+from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource, in_windows, plan_again, quoted, spans_in
 from backfill_assets.core.spec import IcebergSourceSpec

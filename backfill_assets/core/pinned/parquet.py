@@ -14,7 +14,8 @@ import pyarrow.dataset as pads
 
 from backfill_assets.core.errors import SnapshotError, SpecError
 from backfill_assets.core.lake.lake_files import files_digest, sha256_files
-from backfill_assets.core.lake.tables import Part, Span, arrow_filter, local_path, part_label
+from backfill_assets.core.lake.parts import Part, Span, arrow_filter, part_label
+from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource, in_windows, plan_again, spans_in
 from backfill_assets.core.spec import ParquetSourceSpec

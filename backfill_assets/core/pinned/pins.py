@@ -29,7 +29,7 @@ from backfill_assets.core.fingerprint.identity import (
 )
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.fingerprint.rows import Digest, Fingerprint
-from backfill_assets.core.lake.tables import Part
+from backfill_assets.core.lake.parts import Part
 from backfill_assets.core.lake.target import parts_of
 from backfill_assets.core.moves import Scope
 from backfill_assets.core.progress import Progress, ProgressEvent

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.errors import SnapshotError, SpecError
-from backfill_assets.core.lake.tables import Part, Span, spans_table
+from backfill_assets.core.lake.parts import Part, Span, spans_table
 from backfill_assets.core.pinned.pins import Pin
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import psycopg
 from backfill_assets.core.catalog import partition_kind_of, windowing_of
 from backfill_assets.core.duck import connect
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.lake.tables import Part, span_of
+from backfill_assets.core.lake.parts import Part, span_of
 from backfill_assets.core.pinned.by_format import lake_source
 from backfill_assets.core.pinned.duck_types import column_info, source_types
 from backfill_assets.core.pinned.pins import Pin

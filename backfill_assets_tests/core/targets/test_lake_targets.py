@@ -347,6 +347,7 @@ def test_iceberg_rows_outside_the_partition_are_refused_before_anything_is_commi
 
 def test_a_delta_commit_that_is_not_our_overwrite_of_our_partition_fails_the_log_check(unmoved_db, tmp_path):
     from backfill_assets.core.errors import VerificationError
+    from backfill_assets.core.lake.delta_log import check_commit
     from backfill_assets.core.lake.tables import META_PREFIX
     spec = lake_spec("delta", tmp_path)
     lake = Lake("delta", spec, unmoved_db)
@@ -356,8 +357,8 @@ def test_a_delta_commit_that_is_not_our_overwrite_of_our_partition_fails_the_log
     version = int(lake.version())
     ours = [dt.date(2024, 1, 3)]
     with pytest.raises(VerificationError, match="touching 2024-01-09"):
-        lake.table._check_commit(version, "order_date", ours, delta_predicate("order_date", ours),
-                                 {META_PREFIX + "plan_id": "p" * 64})
+        check_commit(lake.table.path, lake.table.name, version, "order_date", ours,
+                     delta_predicate("order_date", ours), {META_PREFIX + "plan_id": "p" * 64})
 
 
 def test_a_plan_names_one_delta_table_wherever_apply_runs(unmoved_db, factory, tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from backfill_assets.core.errors import SpecError
-from backfill_assets.core.lake.tables import Span, arrow_filter
+from backfill_assets.core.lake.parts import Span, arrow_filter
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest
@@ -169,13 +169,13 @@ def test_an_iceberg_table_partitioned_by_utc_days_is_refused_for_new_york_days(c
 ])
 def test_a_new_iceberg_table_is_partitioned_by_the_coarsest_transform_that_cuts_time_as_the_windows_do(
         zone, grain, transform):
-    from backfill_assets.core.lake.iceberg import window_transform
+    from backfill_assets.core.lake.iceberg_partitions import window_transform
     assert window_transform(Windowing(grain, zoneinfo.ZoneInfo(zone), "timestamptz")) == transform
     assert window_transform(Windowing("month", zoneinfo.ZoneInfo(zone), "date")) == "month"
 
 
 def test_no_iceberg_transform_holds_the_hours_of_a_zone_half_an_hour_from_utc():
-    from backfill_assets.core.lake.iceberg import window_transform
+    from backfill_assets.core.lake.iceberg_partitions import window_transform
     with pytest.raises(SpecError, match=r"Asia/Kolkata .*not whole hours.*time_zone: UTC, or write a Delta"):
         window_transform(Windowing("hour", zoneinfo.ZoneInfo("Asia/Kolkata"), "timestamptz"))
 

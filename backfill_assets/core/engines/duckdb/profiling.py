@@ -20,7 +20,7 @@ from psycopg import sql
 from backfill_assets.core.catalog import ColumnInfo, windowing_of
 from backfill_assets.core.duck import connect
 from backfill_assets.core.engines.duckdb import statements
-from backfill_assets.core.lake.tables import span_of, spans_table
+from backfill_assets.core.lake.parts import span_of, spans_table
 from backfill_assets.core.pinned.duck_types import column_info, source_types
 from backfill_assets.core.pinned.source import SOURCE_ROWS, WINDOWS, LakeSource
 from backfill_assets.core.profiling import first_windows

@@ -22,7 +22,7 @@ from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.fingerprint.rows import Digest
 from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
-from backfill_assets.core.lake.tables import span_of, spans_table
+from backfill_assets.core.lake.parts import span_of, spans_table
 from backfill_assets.core.lake.target import parts_of
 from backfill_assets.core.moves import close_scope_with, placed
 from backfill_assets.core.pinned.duck_types import source_types

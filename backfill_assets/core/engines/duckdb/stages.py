@@ -23,7 +23,7 @@ from backfill_assets.core.engines.duckdb.inspect import described
 from backfill_assets.core.fingerprint import digest, rows
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
-from backfill_assets.core.lake.tables import spans_table
+from backfill_assets.core.lake.parts import spans_table
 from backfill_assets.core.lake.target import parts_of
 from backfill_assets.core.pinned.duck_types import source_types
 from backfill_assets.core.pinned.pins import (

@@ -103,7 +103,7 @@ def test_a_window_reads_only_the_files_whose_statistics_can_hold_it(tmp_path):
     overlap it: one UTC day's file for an hour of it."""
     import duckdb
 
-    from backfill_assets.core.lake.tables import span_of
+    from backfill_assets.core.lake.parts import span_of
     from backfill_assets.core.pinned.delta import DeltaSource
     from backfill_assets.core.pinned.source import SOURCE_ROWS
     from backfill_assets.core.spec import DeltaSourceSpec

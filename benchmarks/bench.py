@@ -40,6 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import audit_bench  # benchmarks/audit_bench.py
 import dagster as dg
@@ -360,11 +361,12 @@ GROUPS = {
                  "initdb's defaults",
     "windows": "16: a year of hourly time windows (8,760) through the CLI vs the naive per-window DELETE+INSERT, "
                "the fixed cost per window; the same rows by New York's days as windows and as a date column's values",
+    "lakewin": "16c: New York's days into a Delta table, as day windows of a time stamp and as a date column's values",
 }
 _NEED_FIG3 = {"fp", "dagster", "scaling"}
 # Rows and notes are written in this order, whatever order the figures ran in.
 FIGURES = ("1", "2", "3", "4", "5", "6", "4b", "7a", "7b", "7c", "7c+batch", "8", "8b", "9", "15a", "15b", "10a", "10b",
-           "11", "12", "13a", "13b", "14", "16a", "16b")
+           "11", "12", "13a", "13b", "14", "16a", "16b", "16c")
 SECTIONS = ("fp", "fig3", "shapes", "big", "sensor", "lake", "diff", "duckdb", "spark", "windows")
 
 
@@ -831,7 +833,7 @@ def main() -> int:
                  ("memory", figure_5), ("scaling", figure_6), ("big", figure_big), ("year", figure_4b),
                  ("sensor", figure_sensor_alone), ("lake", figure_lake), ("lake", figure_lake_fingerprint),
                  ("diff", figure_diff), ("duckdb", figure_duckdb), ("spark", figure_spark),
-                 ("windows", figure_windows), ("pgdefault", figures_default_server)]
+                 ("windows", figure_windows), ("lakewin", figure_lake_windows), ("pgdefault", figures_default_server)]
         for group, figure in steps:
             if group in only:
                 t, _ = timed(lambda: figure(b, report))
@@ -904,6 +906,38 @@ def figure_windows(b: Bench, report: Report) -> None:
     report.note("windows", f"   - 16b. the same rows by New York's days: as 365 day windows of `at` {days.ours:.2f} s "
                 f"({days.detail.shares()}), as the 365 values of a date column `d` holding each row's day "
                 f"{days.naive:.2f} s; {days.ratio:.2f}x ({days.spread()})")
+
+
+def figure_lake_windows(b: Bench, report: Report, n: int = 60) -> None:
+    """16c: the first ``n`` of New York's days of figure 16's rows into a Delta table, as day
+    windows of `at` (a table not partitioned, each window overwritten by its range predicate and
+    its commit checked in the log) and as the values of `d` (a table partitioned by them): a
+    window must cost no more than a value partition here either."""
+    with b.factory() as conn:
+        shapes.load(conn, shapes.hourly())  # figure 16's rows, made afresh
+
+    def lake(spec: dict[str, Any], name: str) -> shapes.Shape:
+        shape = shapes.hourly(spec={**spec, "target": {"format": "delta", "location": str(b.folder / name)}},
+                              windows=365)
+        return dataclasses.replace(shape, key=name)
+
+    day_windows, day_values = lake(shapes.DAY_WINDOWS_SPEC, "delta_daywin"), lake(shapes.DAY_VALUES_SPEC, "delta_dayval")
+    with b.factory() as conn:
+        def side(shape: shapes.Shape) -> Callable[[], tuple[float, shapes.CliRun]]:
+            def run() -> tuple[float, shapes.CliRun]:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(shape.control_schema)))
+                shutil.rmtree(shape.spec["target"]["location"], ignore_errors=True)
+                done = shapes.run_cli(shape, b.url.reveal(), b.folder, n)
+                return done.seconds, done
+            return run
+
+        values = side(day_values)
+        days = pairs.alternated(b.args.pairs, lambda: values()[0], side(day_windows))
+    report.row(f"16c. {n} day windows vs {n} date values into a Delta table (the same rows)", days.ours,
+               days.naive, "s", "<= 1.1x", days.ratio, days.ratio <= 1.1)
+    report.note("windows", f"   - 16c. the first {n} of those days into a Delta table: as day windows (a table not "
+                f"partitioned, each window overwritten by its range) {days.ours:.2f} s ({days.detail.shares()}), as the "
+                f"values of `d` (a table partitioned by them) {days.naive:.2f} s; {days.ratio:.2f}x ({days.spread()})")
 
 
 def figure_lake(b: Bench, report: Report) -> None:

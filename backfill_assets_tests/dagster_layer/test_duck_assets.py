@@ -161,3 +161,59 @@ def test_the_gate_refuses_a_plan_whose_pinned_version_was_vacuumed(db_url, tmp_p
     refused = dg.materialize(spec_assets(spec), selection=[dg.AssetKey([spec.name, "target"])], instance=instance,
                              resources=resources, tags=DAYS, raise_on_error=False)
     assert not refused.success and not (tmp_path / "orders_daily").exists()
+
+
+def test_a_duckdb_spec_of_cron_windows_from_delta_is_staged_gated_applied_and_watched(db_url, tmp_path):
+    """Hours from minute 30 of New York (`cron: 30 * * * *`) over the fall-back day, read from a
+    Delta source and written to a Delta table, in Dagster: each window checked, approved and
+    replaced; then a late row restages its window alone."""
+    from decimal import Decimal
+
+    from deltalake import write_deltalake
+
+    from backfill_assets.core.spec import spec_from_mapping
+    from backfill_assets_tests.support.windows import EVENTS_SPEC, FALL
+    types = pa.schema([("created_at", pa.timestamp("us", tz="UTC")), ("event_id", pa.int64()),
+                       ("updated_at", pa.timestamp("us", tz="UTC")), ("seq", pa.int32()),
+                       ("amount", pa.decimal128(12, 2)), ("note", pa.string())])
+
+    def rows(found):
+        return pa.Table.from_pylist([{"event_id": e, "created_at": c, "updated_at": u, "seq": s, "amount": Decimal(a),
+                                      "note": n} for e, c, u, s, a, n in found if e is not None], schema=types)
+
+    write_deltalake(str(tmp_path / "events_raw"), rows(FALL))
+    spec = spec_from_mapping({
+        **EVENTS_SPEC, "engine": {"type": "duckdb", "database": str(tmp_path / "stages.duckdb")},
+        "source": {"format": "delta", "location": str(tmp_path / "events_raw")},
+        "target": {"format": "delta", "location": str(tmp_path / "events")},
+        "partition_window": {"cron": "30 * * * *", "time_zone": "America/New_York"},
+        "partitions": {"type": "window", "start": "2024-11-03", "end": "2024-11-04"}})
+    keys = {n: dg.AssetKey([spec.name, n]) for n in ("snapshot", "stage_a", "stage_b", "target")}
+    defs = build_definitions([spec])
+    resources = {f"pg_{spec.name}": PostgresResource(database_url=db_url.reveal(), variable="TEST_URL")}
+    instance = dg.DagsterInstance.ephemeral()
+    day = {RANGE_START: "2024-11-03T00:30-0400", RANGE_END: "2024-11-03T23:30-0500"}
+
+    def materialize(names, tags):
+        return dg.materialize(spec_assets(spec), selection=[keys[n] for n in names], instance=instance,
+                              resources=resources, tags=tags, raise_on_error=False)
+
+    staged = materialize(["snapshot", "stage_a", "stage_b"], day)
+    assert staged.success
+    checks = {e.partition: e for e in staged.get_asset_check_evaluations() if e.check_name == "stages_match"}
+    assert len(checks) == 25 and all(e.passed for e in checks.values())
+    approved = defs.resolve_job_def("approve_backfill").execute_in_process(
+        run_config=approve_config(staged), resources=resources, instance=instance, raise_on_error=False)
+    assert approved.success
+    run = materialize(["target"], day)
+    assert run.success
+    verified = [e for e in run.get_asset_check_evaluations() if e.check_name == "target_matches_approved_plan"]
+    assert len(verified) == 25 and all(e.passed for e in verified)
+
+    late = [(8, dt.datetime(2024, 11, 3, 9, 45, tzinfo=dt.timezone.utc), dt.datetime(2024, 11, 6, tzinfo=dt.timezone.utc),
+             1, "12.00", "late")]
+    write_deltalake(str(tmp_path / "events_raw"), rows(late), mode="append")
+    sensor = defs.resolve_sensor_def("source_snapshot_sensor")
+    with dg.build_sensor_context(instance=instance, resources=resources, definitions=defs) as context:
+        (request,) = sensor.evaluate_tick(context).run_requests
+    assert request.partition_key == "2024-11-03T04:30-0500"  # that window alone, of the 25 verified

@@ -99,7 +99,7 @@ def record_snapshot(control: psycopg.Connection, ctx: Context, pin: Pin, columns
     entries: list[PartitionDigest] = [{"partition": k, **parts[k]} for k in ctx.labels]
     document: SnapshotDocument = {
         "format": SNAPSHOT_FORMAT, "source": spec.source_name, "version": pin.version,
-        "partition_key": spec.partition_key, "columns": [[c.name, c.type_name] for c in columns],
+        "partition_key": spec.partition_by, "columns": [[c.name, c.type_name] for c in columns],
         "partitions": entries,
     }
     snapshot_id, fingerprint = snapshot_identity(document, scope, "lake")
@@ -108,7 +108,7 @@ def record_snapshot(control: psycopg.Connection, ctx: Context, pin: Pin, columns
             store.ensure_control_schema(control, spec.control_schema)
         store.record_snapshot(
             control, spec.control_schema, snapshot_id=snapshot_id, source_table=spec.source_name, mode="lake",
-            snapshot_table=None, partition_key=spec.partition_key, partitions=entries, fingerprint=fingerprint,
+            snapshot_table=None, partition_key=spec.partition_by, partitions=entries, fingerprint=fingerprint,
             scope=scope, created_at=clock(),
         )
     return LakeSnapshot(snapshot_id, fingerprint, pin, parts, requested, reports=reports)

@@ -57,7 +57,7 @@ def pinned_changes(conn: psycopg.Connection, spec: Spec, signatures: Signatures)
     labels = sorted(store.latest_snapshotted(conn, schema, spec.source_name))
     if not labels:
         return {}
-    newest = store.newest_snapshots(conn, schema, spec.source_name, spec.partition_key, labels)
+    newest = store.newest_snapshots(conn, schema, spec.source_name, spec.partition_by, labels)
     by_snapshot: dict[str, list[str]] = {}
     for label, (snapshot_id, _) in newest.items():
         by_snapshot.setdefault(snapshot_id, []).append(label)

@@ -216,12 +216,13 @@ def test_the_spec_refuses_an_unknown_grain_or_zone_before_anything_is_read(every
     assert refusal is not None and says in refusal
 
 
-@pytest.mark.parametrize("engine", [e for e in ENGINE_TYPES if e not in ("postgres", "duckdb")])
-def test_an_engine_that_does_not_build_windows_yet_refuses_a_window_spec(engine):
-    data = sample_mapping(engine, SUPPORTS[engine].sources[0], SUPPORTS[engine].targets[0],
-                          partition_window={"every": "hour", "time_zone": "America/New_York"})
-    with pytest.raises(SpecError, match=f"partition_window is not supported on engine {engine} yet"):
-        spec_from_mapping(data)
+def test_every_engine_takes_a_window_spec_and_spark_refuses_a_catalog_table_target():
+    window = {"every": "hour", "time_zone": "America/New_York"}
+    for engine in ENGINE_TYPES:
+        data = sample_mapping(engine, SUPPORTS[engine].sources[0], SUPPORTS[engine].targets[0], partition_window=window)
+        assert spec_from_mapping(data)
+    refusal = refused_with(sample_mapping("spark", "parquet", "spark_table", partition_window=window))
+    assert "partition_window with a spark_table target is not built yet" in refusal
 
 
 def test_engine_postgres_takes_windows_for_a_postgresql_delta_or_iceberg_target():

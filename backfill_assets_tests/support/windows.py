@@ -36,11 +36,14 @@ EVENTS_SPEC: dict[str, object] = {
 }
 
 
-def events_spec(target: str | None = None, where: Path | None = None, **changes: Any):
+def events_spec(target: str | dict[str, Any] | None = None, where: Path | None = None, **changes: Any):
     """EVENTS_SPEC without its Dagster partitions, with ``changes`` (None drops a key), and
-    for ``target`` ``delta`` or ``iceberg`` a lake table of that format under ``where``."""
+    for ``target`` ``delta`` or ``iceberg`` a lake table of that format under ``where`` (or the
+    target mapping itself)."""
     data: dict[str, Any] = {k: v for k, v in EVENTS_SPEC.items() if k != "partitions"}
-    if target is not None:
+    if isinstance(target, dict):
+        data["target"] = target
+    elif target is not None:
         assert where is not None
         data["target"] = ({"format": "delta", "location": str(where / "events")} if target == "delta" else
                           {"format": "iceberg", "table": "lake.events",

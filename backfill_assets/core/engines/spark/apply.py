@@ -43,6 +43,7 @@ from backfill_assets.core.engines.spark.files import files_readings, partition_f
 from backfill_assets.core.engines.spark.parquet import ParquetFolderTable, partition_dir
 from backfill_assets.core.engines.spark.session import schema_ddl
 from backfill_assets.core.engines.spark.stages import sealed, stage_files, stage_frame
+from backfill_assets.core.engines.spark.windows import key_column
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.lake.engine import lake_engine_for
@@ -161,7 +162,8 @@ class SparkWrite(LakeWrite):
     def replace(self, labels: list[str], note: Mapping[str, str] | None = None) -> None:
         t = self.spark
         ctx, spec = t.ctx, t.ctx.spec
-        columns = [c for c in spec.columns if c != spec.partition_key]  # the directory carries the value
+        # The directory carries a value (its files leave it out); a window's files keep the time stamp.
+        columns = [c for c in spec.columns if c != key_column(spec)]
         for label, files in stage_files(ctx, "a", labels).items():
             value = ctx.value_of(label)
             place = self.placed[label] = t.files_table.place(self.run, value)
@@ -219,7 +221,7 @@ class SparkWrite(LakeWrite):
 
     def overwrite(self, handle: Any, labels: list[str], values: list[PartitionValue], exclusive: bool) -> str | None:
         t = self.spark
-        version = t.files_table.switch_in(handle, t.ctx.spec.partition_key, values,
+        version = t.files_table.switch_in(handle, key_column(t.ctx.spec), labels,
                                           {label: self.placed[label] for label in labels})
         t.switched = {label: self.proven[label] for label in labels if label in self.proven}
         return version

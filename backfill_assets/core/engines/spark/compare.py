@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backfill_assets.core.comparison import compare
-from backfill_assets.core.comparison.diff import diff_partition
+from backfill_assets.core.comparison.diff import diff_relations
 from backfill_assets.core.context import Context
 from backfill_assets.core.differences import KINDS, Change, PartitionDiff
 from backfill_assets.core.engines.spark.catalog import quoted
@@ -33,6 +33,7 @@ from backfill_assets.core.engines.spark.files import partition_frame
 from backfill_assets.core.engines.spark.fingerprint import row_text
 from backfill_assets.core.engines.spark.inspect import fields_of, functions
 from backfill_assets.core.engines.spark.session import spark_type
+from backfill_assets.core.engines.spark.windows import key_column
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.vocabulary import partition_label
 
@@ -59,7 +60,9 @@ def _side(session: SparkSession, ctx: Context, files: Files) -> DataFrame:
     if frame is not None:
         return frame
     F = functions()  # noqa: N806
-    return session.range(0).select(*[F.lit(None).cast(spark_type(c)).alias(c.name) for c in ctx.target_columns])
+    key = key_column(ctx.spec)
+    label = [F.lit(None).cast("string").alias(key)] if key != ctx.spec.partition_key else []
+    return session.range(0).select(*[F.lit(None).cast(spark_type(c)).alias(c.name) for c in ctx.target_columns], *label)
 
 
 def compare_files(session: SparkSession, ctx: Context, left: Files, right: Files, most: int) -> dict[str, Compared]:
@@ -67,7 +70,7 @@ def compare_files(session: SparkSession, ctx: Context, left: Files, right: Files
     module docstring), by label."""
     F = functions()  # noqa: N806
     spec = ctx.spec
-    grain = [spec.partition_key, *spec.business_key]
+    grain = [key_column(spec), *spec.business_key]
     fields = fields_of(ctx.target_columns)
     sides = [_side(session, ctx, left), _side(session, ctx, right)]
     # Each row's hash in a projection first: Spark takes no ``reflect`` (doubles) inside an aggregate.
@@ -81,8 +84,8 @@ def compare_files(session: SparkSession, ctx: Context, left: Files, right: Files
     joined = keyed[0].join(keyed[1], on=on, how="full_outer").select(
         *[F.coalesce(F.col(f"l.{quoted(c)}"), F.col(f"r.{quoted(c)}")).alias(f"__g{i}") for i, c in enumerate(grain)],
         kind.alias("__kind"))
-    out = {label: Compared(dict.fromkeys(KINDS, 0), lake_schema(ctx.target_columns).empty_table(),
-                           lake_schema(ctx.target_columns).empty_table()) for label in {**left, **right}}
+    out = {label: Compared(dict.fromkeys(KINDS, 0), _schema(ctx).empty_table(), _schema(ctx).empty_table())
+           for label in {**left, **right}}
     # Kept on the executors (memory, then disk) for the counts and the first keys: one join.
     joined = joined.persist()
     try:
@@ -106,16 +109,23 @@ def _first_rows(ctx: Context, sides: list[DataFrame], joined: DataFrame, grain: 
              .where(F.col("__rank") <= most).select(*[f"__g{i}" for i in range(len(grain))]))
     first = F.broadcast(first)  # a few keys a partition: each side is scanned once against them
     wanted = functools.reduce(lambda a, b: a & b, [F.col(quoted(c)).eqNullSafe(F.col(f"__g{i}")) for i, c in enumerate(grain)])
-    schema = lake_schema(ctx.target_columns)
     # Both sides' rows of those keys in one job, told apart by a tag.
-    tagged = [side.join(first, on=wanted, how="left_semi").select(F.lit(i).alias("__side"), *[quoted(c) for c in spec.columns])
+    key = key_column(spec)
+    columns = [*spec.columns, *([key] if key != spec.partition_key else [])]
+    schema = _schema(ctx)
+    tagged = [side.join(first, on=wanted, how="left_semi").select(F.lit(i).alias("__side"), *[quoted(c) for c in columns])
               for i, side in enumerate(sides)]
     both = tagged[0].unionByName(tagged[1]).toArrow()
     rows = [both.filter(pc.equal(both["__side"], i)).drop_columns(["__side"]).cast(schema) for i in (0, 1)]
     for label, found in out.items():
         value = ctx.value_of(label)
-        found.left, found.right = (r.filter(pc.equal(r[spec.partition_key], pa.scalar(value, schema.field(
-            spec.partition_key).type))) for r in rows)
+        found.left, found.right = (r.filter(pc.equal(r[key], pa.scalar(value, schema.field(key).type))) for r in rows)
+
+
+def _schema(ctx: Context) -> pa.Schema:
+    """The rows compared, in the lake's types (and a window's label)."""
+    schema, key = lake_schema(ctx.target_columns), key_column(ctx.spec)
+    return schema if key == ctx.spec.partition_key else schema.append(pa.field(key, pa.string()))
 
 
 @contextlib.contextmanager
@@ -140,7 +150,7 @@ def changes(session: SparkSession, ctx: Context, stage: Files, target: Files, fi
         out[label] = Change(added=c["added"], removed=c["removed"], changed=c["changed"], unchanged=c["unchanged"])
         if first:
             with _duck(ctx, found) as duck:
-                rows = duck.execute(compare.first_changes("stage_rows", "target_rows", spec.partition_key,
+                rows = duck.execute(compare.first_changes("stage_rows", "target_rows", key_column(spec),
                                                           spec.business_key, fields_of(ctx.target_columns), first),
                                     {"partition": ctx.value_of(label)}).fetchall()
             out[label]["first"] = compare.first_changes_json(rows, spec.business_key)
@@ -153,7 +163,8 @@ def diffs(session: SparkSession, ctx: Context, left: Files, right: Files, limit:
     out = {}
     for label, found in compare_files(session, ctx, left, right, limit).items():
         with _duck(ctx, found) as duck:
-            examples = diff_partition(duck, ctx, "stage_rows", "target_rows", label, limit).examples
+            examples = diff_relations(duck, "stage_rows", "target_rows", ctx.target_columns, key_column(ctx.spec),
+                                      ctx.spec.business_key, label, ctx.value_of(label), limit).examples
         out[label] = PartitionDiff(label, **found.counts, examples=examples)
     return out
 
@@ -164,7 +175,7 @@ def differing_keys(session: SparkSession, ctx: Context, left: Files, right: File
     out = {}
     for label, found in compare_files(session, ctx, left, right, most).items():
         with _duck(ctx, found) as duck:
-            out[label] = duck.execute(compare.differing_keys("stage_rows", "target_rows", spec.partition_key,
+            out[label] = duck.execute(compare.differing_keys("stage_rows", "target_rows", key_column(spec),
                                                              spec.business_key, fields_of(ctx.target_columns), most),
                                       {"partition": ctx.value_of(label)}).fetchall()
     return out

@@ -32,6 +32,7 @@ from backfill_assets.core.context import Context
 from backfill_assets.core.engines.spark import fingerprint as spark_fp
 from backfill_assets.core.engines.spark.catalog import quoted
 from backfill_assets.core.engines.spark.session import spark_type
+from backfill_assets.core.engines.spark.windows import key_column
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.lake.lake_files import sha256_files as driver_sha256
@@ -57,6 +58,7 @@ def partition_frame(session: SparkSession, ctx: Context, files: Mapping[str, Seq
     spec = ctx.spec
     types = {c.name: spark_type(c) for c in ctx.target_columns}
     wanted = list(columns or spec.columns)
+    key = key_column(spec)  # a value's files leave out its column; a window's keep it, and are labelled
     frames = []
     settings = schema_settings(session)  # read once, not once a partition (over Connect, a call each)
     for label, paths in files.items():
@@ -64,8 +66,8 @@ def partition_frame(session: SparkSession, ctx: Context, files: Mapping[str, Seq
             continue
         read = parquet_files(session, paths, settings)
         frames.append(read.select(*[
-            (F.lit(ctx.value_of(label)) if c == spec.partition_key else F.col(quoted(c))).cast(types[c]).alias(c)
-            for c in wanted]))
+            (F.lit(ctx.value_of(label)) if c == key else F.col(quoted(c))).cast(types[c]).alias(c)
+            for c in wanted], *([F.lit(label).alias(key)] if key != spec.partition_key else [])))
     if not frames:
         return None
     return functools.reduce(lambda a, b: a.unionByName(b), frames)
@@ -119,7 +121,7 @@ def files_readings(session: SparkSession, ctx: Context, files: Mapping[str, Sequ
     spec = ctx.spec
     frame = partition_frame(session, ctx, files)
     found = {} if frame is None else {partition_label(v): fp for v, fp in spark_fp.readings(
-        frame, ctx.target_columns, spec.business_key, spec.partition_key, spec.total).items()}
+        frame, ctx.target_columns, spec.business_key, key_column(spec), spec.total).items()}
     return {label: (found.get(label) or empty(ctx.target_columns, spec.total)).as_dict() for label in files}
 
 

@@ -50,8 +50,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from backfill_assets.core.engines.spark.windows import key_column
 from backfill_assets.core.errors import SpecError, TransientDatabaseError
 from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.parts import Part, Span, part_label
 from backfill_assets.core.lake.tables import LakeTable, TableShape, local_path, signature
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 from backfill_assets.core.windows import Windowing
@@ -195,9 +197,10 @@ class ParquetFolderTable(LakeTable):
     """One Hive-partitioned Parquet folder (see the module docstring). A handle is a
     :class:`Listing` (None: no folder, or one without a data file yet)."""
 
-    def __init__(self, location: str, partition_key: str) -> None:
+    def __init__(self, location: str, partition_key: str, carried: bool = False) -> None:
         self.root = Path(local_path(location))
-        self.partition_key = partition_key
+        self.partition_key = partition_key  # what the directories are named by: a value, or a window's label
+        self.carried = carried  # the files keep every column (time windows); else the directory carries the key
         self.name = "parquet:" + str(self.root)
 
     def _listing(self) -> Listing | None:
@@ -217,7 +220,8 @@ class ParquetFolderTable(LakeTable):
         schema = pq.read_schema(self.root / first[0] / first[1])
         names = [d.partition("=")[2] for d, files in listing.partitions.items() if files]
         columns = [(f.name, f.type) for f in schema if f.name != self.partition_key]
-        columns.append((self.partition_key, _value_type(names)))
+        if not self.carried:
+            columns.append((self.partition_key, _value_type(names)))
         return TableShape(columns, [self.partition_key], [f.name for f in schema if not f.nullable], [])
 
     def open(self) -> Listing | None:
@@ -231,14 +235,17 @@ class ParquetFolderTable(LakeTable):
         if not tables:
             return None
         data = pa.concat_tables(tables, promote_options="permissive")
+        if self.carried:
+            return data
         if self.partition_key in data.column_names:
             data = data.drop_columns([self.partition_key])
         return data.append_column(self.partition_key, pa.array([value] * data.num_rows))
 
-    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+    def read(self, handle: Any, column: str, values: Sequence[Part]) -> pa.Table:
         parts = []
-        for value in values:
-            directory = partition_dir(column, value)
+        for part in values:
+            value = part_label(part) if isinstance(part, Span) else part
+            directory = partition_dir(self.partition_key, value)
             files = None if handle is None else handle.files(directory)
             data = self._read_dir(directory, files or (), value)
             if data is not None:
@@ -247,7 +254,7 @@ class ParquetFolderTable(LakeTable):
             return pa.table({})
         return pa.concat_tables(parts, promote_options="permissive")
 
-    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+    def read_version(self, version: str | None, column: str, values: Sequence[Part]) -> pa.Table:
         """The partitions as they are now, read afresh: a folder keeps no old versions, so a
         change by another writer since ``version`` shows as rows that differ."""
         return self.read(self._listing(), column, values)
@@ -283,14 +290,14 @@ class ParquetFolderTable(LakeTable):
 
     SIGNAL = "file listing"
 
-    def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
+    def partition_signatures(self, handle: Any, column: str, values: Sequence[Part],
                              version: str | None = None) -> dict[str, str | None] | None:
         """Each partition directory's files with their sizes and modification times (a folder
         keeps no versions: None with ``version``)."""
         if version is not None:
             return None
-        return {partition_label(v): signature(None if handle is None else handle.files(partition_dir(column, v)))
-                for v in values}
+        return {part_label(v): signature(None if handle is None else handle.files(
+            partition_dir(self.partition_key, part_label(v) if isinstance(v, Span) else v))) for v in values}
 
     def versions_after(self, handle: Any, version: str) -> list[str] | None:
         return None  # a folder keeps no versions
@@ -422,7 +429,12 @@ class ParquetEngine(LakeEngine):
 
     def table(self, conn: psycopg.Connection | None) -> LakeTable:
         target = self.spec.target
-        return ParquetFolderTable(target.location, self.spec.partition_key)  # type: ignore[union-attr]
+        return ParquetFolderTable(target.location, key_column(self.spec),  # type: ignore[union-attr]
+                                  carried=self.spec.partition_window is not None)
+
+    def window_partitioning(self, windowing: Windowing, shape: TableShape | None) -> list[str]:
+        """A folder per window, named by its label (``created_at_hour=2024-11-03T01%3A00-0400``)."""
+        return [key_column(self.spec)]
 
     def check_partitions(self, partitions: list[PartitionValue]) -> None:
         """A partition value must name one directory: not empty, and not ``.`` or ``..``."""

@@ -12,9 +12,11 @@ import psycopg
 
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.spark import fingerprint as spark_fp
-from backfill_assets.core.engines.spark.inspect import fields_of, functions, input_of, types_of
+from backfill_assets.core.engines.spark.inspect import fields_of, functions, types_of, windowed_input
 from backfill_assets.core.engines.spark.source import SparkSource
+from backfill_assets.core.engines.spark.windows import key_column, labelled, spans, windows_frame
 from backfill_assets.core.fingerprint.rows import Digest
+from backfill_assets.core.lake.target import parts_of
 from backfill_assets.core.pinned.pins import LakeSnapshot, record_snapshot
 from backfill_assets.core.planning import Outside, Tie, Ties, check_source_counts
 from backfill_assets.core.progress import Progress, ProgressEvent
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 
 def in_scope(spec: Spec, partitions: Sequence[PartitionValue]) -> Any:
     F = functions()  # noqa: N806
-    cond = F.col(spec.partition_key).isin(list(partitions))
+    cond = F.col(key_column(spec)).isin(list(partitions))
     for k in spec.business_key:
         cond = cond & F.col(k).isNotNull()
     return cond
@@ -63,7 +65,7 @@ class _Counts:
         null_key = F.lit(False)
         for k in spec.business_key:
             null_key = null_key | F.col(k).isNull()
-        return self.inp.groupBy(F.col(spec.partition_key).alias("p")).agg(
+        return self.inp.groupBy(F.col(key_column(spec)).alias("p")).agg(
             F.count(F.lit(1)), F.sum(null_key.cast("long")),
             *[F.sum((F.col(o.column).isNull() & ~null_key).cast("long")) for o in spec.ordering]).collect()
 
@@ -84,7 +86,7 @@ class _Counts:
         spec, ctx = self.ctx.spec, self.ctx
         ordering = [o.column for o in spec.ordering]
         # A key that can move has one newest version across partitions, so ties are per key.
-        scope = [] if spec.records_can_move else [spec.partition_key]
+        scope = [] if spec.records_can_move else [key_column(spec)]
         group = [*scope, *spec.business_key, *ordering]
         keyed = self.inp.where(in_scope(spec, ctx.partitions))
         # Groups of one row (nearly all) are found by a plain GROUP BY; only the rows of the others
@@ -111,7 +113,7 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource
     control store."""
     spec = ctx.spec
     requested = list(ctx.labels)
-    pin = source.latest(session, spec.partition_key, ctx.partitions)
+    pin = source.latest(session, spec.partition_key, parts_of(ctx))
     progress(ProgressEvent("snapshot", f"pinned {spec.source_name} at {pin.version[:16]}"))
     if spec.records_can_move:
         from backfill_assets.core.engines.spark.moves import moved_scope
@@ -119,10 +121,15 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource
     frame = source.frame(session, pin)
     names = {n for n, _ in types_of(frame)}
     columns = [c for c in ctx.inspection.source_columns if c.name in names]
-    reports = check_source(input_of(session, frame, spec, ctx.transform), ctx)
-    counts = ({label: n for label, (n, _) in reports.items()} if ctx.transform is None  # the input is the source
-              else {partition_label(r[0]): int(r[1]) for r in frame.groupBy(spec.partition_key).count().collect()})
-    files = source.signature_at(pin, spec.partition_key, ctx.partitions)
+    reports = check_source(windowed_input(session, ctx, frame), ctx)
+    if ctx.transform is None:  # the input is the source
+        counts = {label: n for label, (n, _) in reports.items()}
+    else:
+        rows = frame if ctx.windowing is None else labelled(
+            frame, spec.partition_key, windows_frame(session, spans(ctx), key_column(spec)))
+        counts = {partition_label(r[0]): int(r[1]) for r in rows.groupBy(key_column(spec)).count().collect()
+                  if r[0] is not None}
+    files = source.signature_at(pin, spec.partition_key, parts_of(ctx))
     parts = {label: Digest(row_count=counts.get(label, 0), content_hash=files[label]) for label in ctx.labels}
     return record_snapshot(control, ctx, pin, columns, parts, requested, reports, clock), ctx
 
@@ -130,9 +137,9 @@ def take_snapshot(control: psycopg.Connection, ctx: Context, source: SparkSource
 def input_reports(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, source: SparkSource) -> dict[str, tuple[int, int]]:
     F = functions()  # noqa: N806
     spec = ctx.spec
-    inp = input_of(session, source.frame(session, snapshot.pin), spec, ctx.transform)
+    inp = windowed_input(session, ctx, source.frame(session, snapshot.pin))
     null_key = F.lit(False)
     for k in spec.business_key:
         null_key = null_key | F.col(k).isNull()
-    found = inp.groupBy(spec.partition_key).agg(F.count(F.lit(1)), F.sum(null_key.cast("long"))).collect()
+    found = inp.groupBy(key_column(spec)).agg(F.count(F.lit(1)), F.sum(null_key.cast("long"))).collect()
     return {partition_label(r[0]): (int(r[1]), int(r[2] or 0)) for r in found}

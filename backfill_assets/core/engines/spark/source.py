@@ -30,10 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.engines.spark.files import sha256_files
 from backfill_assets.core.engines.spark.session import staging_dir
+from backfill_assets.core.engines.spark.windows import key_column, labelled, restricted, windows_frame
 from backfill_assets.core.errors import SnapshotError, SpecError
 from backfill_assets.core.lake.lake_files import files_digest
+from backfill_assets.core.lake.parts import Part, part_label
 from backfill_assets.core.pinned.parquet import ParquetSource as _Folder
 from backfill_assets.core.pinned.pins import Pin
+from backfill_assets.core.pinned.source import spans_in
 from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, SparkTableSpec, Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
@@ -97,7 +100,7 @@ class SparkSource:
                 found.add(_label(directory))
         return found
 
-    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[Part]) -> dict[str, str]:
         """Per partition, the digest of its files at the pin (the snapshot's partition hash)."""
         per: dict[str, list[tuple[str, str]]] = {partition_label(v): [] for v in values}
         for path, size, digest in pin.files:
@@ -124,8 +127,8 @@ def _read_files(session: SparkSession, base: Path, files: Sequence[str]) -> Any:
 
 
 class ParquetFolderSource(SparkSource):
-    def __init__(self, spec: ParquetSourceSpec) -> None:
-        self.folder = _Folder(spec)
+    def __init__(self, spec: ParquetSourceSpec, windowed: bool = False) -> None:
+        self.folder = _Folder(spec, windowed=windowed)
         self.root, self.name = self.folder.root, self.folder.name
 
     def use_session(self, session_of: Callable[[], SparkSession]) -> None:
@@ -139,11 +142,16 @@ class ParquetFolderSource(SparkSource):
             raise SpecError(f"source {self.name} holds no Parquet file; check source.location")
         return session.read.parquet(str(self.root))
 
-    def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
+    def latest(self, session: SparkSession, partition_key: str, values: Sequence[Part]) -> Pin:
         return self.folder.latest(partition_key, values)
 
-    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[Part]) -> str | None:
         return self.folder.unreadable(pin, partition_key, values)
+
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[Part]) -> dict[str, str]:
+        if spans_in(values):  # a window's pinned files, by their footers' statistics
+            return self.folder.signature_at(pin, partition_key, values)
+        return super().signature_at(pin, partition_key, values)
 
     def frame(self, session: SparkSession, pin: Pin) -> Any:
         if not pin.files:
@@ -169,6 +177,8 @@ class JdbcSource(SparkSource):
         source = spec.source
         assert isinstance(source, JdbcSourceSpec)
         self.env, self.table, self.name = source.url_env, source.ref, source.display_name
+        self.key = key_column(spec)  # what the copy is partitioned by: the key, or a window's label
+        self._partition_key = spec.partition_key
         self.copies = staging_dir(spec) / "snapshots"
         # A copy older than an approval may be cannot be applied any more: it is removed when
         # the next copy is taken (a plan that still names it is refused with "plan again").
@@ -240,8 +250,9 @@ class JdbcSource(SparkSource):
                 reader = reader.option("pushDownAggregate", "true")
             return reader.load()
 
-    def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
-        """Copy the partitions ``values`` in one SELECT on one connection, and pin the copy."""
+    def latest(self, session: SparkSession, partition_key: str, values: Sequence[Part]) -> Pin:
+        """Copy the partitions ``values`` in one SELECT on one connection, and pin the copy (time
+        windows: their rows, partitioned by each one's label)."""
         from pyspark.sql import functions as F  # noqa: N812
         url = self._url()
         copy = f"copy-{uuid.uuid4().hex}"
@@ -249,9 +260,18 @@ class JdbcSource(SparkSource):
         self.copies.mkdir(parents=True, exist_ok=True)
         try:
             with self._errors("copying", url):
-                frame = self._reader(session, url, self._relation(session, url))
-                (frame.load().where(F.col(partition_key).isin(list(values))).write
-                 .partitionBy(partition_key).parquet(str(target)))
+                frame = self._reader(session, url, self._relation(session, url)).load()
+                windows = spans_in(values)
+                if windows:
+                    # The windows' whole range as a filter the reader sends to the database (the
+                    # key's index serves it); then each row in a window, labelled by it.
+                    least, most = min(w.start for w in windows), max(w.end for w in windows)
+                    frame = frame.where((F.col(partition_key) >= F.lit(least)) & (F.col(partition_key) < F.lit(most)))
+                    bounds = windows_frame(session, windows, self.key)
+                    rows = labelled(restricted(frame, partition_key, bounds), partition_key, bounds)
+                else:
+                    rows = frame.where(F.col(partition_key).isin(list(values)))
+                rows.write.partitionBy(self.key).parquet(str(target))
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -264,7 +284,7 @@ class JdbcSource(SparkSource):
         files = [(p.relative_to(self.copies).as_posix(), p.stat().st_size, digests[p]) for p in kept]
         return Pin(files_digest([(f"{p.split('/', 1)[1]}", str(n), h) for p, n, h in files]), tuple(files))
 
-    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
+    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[Part]) -> str | None:
         for path, size, _ in pin.files:
             p = self.copies / path
             if not p.is_file():
@@ -282,7 +302,13 @@ class JdbcSource(SparkSource):
             raise SnapshotError(f"source {self.name} had no row in the planned partitions when it was copied; check "
                                 "the partitions")
         base = self.copies / pin.files[0][0].split("/", 1)[0]
-        return _read_files(session, base, [f[0].split("/", 1)[1] for f in pin.files])
+        frame = _read_files(session, base, [f[0].split("/", 1)[1] for f in pin.files])
+        return frame.drop(self.key) if self.key != self._partition_key else frame  # labelled again as read
+
+    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[Part]) -> dict[str, str]:
+        """By the copy's folders: a value's, or a window's label's."""
+        labels = [part_label(v) for v in values]
+        return super().signature_at(pin, self.key, labels)
 
 
 class CatalogSource(SparkSource):
@@ -376,7 +402,7 @@ class CatalogSource(SparkSource):
 def spark_source(spec: Spec) -> SparkSource:
     """The spec's source."""
     if isinstance(spec.source, ParquetSourceSpec):
-        return ParquetFolderSource(spec.source)
+        return ParquetFolderSource(spec.source, windowed=spec.partition_window is not None)
     if isinstance(spec.source, SparkTableSpec):
         return CatalogSource(spec)
     return JdbcSource(spec)

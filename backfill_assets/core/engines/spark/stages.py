@@ -24,11 +24,12 @@ import pyarrow.parquet as pq
 from backfill_assets.core.context import Clock, Context
 from backfill_assets.core.engines.spark import fingerprint as spark_fp
 from backfill_assets.core.engines.spark.files import sha256_files
-from backfill_assets.core.engines.spark.inspect import functions, input_of
+from backfill_assets.core.engines.spark.inspect import functions, windowed_input
 from backfill_assets.core.engines.spark.parquet import partition_dir
 from backfill_assets.core.engines.spark.session import schema_ddl, spark_type, staging_dir
 from backfill_assets.core.engines.spark.snapshot import in_scope
 from backfill_assets.core.engines.spark.source import SparkSource
+from backfill_assets.core.engines.spark.windows import key_column
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.lake.lake_files import Proven, files_digest
@@ -68,14 +69,16 @@ def newest(inp: DataFrame, spec: Spec, variant: Literal["a", "b"], partitions: S
     scope holds every version of its keys), so a key that moved lands in its newest partition."""
     from pyspark.sql import Window
     F = functions()  # noqa: N806
-    grain = [*([] if spec.records_can_move else [spec.partition_key]), *spec.business_key]
+    key = key_column(spec)
+    columns = [*spec.columns, *([key] if key != spec.partition_key else [])]  # a window's label too
+    grain = [*([] if spec.records_can_move else [key]), *spec.business_key]
     keyed = inp.where(in_scope(spec, partitions))
     if variant == "a":
         order = [getattr(F.col(o.column), f"{o.direction}_nulls_{o.nulls or 'last'}")() for o in spec.ordering]
         ranked = keyed.withColumn("__backfill_rank", F.row_number().over(Window.partitionBy(*grain).orderBy(*order)))
-        return ranked.where(F.col("__backfill_rank") == 1).select(*spec.columns)
+        return ranked.where(F.col("__backfill_rank") == 1).select(*columns)
     types = {f.name: f.dataType.simpleString() for f in keyed.schema.fields}
-    rest = [c for c in spec.columns if c not in grain]
+    rest = [c for c in columns if c not in grain]
     newest_first = [_newest_first(F, o, types[o.column]) for o in spec.ordering]
     if all(key is not None for key in newest_first):
         # One aggregate: the greatest struct of (ordering keys turned newest-first, then the
@@ -83,7 +86,7 @@ def newest(inp: DataFrame, spec: Spec, variant: Literal["a", "b"], partitions: S
         fields = [part.alias(f"__backfill_o{i}_{j}") for i, key in enumerate(newest_first) for j, part in enumerate(key)]
         best = F.max(F.struct(*fields, *[F.col(c).alias(c) for c in rest])).alias("__backfill_best")
         return keyed.groupBy(*grain).agg(best).select(
-            *[F.col(c) if c in grain else F.col(f"__backfill_best.`{c}`").alias(c) for c in spec.columns])
+            *[F.col(c) if c in grain else F.col(f"__backfill_best.`{c}`").alias(c) for c in columns])
     # A text, binary, boolean or double column ordered ascending has no newest-first form: per ordering
     # column in turn, each key's newest value is joined back to its rows.
     found = keyed
@@ -95,7 +98,7 @@ def newest(inp: DataFrame, spec: Spec, variant: Literal["a", "b"], partitions: S
         winners = found.groupBy(*grain).agg(value.alias("__backfill_best"))
         found = (found.join(winners, on=grain).where(c.eqNullSafe(F.col("__backfill_best")))
                  .drop("__backfill_best"))
-    return found.groupBy(*grain).agg(*[F.max(c).alias(c) for c in rest]).select(*spec.columns)
+    return found.groupBy(*grain).agg(*[F.max(c).alias(c) for c in rest]).select(*columns)
 
 
 _NEGATED = {"int": "decimal(38,0)", "bigint": "decimal(38,0)"}  # a double: NaN sorts last either way
@@ -121,12 +124,14 @@ def _newest_first(F: Any, o: Any, spark_type: str) -> tuple[Any, Any] | None:  #
 
 def stage_frame(session: SparkSession, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> Any | None:
     """The stage's partitions ``values`` as a DataFrame (None: none of them has rows)."""
-    base = stage_dir(ctx.spec, variant)
-    dirs = [base / partition_dir(ctx.spec.partition_key, v) for v in values]
+    base, key = stage_dir(ctx.spec, variant), key_column(ctx.spec)
+    dirs = [base / partition_dir(key, v) for v in values]
     found = [str(d) for d in dirs if d.is_dir() and any(p.suffix == ".parquet" for p in d.iterdir())]
     if not found:
         return None
-    return session.read.schema(schema_ddl(ctx.target_columns)).option("basePath", str(base)).parquet(*found)
+    # A window's label is read as the text it is (Spark's discovery would type 2024-11-03 a date).
+    label = f", `{key}` STRING" if key != ctx.spec.partition_key else ""
+    return session.read.schema(schema_ddl(ctx.target_columns) + label).option("basePath", str(base)).parquet(*found)
 
 
 def stage_readings(session: SparkSession, ctx: Context, variant: str, values: Sequence[PartitionValue]) -> list[Fingerprint]:
@@ -139,7 +144,7 @@ def _in_order(frame: DataFrame | None, ctx: Context, values: Sequence[PartitionV
     has no rows; None: no rows at all)."""
     spec = ctx.spec
     found = {} if frame is None else {partition_label(v): fp for v, fp in spark_fp.readings(
-        frame, ctx.target_columns, spec.business_key, spec.partition_key, spec.total).items()}
+        frame, ctx.target_columns, spec.business_key, key_column(spec), spec.total).items()}
     return [found.get(partition_label(v)) or empty(ctx.target_columns, spec.total) for v in values]
 
 
@@ -214,17 +219,17 @@ def build_stage(session: SparkSession, ctx: Context, snapshot: LakeSnapshot, sou
         _seal(spec, variant, label, None)
     base.mkdir(parents=True, exist_ok=True)
     _remove_abandoned(base)
-    inp = input_of(session, source.frame(session, snapshot.pin), spec, ctx.transform)
+    inp = windowed_input(session, ctx, source.frame(session, snapshot.pin), labels)
     if keep:
         _write(newest(inp, spec, variant, values), spec, base, values)
         found = stage_readings(session, ctx, variant, values)
     else:
         for value in values:
-            shutil.rmtree(base / partition_dir(spec.partition_key, value), ignore_errors=True)
+            shutil.rmtree(base / partition_dir(key_column(spec), value), ignore_errors=True)
         found = _hashed(newest(inp, spec, variant, values), ctx, values)
     out = dict(zip(labels, found))
     if keep:
-        seals = _files_of([base / partition_dir(spec.partition_key, v) for v in values], lambda: session)
+        seals = _files_of([base / partition_dir(key_column(spec), v) for v in values], lambda: session)
         for label, files in zip(labels, seals):
             _seal(spec, variant, label, Seal(snapshot_id=snapshot.snapshot_id, readings=out[label].as_dict(), files=files))
     for n, (label, fp) in enumerate(out.items(), 1):
@@ -239,9 +244,9 @@ def _write(built: DataFrame, spec: Spec, base: Path, values: Sequence[PartitionV
     partitions never shares Spark's job folder."""
     private = base / f"{_BUILDING}{uuid.uuid4().hex}"
     try:
-        built.write.partitionBy(spec.partition_key).parquet(str(private))
+        built.write.partitionBy(key_column(spec)).parquet(str(private))
         for value in values:
-            directory = partition_dir(spec.partition_key, value)
+            directory = partition_dir(key_column(spec), value)
             shutil.rmtree(base / directory, ignore_errors=True)
             if (private / directory).is_dir():
                 os.replace(private / directory, base / directory)
@@ -253,7 +258,9 @@ def _hashed(built: DataFrame, ctx: Context, values: Sequence[PartitionValue]) ->
     """The readings of the built rows, in the target's Spark types (as a stage is read back)."""
     F = functions()  # noqa: N806
     types = {c.name: spark_type(c) for c in ctx.target_columns}
-    return _in_order(built.select(*[F.col(c).cast(types[c]).alias(c) for c in ctx.spec.columns]), ctx, values)
+    key = key_column(ctx.spec)
+    label = [F.col(key)] if key != ctx.spec.partition_key else []
+    return _in_order(built.select(*[F.col(c).cast(types[c]).alias(c) for c in ctx.spec.columns], *label), ctx, values)
 
 
 def seals_hold(session: Callable[[], SparkSession], ctx: Context, variant: str,
@@ -269,7 +276,7 @@ def seals_hold(session: Callable[[], SparkSession], ctx: Context, variant: str,
     base = stage_dir(spec, variant)
     # A stage's files are written once: other bytes than the sealed ones are another stage.
     sealed = [label for label in expected if label in recorded]
-    now = _files_of([base / partition_dir(spec.partition_key, ctx.value_of(label)) for label in sealed], session)
+    now = _files_of([base / partition_dir(key_column(spec), ctx.value_of(label)) for label in sealed], session)
     changed = [label for label, files in zip(sealed, now) if recorded[label]["files"] != files]
     sealed_readings = {label: recorded[label].get("readings") for label in sealed}
     doubtful = [label for label in expected if label not in changed and sealed_readings.get(label) != expected[label]]
@@ -334,7 +341,7 @@ def stage_files(ctx: Context, variant: str, labels: Sequence[str]) -> dict[str, 
     base = stage_dir(ctx.spec, variant)
     out = {}
     for label in labels:
-        directory = base / partition_dir(ctx.spec.partition_key, ctx.value_of(label))
+        directory = base / partition_dir(key_column(ctx.spec), ctx.value_of(label))
         out[label] = [str(p) for p in sorted(directory.glob("*.parquet"))] if directory.is_dir() else []
     return out
 
@@ -364,6 +371,6 @@ def finish_plan(control: psycopg.Connection, ctx: Context, snapshot: LakeSnapsho
         for entry in plan.document.partitions:
             if not entry.match:
                 for v in ("a", "b"):
-                    shutil.rmtree(stage_dir(spec, v) / partition_dir(spec.partition_key, ctx.value_of(entry.partition)),
+                    shutil.rmtree(stage_dir(spec, v) / partition_dir(key_column(spec), ctx.value_of(entry.partition)),
                                   ignore_errors=True)
     return record_plan(control, spec, plan, snapshot.snapshot_id, clock, progress)

@@ -21,10 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from backfill_assets.core.catalog import partition_kind_of
+from backfill_assets.core.catalog import partition_kind_of, windowing_of
 from backfill_assets.core.engines.spark.session import column_info
 from backfill_assets.core.engines.spark.source import CatalogSource, JdbcSource, SparkSource
+from backfill_assets.core.engines.spark.windows import key_column, labelled, restricted, windows_frame
 from backfill_assets.core.lake.lake_files import files_digest
+from backfill_assets.core.lake.parts import span_of
 from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, partition_label
@@ -78,6 +80,8 @@ class JdbcSignatures:
         self.spec, self.source, self.session, self.change = spec, source, session, change_column
 
     def kind(self) -> PartitionKind:
+        if self.spec.partition_window is not None:
+            return "text"  # windows are named by their labels
         return _kind(self.source.schema_frame(self.session), self.spec.partition_key)
 
     def now(self, values: Sequence[PartitionValue]) -> dict[str, str]:
@@ -87,6 +91,17 @@ class JdbcSignatures:
         if dict(frame.dtypes)[self.change] == "timestamp":
             newest = F.unix_micros(newest)
         pk = self.spec.partition_key
+        if self.spec.partition_window is not None:  # each row of the windows by its window's label
+            field = next(f for f in frame.schema.fields if f.name == pk)
+            info = column_info(field.name, field.dataType.simpleString())
+            assert info is not None
+            windowing = windowing_of(self.spec, info)
+            spans = [span_of(windowing, str(v)) for v in values]
+            least, most = min(w.start for w in spans), max(w.end for w in spans)
+            key = key_column(self.spec)
+            windows = windows_frame(self.session, spans, key)
+            bounded = frame.where((F.col(pk) >= F.lit(least)) & (F.col(pk) < F.lit(most)))
+            frame, pk = labelled(restricted(bounded, pk, windows), pk, windows), key
         rows = (frame.where(F.col(pk).isin(list(values))).groupBy(pk)
                 .agg(F.count(F.lit(1)), newest.cast("string")).collect())
         found = {partition_label(r[0]): f"{int(r[1])}:{_newest_text(r[2])}" for r in rows}
@@ -96,7 +111,7 @@ class JdbcSignatures:
         wanted = {partition_label(v) for v in values}
         per: dict[str, list[Path]] = {label: [] for label in wanted}
         for path, _, _ in pin.files:
-            directory = next(p for p in path.split("/") if p.startswith(f"{self.spec.partition_key}="))
+            directory = next(p for p in path.split("/") if p.startswith(f"{key_column(self.spec)}="))
             label = urllib.parse.unquote(directory.partition("=")[2])
             if label in per:
                 per[label].append(self.source.copies / path)

@@ -167,19 +167,13 @@ def test_a_duckdb_spec_of_cron_windows_from_delta_is_staged_gated_applied_and_wa
     """Hours from minute 30 of New York (`cron: 30 * * * *`) over the fall-back day, read from a
     Delta source and written to a Delta table, in Dagster: each window checked, approved and
     replaced; then a late row restages its window alone."""
-    from decimal import Decimal
-
     from deltalake import write_deltalake
 
     from backfill_assets.core.spec import spec_from_mapping
-    from backfill_assets_tests.support.windows import EVENTS_SPEC, FALL
-    types = pa.schema([("created_at", pa.timestamp("us", tz="UTC")), ("event_id", pa.int64()),
-                       ("updated_at", pa.timestamp("us", tz="UTC")), ("seq", pa.int32()),
-                       ("amount", pa.decimal128(12, 2)), ("note", pa.string())])
+    from backfill_assets_tests.support.windows import EVENTS_SPEC, FALL, events_table
 
-    def rows(found):
-        return pa.Table.from_pylist([{"event_id": e, "created_at": c, "updated_at": u, "seq": s, "amount": Decimal(a),
-                                      "note": n} for e, c, u, s, a, n in found if e is not None], schema=types)
+    def rows(found):  # the NULL-key row would be alone in its window (02:30-03:30 EST): left out
+        return events_table([r for r in found if r[0] is not None])
 
     write_deltalake(str(tmp_path / "events_raw"), rows(FALL))
     spec = spec_from_mapping({

@@ -5,11 +5,13 @@ loaded into, and the spec that windows them by the hour."""
 from __future__ import annotations
 
 import datetime as dt
+import zoneinfo
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
 from backfill_assets.core.apply import apply_plan
@@ -50,6 +52,21 @@ def events_spec(target: str | dict[str, Any] | None = None, where: Path | None =
                            "catalog": {"type": "sql", "warehouse": str(where / "wh")}})
     data.update(changes)
     return spec_from_mapping({k: v for k, v in data.items() if v is not None})
+
+
+# The events as a lake holds them (Arrow): instants in UTC microseconds, exact decimals.
+_TS = pa.timestamp("us", tz="UTC")
+EVENTS_ARROW = pa.schema([("created_at", _TS), ("event_id", pa.int64()), ("updated_at", _TS), ("seq", pa.int32()),
+                          ("amount", pa.decimal128(12, 2)), ("note", pa.string())])
+# New York's hours, as the spec windows them.
+NY_HOURS = Windowing("hour", zoneinfo.ZoneInfo("America/New_York"), "timestamptz")
+
+
+def events_table(rows: list[tuple]) -> pa.Table:
+    """Rows of FALL's shape (event_id, created_at, updated_at, seq, amount, note) as Arrow (a
+    NULL key kept)."""
+    return pa.Table.from_pylist([{"event_id": e, "created_at": c, "updated_at": u, "seq": s, "amount": Decimal(a),
+                                  "note": n} for e, c, u, s, a, n in rows], schema=EVENTS_ARROW)
 
 
 def utc(*parts: int) -> dt.datetime:

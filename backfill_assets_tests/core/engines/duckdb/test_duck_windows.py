@@ -5,7 +5,6 @@ engine postgres computes for the same rows."""
 
 from __future__ import annotations
 
-import zoneinfo
 from pathlib import Path
 from typing import Any
 
@@ -17,28 +16,25 @@ from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest
-from backfill_assets.core.windows import Windowing
 from backfill_assets_tests.support.windows import (
     EVENT_COLUMNS,
+    EVENTS_ARROW,
     EVENTS_SPEC,
     FALL,
+    NY_HOURS,
     create_events,
     events_spec,
+    events_table,
     naive_newest,
     plan_approve_apply,
     utc,
 )
 
-HOURS = Windowing("hour", zoneinfo.ZoneInfo("America/New_York"), "timestamptz")
-_TS = pa.timestamp("us", tz="UTC")
-SCHEMA = pa.schema([("created_at", _TS), ("event_id", pa.int64()), ("updated_at", _TS), ("seq", pa.int32()),
-                    ("amount", pa.decimal128(12, 2)), ("note", pa.string())])
+HOURS = NY_HOURS
 
 
 def _table(rows: list[tuple]) -> pa.Table:
-    from decimal import Decimal
-    return pa.Table.from_pylist([{"event_id": e, "created_at": c, "updated_at": u, "seq": s, "amount": Decimal(a),
-                                  "note": n} for e, c, u, s, a, n in rows], schema=SCHEMA)
+    return events_table(rows)
 
 
 def _delta_source(where: Path, rows: list[tuple]) -> dict[str, Any]:
@@ -188,7 +184,7 @@ def test_hours_from_an_iceberg_source_partitioned_by_day_are_read_by_its_hidden_
     monkeypatch.setenv("BFA_TEST_ICEBERG_SOURCE", uri)
     catalog = SqlCatalog("default", uri=uri, warehouse=f"file://{tmp_path}/source_warehouse")
     catalog.create_namespace("raw")
-    with catalog.create_table_transaction("raw.events_raw", schema=SCHEMA) as txn, txn.update_spec() as update:
+    with catalog.create_table_transaction("raw.events_raw", schema=EVENTS_ARROW) as txn, txn.update_spec() as update:
         update.add_field("created_at", DayTransform(), "created_at_day")
     catalog.load_table("raw.events_raw").append(_table(FALL))
     source = {"format": "iceberg", "table": "raw.events_raw",

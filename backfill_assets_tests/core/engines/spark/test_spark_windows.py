@@ -5,33 +5,28 @@ and the hashes equal engine postgres's for the same rows."""
 
 from __future__ import annotations
 
-import zoneinfo
-from decimal import Decimal
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.plan import make_plan
 from backfill_assets.core.vocabulary import PartitionRequest
-from backfill_assets.core.windows import Windowing
 from backfill_assets_tests.support.spark_lakes import JDBC_ENV, jdbc_url
 from backfill_assets_tests.support.windows import (
     EVENT_COLUMNS,
     FALL,
+    NY_HOURS,
     create_events,
     events_spec,
+    events_table,
     naive_newest,
     plan_approve_apply,
     utc,
 )
 
-HOURS = Windowing("hour", zoneinfo.ZoneInfo("America/New_York"), "timestamptz")
-_TS = pa.timestamp("us", tz="UTC")
-SCHEMA = pa.schema([("created_at", _TS), ("event_id", pa.int64()), ("updated_at", _TS), ("seq", pa.int32()),
-                    ("amount", pa.decimal128(12, 2)), ("note", pa.string())])
+HOURS = NY_HOURS
 
 
 def _spec(where: Path, source: dict, **changes):
@@ -75,10 +70,7 @@ def test_hours_of_a_fall_back_day_over_jdbc_into_a_folder_equal_the_naive_newest
 def test_hours_from_a_parquet_folder_into_a_folder_per_window(tmp_path, spark, conn, factory, url_env):
     folder = tmp_path / "events_raw"
     folder.mkdir()
-    rows = [r for r in FALL if r[0] is not None]
-    table = pa.Table.from_pylist([{"event_id": e, "created_at": c, "updated_at": u, "seq": s, "amount": Decimal(a),
-                                   "note": n} for e, c, u, s, a, n in rows], schema=SCHEMA)
-    pq.write_table(table, folder / "part-0.parquet")
+    pq.write_table(events_table(FALL), folder / "part-0.parquet")
     spec = _spec(tmp_path, {"format": "parquet", "location": str(folder)})
     plan, result = plan_approve_apply(conn, factory, spec, "2024-11-03T01:00-0400..2024-11-03T02:00-0500")
     labels = [p.partition for p in plan.document.partitions]
@@ -86,9 +78,8 @@ def test_hours_from_a_parquet_folder_into_a_folder_per_window(tmp_path, spark, c
     expected = {label: rows for label, rows in naive_newest(FALL, HOURS, labels).items() if rows}
     assert _folder_rows(tmp_path / "events") == expected
     # A late row in one window: the next plan replaces it alone.
-    pq.write_table(pa.Table.from_pylist([{"event_id": 8, "created_at": utc(2024, 11, 3, 6, 30),
-                                          "updated_at": utc(2024, 11, 6), "seq": 1, "amount": Decimal("12.00"),
-                                          "note": "late"}], schema=SCHEMA), folder / "part-1.parquet")
+    pq.write_table(events_table([(8, utc(2024, 11, 3, 6, 30), utc(2024, 11, 6), 1, "12.00", "late")]),
+                   folder / "part-1.parquet")
     _, again = plan_approve_apply(conn, factory, spec, "2024-11-03T01:00-0400..2024-11-03T02:00-0500", run_id="r2")
     assert [p["partition"] for p in again.partitions if p["status"] == "verified"] == ["2024-11-03T01:00-0500"]
 

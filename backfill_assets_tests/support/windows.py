@@ -88,6 +88,21 @@ FALL = [
     (None, utc(2024, 11, 3, 7, 30), utc(2024, 11, 4), 1, "11.00", "NULL key: dropped"),
 ]
 
+# Days of New York around both clock changes of 2024 (the 23-hour 10 March, the 25-hour 3
+# November), rows on and beside each midnight; no two versions of a key in one day.
+DST_DAYS = [
+    (1, utc(2024, 3, 10, 4, 59), utc(2024, 3, 12), 1, "1.00", "23:59 EST on 9 March"),
+    (2, utc(2024, 3, 10, 5, 0), utc(2024, 3, 12), 1, "2.00", "midnight of 10 March, on the boundary"),
+    (3, utc(2024, 3, 11, 3, 59, 59, 999999), utc(2024, 3, 12), 1, "3.00", "last microsecond of 10 March (EDT)"),
+    (3, utc(2024, 3, 10, 12, 0), utc(2024, 3, 11), 1, "3.50", "older version, same day"),
+    (4, utc(2024, 3, 11, 4, 0), utc(2024, 3, 12), 1, "4.00", "midnight of 11 March (EDT)"),
+    (5, utc(2024, 11, 3, 4, 0), utc(2024, 11, 5), 1, "5.00", "midnight of 3 November (EDT)"),
+    (6, utc(2024, 11, 4, 4, 59, 59), utc(2024, 11, 5), 1, "6.00", "23:59:59 EST on 3 November"),
+    (7, utc(2024, 11, 4, 5, 0), utc(2024, 11, 5), 1, "7.00", "midnight of 4 November: not asked for"),
+]
+DST_DAY_REQUEST = "2024-03-09..2024-03-11,2024-11-03"
+
+
 _CREATE = sql.SQL("CREATE TABLE {} (created_at {}, event_id bigint, updated_at timestamptz, seq int, "
                   "amount numeric(12,2), note text)")
 _INSERT = sql.SQL("INSERT INTO public.events_raw (event_id, created_at, updated_at, seq, amount, note) "

@@ -5,6 +5,7 @@ engine postgres computes for the same rows."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from backfill_assets.core.plan import make_plan
 from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.targets import engine_for
 from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets.core.windows import Windowing
 from backfill_assets_tests.support.windows import (
     EVENT_COLUMNS,
     EVENTS_ARROW,
@@ -212,3 +214,33 @@ def test_profile_of_a_lake_source_by_windows_equals_postgres(conn, factory, url_
     assert (ours.business_key, ours.ordering) == (theirs.business_key, theirs.ordering)
     asked = profile_spec(spec, factory, PartitionRequest("2024-11-03T01:00-0400,2024-11-03T01:00-0500"))
     assert asked.partitions == ["2024-11-03T01:00-0400", "2024-11-03T01:00-0500"] and asked.row_count == 4
+
+
+def test_days_of_both_clock_changes_from_delta_equal_the_naive_newest_wins_and_postgres_hashes(
+        conn, factory, url_env, tmp_path):
+    """Day windows of New York (10 March: 23 hours; 3 November: 25), rows on each midnight in
+    one day only; an empty day; the hashes engine postgres computes for the same rows."""
+    from backfill_assets_tests.support.windows import DST_DAY_REQUEST, DST_DAYS
+    days = {"every": "day", "time_zone": "America/New_York"}
+    spec = _spec(tmp_path, _delta_source(tmp_path, DST_DAYS), "delta", partition_window=days)
+    plan, result = plan_approve_apply(conn, factory, spec, DST_DAY_REQUEST)
+    entries = {p.partition: p for p in plan.document.partitions}
+    assert list(entries) == ["2024-03-09", "2024-03-10", "2024-03-11", "2024-11-03"]
+    assert [(dt.datetime.fromisoformat(e.end) - dt.datetime.fromisoformat(e.start)) / dt.timedelta(hours=1)
+            for e in entries.values()] == [24, 23, 24, 25]
+    assert {p["status"] for p in result.partitions} == {"verified"}
+    windowing = Windowing("day", NY_HOURS.tz, "timestamptz")
+    expected = {label: rows for label, rows in naive_newest(DST_DAYS, windowing, list(entries)).items() if rows}
+    assert [r[1] for r in expected["2024-03-10"]] == [2, 3] and "2024-03-11" in expected
+    table = engine_for(spec).table(conn)
+    try:
+        data = table.open().to_pyarrow_table()
+    finally:
+        table.close()
+    got: dict[str, list[tuple]] = {}
+    for row in sorted(data.select(EVENT_COLUMNS).to_pylist(), key=lambda r: r["event_id"]):
+        got.setdefault(windowing.label_at(row["created_at"]), []).append(tuple(row[c] for c in EVENT_COLUMNS))
+    assert got == expected
+    create_events(conn, DST_DAYS)
+    pg = make_plan(events_spec(partition_window=days), PartitionRequest(DST_DAY_REQUEST), factory)
+    assert {p.partition: p.stage_a for p in pg.document.partitions} == {k: e.stage_a for k, e in entries.items()}

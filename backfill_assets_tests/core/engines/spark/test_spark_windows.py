@@ -121,3 +121,33 @@ def test_a_late_row_over_jdbc_is_found_by_the_sensor_in_its_window_alone_and_pro
     assert ours.partitions == theirs.partitions and ours.partitions[0] == "2024-11-02T23:00-0400"
     assert (ours.row_count, ours.key_partitions) == (theirs.row_count, theirs.key_partitions)
     assert (ours.business_key, ours.ordering) == (theirs.business_key, theirs.ordering)
+
+
+def test_days_of_both_clock_changes_into_a_folder_per_day_equal_postgres(tmp_path, spark, conn, factory, url_env):
+    """Day windows of New York (23 and 25 hours) from a Parquet folder, a folder per day in the
+    target; the rows on each midnight in one day only; the hashes engine postgres computes."""
+    from backfill_assets.core.windows import Windowing
+    from backfill_assets_tests.support.windows import DST_DAY_REQUEST, DST_DAYS
+    folder = tmp_path / "events_raw"
+    folder.mkdir()
+    pq.write_table(events_table(DST_DAYS), folder / "part-0.parquet")
+    days = {"every": "day", "time_zone": "America/New_York"}
+    spec = _spec(tmp_path, {"format": "parquet", "location": str(folder)}, partition_window=days)
+    plan, result = plan_approve_apply(conn, factory, spec, DST_DAY_REQUEST)
+    labels = [p.partition for p in plan.document.partitions]
+    assert labels == ["2024-03-09", "2024-03-10", "2024-03-11", "2024-11-03"]
+    assert {p["status"] for p in result.partitions} == {"verified"}
+    windowing = Windowing("day", NY_HOURS.tz, "timestamptz")
+    expected = {label: rows for label, rows in naive_newest(DST_DAYS, windowing, labels).items() if rows}
+    found = {}
+    for directory in sorted((tmp_path / "events").glob("created_at_day=*")):
+        names = sorted(n for n in directory.iterdir() if n.suffix == ".parquet" and not n.name.startswith(("_", ".")))
+        rows = [r for n in names for r in pq.read_table(n).select(EVENT_COLUMNS).to_pylist()]
+        if rows:
+            found[directory.name.partition("=")[2]] = sorted((tuple(r[c] for c in EVENT_COLUMNS) for r in rows),
+                                                             key=lambda r: r[1])
+    assert found == expected
+    create_events(conn, DST_DAYS)
+    pg = make_plan(events_spec(partition_window=days), PartitionRequest(DST_DAY_REQUEST), factory)
+    assert {p.partition: p.stage_a for p in pg.document.partitions} == {
+        p.partition: p.stage_a for p in plan.document.partitions}

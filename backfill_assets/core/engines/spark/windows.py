@@ -47,7 +47,8 @@ def windows_frame(session: SparkSession, windows: Sequence[Span], key: str) -> D
     return session.createDataFrame([(w.label, w.start, w.end) for w in windows], schema)
 
 
-def _in(frame: DataFrame, column: str, windows: DataFrame) -> Any:
+def _in(column: str) -> Any:
+    """A row's ``column`` in the window joined with it: at or after its start, before its end."""
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
     return (F.col(column) >= F.col(_LO)) & (F.col(column) < F.col(_HI))
 
@@ -55,10 +56,10 @@ def _in(frame: DataFrame, column: str, windows: DataFrame) -> Any:
 def restricted(frame: DataFrame, column: str, windows: DataFrame) -> DataFrame:
     """The rows of ``frame`` whose ``column`` lies in one of ``windows``."""
     from pyspark.sql import functions as F  # noqa: N812
-    return frame.join(F.broadcast(windows), _in(frame, column, windows), "left_semi")
+    return frame.join(F.broadcast(windows), _in(column), "left_semi")
 
 
 def labelled(frame: DataFrame, column: str, windows: DataFrame) -> DataFrame:
     """``frame`` with each row's window label (NULL outside ``windows``)."""
     from pyspark.sql import functions as F  # noqa: N812
-    return frame.join(F.broadcast(windows), _in(frame, column, windows), "left").drop(_LO, _HI)
+    return frame.join(F.broadcast(windows), _in(column), "left").drop(_LO, _HI)

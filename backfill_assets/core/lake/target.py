@@ -83,7 +83,7 @@ class LakeTarget(AdvisoryLocked):
         return part_of(self.ctx, label)
 
     def parts(self, labels: list[str]) -> list[Part]:
-        return [self.part(label) for label in labels]
+        return parts_of(self.ctx, labels)
 
     def fingerprint(self, data: pa.Table) -> Reading:
         """The readings of one partition's rows in Arrow (the canonical fingerprint)."""

@@ -13,12 +13,13 @@ changed partition was requested with (core.pinned.engine).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Protocol
 
 import psycopg
 
-from backfill_assets.core.catalog import partition_kind_of, windowing_of
+from backfill_assets.core.catalog import ColumnInfo, partition_kind_of, windowing_of
 from backfill_assets.core.duck import connect
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.lake.parts import Part, span_of
@@ -81,14 +82,18 @@ class LakeSignatures:
     def __init__(self, spec: Spec, source: LakeSource) -> None:
         self.spec, self.source = spec, source
 
-    def kind(self) -> PartitionKind:
+    @functools.cached_property
+    def _key(self) -> ColumnInfo | None:
+        """The partition key as the source's newest schema gives it (read once, no row)."""
         with connect() as duck:
             self.source.attach_schema(duck)
             types = dict(source_types(duck))
+        return column_info(self.spec.partition_key, types.get(self.spec.partition_key, ""))
+
+    def kind(self) -> PartitionKind:
         if self.spec.partition_window is not None:
             return "text"  # windows are named by their labels
-        info = column_info(self.spec.partition_key, types.get(self.spec.partition_key, ""))
-        kind = None if info is None else partition_kind_of(info, [])
+        kind = None if self._key is None else partition_kind_of(self._key, [])
         return kind or "text"
 
     def now(self, values: Sequence[PartitionValue]) -> dict[str, str]:
@@ -102,15 +107,10 @@ class LakeSignatures:
         source's files are looked up by; values as they are."""
         if self.spec.partition_window is None:
             return values
-        with connect() as duck:
-            self.source.attach_schema(duck)
-            types = dict(source_types(duck))
-        info = column_info(self.spec.partition_key, types.get(self.spec.partition_key, ""))
-        if info is None:
+        if self._key is None:
             raise SpecError(f"source {self.spec.source_name} has no column {self.spec.partition_key} to window")
-        windowing = windowing_of(self.spec, info)
+        windowing = windowing_of(self.spec, self._key)
         return [span_of(windowing, str(label)) for label in values]
-
 
 def lake_changes(conn: psycopg.Connection, spec: Spec) -> dict[str, str]:
     """:func:`pinned_changes` of a lake source (Delta, Iceberg, a Parquet folder)."""

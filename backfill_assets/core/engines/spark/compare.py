@@ -33,7 +33,7 @@ from backfill_assets.core.engines.spark.files import partition_frame
 from backfill_assets.core.engines.spark.fingerprint import row_text
 from backfill_assets.core.engines.spark.inspect import fields_of, functions
 from backfill_assets.core.engines.spark.session import spark_type
-from backfill_assets.core.engines.spark.windows import key_column
+from backfill_assets.core.engines.spark.windows import key_column, label_columns
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.vocabulary import partition_label
 
@@ -60,8 +60,7 @@ def _side(session: SparkSession, ctx: Context, files: Files) -> DataFrame:
     if frame is not None:
         return frame
     F = functions()  # noqa: N806
-    key = key_column(ctx.spec)
-    label = [F.lit(None).cast("string").alias(key)] if key != ctx.spec.partition_key else []
+    label = [F.lit(None).cast("string").alias(c) for c in label_columns(ctx.spec)]
     return session.range(0).select(*[F.lit(None).cast(spark_type(c)).alias(c.name) for c in ctx.target_columns], *label)
 
 
@@ -111,7 +110,7 @@ def _first_rows(ctx: Context, sides: list[DataFrame], joined: DataFrame, grain: 
     wanted = functools.reduce(lambda a, b: a & b, [F.col(quoted(c)).eqNullSafe(F.col(f"__g{i}")) for i, c in enumerate(grain)])
     # Both sides' rows of those keys in one job, told apart by a tag.
     key = key_column(spec)
-    columns = [*spec.columns, *([key] if key != spec.partition_key else [])]
+    columns = [*spec.columns, *label_columns(spec)]
     schema = _schema(ctx)
     tagged = [side.join(first, on=wanted, how="left_semi").select(F.lit(i).alias("__side"), *[quoted(c) for c in columns])
               for i, side in enumerate(sides)]
@@ -124,8 +123,10 @@ def _first_rows(ctx: Context, sides: list[DataFrame], joined: DataFrame, grain: 
 
 def _schema(ctx: Context) -> pa.Schema:
     """The rows compared, in the lake's types (and a window's label)."""
-    schema, key = lake_schema(ctx.target_columns), key_column(ctx.spec)
-    return schema if key == ctx.spec.partition_key else schema.append(pa.field(key, pa.string()))
+    schema = lake_schema(ctx.target_columns)
+    for column in label_columns(ctx.spec):
+        schema = schema.append(pa.field(column, pa.string()))
+    return schema
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from backfill_assets.core.context import Context
 from backfill_assets.core.engines.spark import fingerprint as spark_fp
 from backfill_assets.core.engines.spark.catalog import quoted
 from backfill_assets.core.engines.spark.session import spark_type
-from backfill_assets.core.engines.spark.windows import key_column
+from backfill_assets.core.engines.spark.windows import key_column, label_columns
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.lake.lake_files import sha256_files as driver_sha256
@@ -67,7 +67,7 @@ def partition_frame(session: SparkSession, ctx: Context, files: Mapping[str, Seq
         read = parquet_files(session, paths, settings)
         frames.append(read.select(*[
             (F.lit(ctx.value_of(label)) if c == key else F.col(quoted(c))).cast(types[c]).alias(c)
-            for c in wanted], *([F.lit(label).alias(key)] if key != spec.partition_key else [])))
+            for c in wanted], *[F.lit(label).alias(c) for c in label_columns(spec)]))
     if not frames:
         return None
     return functools.reduce(lambda a, b: a.unionByName(b), frames)

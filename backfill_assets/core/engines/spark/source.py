@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from backfill_assets.core.engines.spark.files import sha256_files
 from backfill_assets.core.engines.spark.session import staging_dir
-from backfill_assets.core.engines.spark.windows import key_column, labelled, restricted, windows_frame
+from backfill_assets.core.engines.spark.windows import key_column, label_columns, labelled, restricted, windows_frame
 from backfill_assets.core.errors import SnapshotError, SpecError
 from backfill_assets.core.lake.lake_files import files_digest
 from backfill_assets.core.lake.parts import Part, part_label
@@ -178,7 +178,7 @@ class JdbcSource(SparkSource):
         assert isinstance(source, JdbcSourceSpec)
         self.env, self.table, self.name = source.url_env, source.ref, source.display_name
         self.key = key_column(spec)  # what the copy is partitioned by: the key, or a window's label
-        self._partition_key = spec.partition_key
+        self.labels = label_columns(spec)  # a window's label, which the frame read drops and labels again
         self.copies = staging_dir(spec) / "snapshots"
         # A copy older than an approval may be cannot be applied any more: it is removed when
         # the next copy is taken (a plan that still names it is refused with "plan again").
@@ -303,7 +303,7 @@ class JdbcSource(SparkSource):
                                 "the partitions")
         base = self.copies / pin.files[0][0].split("/", 1)[0]
         frame = _read_files(session, base, [f[0].split("/", 1)[1] for f in pin.files])
-        return frame.drop(self.key) if self.key != self._partition_key else frame  # labelled again as read
+        return frame.drop(*self.labels) if self.labels else frame  # labelled again as read
 
     def signature_at(self, pin: Pin, partition_key: str, values: Sequence[Part]) -> dict[str, str]:
         """By the copy's folders: a value's, or a window's label's."""

@@ -29,7 +29,7 @@ from backfill_assets.core.engines.spark.parquet import partition_dir
 from backfill_assets.core.engines.spark.session import schema_ddl, spark_type, staging_dir
 from backfill_assets.core.engines.spark.snapshot import in_scope
 from backfill_assets.core.engines.spark.source import SparkSource
-from backfill_assets.core.engines.spark.windows import key_column
+from backfill_assets.core.engines.spark.windows import key_column, label_columns
 from backfill_assets.core.fingerprint.partition import empty
 from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
 from backfill_assets.core.lake.lake_files import Proven, files_digest
@@ -70,7 +70,7 @@ def newest(inp: DataFrame, spec: Spec, variant: Literal["a", "b"], partitions: S
     from pyspark.sql import Window
     F = functions()  # noqa: N806
     key = key_column(spec)
-    columns = [*spec.columns, *([key] if key != spec.partition_key else [])]  # a window's label too
+    columns = [*spec.columns, *label_columns(spec)]  # a window's label too
     grain = [*([] if spec.records_can_move else [key]), *spec.business_key]
     keyed = inp.where(in_scope(spec, partitions))
     if variant == "a":
@@ -130,7 +130,7 @@ def stage_frame(session: SparkSession, ctx: Context, variant: str, values: Seque
     if not found:
         return None
     # A window's label is read as the text it is (Spark's discovery would type 2024-11-03 a date).
-    label = f", `{key}` STRING" if key != ctx.spec.partition_key else ""
+    label = "".join(f", `{c}` STRING" for c in label_columns(ctx.spec))
     return session.read.schema(schema_ddl(ctx.target_columns) + label).option("basePath", str(base)).parquet(*found)
 
 
@@ -258,8 +258,7 @@ def _hashed(built: DataFrame, ctx: Context, values: Sequence[PartitionValue]) ->
     """The readings of the built rows, in the target's Spark types (as a stage is read back)."""
     F = functions()  # noqa: N806
     types = {c.name: spark_type(c) for c in ctx.target_columns}
-    key = key_column(ctx.spec)
-    label = [F.col(key)] if key != ctx.spec.partition_key else []
+    label = [F.col(c) for c in label_columns(ctx.spec)]
     return _in_order(built.select(*[F.col(c).cast(types[c]).alias(c) for c in ctx.spec.columns], *label), ctx, values)
 
 

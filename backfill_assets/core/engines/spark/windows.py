@@ -30,6 +30,12 @@ def key_column(spec: Spec) -> str:
     return spec.partition_key if window is None else f"{spec.partition_key}_{window.every}"
 
 
+def label_columns(spec: Spec) -> list[str]:
+    """The columns a row carries beside the spec's: for time windows, its window's label."""
+    key = key_column(spec)
+    return [] if key == spec.partition_key else [key]
+
+
 def spans(ctx: Context, labels: Sequence[str] | None = None) -> list[Span]:
     """The windows ``labels`` (default: the context's) with their bounds as the column holds them."""
     assert ctx.windowing is not None

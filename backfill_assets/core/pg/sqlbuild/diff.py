@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
-from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, ValuesBy, WholeBy, as_by
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, WholeBy, as_by
 from backfill_assets.core.pg.sqlbuild.parts import OrderKey, Query, col, cols, order_by, table
 from backfill_assets.core.vocabulary import TableRef
 
@@ -78,8 +78,8 @@ def partition_diff(
     ``changed``, ``unchanged``) a count row, then up to ``limit`` example rows of the
     differing keys, in key order.
 
-    ``right_as_text``: ``right`` holds every column as text (a lake partition's canonical text
-    forms, a value partition's), and this is the partition key's text there. Both sides are then keyed by the text
+    ``right_as_text`` (given: the partition's label): ``right`` holds every column as text (a
+    lake partition's canonical text forms), that partition's rows alone. Both sides are then keyed by the text
     forms of their keys (examples in that order), and a key ``right`` holds more than once
     counts once, as changed.
 
@@ -87,9 +87,9 @@ def partition_diff(
     by = as_by(by)
     business_key = [k.column for k in order]
     as_text = right_as_text is not None
-    # As text, a value partition's rows are those whose key text is its label; a window's
-    # text table holds that window's rows alone (its column's text is not the label).
-    right_by: PartitionBy = (ValuesBy(by.column) if isinstance(by, ValuesBy) else WholeBy(by.column)) if as_text else by
+    # As text, ``right`` holds the one partition's rows alone (a window's column text is not
+    # its label): read whole.
+    right_by: PartitionBy = WholeBy(by.column) if as_text else by
     right_side = _side(right, right_by, business_key, columns, as_text=False, param="right_partition")
     if as_text:
         right_side = _SIDE_BY_KEY.format(keys=sql.SQL(", ").join(sql.Identifier(k) for k in business_key),
@@ -105,7 +105,7 @@ def partition_diff(
         right_values=_values(right, right_by, business_key, columns, as_text=as_text, param="right_partition"),
         order=order_by("j", [OrderKey(k, collate_c=True) for k in business_key]) if as_text else order_by("j", order),
     )
-    right = right_by.bind_one(right_as_text if as_text else partition, "right_partition")
+    right = right_by.bind_one(partition, "right_partition")
     return query, {**by.bind_one(partition), **right, "limit": limit}
 
 

@@ -180,11 +180,12 @@ def apply_plan(
         progress(ProgressEvent("apply", f"replacing {len(in_order)} partition(s)", done=0, total=len(in_order),
                                status="started"))
         doc = stored.document
+        bounds = {e.partition: {"start": e.start, "end": e.end} for e in doc.partitions if e.start is not None}
         ledger.ledger_start(
             control, spec.control_schema, run_id=run_id, plan_id=stored.plan_id, approval_id=approval.approval_id,
             snapshot_id=doc.snapshot.id, target_table=doc.target,
             transform_version=doc.transform_version, run_started_at=clock(),
-            partitions=[{"partition": label, **stored.approved(label)} for label in in_order],
+            partitions=[{"partition": label, **stored.approved(label), **bounds.get(label, {})} for label in in_order],
         )
         result = ApplyResult(run_id, stored.plan_id, approval.approval_id)
         target = (make_target or engine.open_target)(conn, control, factory, ctx, checkpoint)

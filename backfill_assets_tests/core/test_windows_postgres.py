@@ -75,6 +75,12 @@ def test_hours_of_a_fall_back_day_plan_approve_and_apply_as_the_naive_newest_win
     assert 99 not in [r[1] for r in got]
     states = {r["partition"]: r["status"] for r in ledger.ledger_status(conn, spec)}
     assert len(states) == 25 and {states[label] for label in changed} == {"verified"}
+    # The ledger names each window by its label and holds its instants: the repeated hour's two.
+    bounds = {r[0]: r[1:] for r in conn.execute(psycopg.sql.SQL(
+        "SELECT partition, window_start, window_end FROM {}.ledger WHERE run_id = 'r1'").format(
+        psycopg.sql.Identifier(spec.control_schema))).fetchall()}
+    assert bounds["2024-11-03T01:00-0400"] == (utc(2024, 11, 3, 5), utc(2024, 11, 3, 6))
+    assert bounds["2024-11-03T01:00-0500"] == (utc(2024, 11, 3, 6), utc(2024, 11, 3, 7))
 
     # The same source again: the same plan, and nothing to replace.
     again = make_plan(spec, PartitionRequest("2024-11-03T00:00..2024-11-03T23:00"), factory)

@@ -102,9 +102,11 @@ _DDL = (
         "run_started_at timestamptz NOT NULL, started_at timestamptz, finished_at timestamptz, "
         "error text, PRIMARY KEY (run_id, partition))"
     ),
-    # The lake table's version (Delta) or snapshot id (Iceberg) a verified partition was
-    # committed and read back at (NULL for a PostgreSQL target).
-    sql.SQL("ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS target_version text"),  # added later
+    # Added later: the lake version (Delta) or snapshot id (Iceberg) a verified partition was
+    # committed and read back at (NULL for a PostgreSQL target); a time window's instants beside
+    # its label (NULL for a value: start <= the column < end).
+    sql.SQL("ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS target_version text, "
+            "ADD COLUMN IF NOT EXISTS window_start timestamptz, ADD COLUMN IF NOT EXISTS window_end timestamptz"),
     # Every audit of every partition (core.audit): what it was compared with (the verified
     # run), by which signal, what was found, the readings read and what changed.
     sql.SQL(

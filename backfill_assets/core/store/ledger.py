@@ -113,11 +113,12 @@ def verified_by_approval(conn: psycopg.Connection, schema: str, approval_id: int
 
 _LEDGER_START = sql.SQL(
     "INSERT INTO {schema}.ledger (run_id, plan_id, approval_id, snapshot_id, target_table, "
-    "partition, transform_version, row_count, total, content_hash, status, run_started_at) "
+    "partition, transform_version, row_count, total, content_hash, status, run_started_at, "
+    "window_start, window_end) "
     "SELECT %(run_id)s, %(plan_id)s, %(approval_id)s, %(snapshot_id)s, %(target_table)s, "
     "p.partition, %(transform_version)s, p.row_count, p.total, p.content_hash, 'pending', "
-    "%(run_started_at)s FROM jsonb_to_recordset(%(partitions)s) "
-    "AS p(partition text, row_count bigint, total text, content_hash text)"
+    "%(run_started_at)s, p.start, p.\"end\" FROM jsonb_to_recordset(%(partitions)s) "
+    "AS p(partition text, row_count bigint, total text, content_hash text, start timestamptz, \"end\" timestamptz)"
 )
 
 
@@ -196,7 +197,8 @@ class HistoryRow(TypedDict):
 
 
 def ledger_start(conn: psycopg.Connection, schema: str, **fields: Any) -> None:
-    """One 'pending' row per partition of a run, with the approved readings."""
+    """One 'pending' row per partition of a run, with the approved readings (and a time
+    window's ``start`` and ``end``, ISO 8601 instants)."""
     fields = {**fields, "partitions": Jsonb(fields["partitions"])}
     conn.execute(_LEDGER_START.format(schema=sql.Identifier(schema)), fields)
 

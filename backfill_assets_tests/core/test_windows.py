@@ -216,13 +216,12 @@ def test_the_spec_refuses_an_unknown_grain_or_zone_before_anything_is_read(every
     assert refusal is not None and says in refusal
 
 
-def test_every_engine_takes_a_window_spec_and_spark_refuses_a_catalog_table_target():
+def test_every_engine_takes_a_window_spec_from_each_source_into_each_target():
     window = {"every": "hour", "time_zone": "America/New_York"}
     for engine in ENGINE_TYPES:
-        data = sample_mapping(engine, SUPPORTS[engine].sources[0], SUPPORTS[engine].targets[0], partition_window=window)
-        assert spec_from_mapping(data)
-    refusal = refused_with(sample_mapping("spark", "parquet", "spark_table", partition_window=window))
-    assert "partition_window with a spark_table target is not built yet" in refusal
+        for source in SUPPORTS[engine].sources:
+            for target in SUPPORTS[engine].targets:
+                assert spec_from_mapping(sample_mapping(engine, source, target, partition_window=window))
 
 
 def test_engine_postgres_takes_windows_for_a_postgresql_delta_or_iceberg_target():

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 from backfill_assets.core.windows import Bound, Windowing
@@ -72,3 +73,37 @@ def arrow_filter(column: str, parts: Sequence[Part]) -> pads.Expression:
     if not terms:
         return pads.scalar(False)
     return functools.reduce(operator.or_, terms)
+
+
+def _as_file_holds(span: Span, field: pa.Field) -> Span | None:
+    """``span`` with its bounds as the file's column holds them: a file's time stamp without a
+    zone (INT96, or Spark's without ``isAdjustedToUTC``) read as UTC where the bound is an
+    instant; None where the file cannot be compared (another type: its rows are read)."""
+    bound = bound_type(span.start)
+    if field.type == bound:
+        return span
+    if pa.types.is_timestamp(field.type) and pa.types.is_timestamp(bound):
+        if field.type.tz is None and bound.tz is not None:
+            def naive(b: dt.datetime) -> dt.datetime:
+                return b.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            return Span(naive(span.start), naive(span.end), span.label)  # type: ignore[arg-type]
+        if (field.type.tz is None) == (bound.tz is None):
+            return span  # another unit only
+    return None
+
+
+def window_files(column: str, spans: Sequence[Span], paths: Sequence[str]) -> dict[str, list[str]]:
+    """Per window, the Parquet files among ``paths`` with a row group whose statistics of
+    ``column`` can hold one of its rows (read from each file's footer, no row read); a file
+    without statistics of the column, or holding it as another type, is kept for every window."""
+    found: dict[str, list[str]] = {s.label: [] for s in spans}
+    fmt, local = pads.ParquetFileFormat(), pafs.LocalFileSystem()
+    for path in paths:
+        fragment = fmt.make_fragment(path, filesystem=local)
+        schema = fragment.physical_schema
+        index = schema.get_field_index(column)
+        for span in spans:
+            held = None if index < 0 else _as_file_holds(span, schema.field(index))
+            if held is None or fragment.split_by_row_group(filter=arrow_filter(column, [held]), schema=schema):
+                found[span.label].append(path)
+    return found

@@ -266,7 +266,7 @@ def shape_problems(name: str, shape: TableShape, wanted: Sequence[tuple[str, pa.
     if list(shape.partitioned_by) != list(partitioned_by):
         problems.append(
             f"{name} is partitioned by ({', '.join(shape.partitioned_by) or 'nothing'}), "
-            f"not by the partition key ({', '.join(partitioned_by)})"
+            f"not by ({', '.join(partitioned_by)}) as the spec writes it"
         )
     return problems
 

@@ -10,11 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow.dataset as pads
-
 from backfill_assets.core.errors import SnapshotError, SpecError
 from backfill_assets.core.lake.lake_files import files_digest, sha256_files
-from backfill_assets.core.lake.parts import Part, Span, arrow_filter, part_label
+from backfill_assets.core.lake.parts import Part, Span, part_label, window_files
 from backfill_assets.core.lake.tables import local_path
 from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.pinned.source import SOURCE_ROWS, LakeSource, in_windows, plan_again, spans_in
@@ -54,17 +52,8 @@ class ParquetSource(LakeSource):
         return found
 
     def _window_files(self, column: str, spans: Sequence[Span], paths: Sequence[Path]) -> dict[str, list[Path]]:
-        """Per window, the files among ``paths`` with a row group whose statistics of ``column``
-        overlap it (or that have none for it)."""
-        found: dict[str, list[Path]] = {s.label: [] for s in spans}
-        if not paths:
-            return found
-        dataset = pads.dataset([str(p) for p in paths], format="parquet")
-        for path, fragment in zip(paths, dataset.get_fragments()):
-            for span in spans:
-                if fragment.split_by_row_group(filter=arrow_filter(column, [span])):
-                    found[span.label].append(path)
-        return found
+        """Per window, the files among ``paths`` that can hold its rows (core.lake.parts.window_files)."""
+        return {label: [Path(p) for p in held] for label, held in window_files(column, spans, [str(p) for p in paths]).items()}
 
     def _pin(self, listing: dict[str, list[Path]], hashed: bool) -> Pin:
         unique = sorted({p for paths in listing.values() for p in paths})  # windows may share a file

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import psycopg
 
 from backfill_assets.core.context import Checkpoint, Context, no_checkpoint
+from backfill_assets.core.engines.spark.catalog import quoted
 from backfill_assets.core.engines.spark.files import files_readings, partition_frame, sha256_files
 from backfill_assets.core.engines.spark.parquet import ParquetFolderTable, partition_dir
 from backfill_assets.core.engines.spark.session import schema_ddl
@@ -197,26 +198,28 @@ class SparkWrite(LakeWrite):
         table = t.table
         if not isinstance(table, ParquetFolderTable):
             raise SpecError("records_can_move is not supported on a spark_table target")
-        skip = {partition_dir(spec.partition_key, v) for v in values}
+        key = key_column(spec)  # the directories' name: the key's value, or a window's label
+        skip = {partition_dir(key, v) for v in values}
         paths = [str(table.root / d / name) for d, files in (handle.partitions.items() if handle is not None else ())
                  if d not in skip for name, _, _ in files if name.endswith(".parquet")]
         if not paths:
             return None
         keys = list(spec.business_key)
         named = {c.name: c for c in ctx.target_columns}
-        others = (t.session.read.schema(schema_ddl([named[c] for c in (spec.partition_key, *keys)]))
-                  .option("basePath", str(table.root)).parquet(*paths))
+        ddl = schema_ddl([named[c] for c in (spec.partition_key, *keys)])
+        if key != spec.partition_key:  # a window's label, from its folder's name
+            ddl += f", {quoted(key)} STRING"
+        others = t.session.read.schema(ddl).option("basePath", str(table.root)).parquet(*paths)
         mine = partition_frame(t.session, ctx, {label: self._written(label) for label in labels}, keys)
         if mine is None:
             return None
         found = others.join(mine.distinct(), on=keys, how="left_semi")
-        first = found.orderBy(*keys, spec.partition_key).limit(EXAMPLE_KEYS).collect()
+        first = found.orderBy(*keys, key).limit(EXAMPLE_KEYS).collect()
         if not first:
             return None
         partitions = sorted({"NULL" if r[0] is None else partition_label(r[0])
-                             for r in found.select(spec.partition_key).distinct().collect()})
-        examples = [", ".join(f"{c}={r[c]}" for c in keys) + f" in {partition_label(r[spec.partition_key])}"
-                    for r in first]
+                             for r in found.select(key).distinct().collect()})
+        examples = [", ".join(f"{c}={r[c]}" for c in keys) + f" in {partition_label(r[key])}" for r in first]
         return KeysFound(partitions, found.select(*keys).distinct().count(), examples)
 
     def overwrite(self, handle: Any, labels: list[str], values: list[PartitionValue], exclusive: bool) -> str | None:

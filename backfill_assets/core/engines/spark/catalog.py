@@ -45,12 +45,16 @@ def literal(value: PartitionValue) -> str:
 
 
 def local(location: str) -> Path:
-    """A catalog location (``file:/...`` or ``file:///...``) as a local path."""
-    parsed = urllib.parse.urlparse(location)
-    if parsed.scheme not in ("", "file"):
+    """A catalog location (``file:/...`` or ``file:///...``) as a local path. The catalog shows a
+    location as Hadoop's path, not as a URI: not %-decoded (a partition directory Spark names
+    ``h=a%3Ab`` holds ``%3A`` on disk), and a space as it is."""
+    scheme, sep, rest = location.partition(":")
+    if not sep or "/" in scheme:  # no scheme: a path
+        return Path(location)
+    if scheme != "file":
         raise SpecError(f"partition location {location} is not on a local file system; this engine writes local "
                         "or shared-mount paths only")
-    return Path(urllib.parse.unquote(parsed.path))
+    return Path(rest[2:] if rest.startswith("//") else rest)
 
 
 class CatalogTable:

@@ -38,11 +38,12 @@ from backfill_assets.core.context import Checkpoint, Clock, Context, Target, no_
 from backfill_assets.core.differences import Against, Change, PartitionDiff
 from backfill_assets.core.engines.spark import compare as spark_compare
 from backfill_assets.core.engines.spark.apply import SparkTarget
+from backfill_assets.core.engines.spark.catalog_source import CatalogSource
 from backfill_assets.core.engines.spark.inspect import inspect, resolve
 from backfill_assets.core.engines.spark.profiling import SparkProfiler
 from backfill_assets.core.engines.spark.session import release, session_for, staging_dir
 from backfill_assets.core.engines.spark.snapshot import input_reports, take_snapshot
-from backfill_assets.core.engines.spark.source import SparkSource, spark_source
+from backfill_assets.core.engines.spark.source import JdbcSource, ParquetFolderSource, SparkSource
 from backfill_assets.core.engines.spark.stages import (
     build_both,
     finish_plan,
@@ -61,9 +62,18 @@ from backfill_assets.core.pinned.pins import LakeSnapshot, keys_detail, require_
 from backfill_assets.core.pinned.watch import pinned_changes
 from backfill_assets.core.planning import compare_readings
 from backfill_assets.core.progress import Progress
-from backfill_assets.core.spec import Spec
+from backfill_assets.core.spec import ParquetSourceSpec, SparkTableSpec, Spec
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import PartitionRequest
+
+
+def spark_source(spec: Spec) -> SparkSource:
+    """The spec's source."""
+    if isinstance(spec.source, ParquetSourceSpec):
+        return ParquetFolderSource(spec.source, windowed=spec.partition_window is not None)
+    if isinstance(spec.source, SparkTableSpec):
+        return CatalogSource(spec)
+    return JdbcSource(spec)
 
 
 class SparkBuildEngine(PinnedBuildEngine):

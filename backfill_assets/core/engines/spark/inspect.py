@@ -97,12 +97,16 @@ def resolve(conn: psycopg.Connection | None, spec: Spec, request: PartitionReque
             session: SparkSession) -> Context:
     """Inspect read-only and validate everything about a Spark spec before any write."""
     inspection, transform = inspect(conn, spec, source, session)
+    if spec.partition_window is not None and spec.partition_key in getattr(source, "without_zone", ()):
+        raise SpecError(
+            f"source column {spec.partition_key} is a timestamp without time zone, which engine spark reads over "
+            "JDBC as the instant its clock shows in UTC: its clock's own zone (partition_window.column_time_zone) "
+            "would be lost, so engine spark does not window it yet; read a view that converts it "
+            f"({spec.partition_key} AT TIME ZONE '<its zone>' AS {spec.partition_key}, a timestamptz), "
+            "or plan on engine postgres")
     kind = inspection.require_plannable()
     partitions: list[PartitionValue]
     if kind == "window":  # windows are named by their labels
-        if spec.records_can_move:
-            raise SpecError("records_can_move with partition_window is built on engines postgres and duckdb, not yet "
-                            "on engine spark; leave records_can_move out, or plan on one of those")
         if spec.partition_key + "_" + (spec.partition_window.every or "") in {c.name for c in inspection.source_columns}:
             raise SpecError(f"the source has a column named {spec.partition_key}_{spec.partition_window.every}, the "
                             "name engine spark gives each window's folder; rename that column")

@@ -6,6 +6,10 @@ A Parquet folder's pin (or a JDBC copy) holds only the partitions it was taken f
 partitions the closure adds are pinned too and the closure runs again at that pin, until the
 pin holds the scope. The builds then choose each key's newest version across the scope.
 
+With time windows a key's home is its newest version's time stamp and its place in the target
+the target row's, each placed in its window by the calendar (core.moves.placed); the source's
+rows outside the pinned windows are read as they are now.
+
 Partitions that moved keys link must be replaced together; a Parquet folder swaps one
 partition's directory at a time, so such a plan is refused before anything moves.
 """
@@ -13,6 +17,7 @@ partition's directory at a time, so such a plan is refused before anything moves
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 import pyarrow.compute as pc
@@ -20,10 +25,20 @@ import pyarrow.compute as pc
 from backfill_assets.core.context import Context
 from backfill_assets.core.engines.spark.inspect import functions
 from backfill_assets.core.engines.spark.source import SparkSource
+from backfill_assets.core.engines.spark.windows import (
+    collectable,
+    collected,
+    labelled,
+    outside,
+    restricted,
+    spans,
+    windows_frame,
+)
 from backfill_assets.core.errors import SnapshotError
 from backfill_assets.core.fingerprint.kinds import lake_schema
 from backfill_assets.core.lake.engine import lake_engine_for, refuse_keys_in_several_partitions
-from backfill_assets.core.moves import close_scope_with
+from backfill_assets.core.lake.target import parts_of
+from backfill_assets.core.moves import close_scope_with, placed
 from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
@@ -60,6 +75,55 @@ def _target_keys(session: SparkSession, control: psycopg.Connection, ctx: Contex
     several = per_key.filter(pc.greater(per_key.column("count_all"), 1)).slice(0, 5)
     refuse_keys_in_several_partitions(spec, [tuple(r.values()) for r in several.to_pylist()])
     return session.createDataFrame(keys)
+
+
+def _every_row(session: SparkSession, source: SparkSource, pin: Pin, ctx: Context) -> DataFrame:
+    """Every row of the source: the pinned partitions' as pinned, the others' as they are now
+    (with time windows, the rows in none of the context's windows)."""
+    spec = ctx.spec
+    if ctx.windowing is None:
+        return source.frame_all(session, pin, spec.partition_key)
+    pinned = windows_frame(session, spans(ctx), "__pinned")
+    others = outside(source.newest(session), spec.partition_key, pinned)
+    if not pin.files:
+        return others
+    mine = restricted(source.frame(session, pin), spec.partition_key, pinned)
+    return mine.unionByName(others.select(*mine.columns))
+
+
+def _window_homes(session: SparkSession, frame: DataFrame, targets: DataFrame, ctx: Context):  # noqa: ANN202
+    """:func:`_homes` for time windows: each key's newest time stamp and the target's, placed
+    in windows by core.moves.placed."""
+    from pyspark.sql import Window
+    F = functions()  # noqa: N806
+    spec = ctx.spec
+    windowing = ctx.windowing
+    assert windowing is not None
+    pk, bk = spec.partition_key, list(spec.business_key)
+    not_null = functools.reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in bk])
+    order = [getattr(F.col(o.column), f"{o.direction}_nulls_{o.nulls or 'last'}")() for o in spec.ordering]
+    micros = dict(frame.dtypes)[pk] == "timestamp"
+
+    def homes(partitions: list[PartitionValue]) -> list[tuple]:
+        windows = windows_frame(session, spans(ctx, [str(p) for p in partitions]), "__in")
+        src, tgt = labelled(frame.where(not_null), pk, windows), labelled(targets, pk, windows)
+        keys = (src.where(F.col("__in").isNotNull()).select(*bk)
+                .unionByName(tgt.where(F.col("__in").isNotNull()).select(*bk)).distinct())
+        home = (src.join(keys, on=bk, how="left_semi")
+                .withColumn("__rank", F.row_number().over(Window.partitionBy(*bk).orderBy(*order)))
+                .where(F.col("__rank") == 1)
+                .select(*bk, collectable(src, pk).alias("__home"), "__in", F.lit(True).alias("__s")))
+        now = tgt.join(keys, on=bk, how="left_semi").select(*bk, collectable(tgt, pk).alias("__current"),
+                                                            F.lit(True).alias("__t"))
+        rows = (home.join(now, on=bk, how="full")
+                .where(F.col("__s").isNull() | F.col("__t").isNull() | F.col("__in").isNull()
+                       | ~F.col("__home").eqNullSafe(F.col("__current")))
+                .select("__home", "__current", "__s", "__t", *bk).collect())
+        found = [(collected(r[0], micros), collected(r[1], micros), r[2] is not None, r[3] is not None, *r[4:])
+                 for r in rows]
+        return placed(found, windowing, {str(p) for p in partitions})
+
+    return homes
 
 
 def _homes(frame: DataFrame, targets: DataFrame, ctx: Context):  # noqa: ANN202 - a closure's function
@@ -100,7 +164,11 @@ def moved_scope(control: psycopg.Connection, ctx: Context, source: SparkSource, 
     targets = _target_keys(session, control, ctx)
     asked, pinned_for = ctx, set(ctx.labels)
     for _ in range(PIN_ROUNDS):
-        scope = close_scope_with(spec, ctx.kind, asked.partitions, _homes(source.frame_all(session, pin, spec.partition_key), targets, ctx))
+        every = _every_row(session, source, pin, ctx)
+        homes = _homes(every, targets, ctx) if ctx.windowing is None else _window_homes(session, every, targets, ctx)
+        scope = close_scope_with(spec, ctx.kind, asked.partitions, homes)
+        if ctx.windowing is not None:  # in time order (a label's text order is not, where clocks fall back)
+            scope.partitions = list(ctx.windowing.labels([str(p) for p in scope.partitions]))
         ctx.engine.check_partitions(scope.partitions)
         ctx = dataclasses.replace(asked, partitions=scope.partitions, scope=scope)
         if set(ctx.labels) == pinned_for:
@@ -108,7 +176,7 @@ def moved_scope(control: psycopg.Connection, ctx: Context, source: SparkSource, 
                 progress(ProgressEvent("snapshot", f"moved records add partition(s) {', '.join(scope.added)}"))
             return pin, ctx
         pinned_for = set(ctx.labels)
-        pin = source.latest(session, spec.partition_key, ctx.partitions)
+        pin = source.latest(session, spec.partition_key, parts_of(ctx))
     raise SnapshotError(f"source {spec.source_name} kept changing while moved keys' partitions were pinned; plan "
                         "again when its writers are done")
 

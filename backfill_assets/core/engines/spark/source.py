@@ -11,6 +11,7 @@ the same rows.
   without a declared scale are refused (Spark's JDBC reader would make them
   ``decimal(38,18)``, changing their text and failing on large values). A copy is removed
   when a later copy is taken once it is older than ``approval_expires_after`` and a day.
+- A catalog table (``format: spark_table``): core.engines.spark.catalog_source.
 
 Spark's errors name the JDBC URL, which may carry a password: a failure is reported with
 the URL and any ``password=`` value removed, and never chained.
@@ -37,7 +38,7 @@ from backfill_assets.core.lake.parts import Part, part_label
 from backfill_assets.core.pinned.parquet import ParquetSource as _Folder
 from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.pinned.source import spans_in
-from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, SparkTableSpec, Spec
+from backfill_assets.core.spec import JdbcSourceSpec, ParquetSourceSpec, Spec
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 
 if TYPE_CHECKING:
@@ -180,6 +181,7 @@ class JdbcSource(SparkSource):
         self.key = key_column(spec)  # what the copy is partitioned by: the key, or a window's label
         self.labels = label_columns(spec)  # a window's label, which the frame read drops and labels again
         self.copies = staging_dir(spec) / "snapshots"
+        self.without_zone: set[str] = set()  # the columns of time stamps without zone, once read
         # A copy older than an approval may be cannot be applied any more: it is removed when
         # the next copy is taken (a plan that still names it is refused with "plan again").
         self.kept_for = spec.approval_expires_after.total_seconds() + 86400
@@ -232,7 +234,8 @@ class JdbcSource(SparkSource):
                 "a declared scale becomes decimal(38,18); declare numeric(p,s) in the source, or read a view that "
                 "casts it")
         table = sql.Identifier(self.table.schema, self.table.name)
-        if not any(kind == "timestamp without time zone" for _, _, kind, _ in found):
+        self.without_zone = {name for _, name, kind, _ in found if kind == "timestamp without time zone"}
+        if not self.without_zone:
             return table.as_string(None)
         utc = sql.SQL("{} AT TIME ZONE 'UTC' AS {}")
         return sql.SQL("(SELECT {columns} FROM {table}) AS {alias}").format(
@@ -309,100 +312,3 @@ class JdbcSource(SparkSource):
         """By the copy's folders: a value's, or a window's label's."""
         labels = [part_label(v) for v in values]
         return super().signature_at(pin, self.key, labels)
-
-
-class CatalogSource(SparkSource):
-    """A table of the session's catalog, pinned as the files at each planned partition's
-    location (a pinned file that changes or goes breaks the pin; the catalog moving a partition
-    elsewhere since does not: the pinned files are still read)."""
-
-    def __init__(self, spec: Spec) -> None:
-        source = spec.source
-        assert isinstance(source, SparkTableSpec)
-        self.table, self.name, self.partition_key = source.table, source.display_name, spec.partition_key
-
-    def _catalog(self, session: SparkSession) -> Any:
-        from backfill_assets.core.engines.spark.catalog import CatalogTable
-        catalog = CatalogTable(session, self.table, self.partition_key)
-        if not catalog.exists():
-            raise SpecError(f"source {self.name} does not exist in the Spark session's catalog; check source.table "
-                            "and the session's catalog settings (engine.conf)")
-        return catalog
-
-    def locations(self, session: SparkSession, values: Sequence[PartitionValue]) -> dict[str, Path | None]:
-        """Each partition's location in the catalog (None: not there)."""
-        return self._catalog(session).locations(values)
-
-    def newest(self, session: SparkSession) -> Any:
-        catalog = self._catalog(session)
-        if catalog.provider() != "parquet":
-            raise SpecError(f"source {self.name} is a {catalog.provider() or 'non-file'} table; a spark_table source is "
-                            "a Parquet table (USING parquet)")
-        if catalog.partitioned_by() != [self.partition_key]:
-            raise SpecError(f"source {self.name} is partitioned by ({', '.join(catalog.partitioned_by()) or 'nothing'}), "
-                            f"not by the partition key ({self.partition_key})")
-        return session.table(self.table)
-
-    def latest(self, session: SparkSession, partition_key: str, values: Sequence[PartitionValue]) -> Pin:
-        found = []
-        for label, location in self._catalog(session).locations(values).items():
-            if location is None or not location.is_dir():
-                continue
-            found += [(label, p) for p in sorted(location.iterdir())  # every file Spark reads there, whatever its name
-                      if p.is_file() and not p.name.startswith(("_", "."))]
-        digests = self.sha256([p for _, p in found])
-        files = [(f"{label}\t{p}", p.stat().st_size, digests[p]) for label, p in found]
-        return Pin(files_digest(files), tuple(files))
-
-    def unreadable(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> str | None:
-        for entry, size, _ in pin.files:
-            p = Path(entry.split("\t", 1)[1])
-            if not p.is_file():
-                return f"file {p} is gone"
-            if p.stat().st_size != size:
-                return f"file {p} was rewritten"
-        paths = [Path(entry.split("\t", 1)[1]) for entry, _, _ in pin.files]
-        digests = self.sha256(paths)
-        for p, (_, _, digest) in zip(paths, pin.files):
-            if digests[p] != digest:
-                return f"file {p} was rewritten"
-        return None
-
-    def signature_at(self, pin: Pin, partition_key: str, values: Sequence[PartitionValue]) -> dict[str, str]:
-        per: dict[str, list[tuple[str, str]]] = {partition_label(v): [] for v in values}
-        for entry, size, digest in pin.files:
-            label = entry.split("\t", 1)[0]
-            if label in per:
-                per[label].append((f"{size}:{digest}",))
-        return {label: files_digest(sorted(files)) for label, files in per.items()}
-
-    def pinned_labels(self, pin: Pin, partition_key: str) -> set[str]:
-        return {entry.split("\t", 1)[0] for entry, _, _ in pin.files}
-
-    def frame(self, session: SparkSession, pin: Pin) -> Any:
-        from pyspark.sql import functions as F  # noqa: N812
-        if not pin.files:
-            raise SnapshotError(f"source {self.name} has no file in the planned partitions; check the partitions")
-        schema = session.table(self.table).schema
-        data = [f for f in schema.fields if f.name != self.partition_key]
-        key = next(f for f in schema.fields if f.name == self.partition_key)
-        from pyspark.sql.types import StructType
-        by_label: dict[str, list[str]] = {}
-        for entry, _, _ in pin.files:
-            label, path = entry.split("\t", 1)
-            by_label.setdefault(label, []).append(path)
-        frames = [session.read.schema(StructType(data)).parquet(*paths)
-                  .withColumn(self.partition_key, F.lit(label).cast(key.dataType)) for label, paths in by_label.items()]
-        out = frames[0]
-        for f in frames[1:]:
-            out = out.unionByName(f)
-        return out.select(*[f.name for f in schema.fields])
-
-
-def spark_source(spec: Spec) -> SparkSource:
-    """The spec's source."""
-    if isinstance(spec.source, ParquetSourceSpec):
-        return ParquetFolderSource(spec.source, windowed=spec.partition_window is not None)
-    if isinstance(spec.source, SparkTableSpec):
-        return CatalogSource(spec)
-    return JdbcSource(spec)

@@ -9,6 +9,11 @@ A write that finds the partition's location or files changed since it read them 
 before anything is switched (TransientDatabaseError, safe to retry); the verification after the
 switch reads the partition afresh through the catalog. The table must exist, partitioned by the
 partition key, with its partitions in the catalog (a table created with ``PARTITIONED BY``).
+
+With time windows (``partition_window``) the table is partitioned by each window's label, a
+STRING column named after the key and the grain (``created_at_hour``,
+core.engines.spark.windows.key_column) beside the spec's columns: a partition per window, its
+files keeping the time stamp itself, as a Parquet folder target's.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from backfill_assets.core.engines.spark.parquet import _fsync_dir, partition_dir, place_arrow
+from backfill_assets.core.engines.spark.windows import key_column
 from backfill_assets.core.errors import SpecError, TransientDatabaseError
 from backfill_assets.core.fingerprint.kinds import lake_type
 from backfill_assets.core.lake.engine import LakeEngine
+from backfill_assets.core.lake.parts import Part, Span, part_label
 from backfill_assets.core.lake.tables import LakeTable, TableShape, signature
 from backfill_assets.core.vocabulary import PartitionValue, partition_label
 from backfill_assets.core.windows import Windowing
@@ -58,10 +65,11 @@ class Seen:
     table: Any
     partitions: dict[str, tuple[Path | None, tuple]] = field(default_factory=dict)
 
-    def of(self, value: PartitionValue) -> tuple[Path | None, tuple]:
-        label = partition_label(value)
+    def of(self, value: Part) -> tuple[Path | None, tuple]:
+        """(A window is asked for by its label, the value of the table's label column.)"""
+        label = part_label(value)
         if label not in self.partitions:
-            location = self.table.catalog.locations([value])[label]
+            location = self.table.catalog.locations([label if isinstance(value, Span) else value])[label]
             self.partitions[label] = (location, _files(location))
         return self.partitions[label]
 
@@ -83,10 +91,11 @@ def _as_spark_reads(data: pa.Table) -> pa.Table:
 class SparkCatalogTable(LakeTable):
     """One catalog table (see the module docstring). A handle is a :class:`Seen`."""
 
-    def __init__(self, session: SparkSession, name: str, partition_key: str) -> None:
+    def __init__(self, session: SparkSession, name: str, partition_key: str, carried: bool = False) -> None:
         from backfill_assets.core.engines.spark.catalog import CatalogTable
         self.catalog = CatalogTable(session, name, partition_key)
-        self.partition_key = partition_key
+        self.partition_key = partition_key  # what the partitions are keyed by: a value, or a window's label
+        self.carried = carried  # the files keep every column (time windows); else the partition carries the key
         self.name = f"spark_table:{name}"
 
     def shape(self) -> TableShape | None:
@@ -98,6 +107,11 @@ class SparkCatalogTable(LakeTable):
                             "Parquet table (USING parquet)")
         columns, required = [], []
         for f in self.catalog.schema().fields:
+            if self.carried and f.name == self.partition_key:
+                if f.dataType.simpleString() != "string":
+                    raise SpecError(f"{self.name} column {f.name} is {f.dataType.simpleString()}; it holds each time "
+                                    f"window's label, so declare it STRING")
+                continue
             info = column_info(f.name, f.dataType.simpleString())
             if info is None:
                 raise SpecError(f"{self.name} column {f.name} has Spark type {f.dataType.simpleString()}, which has "
@@ -114,20 +128,22 @@ class SparkCatalogTable(LakeTable):
     def version(self, handle: Any) -> str | None:
         return None if handle is None else handle.version
 
-    def read(self, handle: Any, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+    def read(self, handle: Any, column: str, values: Sequence[Part]) -> pa.Table:
         parts = []
         for value in values:
             location, files = (None, ()) if handle is None else handle.of(value)
             tables = [_as_spark_reads(pq.read_table(location / name, coerce_int96_timestamp_unit="us"))
                       for name, _, _ in files if name.endswith(".parquet")] if location is not None else []
-            if tables:
+            if tables and self.carried:  # a window's files hold its rows whole
+                parts.append(pa.concat_tables(tables, promote_options="permissive"))
+            elif tables:
                 data = pa.concat_tables(tables, promote_options="permissive")
                 if column in data.column_names:
                     data = data.drop_columns([column])
                 parts.append(data.append_column(column, pa.array([value] * data.num_rows)))
         return pa.concat_tables(parts, promote_options="permissive") if parts else pa.table({})
 
-    def read_version(self, version: str | None, column: str, values: Sequence[PartitionValue]) -> pa.Table:
+    def read_version(self, version: str | None, column: str, values: Sequence[Part]) -> pa.Table:
         """The partitions as the catalog points at them now, read afresh."""
         return self.read(self.open(), column, values)
 
@@ -135,9 +151,8 @@ class SparkCatalogTable(LakeTable):
         raise SpecError("records_can_move is not supported on a spark_table target")
 
     def create(self, schema: pa.Schema, partition_key: str, windowing: Windowing | None = None) -> str | None:
-        raise SpecError(f"{self.name} does not exist; create it first, partitioned by {partition_key} "
-                        "(CREATE TABLE ... USING parquet PARTITIONED BY (...)), so that its location and format "
-                        "are yours")
+        raise SpecError(f"{self.name} does not exist; {create_first(partition_key, self.partition_key)}, so that "
+                        "its location and format are yours")
 
     def close(self) -> None:
         pass
@@ -159,13 +174,13 @@ class SparkCatalogTable(LakeTable):
 
     SIGNAL = "catalog location and files"
 
-    def partition_signatures(self, handle: Any, column: str, values: Sequence[PartitionValue],
+    def partition_signatures(self, handle: Any, column: str, values: Sequence[Part],
                              version: str | None = None) -> dict[str, str | None] | None:
         """Each partition's location in the catalog and its files with their sizes and
         modification times (a catalog table keeps no versions: None with ``version``)."""
         if version is not None:
             return None
-        return {partition_label(v): signature(*((None, ()) if handle is None else handle.of(v))) for v in values}
+        return {part_label(v): signature(*((None, ()) if handle is None else handle.of(v))) for v in values}
 
     def versions_after(self, handle: Any, version: str) -> list[str] | None:
         return None  # a catalog table keeps no versions
@@ -263,10 +278,24 @@ class SparkTableEngine(LakeEngine):
         state = inspection.target_table
         if state is not None and not state.exists:
             inspection.problems.append(
-                f"{state.table} does not exist; create it first, partitioned by {self.spec.partition_key} "
-                "(CREATE TABLE ... USING parquet PARTITIONED BY (...))")
+                f"{state.table} does not exist; {create_first(self.spec.partition_key, key_column(self.spec))}")
 
     def table(self, conn: psycopg.Connection | None) -> LakeTable:
         from backfill_assets.core.engines.spark.session import session_for
         target = self.spec.target
-        return SparkCatalogTable(session_for(self.spec), target.table, self.spec.partition_key)  # type: ignore[union-attr]
+        return SparkCatalogTable(session_for(self.spec), target.table, key_column(self.spec),  # type: ignore[union-attr]
+                                 carried=self.spec.partition_window is not None)
+
+    def window_partitioning(self, windowing: Windowing, shape: TableShape | None) -> list[str]:
+        """A partition per window, keyed by its label (``created_at_hour``)."""
+        return [key_column(self.spec)]
+
+
+def create_first(partition_key: str, key: str) -> str:
+    """What to create: a table partitioned by the key, or by the windows' label column."""
+    if key == partition_key:
+        return (f"create it first, partitioned by {partition_key} "
+                "(CREATE TABLE ... USING parquet PARTITIONED BY (...))")
+    return (f"create it first with the spec's columns and {key} STRING, partitioned by {key} "
+            f"(CREATE TABLE ... ({partition_key} TIMESTAMP, ..., {key} STRING) USING parquet PARTITIONED BY ({key})): "
+            f"a partition per time window, named by its label")

@@ -2,8 +2,10 @@
 (core.pinned.watch asks them; a Parquet folder is watched as a lake source):
 
 - a catalog table (``format: spark_table``): per partition, its location and the names and
-  sizes of the files there, from the catalog and a listing (no file read); the pin recorded
-  the same files, with their SHA-256, which approval and apply check again;
+  sizes of the files there, from the catalog and a listing (no file read; a time window's
+  files are those whose footers' statistics can hold its rows, every partition's location
+  listed and each file's footer read); the pin recorded the same files, with their SHA-256,
+  which approval and apply check again;
 - a JDBC source with ``change_column``: per partition, its row count and newest change value,
   as the PostgreSQL engine's second gate reads them (core.engines.postgres.watch): now from the
   database (one aggregate the JDBC reader pushes down to it), at the pin from the pinned copy's
@@ -22,17 +24,27 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from backfill_assets.core.catalog import partition_kind_of, windowing_of
+from backfill_assets.core.engines.spark.catalog_source import CatalogSource
 from backfill_assets.core.engines.spark.session import column_info
-from backfill_assets.core.engines.spark.source import CatalogSource, JdbcSource, SparkSource
+from backfill_assets.core.engines.spark.source import JdbcSource, SparkSource
 from backfill_assets.core.engines.spark.windows import key_column, labelled, restricted, windows_frame
 from backfill_assets.core.lake.lake_files import files_digest
-from backfill_assets.core.lake.parts import span_of
+from backfill_assets.core.lake.parts import Part, Span, span_of
 from backfill_assets.core.pinned.pins import Pin
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.vocabulary import PartitionKind, PartitionValue, partition_label
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+def _spans(spec: Spec, frame: Any, values: Sequence[PartitionValue]) -> list[Span]:
+    """The windows ``values`` (labels) as the source's column holds their bounds."""
+    field = next(f for f in frame.schema.fields if f.name == spec.partition_key)
+    info = column_info(field.name, field.dataType.simpleString())
+    assert info is not None
+    windowing = windowing_of(spec, info)
+    return [span_of(windowing, str(v)) for v in values]
 
 
 def _kind(frame: Any, partition_key: str) -> PartitionKind:
@@ -49,9 +61,15 @@ class CatalogSignatures:
         self.spec, self.source, self.session = spec, source, session
 
     def kind(self) -> PartitionKind:
+        if self.spec.partition_window is not None:
+            return "text"  # windows are named by their labels
         return _kind(self.source.schema_frame(self.session), self.spec.partition_key)
 
     def now(self, values: Sequence[PartitionValue]) -> dict[str, str]:
+        if self.spec.partition_window is not None:
+            spans = _spans(self.spec, self.source.schema_frame(self.session), values)
+            return {label: files_digest([(str(p), str(p.stat().st_size)) for _, p in held])
+                    for label, held in self.source.window_files(self.session, spans).items()}
         out = {}
         for label, location in self.source.locations(self.session, values).items():
             files = [] if location is None or not location.is_dir() else [
@@ -61,12 +79,11 @@ class CatalogSignatures:
         return out
 
     def at(self, pin: Pin, values: Sequence[PartitionValue]) -> dict[str, str]:
-        per: dict[str, list[tuple[str, str]]] = {partition_label(v): [] for v in values}
-        for entry, size, _ in pin.files:
-            label, path = entry.split("\t", 1)
-            if label in per:
-                per[label].append((path, str(size)))
-        return {label: files_digest(sorted(files)) for label, files in per.items()}
+        parts: Sequence[Part] = values
+        if self.spec.partition_window is not None:
+            parts = _spans(self.spec, self.source.schema_frame(self.session), values)
+        return {label: files_digest(sorted((path, str(size)) for path, size, _ in held))
+                for label, held in self.source.pinned_per_part(pin, parts).items()}
 
 
 def _newest_text(value: Any) -> str:
@@ -92,11 +109,7 @@ class JdbcSignatures:
             newest = F.unix_micros(newest)
         pk = self.spec.partition_key
         if self.spec.partition_window is not None:  # each row of the windows by its window's label
-            field = next(f for f in frame.schema.fields if f.name == pk)
-            info = column_info(field.name, field.dataType.simpleString())
-            assert info is not None
-            windowing = windowing_of(self.spec, info)
-            spans = [span_of(windowing, str(v)) for v in values]
+            spans = _spans(self.spec, frame, values)
             least, most = min(w.start for w in spans), max(w.end for w in spans)
             key = key_column(self.spec)
             windows = windows_frame(self.session, spans, key)

@@ -69,3 +69,26 @@ def labelled(frame: DataFrame, column: str, windows: DataFrame) -> DataFrame:
     """``frame`` with each row's window label (NULL outside ``windows``)."""
     from pyspark.sql import functions as F  # noqa: N812
     return frame.join(F.broadcast(windows), _in(column), "left").drop(_LO, _HI)
+
+
+def outside(frame: DataFrame, column: str, windows: DataFrame) -> DataFrame:
+    """The rows of ``frame`` whose ``column`` lies in none of ``windows`` (a NULL one included)."""
+    from pyspark.sql import functions as F  # noqa: N812
+    return frame.join(F.broadcast(windows), _in(column), "left_anti")
+
+
+def collectable(frame: DataFrame, column: str) -> Any:
+    """``column`` as the driver can read it exactly: a ``timestamp`` (an instant) as its
+    microseconds since the epoch (PySpark would make it a clock reading in the driver's own
+    zone), anything else as it is (a ``timestamp_ntz`` is a clock reading already)."""
+    from pyspark.sql import functions as F  # noqa: N812
+    kind = dict(frame.dtypes)[column]
+    return F.unix_micros(F.col(column)) if kind == "timestamp" else F.col(column)
+
+
+def collected(value: Any, micros: bool) -> Any:
+    """A value :func:`collectable` gave back as the column's value (an instant in UTC)."""
+    import datetime as dt
+    if micros and value is not None:
+        return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=value)
+    return value

@@ -53,3 +53,44 @@ def test_a_new_key_adds_its_partition_and_a_moved_key_refuses_the_plan_before_an
     assert again.status == "refused"
     assert any("moved keys link partitions 2024-01-01, 2024-01-03" in p for p in again.problems), again.problems
     assert (_ids(tmp_path, 1), _ids(tmp_path, 3)) == ([5], [7, 8])
+
+
+def test_a_time_stamp_that_moves_to_another_hour_is_a_moved_record(tmp_path, spark, factory, url_env):
+    """With hourly windows a key's newest time stamp decides its window: a key whose newest
+    version lies in an hour not asked for adds that hour; once written, a key re-timed into
+    another hour links the two, and the plan is refused before anything moves."""
+    import pyarrow.parquet as pq
+
+    from backfill_assets_tests.support.windows import events_spec, events_table, utc
+    folder = tmp_path / "events_raw"
+    folder.mkdir()
+    rows = [(5, utc(2024, 11, 3, 4, 10), utc(2024, 11, 4), 1, "1.00", "midnight hour"),
+            (7, utc(2024, 11, 3, 4, 30), utc(2024, 11, 4), 1, "2.00", "first version, midnight hour"),
+            (7, utc(2024, 11, 3, 7, 15), utc(2024, 11, 5), 1, "3.00", "re-timed to 02:00 EST")]
+    pq.write_table(events_table(rows), folder / "part-0.parquet")
+    spec = events_spec(engine={"type": "spark", "staging": str(tmp_path / "staging")},
+                       source={"format": "parquet", "location": str(folder)},
+                       target={"format": "parquet", "location": str(tmp_path / "events")}, records_can_move=True)
+    first = plan_module.make_plan(spec, PartitionRequest("2024-11-03T00:00-0400"), factory)
+    assert first.status == "ready", first.problems
+    assert [a.partition for a in first.document.added_partitions] == ["2024-11-03T02:00-0500"]
+    assert "the newest version of key (event_id=7) is here" in " ".join(first.document.added_partitions[0].reasons)
+    assert {e.partition: e.stage_a.row_count for e in first.document.partitions} == {
+        "2024-11-03T00:00-0400": 1, "2024-11-03T02:00-0500": 1}
+    with factory() as conn:
+        approve_plan(conn, factory, spec, first, "tester")
+    assert {p["status"] for p in apply_plan(spec, first.plan_id, factory, run_id="run-1").partitions} == {"verified"}
+
+    def ids(hour: str) -> list[int]:
+        directory = tmp_path / "events" / f"created_at_hour={hour.replace(':', '%3A')}"
+        return sorted(r["event_id"] for p in directory.glob("*.parquet") for r in pq.read_table(p).to_pylist())
+
+    assert (ids("2024-11-03T00:00-0400"), ids("2024-11-03T02:00-0500")) == ([5], [7])
+    # Event 5 re-timed to 02:00 EST: both hours must switch together, which a folder cannot do.
+    pq.write_table(events_table([(5, utc(2024, 11, 3, 7, 20), utc(2024, 11, 6), 1, "4.00", "re-timed")]),
+                   folder / "part-1.parquet")
+    again = plan_module.make_plan(spec, PartitionRequest("2024-11-03T00:00-0400"), factory)
+    assert again.status == "refused"
+    assert any("moved keys link partitions 2024-11-03T00:00-0400, 2024-11-03T02:00-0500" in p
+               for p in again.problems), again.problems
+    assert (ids("2024-11-03T00:00-0400"), ids("2024-11-03T02:00-0500")) == ([5], [7])

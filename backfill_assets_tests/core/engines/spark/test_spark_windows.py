@@ -1,6 +1,7 @@
 """Time windows on engine spark, in a real local session: the hours of New York over the night
-its clocks fall back, from a PostgreSQL table read over JDBC and from a Parquet folder, into a
-Parquet folder target with a folder per window; the rows equal the naive newest-wins per window,
+its clocks fall back, from a PostgreSQL table read over JDBC, a Parquet folder and a catalog
+table, into a Parquet folder target with a folder per window or a catalog table with a
+partition per window; the rows equal the naive newest-wins per window,
 and the hashes equal engine postgres's for the same rows."""
 
 from __future__ import annotations
@@ -84,13 +85,94 @@ def test_hours_from_a_parquet_folder_into_a_folder_per_window(tmp_path, spark, c
     assert [p["partition"] for p in again.partitions if p["status"] == "verified"] == ["2024-11-03T01:00-0500"]
 
 
-def test_windows_with_a_catalog_table_or_moving_records_are_refused_on_engine_spark(tmp_path):
-    with pytest.raises(SpecError, match="partition_window with a spark_table target is not built yet"):
-        events_spec(engine={"type": "spark"}, source={"format": "parquet", "location": str(tmp_path)},
-                    target={"format": "spark_table", "table": "db.events"})
-    with pytest.raises(SpecError, match="partition_window needs a Parquet or JDBC source on engine spark"):
-        events_spec(engine={"type": "spark"}, source={"format": "spark_table", "table": "db.raw"},
-                    target={"format": "parquet", "location": str(tmp_path)})
+_EVENTS_DDL = ("created_at TIMESTAMP, event_id BIGINT, updated_at TIMESTAMP, seq INT, amount DECIMAL(12,2), "
+               "note STRING")
+
+
+def _catalog_rows(spark, table: str, column: str) -> dict[str, list[tuple]]:
+    """A catalog table's rows by the value of its partition column (time stamps, which Spark
+    gives in the session's zone, UTC, as instants)."""
+    import datetime as dt
+
+    def instant(v):
+        return v.replace(tzinfo=dt.timezone.utc) if isinstance(v, dt.datetime) else v
+
+    out: dict[str, list[tuple]] = {}
+    for r in spark.table(table).collect():
+        out.setdefault(r[column], []).append(tuple(instant(r[c]) for c in EVENT_COLUMNS))
+    return {k: sorted(v, key=lambda row: row[1]) for k, v in out.items()}
+
+
+def test_hours_from_a_catalog_table_into_a_catalog_table_partitioned_by_their_labels(
+        tmp_path, spark, conn, factory, url_env):
+    """A source catalog table partitioned by the day its rows arrived (a window's rows in both
+    partitions, one written with Spark's old INT96 time stamps, whose files have no statistics
+    to prune by), into a target partitioned by each hour's label; the rows equal the naive
+    newest-wins, the hashes engine postgres's; a late row is requested by the sensor and
+    replaced alone."""
+    import uuid
+
+    from backfill_assets.core.build import open_build_engine
+    raw, hourly = f"raw_{uuid.uuid4().hex[:8]}", f"hourly_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE {raw} ({_EVENTS_DDL}, ingest_day DATE) USING parquet PARTITIONED BY (ingest_day) "
+              f"LOCATION '{tmp_path / raw}'")
+    spark.sql(f"CREATE TABLE {hourly} ({_EVENTS_DDL}, created_at_hour STRING) USING parquet "
+              f"PARTITIONED BY (created_at_hour) LOCATION '{tmp_path / hourly}'")
+
+    def insert(rows, day: str, stamps: str) -> None:
+        spark.conf.set("spark.sql.parquet.outputTimestampType", stamps)
+        frame = spark.createDataFrame(events_table(rows).to_pandas()).selectExpr(
+            *EVENT_COLUMNS, f"DATE'{day}' AS ingest_day")
+        frame.select(*spark.table(raw).columns).write.insertInto(raw)
+
+    insert(FALL[:4], "2024-11-03", "INT96")
+    insert(FALL[4:], "2024-11-04", "TIMESTAMP_MICROS")
+    spec = events_spec(engine={"type": "spark", "staging": str(tmp_path / "staging")},
+                       source={"format": "spark_table", "table": raw},
+                       target={"format": "spark_table", "table": hourly}, change_column=None)
+    plan, result = plan_approve_apply(conn, factory, spec, "2024-11-03")
+    labels = [p.partition for p in plan.document.partitions]
+    expected = {label: rows for label, rows in naive_newest(FALL, HOURS, labels).items() if rows}
+    assert len(labels) == 25 and sorted(p["partition"] for p in result.partitions if p["status"] == "verified") == \
+        sorted(expected)  # an empty window's target partition is already what it must be
+    assert _catalog_rows(spark, hourly, "created_at_hour") == expected
+    create_events(conn, FALL)
+    pg = make_plan(events_spec(), PartitionRequest("2024-11-03"), factory)
+    assert {p.partition: p.stage_a for p in pg.document.partitions} == {
+        p.partition: p.stage_a for p in plan.document.partitions}
+
+    def tick():
+        with factory() as c, open_build_engine(c, factory, spec) as engine:
+            return engine.source_moves(None, None)
+
+    assert tick().changed == {}
+    late = (8, utc(2024, 11, 3, 9, 15), utc(2024, 11, 6), 1, "12.00", "late")
+    insert([late], "2024-11-06", "TIMESTAMP_MICROS")
+    assert list(tick().changed) == ["2024-11-03T04:00-0500"]
+    _, again = plan_approve_apply(conn, factory, spec, "2024-11-03", run_id="r2")
+    assert [p["partition"] for p in again.partitions if p["status"] == "verified"] == ["2024-11-03T04:00-0500"]
+    expected = {label: rows for label, rows in naive_newest([*FALL, late], HOURS, labels).items() if rows}
+    assert _catalog_rows(spark, hourly, "created_at_hour") == expected
+
+
+def test_a_catalog_target_for_windows_must_be_partitioned_by_a_text_label(tmp_path, spark, conn, factory, url_env):
+    import uuid
+    folder = tmp_path / "events_raw"
+    folder.mkdir()
+    pq.write_table(events_table(FALL), folder / "part-0.parquet")
+    wrong = f"hourly_{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE {wrong} ({_EVENTS_DDL}, day DATE) USING parquet PARTITIONED BY (day) "
+              f"LOCATION '{tmp_path / wrong}'")
+    spec = events_spec(engine={"type": "spark", "staging": str(tmp_path / "staging")},
+                       source={"format": "parquet", "location": str(folder)},
+                       target={"format": "spark_table", "table": wrong})
+    with pytest.raises(SpecError, match=r"partitioned by \(day\), not by \(created_at_hour\)"):
+        make_plan(spec, PartitionRequest("2024-11-03"), factory)
+    missing = events_spec(engine={"type": "spark", "staging": str(tmp_path / "staging")},
+                          source={"format": "parquet", "location": str(folder)},
+                          target={"format": "spark_table", "table": "no_such_hourly"})
+    with pytest.raises(SpecError, match="created_at_hour STRING, partitioned by created_at_hour"):
+        make_plan(missing, PartitionRequest("2024-11-03"), factory)
 
 
 def test_a_late_row_over_jdbc_is_found_by_the_sensor_in_its_window_alone_and_profile_matches_postgres(
@@ -151,3 +233,37 @@ def test_days_of_both_clock_changes_into_a_folder_per_day_equal_postgres(tmp_pat
     pg = make_plan(events_spec(partition_window=days), PartitionRequest(DST_DAY_REQUEST), factory)
     assert {p.partition: p.stage_a for p in pg.document.partitions} == {
         p.partition: p.stage_a for p in plan.document.partitions}
+
+
+def test_a_timestamp_without_time_zone_over_jdbc_is_refused_and_a_view_in_its_zone_equals_postgres_windows(
+        tmp_path, spark, conn, factory, url_env, db_url, monkeypatch):
+    """Engine spark reads a `timestamp` column over JDBC as the instant its clock shows in UTC,
+    so windowing it would lose the zone its clock reads in: refused, naming the view to read
+    instead; through that view, the windows hold the rows engine postgres puts in them when it
+    reads the column in its declared zone."""
+    import datetime as dt
+    rows = [
+        (1, dt.datetime(2024, 3, 10, 4, 59, 59, 999999), utc(2024, 3, 11), 1, "1.00", "23:59:59.999999 EST, 9 March"),
+        (2, dt.datetime(2024, 3, 10, 5, 0), utc(2024, 3, 11), 1, "2.00", "midnight, 10 March"),
+        (3, dt.datetime(2024, 3, 11, 3, 59, 59), utc(2024, 3, 11), 1, "3.00", "23:59:59 EDT, 10 March"),
+        (4, dt.datetime(2024, 3, 11, 4, 0), utc(2024, 3, 11), 1, "4.00", "midnight, 11 March"),
+    ]
+    create_events(conn, rows, "timestamp")
+    conn.execute("CREATE VIEW public.events_utc AS SELECT created_at AT TIME ZONE 'UTC' AS created_at, event_id, "
+                 "updated_at, seq, amount, note FROM public.events_raw")
+    conn.commit()
+    days = {"every": "day", "time_zone": "America/New_York"}
+    with jdbc_url(db_url.reveal()) as url:
+        monkeypatch.setenv(JDBC_ENV, url)
+        raw = _spec(tmp_path / "raw", {"format": "jdbc", "table": "public.events_raw", "url_env": JDBC_ENV},
+                    partition_window={**days, "column_time_zone": "UTC"})
+        with pytest.raises(SpecError, match="created_at AT TIME ZONE '<its zone>' AS created_at"):
+            make_plan(raw, PartitionRequest("2024-03-09..2024-03-11"), factory)
+        view = _spec(tmp_path / "view", {"format": "jdbc", "table": "public.events_utc", "url_env": JDBC_ENV},
+                     partition_window=days)
+        ours = make_plan(view, PartitionRequest("2024-03-09..2024-03-11"), factory)
+    theirs = make_plan(events_spec(partition_window={**days, "column_time_zone": "UTC"}),
+                       PartitionRequest("2024-03-09..2024-03-11"), factory)
+    counts = {p.partition: p.stage_a.row_count for p in ours.document.partitions}
+    assert counts == {p.partition: p.stage_a.row_count for p in theirs.document.partitions}
+    assert counts == {"2024-03-09": 1, "2024-03-10": 2, "2024-03-11": 1}

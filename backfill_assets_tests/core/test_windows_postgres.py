@@ -31,6 +31,7 @@ from backfill_assets_tests.support.source_writes import settle
 from backfill_assets_tests.support.windows import (
     EVENT_COLUMNS,
     FALL,
+    UTC_CLOCK_ROWS,
     create_events,
     events_spec,
     naive_newest,
@@ -90,13 +91,7 @@ def test_hours_of_a_fall_back_day_plan_approve_and_apply_as_the_naive_newest_win
 def test_a_timestamp_without_time_zone_is_read_in_its_declared_zone_by_days_of_another(conn, factory, url_env):
     """A `timestamp` column holding UTC clock readings, windowed by New York days: the spring
     day (2024-03-10) is 23 hours, and a row a microsecond before 05:00 UTC is still 9 March."""
-    rows = [
-        (1, dt.datetime(2024, 3, 10, 4, 59, 59, 999999), utc(2024, 3, 11), 1, "1.00", "23:59:59.999999 EST, 9 March"),
-        (2, dt.datetime(2024, 3, 10, 5, 0), utc(2024, 3, 11), 1, "2.00", "midnight, 10 March"),
-        (3, dt.datetime(2024, 3, 11, 3, 59, 59), utc(2024, 3, 11), 1, "3.00", "23:59:59 EDT, 10 March"),
-        (4, dt.datetime(2024, 3, 11, 4, 0), utc(2024, 3, 11), 1, "4.00", "midnight, 11 March"),
-    ]
-    create_events(conn, rows, "timestamp")
+    create_events(conn, UTC_CLOCK_ROWS, "timestamp")
     spec = _spec(partition_window={"every": "day", "time_zone": "America/New_York", "column_time_zone": "UTC"})
     plan, result = plan_approve_apply(conn, factory, spec, "2024-03-09..2024-03-11")
     counts = {p["partition"]: p["stage_a"]["row_count"] for p in plan.as_json()["partitions"]}

@@ -102,6 +102,15 @@ DST_DAYS = [
 ]
 DST_DAY_REQUEST = "2024-03-09..2024-03-11,2024-11-03"
 
+# A `timestamp` column's clock readings in UTC around New York's spring day (23 hours): by New
+# York's days, one row on 9 March, two on 10 March, one on 11 March.
+UTC_CLOCK_ROWS = [
+    (1, dt.datetime(2024, 3, 10, 4, 59, 59, 999999), utc(2024, 3, 11), 1, "1.00", "23:59:59.999999 EST, 9 March"),
+    (2, dt.datetime(2024, 3, 10, 5, 0), utc(2024, 3, 11), 1, "2.00", "midnight, 10 March"),
+    (3, dt.datetime(2024, 3, 11, 3, 59, 59), utc(2024, 3, 11), 1, "3.00", "23:59:59 EDT, 10 March"),
+    (4, dt.datetime(2024, 3, 11, 4, 0), utc(2024, 3, 11), 1, "4.00", "midnight, 11 March"),
+]
+
 
 _CREATE = sql.SQL("CREATE TABLE {} (created_at {}, event_id bigint, updated_at timestamptz, seq int, "
                   "amount numeric(12,2), note text)")

@@ -19,6 +19,7 @@ from backfill_assets_tests.support.windows import (
     EVENT_COLUMNS,
     FALL,
     NY_HOURS,
+    UTC_CLOCK_ROWS,
     create_events,
     events_spec,
     events_table,
@@ -103,6 +104,10 @@ def _catalog_rows(spark, table: str, column: str) -> dict[str, list[tuple]]:
     return {k: sorted(v, key=lambda row: row[1]) for k, v in out.items()}
 
 
+# The fall-back night's first six hours (the repeated one twice), the late row's among them.
+SIX_HOURS = "2024-11-03T00:00-0400..2024-11-03T04:00-0500"
+
+
 def test_hours_from_a_catalog_table_into_a_catalog_table_partitioned_by_their_labels(
         tmp_path, spark, conn, factory, url_env):
     """A source catalog table partitioned by the day its rows arrived (a window's rows in both
@@ -130,14 +135,14 @@ def test_hours_from_a_catalog_table_into_a_catalog_table_partitioned_by_their_la
     spec = events_spec(engine={"type": "spark", "staging": str(tmp_path / "staging")},
                        source={"format": "spark_table", "table": raw},
                        target={"format": "spark_table", "table": hourly}, change_column=None)
-    plan, result = plan_approve_apply(conn, factory, spec, "2024-11-03")
+    plan, result = plan_approve_apply(conn, factory, spec, SIX_HOURS)
     labels = [p.partition for p in plan.document.partitions]
     expected = {label: rows for label, rows in naive_newest(FALL, HOURS, labels).items() if rows}
-    assert len(labels) == 25 and sorted(p["partition"] for p in result.partitions if p["status"] == "verified") == \
+    assert len(labels) == 6 and sorted(p["partition"] for p in result.partitions if p["status"] == "verified") == \
         sorted(expected)  # an empty window's target partition is already what it must be
     assert _catalog_rows(spark, hourly, "created_at_hour") == expected
     create_events(conn, FALL)
-    pg = make_plan(events_spec(), PartitionRequest("2024-11-03"), factory)
+    pg = make_plan(events_spec(), PartitionRequest(SIX_HOURS), factory)
     assert {p.partition: p.stage_a for p in pg.document.partitions} == {
         p.partition: p.stage_a for p in plan.document.partitions}
 
@@ -149,7 +154,7 @@ def test_hours_from_a_catalog_table_into_a_catalog_table_partitioned_by_their_la
     late = (8, utc(2024, 11, 3, 9, 15), utc(2024, 11, 6), 1, "12.00", "late")
     insert([late], "2024-11-06", "TIMESTAMP_MICROS")
     assert list(tick().changed) == ["2024-11-03T04:00-0500"]
-    _, again = plan_approve_apply(conn, factory, spec, "2024-11-03", run_id="r2")
+    _, again = plan_approve_apply(conn, factory, spec, SIX_HOURS, run_id="r2")
     assert [p["partition"] for p in again.partitions if p["status"] == "verified"] == ["2024-11-03T04:00-0500"]
     expected = {label: rows for label, rows in naive_newest([*FALL, late], HOURS, labels).items() if rows}
     assert _catalog_rows(spark, hourly, "created_at_hour") == expected
@@ -241,14 +246,7 @@ def test_a_timestamp_without_time_zone_over_jdbc_is_refused_and_a_view_in_its_zo
     so windowing it would lose the zone its clock reads in: refused, naming the view to read
     instead; through that view, the windows hold the rows engine postgres puts in them when it
     reads the column in its declared zone."""
-    import datetime as dt
-    rows = [
-        (1, dt.datetime(2024, 3, 10, 4, 59, 59, 999999), utc(2024, 3, 11), 1, "1.00", "23:59:59.999999 EST, 9 March"),
-        (2, dt.datetime(2024, 3, 10, 5, 0), utc(2024, 3, 11), 1, "2.00", "midnight, 10 March"),
-        (3, dt.datetime(2024, 3, 11, 3, 59, 59), utc(2024, 3, 11), 1, "3.00", "23:59:59 EDT, 10 March"),
-        (4, dt.datetime(2024, 3, 11, 4, 0), utc(2024, 3, 11), 1, "4.00", "midnight, 11 March"),
-    ]
-    create_events(conn, rows, "timestamp")
+    create_events(conn, UTC_CLOCK_ROWS, "timestamp")
     conn.execute("CREATE VIEW public.events_utc AS SELECT created_at AT TIME ZONE 'UTC' AS created_at, event_id, "
                  "updated_at, seq, amount, note FROM public.events_raw")
     conn.commit()

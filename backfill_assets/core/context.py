@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -174,8 +174,9 @@ class Target(Protocol):
 class TransformGuard(Protocol):
     """A build engine's guard of ``transform_sql``, as a target's inspection asks it."""
 
-    def parsed(self, text: str) -> str:
-        """The transform re-printed, if the guard's parser accepts it (TransformError)."""
+    def parsed(self, text: str, inputs: Collection[str] = ()) -> str:
+        """The transform re-printed, if the guard's parser accepts it (TransformError); it may
+        read ``source`` and the spec's ``inputs`` by name."""
         ...
 
     def check(self, conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:

@@ -46,6 +46,10 @@ class SourceDataError(BackfillError):
         super().__init__(f"{text}. {hint}")
 
 
+class TiedRowsError(SourceDataError):
+    """Rows that tie on every ordering column within a key, yet differ (core.planning)."""
+
+
 class LakeValueError(SourceDataError):
     """A value a lake column cannot hold exactly, or whose PostgreSQL text cannot be rendered
     from Arrow: NaN in a numeric(p,s), an infinite or BC date or time stamp, a year after 9999."""

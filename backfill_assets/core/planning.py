@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 import psycopg
 
 from backfill_assets.core.context import Context
-from backfill_assets.core.errors import ApprovalError, SourceDataError, VerificationError
+from backfill_assets.core.errors import ApprovalError, SourceDataError, TiedRowsError, VerificationError
 from backfill_assets.core.fingerprint.identity import PLAN_FORMAT, sha256_hex
 from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.fingerprint.rows import Fingerprint, Reading
@@ -264,7 +264,7 @@ def _refuse_ties(spec: Spec, ties: Ties, wording: SourceWording) -> None:
         return
     ordering = ", ".join(o.column for o in spec.ordering)
     if wording == "database":
-        raise SourceDataError(
+        raise TiedRowsError(
             f"{ties.keys} key(s) have rows that tie on every ordering column ({ordering}) but differ, "
             "so newest-wins would pick one by chance",
             "Add a final tiebreak column to `ordering` (run `backfill-assets profile` to find one); do not guess",
@@ -272,7 +272,7 @@ def _refuse_ties(spec: Spec, ties: Ties, wording: SourceWording) -> None:
              + f"key ({', '.join(f'{c}={v}' for c, v in zip(spec.business_key, t.key))}): {t.rows} different rows"
              for t in ties.examples],
         )
-    raise SourceDataError(
+    raise TiedRowsError(
         f"rows tie on every ordering column ({ordering}) within a key but differ, so newest-wins would "
         "pick one of them by chance", "Add a final tiebreak column to ordering (an ingest sequence, a unique id)",
         [", ".join(f"{k}={v}" for k, v in zip([*[spec.partition_key] * len(t.scope), *spec.business_key],

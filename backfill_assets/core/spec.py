@@ -37,6 +37,7 @@ from backfill_assets.core.spec_formats import (
     SparkTableSpec,
     TargetSpec,
 )
+from backfill_assets.core.spec_inputs import InputSpec, input_problems
 from backfill_assets.core.spec_settings import (
     DEFAULT_APPROVAL_EXPIRY,
     DEFAULT_ENGINE_SPEC,
@@ -62,6 +63,7 @@ __all__ = [
     "DeltaSourceSpec",
     "DeltaTargetSpec",
     "Duration",
+    "InputSpec",
     "EngineSpec",
     "IcebergCatalogSpec",
     "IcebergSourceSpec",
@@ -112,6 +114,8 @@ class Spec(BaseModel):
     records_can_move: bool = False
     transform_version: Annotated[str, Field(min_length=1, max_length=200)]
     transform_sql: str | None = None
+    # Other tables transform_sql reads by name beside 'source', each pinned with it (core.spec_inputs).
+    inputs: dict[Identifier, InputSpec] = {}
     control_schema: Identifier = "backfill_control"
     partitions: PartitionsSpec | None = None
     parallel: ParallelSpec | None = None
@@ -132,7 +136,12 @@ class Spec(BaseModel):
 
     @pydantic.model_validator(mode="after")
     def _parts_agree(self) -> Spec:
-        problems = [*self._column_problems(), *self._engine_problems(), *self._option_problems()]
+        problems = [*self._column_problems(), *self._engine_problems(), *self._option_problems(),
+                    *input_problems(self.inputs, self.transform_sql,
+                                    self.source.display_name if isinstance(self.source, SourceSpec) else None)]
+        if self.inputs and isinstance(self.source, SourceSpec) and self.source.snapshot != "exported":
+            problems.append(f"inputs are read in the source's exported snapshot; `snapshot: {self.source.snapshot}` "
+                            "with inputs is not built yet: use `snapshot: exported` (the default)")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -28,7 +28,7 @@ DEFAULT_ENGINE = ENGINE_TYPES[0]
 
 # The spec options not every engine takes; a spec uses one when it sets it (true, present,
 # non-zero, non-empty).
-OPTIONS = ("records_can_move", "parallel", "replace_batch_rows", "trusted_functions", "partition_window")
+OPTIONS = ("records_can_move", "parallel", "replace_batch_rows", "trusted_functions", "partition_window", "inputs")
 
 # How the messages name a format in prose; any other is named by its key.
 FORMAT_NAMES = {"postgres": "PostgreSQL", "delta": "Delta", "iceberg": "Iceberg", "parquet": "Parquet",
@@ -88,6 +88,7 @@ CAPABILITIES = {
     "replace_batch_rows": "small partitions replaced in batches (`replace_batch_rows`)",
     "trusted_functions": "the user's own functions in a transform (`trusted_functions`)",
     "partition_window": "partitions that are time windows of a time stamp (`partition_window`)",
+    "inputs": "a transform over several inputs, each pinned (`inputs`)",
     "source_sensor": "source sensor",
     "audit": "`audit`: each verified partition checked against its verification, a metadata signal first",
     "memory": "memory within the engine's limit",

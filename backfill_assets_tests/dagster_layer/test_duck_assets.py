@@ -110,7 +110,7 @@ def test_a_tie_in_the_lake_source_fails_the_stages_and_plans_nothing(db_url, tmp
     assert not run.success
     failure = next(e for e in run.all_events if e.event_type_value == "STEP_FAILURE")
     error = failure.event_specific_data.error
-    assert error.cause.cls_name == "SourceDataError" and "tie on every ordering column" in error.cause.message
+    assert error.cause.cls_name == "TiedRowsError" and "tie on every ordering column" in error.cause.message
     assert not [e for e in run.get_asset_check_evaluations() if e.check_name == "stages_match"]
 
 

@@ -26,17 +26,23 @@ TARGETS = {
 }
 OPTION_VALUES = {"records_can_move": True, "parallel": {**PARALLEL, "max_concurrent_builds": 1}, "replace_batch_rows": 1000,
                  "trusted_functions": [{"name": "public.f", "reason": "its result depends on its argument alone"}],
-                 "partition_window": {"every": "day", "time_zone": "UTC"}}
+                 "partition_window": {"every": "day", "time_zone": "UTC"},
+                 "inputs": {"customers": {"table": "public.customers"}}}
 SETTING_VALUES = {"database": "stages.duckdb", "memory_limit": "1GB", "threads": 2, "master": "local[1]",
                   "conf": {"spark.ui.enabled": "false"}, "staging": "staging"}
 
 
 def sample_mapping(engine: str, source: str, target: str, **changes: object) -> dict[str, object]:
     """The demo spec on ``engine``, reading the sample ``source`` into the sample ``target``
-    (with time windows, its Dagster partitions are those windows)."""
+    (with time windows, its Dagster partitions are those windows; with other inputs, a
+    transform joins one)."""
     windows = {"partitions": {"type": "window", "start": "2024-01-01"}} if changes.get("partition_window") else {}
-    return {**DEMO_SPEC, "records_can_move": False, "engine": {"type": engine}, "source": SOURCES[source],
-            "target": TARGETS[target], **windows, **changes}
+    # Other inputs are read by a transform, in the source's exported snapshot.
+    inputs = {"transform_sql": "SELECT s.* FROM source AS s JOIN customers AS c USING (customer_id)"} \
+        if changes.get("inputs") else {}
+    given = {**SOURCES[source], "snapshot": "exported"} if inputs and source == "postgres" else SOURCES[source]
+    return {**DEMO_SPEC, "records_can_move": False, "engine": {"type": engine}, "source": given,
+            "target": TARGETS[target], **windows, **inputs, **changes}
 
 
 def refused_with(data: dict[str, object]) -> str | None:

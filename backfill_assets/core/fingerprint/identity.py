@@ -36,6 +36,8 @@ class SnapshotDocument(TypedDict):
     columns: list[list[str]]
     partitions: list[PartitionDigest]
     versions_outside: NotRequired[Digest]
+    # The spec's other inputs as read in the same snapshot (core.store.plan_document.InputPin).
+    inputs: NotRequired[list[dict[str, object]]]
 
 
 class PinDocument(TypedDict):

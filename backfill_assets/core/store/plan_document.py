@@ -60,12 +60,28 @@ class PartitionEntry(_Frozen):
         return StageDifference(self.partition, differing) if differing else None
 
 
+class InputPin(_Frozen):
+    """One of the spec's other inputs as the snapshot read it (core.spec_inputs): its name, its
+    table, what of it was read (``partition_key``: the rows of the plan's partitions through
+    that column, widened by ``before`` and ``after``; else every row) and the digest of those
+    rows, which the snapshot's id covers."""
+
+    name: str
+    table: str
+    partition_key: str | None
+    before: str | None
+    after: str | None
+    row_count: int
+    content_hash: str
+
+
 class SnapshotRef(_Frozen):
     id: str
     # lake: a lake source's own version, read by the DuckDB engine (core.engines.duckdb)
     mode: Literal["exported", "copy", "immutable", "lake"]
     fingerprint: str
     version: str | None = None  # lake: the Delta version, Iceberg snapshot id or Parquet file-list digest
+    inputs: tuple[InputPin, ...] | None = None  # the spec's other inputs, pinned with the source
 
 
 class AddedPartition(_Frozen):
@@ -121,8 +137,9 @@ class PlanDocument(_Frozen):
                          "target_partitioned_by"):
             if out[optional] is None:
                 del out[optional]
-        if out["snapshot"]["version"] is None:  # absent for PostgreSQL sources: their plan ids unchanged
-            del out["snapshot"]["version"]
+        for optional in ("version", "inputs"):  # absent where unused: those plans' ids unchanged
+            if out["snapshot"][optional] is None:
+                del out["snapshot"][optional]
         for entry in out["partitions"]:
             if entry["start"] is None:  # absent for value partitions: their plan ids unchanged
                 del entry["start"], entry["end"]

@@ -28,6 +28,8 @@ class PostgresContext(Context):
     # records_can_move with a target outside the database: its keys, loaded into a temporary
     # table for the snapshot's transaction (core.engines.postgres.staged).
     target_keys: TableRef | None = None
+    # The spec's other inputs, as the builds read them (core.engines.postgres.inputs).
+    inputs: tuple[sqlbuild.InputRead, ...] = ()
 
     def with_keys(self, keys: TableRef) -> PostgresContext:
         """This context, reading the target's keys from ``keys``."""
@@ -45,7 +47,7 @@ class PostgresContext(Context):
         read for the context's partitions (bound by :meth:`bound`)."""
         return sqlbuild.input_relation(
             base, self.source_column_names, self.by, self.spec.input_columns,
-            self.transform, filtered=filtered,
+            self.transform, filtered=filtered, inputs=self.inputs,
         )
 
     def bound(self, partitions: Sequence[PartitionValue] | None = None) -> dict[str, object]:

@@ -12,6 +12,7 @@ import psycopg
 
 from backfill_assets.core.context import Clock, set_local
 from backfill_assets.core.engines.postgres.context import PostgresContext
+from backfill_assets.core.engines.postgres.inputs import input_pins, repeated_join_keys
 from backfill_assets.core.engines.postgres.snapshot import (
     Snapshot,
     check_source,
@@ -20,6 +21,7 @@ from backfill_assets.core.engines.postgres.snapshot import (
     source_fingerprints,
     source_held,
 )
+from backfill_assets.core.errors import TiedRowsError
 from backfill_assets.core.pg.db import ConnectionFactory, export_snapshot, transient_errors
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.store import control as store
@@ -45,14 +47,23 @@ def exported(conn: psycopg.Connection, factory: ConnectionFactory, ctx: Postgres
             store.ensure_control_schema(conn, spec.control_schema)
     with factory() as holder, contextlib.ExitStack() as held:
         with transient_errors("taking the snapshot"):
-            held.enter_context(source_held(holder, spec.source_ref, read_only=True))
+            held.enter_context(source_held(holder, spec.source_ref, *[i.table for i in ctx.inputs], read_only=True))
             # The holder waits, idle in its transaction, for both builds.
             set_local(holder, "idle_in_transaction_session_timeout", "0")
             name = export_snapshot(holder)
             progress(ProgressEvent("snapshot", f"holding one snapshot of {spec.source_ref} for both builds",
                                    status="exported"))
-            reports = check_source(holder, ctx, ctx.input_relation(spec.source_ref, filtered=True),
-                                   ctx.bound())
+            try:
+                reports = check_source(holder, ctx, ctx.input_relation(spec.source_ref, filtered=True),
+                                       ctx.bound())
+            except TiedRowsError as err:
+                repeated = repeated_join_keys(holder, ctx)
+                if not repeated:
+                    raise
+                raise TiedRowsError(  # a join that repeats a key, not a missing tiebreak
+                    f"{err.problem}: the transform's join repeats source rows, as {'; '.join(repeated)}",
+                    "Join each input on a key it holds once (a dimension's current row, or aggregate it first); a "
+                    "tiebreak column would hide the repeated rows, not remove them", err.examples) from None
         yield Snapshot("", "exported", spec.source_ref, True, "", {}, ctx.labels, exported=name, reports=reports)
 
 
@@ -61,8 +72,10 @@ def exported_identity(conn: psycopg.Connection, ctx: PostgresContext, snapshot: 
     that imported it) and name the snapshot by them, as a copy is named: the same source
     gives the same id. The source sensor compares the source with these fingerprints."""
     parts = source_fingerprints(conn, ctx, ctx.spec.source_ref)
-    snapshot_id, fingerprint = identity_of(ctx, parts, None, scope_document(ctx, snapshot.requested))
-    return dataclasses.replace(snapshot, snapshot_id=snapshot_id, fingerprint=fingerprint, partitions=parts)
+    inputs = input_pins(conn, ctx)
+    snapshot_id, fingerprint = identity_of(ctx, parts, None, scope_document(ctx, snapshot.requested), inputs)
+    return dataclasses.replace(snapshot, snapshot_id=snapshot_id, fingerprint=fingerprint, partitions=parts,
+                               inputs=inputs)
 
 
 def record_exported(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snapshot, clock: Clock) -> None:

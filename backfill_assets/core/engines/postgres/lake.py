@@ -18,6 +18,7 @@ from psycopg import sql
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Target, TransformGuard, no_checkpoint
 from backfill_assets.core.engines.postgres.context import PostgresContext
+from backfill_assets.core.engines.postgres.inputs import input_problems, input_reads
 from backfill_assets.core.fingerprint.arrow import canonical_texts
 from backfill_assets.core.fingerprint.stage_arrow import read_stage_partition
 from backfill_assets.core.lake.engine import LakeEngine, refuse_keys_in_several_partitions
@@ -56,9 +57,10 @@ class StagedLake:
         them, and the lake table (:meth:`_inspect_table`)."""
         spec = self.spec
         inspection = inspect_source(conn, spec)
+        inspection.problems.extend(input_problems(conn, spec, inspection))
         if not inspection.problems:
             if transform is None and spec.transform_sql is not None:
-                transform = guard.parsed(spec.transform_sql)
+                transform = guard.parsed(spec.transform_sql, spec.inputs)
             guard.check(conn, spec, inspection, transform)
             self._inspect_table(conn, inspection, transform)
         return inspection
@@ -71,7 +73,7 @@ class StagedLake:
         spec = self.spec
         input_rel = sqlbuild.input_relation(
             spec.source_ref, [c.name for c in inspection.source_columns], spec.partition_key, spec.input_columns,
-            transform, filtered=False, escape_percent=False,
+            transform, filtered=False, escape_percent=False, inputs=input_reads(conn, spec, None, None),
         )
         described = {c.name: c for c in describe_query(conn, sqlbuild.describe_input(input_rel, spec.columns))}
         self.engine.inspect_table(conn, inspection, described)
@@ -84,7 +86,8 @@ class StagedLake:
         """No PostgreSQL table to copy the types from: the types the source or transform gives."""
         spec = self.spec
         input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
-                                            spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
+                                            spec.input_columns, ctx.transform, filtered=False, escape_percent=False,
+                                            inputs=ctx.inputs)
         return sqlbuild.create_stage_from_input(stage, input_rel, spec.columns)
 
     def with_target_keys(self, conn: psycopg.Connection, ctx: PostgresContext) -> PostgresContext:
@@ -100,7 +103,8 @@ class StagedLake:
         names = [spec.partition_key, *spec.business_key]
         keys = TableRef("pg_temp", f"{spec.name}__target_keys")
         input_rel = sqlbuild.input_relation(spec.source_ref, ctx.source_column_names, spec.partition_key,
-                                            spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
+                                            spec.input_columns, ctx.transform, filtered=False, escape_percent=False,
+                                            inputs=ctx.inputs)
         conn.execute(sqlbuild.create_temp_table(keys.name, input_rel, names))
         table = self.engine.table(conn)
         try:

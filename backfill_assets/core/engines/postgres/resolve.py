@@ -5,11 +5,14 @@ spec, the partitions, and the validated transform. Read-only.
 
 from __future__ import annotations
 
+import dataclasses
+
 import psycopg
 
 from backfill_assets.core.catalog import windowing_of
 from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.guard.transform import GUARD, validate_transform_text
+from backfill_assets.core.engines.postgres.inputs import input_reads
 from backfill_assets.core.engines.postgres.staged import staged_engine
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
@@ -28,7 +31,7 @@ def resolve(
             the transform is refused.
     """
     if spec.transform_sql is not None:
-        transform = validate_transform_text(spec.transform_sql)  # the parser first: no I/O
+        transform = validate_transform_text(spec.transform_sql, spec.inputs)  # the parser first: no I/O
     else:
         transform = None
     target = engine_for(spec)
@@ -45,4 +48,8 @@ def resolve(
     else:
         partitions = parse_labels(request, kind)
     engine.check(conn, inspection, partitions, transform, GUARD)
-    return PostgresContext(spec, target, inspection, partitions, transform)
+    ctx = PostgresContext(spec, target, inspection, partitions, transform)
+    if not spec.inputs:
+        return ctx
+    key = next((c for c in inspection.source_columns if c.name == spec.partition_key), None)
+    return dataclasses.replace(ctx, inputs=input_reads(conn, spec, key, ctx.windowing))

@@ -64,9 +64,12 @@ class Snapshot:
     exported: str | None = None
     # partition -> (input rows, rows with a NULL key), read with the source checks; None: not read yet.
     reports: dict[str, tuple[int, int]] | None = None
+    # The spec's other inputs as this snapshot read them (core.store.plan_document.InputPin).
+    inputs: tuple[dict[str, Any], ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint}
+        inputs = {} if self.inputs is None else {"inputs": self.inputs}
+        return {"id": self.snapshot_id, "mode": self.mode, "fingerprint": self.fingerprint, **inputs}
 
 
 def source_fingerprints(conn: psycopg.Connection, ctx: PostgresContext, rel: TableRef) -> dict[str, Digest]:
@@ -99,9 +102,11 @@ def scope_document(ctx: PostgresContext, requested: list[str]) -> ScopeDocument:
 
 def identity_of(
     ctx: PostgresContext, parts: dict[str, Digest], outside: Digest | None, scope: ScopeDocument,
+    inputs: tuple[dict[str, Any], ...] | None = None,
 ) -> tuple[str, str]:
-    """(snapshot id, fingerprint). The fingerprint covers the data and names the copy; the
-    id also covers the scope (requested partitions, and the moves found in the target)."""
+    """(snapshot id, fingerprint). The fingerprint covers the data (the spec's other
+    ``inputs`` too) and names the copy; the id also covers the scope (requested partitions,
+    and the moves found in the target)."""
     doc: SnapshotDocument = {
         "format": SNAPSHOT_FORMAT, "source": str(ctx.spec.source_ref),
         "partition_key": ctx.spec.partition_by,
@@ -110,6 +115,8 @@ def identity_of(
     }
     if outside is not None:
         doc["versions_outside"] = outside
+    if inputs is not None:
+        doc["inputs"] = list(inputs)
     return snapshot_identity(doc, scope, ctx.spec.source.snapshot)
 
 
@@ -183,16 +190,18 @@ class _Counts:
 
 
 @contextlib.contextmanager
-def source_held(conn: psycopg.Connection, ref: TableRef, *, read_only: bool = False) -> Iterator[None]:
+def source_held(conn: psycopg.Connection, ref: TableRef, *inputs: TableRef, read_only: bool = False) -> Iterator[None]:
     """A REPEATABLE READ transaction on ``conn`` (autocommit) whose snapshot is taken after the
-    source is locked as a SELECT locks it: a TRUNCATE or a rewrite of the source, which a
-    snapshot taken before it commits would see as an empty or rewritten table (neither is
-    MVCC-safe), either committed before the snapshot or waits for the transaction's end. A
-    foreign table or a materialized view (which LOCK TABLE does not take) is read unlocked."""
-    kind = table_kind(conn, ref)  # before the transaction, whose first statement must be the lock
+    source (and each of the spec's other ``inputs``) is locked as a SELECT locks it: a TRUNCATE
+    or a rewrite of one, which a snapshot taken before it commits would see as an empty or
+    rewritten table (neither is MVCC-safe), either committed before the snapshot or waits for
+    the transaction's end. A foreign table or a materialized view (which LOCK TABLE does not
+    take) is read unlocked."""
+    kinds = [(r, table_kind(conn, r)) for r in (ref, *inputs)]  # before the transaction: its first statement locks
     with repeatable_read(conn, read_only=read_only):
-        if kind in sqlbuild.LOCKABLE_KINDS:
-            conn.execute(sqlbuild.lock_for_snapshot(ref))
+        for held, kind in kinds:
+            if kind in sqlbuild.LOCKABLE_KINDS:
+                conn.execute(sqlbuild.lock_for_snapshot(held))
         yield
 
 

@@ -91,7 +91,8 @@ def b_hashed_only(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Snap
     assignment cast, laxer or stricter than any a SELECT can spell), stage B is written."""
     spec = ctx.spec
     input_rel = sqlbuild.input_relation(snapshot.relation, ctx.source_column_names, ctx.by,
-                                        spec.input_columns, ctx.transform, filtered=False, escape_percent=False)
+                                        spec.input_columns, ctx.transform, filtered=False, escape_percent=False,
+                                        inputs=ctx.inputs)
     described = [(c.name, c.type_name) for c in describe_query(conn, sqlbuild.describe_input(input_rel, spec.columns))]
     return described == [(c.name, c.type_name) for c in ctx.target_columns]
 

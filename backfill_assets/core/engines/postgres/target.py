@@ -18,6 +18,7 @@ from psycopg import sql
 from backfill_assets.core.catalog import Inspection
 from backfill_assets.core.context import Checkpoint, Signals, Target, TargetWrite, TransformGuard, no_checkpoint
 from backfill_assets.core.engines.postgres.context import PostgresContext
+from backfill_assets.core.engines.postgres.inputs import input_problems
 from backfill_assets.core.engines.postgres.watch_state import read_relation
 from backfill_assets.core.fingerprint.rows import Reading
 from backfill_assets.core.pg import sqlbuild
@@ -40,7 +41,9 @@ class PostgresEngine:
         self.relation: TableRef | None = spec.target_ref
 
     def inspect(self, conn: psycopg.Connection, transform: str | None, guard: TransformGuard) -> Inspection:
-        return inspect_tables(conn, self.spec)
+        inspection = inspect_tables(conn, self.spec)
+        inspection.problems.extend(input_problems(conn, self.spec, inspection))
+        return inspection
 
     def check(self, conn: psycopg.Connection, inspection: Inspection, partitions: list[PartitionValue],
               transform: str | None, guard: TransformGuard) -> None:

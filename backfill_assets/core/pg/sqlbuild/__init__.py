@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from backfill_assets.core.pg.sqlbuild.builds import (
     SOURCE_CTE,
+    InputRead,
     build_stage,
     build_stage_batch,
     create_stage_from_input,
@@ -65,7 +66,7 @@ from backfill_assets.core.pg.sqlbuild.moves import (
     outside_scope,
     scope_keys,
 )
-from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, ValuesBy, WindowsBy, as_by
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, ValuesBy, WidenedBy, WindowsBy, as_by
 from backfill_assets.core.pg.sqlbuild.parts import GROUP_SIZE_COLUMN, RANK_COLUMN, OrderKey, Query, table
 from backfill_assets.core.pg.sqlbuild.profiling import (
     column_profile,
@@ -99,7 +100,7 @@ from backfill_assets.core.pg.sqlbuild.replace import (
 from backfill_assets.core.pg.sqlbuild.watch import partition_signals, statistics_state, table_counters, window_signals
 
 __all__ = [
-    "GROUP_SIZE_COLUMN", "LOCKABLE_KINDS", "PartitionBy", "ValuesBy", "WindowsBy", "as_by", "RANK_COLUMN", "SOURCE_CTE", "OrderKey", "Query",
+    "GROUP_SIZE_COLUMN", "LOCKABLE_KINDS", "PartitionBy", "ValuesBy", "WindowsBy", "as_by", "RANK_COLUMN", "SOURCE_CTE", "InputRead", "WidenedBy", "OrderKey", "Query",
     "add_unique_constraint", "advisory_lock", "advisory_xact_lock", "any_tied_group", "advisory_unlock", "batch_seal_check", "sealable", "build_stage", "build_stage_batch", "delete_partitions",
     "column_profile", "column_range", "copy_partition_csv", "copy_partitions", "digest", "duplicate_keys", "in_partitions", "row_text", "written_readings", "copy_scope",
     "copy_seal_check", "copy_writer", "current_txid", "create_empty_copy", "create_index",

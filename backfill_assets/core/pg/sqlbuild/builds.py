@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from psycopg import sql
 
-from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, as_by
+from backfill_assets.core.pg.sqlbuild.partitioning import PartitionBy, WidenedBy, as_by
 from backfill_assets.core.pg.sqlbuild.parts import (
     RANK_COLUMN,
     OrderKey,
@@ -29,18 +30,39 @@ _BASE_FILTERED = sql.SQL("SELECT {cols} FROM {base} AS s WHERE {among}")
 
 # The CTE a transform_sql reads the snapshot through.
 SOURCE_CTE = "source"
-_WITH_TRANSFORM = sql.SQL("WITH {cte} AS ({base}) SELECT {out} FROM ({transform}) AS i")
+_WITH_TRANSFORM = sql.SQL("WITH {ctes} SELECT {out} FROM ({transform}) AS i")
+_CTE = sql.SQL("{} AS ({})")
+
+
+@dataclass(frozen=True)
+class InputRead:
+    """Another table a transform reads by ``name`` (core.spec_inputs): whole, or with ``by``
+    the rows of the partitions the source is read for (``by.among`` over the input's own
+    column, bound by the same parameters as the source's)."""
+
+    name: str
+    table: TableRef
+    columns: tuple[str, ...]
+    by: PartitionBy | WidenedBy | None = None
+
+    def relation(self, filtered: bool) -> sql.Composed:
+        """The input's rows as the transform reads them (``filtered``: for the partitions only)."""
+        template = _BASE_FILTERED if filtered and self.by is not None else _BASE_ALL
+        among = self.by.among("s") if self.by is not None else sql.SQL("true")
+        return template.format(cols=cols("s", self.columns), base=table(self.table), among=among)
 
 
 def input_relation(
     base: TableRef, base_columns: Sequence[str], by: PartitionBy | str,
     output_columns: Sequence[str], transform_sql: str | None, *, filtered: bool,
-    escape_percent: bool = True,
+    escape_percent: bool = True, inputs: Sequence[InputRead] = (),
 ) -> sql.Composed:
     """The rows the newest-wins step reads.
 
     Without a transform: the output columns of ``base``. With one: the transform's output
-    columns, the transform reading ``base`` (all its columns) as the CTE ``source``.
+    columns, the transform reading ``base`` (all its columns) as the CTE ``source``, and each
+    of ``inputs`` as a CTE of its name (read for the partitions where ``filtered`` and it has
+    a partition column of its own, else whole).
     ``filtered`` restricts ``base`` to the partitions ``%(partitions)s`` (a live source; bind
     them with ``by.bind``); a snapshot table holds only the snapshot's partitions already.
 
@@ -56,10 +78,9 @@ def input_relation(
     base_q = template.format(cols=cols("s", base_columns), base=table(base), among=by.among("s"))
     text = transform_sql.replace("%", "%%") if escape_percent else transform_sql
     transform = sql.SQL(text)  # type: ignore[arg-type]
-    return _WITH_TRANSFORM.format(
-        cte=sql.Identifier(SOURCE_CTE), base=base_q, out=cols("i", output_columns),
-        transform=transform,
-    )
+    ctes = [_CTE.format(sql.Identifier(SOURCE_CTE), base_q),
+            *[_CTE.format(sql.Identifier(i.name), i.relation(filtered)) for i in inputs]]
+    return _WITH_TRANSFORM.format(ctes=sql.SQL(", ").join(ctes), out=cols("i", output_columns), transform=transform)
 
 
 _DESCRIBE = sql.SQL("SELECT {cols} FROM ({input}) AS i LIMIT 0")

@@ -149,6 +149,30 @@ class WindowsBy:
                 f"{param}__hi": self.windowing.bound(window.end)}
 
 
+_WIDE = sql.SQL("({c} >= {lo}::{t} - {before}::interval AND {c} < {hi}::{t} + {after}::interval)")
+
+
+@dataclass(frozen=True)
+class WidenedBy:
+    """The windows of ``windows`` widened by ``before`` and ``after`` (an input whose rows can
+    lie before or after a partition's own window): the rows of the windows' whole range, so
+    widened; read by ``among`` alone (an input's rows are only ever kept, never grouped)."""
+
+    windows: WindowsBy
+    before: dt.timedelta
+    after: dt.timedelta
+
+    @property
+    def column(self) -> str:
+        return self.windows.column
+
+    def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
+        w = self.windows
+        return _WIDE.format(c=_column(alias, w.column), lo=w._p(param, "lo"), hi=w._p(param, "hi"),
+                            t=_TYPES[w.windowing.column_kind], before=sql.Literal(self.before),
+                            after=sql.Literal(self.after))
+
+
 @dataclass(frozen=True)
 class WholeBy:
     """Every row of the relation is the one partition asked for: a table that holds a single

@@ -48,6 +48,7 @@ from backfill_assets.core.engines.postgres.guard.userfunctions import (
     read_functions,
     relations_read,
 )
+from backfill_assets.core.engines.postgres.inputs import input_reads
 from backfill_assets.core.errors import SpecError, TransformError, TransformProblem
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.spec import Spec, TrustedFunction
@@ -74,12 +75,13 @@ class _Shape(Visitor):
                 self.relations.append(node.relname)
 
 
-def validate_transform_text(text: str) -> str:
+def validate_transform_text(text: str, inputs: Collection[str] = ()) -> str:
     """Check the statement's shape and return it re-printed by pglast (one statement, no
     comments or trailing text).
 
     Raises:
-        SpecError: it does not parse, is not exactly one SELECT, or reads another relation.
+        SpecError: it does not parse, is not exactly one SELECT, or reads a relation that is
+            neither 'source' nor one of the spec's ``inputs`` (by name).
     """
     try:
         statements = pglast.parse_sql(text)
@@ -96,11 +98,18 @@ def validate_transform_text(text: str) -> str:
         )
     shape = _Shape()
     shape(stmt)
-    foreign = sorted({r for r in shape.relations if r not in shape.ctes and r != sqlbuild.SOURCE_CTE})
+    declared = {sqlbuild.SOURCE_CTE, *inputs}
+    shadowed = sorted(shape.ctes & declared)
+    if shadowed:
+        shape.problems.append(f"its own WITH names {', '.join(shadowed)}, which the snapshot's inputs are read by; "
+                              "name that CTE otherwise")
+    foreign = sorted({r for r in shape.relations if r not in shape.ctes and r not in declared})
     if foreign:
+        named = (f"the snapshot as '{sqlbuild.SOURCE_CTE}' and the spec's inputs ({', '.join(sorted(inputs))})"
+                 if inputs else f"the snapshot as '{sqlbuild.SOURCE_CTE}'")
         shape.problems.append(
-            f"it reads {', '.join(foreign)}; a transform may read only the snapshot as "
-            f"'{sqlbuild.SOURCE_CTE}' (other tables are mutable external state)"
+            f"it reads {', '.join(foreign)}; a transform may read only {named}: other tables are mutable "
+            "external state (declare one under inputs, and it is pinned with the source)"
         )
     if shape.problems:
         raise SpecError("transform_sql is refused: " + "; ".join(dict.fromkeys(shape.problems)))
@@ -118,7 +127,7 @@ _NODE_TREE = sql.SQL(
 def validate_transform_in_catalog(
     conn: psycopg.Connection, base: TableRef, base_columns: Sequence[str], partition_key: str,
     output_columns: Sequence[str], transform: str, original: str | None = None,
-    trusted_functions: Sequence[TrustedFunction] = (),
+    trusted_functions: Sequence[TrustedFunction] = (), inputs: Sequence[sqlbuild.InputRead] = (),
 ) -> None:
     """Have the server analyse the transform and refuse it if its rows could change between
     runs from the same snapshot (see :mod:`backfill_assets.core.engines.postgres.guard.determinism`), or if it calls
@@ -144,7 +153,7 @@ def validate_transform_in_catalog(
     # A view takes no parameters: the statement is sent as it is, so % is not doubled.
     query = sqlbuild.input_relation(
         base, base_columns, partition_key, output_columns, transform, filtered=False,
-        escape_percent=False,
+        escape_percent=False, inputs=inputs,
     )
     statement = _CREATE_VIEW.format(view=sql.Identifier(_CHECK_VIEW), query=query)
     try:
@@ -327,16 +336,16 @@ def _locator(reprinted: str, original: str):
 class PostgresGuard:
     """The PostgreSQL guard as a target's inspection asks it (core.context.TransformGuard)."""
 
-    def parsed(self, text: str) -> str:
-        return validate_transform_text(text)
+    def parsed(self, text: str, inputs: Collection[str] = ()) -> str:
+        return validate_transform_text(text, inputs)
 
     def check(self, conn: psycopg.Connection, spec: Spec, inspection: Inspection, transform: str | None) -> None:
-        """The columns, relations and functions the transform reads, against the catalog."""
+        """The columns, relations and functions the transform reads (the inputs' too), against the catalog."""
         if transform is not None:
             validate_transform_in_catalog(
                 conn, spec.source_ref, [c.name for c in inspection.source_columns],
                 spec.partition_key, spec.input_columns, transform, original=spec.transform_sql,
-                trusted_functions=spec.trusted_functions,
+                trusted_functions=spec.trusted_functions, inputs=input_reads(conn, spec, None, None),
             )
 
 

@@ -1,0 +1,225 @@
+"""A transform over several inputs on engine postgres (core.spec_inputs): a fact joined with a
+dimension read whole and with a second fact read for the same partitions through its own
+column, every input read in the source's exported snapshot and pinned in the plan; a writer
+changing an input during the builds reaches neither, a change after the plan gives another
+plan; an undeclared relation is refused with its name."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import psycopg
+import pytest
+
+from backfill_assets.core.errors import SourceDataError, SpecError
+from backfill_assets.core.plan import make_plan
+from backfill_assets.core.progress import ProgressEvent
+from backfill_assets.core.spec import spec_from_mapping
+from backfill_assets.core.vocabulary import PartitionRequest
+from backfill_assets_tests.support.specs import URL_ENV
+from backfill_assets_tests.support.windows import plan_approve_apply
+
+DAYS = "2024-01-01..2024-01-03"
+COLUMNS = ["order_date", "order_id", "customer_id", "region", "paid", "updated_at", "seq", "amount"]
+TRANSFORM = (
+    "SELECT s.order_date, s.order_id, s.customer_id, c.region, coalesce(p.paid, 0) AS paid, s.updated_at, s.seq, "
+    "s.amount FROM source AS s LEFT JOIN customers AS c ON c.customer_id = s.customer_id "
+    "LEFT JOIN (SELECT order_id, paid_on, sum(paid) AS paid FROM payments GROUP BY order_id, paid_on) AS p "
+    "ON p.order_id = s.order_id AND p.paid_on = s.order_date"
+)
+SPEC = {
+    "name": "orders_enriched", "database_url_env": URL_ENV,
+    "source": {"table": "public.orders_raw"},
+    "inputs": {"customers": {"table": "public.customers"},
+               "payments": {"table": "public.payments", "partition_key": "paid_on"}},
+    "target": {"table": "public.orders_enriched"},
+    "partition_key": "order_date", "business_key": ["order_id"],
+    "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
+    "columns": COLUMNS, "total": "amount", "transform_version": "v1", "transform_sql": TRANSFORM,
+}
+T = dt.datetime(2024, 1, 5, tzinfo=dt.timezone.utc)
+# order_date, order_id, customer_id, updated_at, seq, amount: order 2 has two versions, 6 lies
+# outside the plan's days.
+ORDERS = [("2024-01-01", 1, 10, T, 1, "5.00"), ("2024-01-01", 2, 11, T, 1, "6.00"),
+          ("2024-01-01", 2, 11, T, 2, "7.00"), ("2024-01-02", 3, 12, T, 1, "8.00"),
+          ("2024-01-03", 4, 99, T, 1, "9.00"), ("2024-01-04", 6, 10, T, 1, "1.00")]
+CUSTOMERS = [(10, "north ünïcödé"), (11, "south\ttab"), (12, None)]
+PAYMENTS = [("2024-01-01", 1, "2.00"), ("2024-01-01", 1, "3.00"), ("2024-01-02", 3, "8.00"),
+            ("2024-01-04", 4, "9.00")]  # order 4 paid a day late: not its day's payment
+
+
+def _load(conn: psycopg.Connection) -> None:
+    conn.execute("CREATE TABLE public.orders_raw (order_date date, order_id bigint, customer_id bigint, "
+                 "updated_at timestamptz, seq int, amount numeric(12,2))")
+    conn.execute("CREATE TABLE public.customers (customer_id bigint PRIMARY KEY, region text)")
+    conn.execute("CREATE TABLE public.payments (paid_on date, order_id bigint, paid numeric(12,2))")
+    conn.execute("CREATE TABLE public.orders_enriched (order_date date, order_id bigint, customer_id bigint, "
+                 "region text, paid numeric(12,2), updated_at timestamptz, seq int, amount numeric(12,2), "
+                 "UNIQUE (order_date, order_id))")
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO public.orders_raw VALUES (%s, %s, %s, %s, %s, %s)", ORDERS)
+        cur.executemany("INSERT INTO public.customers VALUES (%s, %s)", CUSTOMERS)
+        cur.executemany("INSERT INTO public.payments VALUES (%s, %s, %s)", PAYMENTS)
+    conn.commit()
+
+
+def _naive(conn: psycopg.Connection) -> list[tuple]:
+    """The same join over the tables as they are, newest wins per (day, order), by hand."""
+    return conn.execute(
+        "SELECT DISTINCT ON (s.order_date, s.order_id) s.order_date, s.order_id, s.customer_id, c.region, "
+        "coalesce((SELECT sum(p.paid) FROM public.payments AS p WHERE p.order_id = s.order_id "
+        "AND p.paid_on = s.order_date), 0), s.updated_at, s.seq, s.amount FROM public.orders_raw AS s "
+        "LEFT JOIN public.customers AS c ON c.customer_id = s.customer_id "
+        "WHERE s.order_date BETWEEN '2024-01-01' AND '2024-01-03' "
+        "ORDER BY s.order_date, s.order_id, s.updated_at DESC, s.seq DESC").fetchall()
+
+
+def _written(conn: psycopg.Connection) -> list[tuple]:
+    return conn.execute(f"SELECT {', '.join(COLUMNS)} FROM public.orders_enriched "
+                        "ORDER BY order_date, order_id").fetchall()
+
+
+def test_a_fact_joined_with_a_dimension_and_a_second_fact_equals_the_naive_join(conn, factory, url_env):
+    _load(conn)
+    spec = spec_from_mapping(SPEC)
+    plan, result = plan_approve_apply(conn, factory, spec, DAYS)
+    assert plan.status == "ready", plan.problems
+    assert {p["status"] for p in result.partitions} == {"verified"}
+    assert _written(conn) == _naive(conn)
+    assert [r[4] for r in _written(conn)] == [Decimal("5.00"), 0, Decimal("8.00"), 0]  # order 4's late payment
+    pins = {p.name: p for p in plan.document.snapshot.inputs}
+    assert (pins["customers"].table, pins["customers"].partition_key, pins["customers"].row_count) == (
+        "public.customers", None, 3)
+    assert (pins["payments"].partition_key, pins["payments"].row_count) == ("paid_on", 3)  # the plan's days only
+    # The same inputs again: the same plan. A dimension changed since: another snapshot and plan.
+    assert make_plan(spec, PartitionRequest(DAYS), factory).plan_id == plan.plan_id
+    conn.execute("UPDATE public.customers SET region = 'east' WHERE customer_id = 12")
+    conn.commit()
+    again = make_plan(spec, PartitionRequest(DAYS), factory)
+    assert again.document.snapshot.id != plan.document.snapshot.id and again.plan_id != plan.plan_id
+    changed = {e.partition: e.stage_a.content_hash for e in again.document.partitions}
+    before = {e.partition: e.stage_a.content_hash for e in plan.document.partitions}
+    assert [d for d in changed if changed[d] != before[d]] == ["2024-01-02"]  # order 3's customer
+
+
+def test_a_writer_changing_an_input_during_the_builds_reaches_neither(conn, factory, url_env, db_url):
+    _load(conn)
+    spec = spec_from_mapping(SPEC)
+    expected = make_plan(spec, PartitionRequest(DAYS), factory)
+    wrote = []
+
+    def write_once(event: ProgressEvent) -> None:
+        if event.step == "stage a" and event.status == "built" and not wrote:
+            with psycopg.connect(db_url.reveal(), autocommit=True) as other:
+                other.execute("UPDATE public.customers SET region = 'moved'")
+                other.execute("INSERT INTO public.payments VALUES ('2024-01-01', 2, 100.00)")
+            wrote.append(True)
+
+    plan = make_plan(spec, PartitionRequest(DAYS), factory, progress=write_once)
+    assert wrote and plan.status == "ready", plan.problems
+    assert plan.document.snapshot == expected.document.snapshot
+    assert [e.stage_b for e in plan.document.partitions] == [e.stage_a for e in expected.document.partitions]
+
+
+def test_a_truncate_of_an_input_once_the_snapshot_is_taken_waits_for_the_plan(conn, factory, url_env, db_url):
+    """TRUNCATE is not MVCC-safe: committed after the snapshot was taken and before the plan
+    first read the input, the snapshot would see the input empty. Each input is locked as a
+    SELECT locks it before the snapshot is taken, so a TRUNCATE just after it waits."""
+    _load(conn)
+    outcome = []
+
+    def truncate_once(event: ProgressEvent) -> None:
+        if event.step == "snapshot" and event.status == "exported" and not outcome:
+            with psycopg.connect(db_url.reveal(), autocommit=True) as other:
+                other.execute("SET lock_timeout = '200ms'")
+                try:
+                    other.execute("TRUNCATE public.customers")
+                    outcome.append("truncated")
+                except psycopg.errors.LockNotAvailable:
+                    outcome.append("waited")
+
+    plan = make_plan(spec_from_mapping(SPEC), PartitionRequest(DAYS), factory, progress=truncate_once)
+    assert outcome == ["waited"] and plan.status == "ready"
+
+
+@pytest.mark.parametrize(("transform", "refused"), [
+    (TRANSFORM.replace("FROM payments", "FROM public.payments"), "it reads public.payments; a transform may read "
+     "only the snapshot as 'source' and the spec's inputs (customers, payments)"),
+    (TRANSFORM + " JOIN regions AS r ON r.region = c.region", "it reads regions"),
+    ("WITH customers AS (SELECT 1 AS customer_id) " + TRANSFORM, "its own WITH names customers"),
+])
+def test_a_relation_that_is_not_a_declared_input_is_refused_with_its_name(conn, factory, url_env, transform,
+                                                                           refused):
+    _load(conn)
+    with pytest.raises(SpecError, match=refused.replace("(", r"\(").replace(")", r"\)")):
+        make_plan(spec_from_mapping({**SPEC, "transform_sql": transform}), PartitionRequest(DAYS), factory)
+
+
+def test_a_dimension_that_repeats_a_key_is_refused_as_a_tie(conn, factory, url_env):
+    """A join with an input holding two rows for one customer doubles that customer's orders:
+    rows that differ and tie on the whole ordering, which newest-wins cannot choose between."""
+    _load(conn)
+    conn.execute("ALTER TABLE public.customers DROP CONSTRAINT customers_pkey")
+    conn.execute("INSERT INTO public.customers VALUES (10, 'west')")
+    conn.commit()
+    with pytest.raises(SourceDataError, match="the transform's join repeats source rows, as input customers holds "
+                       "customer_id=10 in 2 rows.*Join each input on a key it holds once") as err:
+        make_plan(spec_from_mapping(SPEC), PartitionRequest(DAYS), factory)
+    assert "partition 2024-01-01, key (order_id=1): 2 different rows" in str(err.value)
+
+
+@pytest.mark.parametrize(("inputs", "refused"), [
+    ({"source": {"table": "public.customers"}}, "'source' is the partitioned source's name"),
+    ({"customers": {"table": "public.orders_raw"}}, "inputs read public.orders_raw more than once"),
+    ({"customers": {"table": "public.customers", "after": "1d"}}, "they need the input's partition_key"),
+])
+def test_the_spec_refuses_inputs_it_cannot_read(inputs, refused):
+    with pytest.raises(SpecError, match=refused):
+        spec_from_mapping({**SPEC, "inputs": inputs})
+    with pytest.raises(SpecError, match="are read by transform_sql"):
+        spec_from_mapping({**{k: v for k, v in SPEC.items() if k != "transform_sql"}})
+    with pytest.raises(SpecError, match="`snapshot: copy` with inputs is not built yet"):
+        spec_from_mapping({**SPEC, "source": {"table": "public.orders_raw", "snapshot": "copy"}})
+
+
+def test_inspect_names_each_input_it_cannot_read(conn, factory, url_env):
+    from backfill_assets.core.resolve import inspect
+    _load(conn)
+    conn.execute("ALTER TABLE public.payments ALTER COLUMN paid_on TYPE timestamptz")
+    conn.commit()
+    spec = spec_from_mapping({**SPEC, "inputs": {**SPEC["inputs"], "devices": {"table": "public.devices"}}})
+    problems = inspect(spec, factory).problems
+    assert problems == [
+        "input payments: its partition_key paid_on is timestamp with time zone, the source's order_date is date; an "
+        "input is read for the same partitions through a column of the same type (cast it in a view)",
+        "input devices: table public.devices does not exist (or this role cannot see it)"]
+
+
+def test_a_second_fact_read_per_window_reaches_after_it_by_its_offset(conn, factory, url_env):
+    """Hours of events, each with the clicks in the hour after it: a click after its event's
+    window is read because the input is widened by `after: 1h`, and is missed without it."""
+    from backfill_assets_tests.support.windows import FALL, create_events, events_spec, utc
+    create_events(conn, FALL)
+    conn.execute("CREATE TABLE public.clicks (clicked_at timestamptz, event_id bigint)")
+    conn.cursor().executemany("INSERT INTO public.clicks VALUES (%s, %s)", [
+        (utc(2024, 11, 3, 4, 10), 1),  # before event 1's newest version (04:30): not its click
+        (utc(2024, 11, 3, 5, 20), 1),  # 50 minutes after it, in the next window: read only when widened
+        (utc(2024, 11, 3, 7, 50), 4)])  # another window's event
+    conn.commit()
+    transform = ("SELECT s.created_at, s.event_id, s.updated_at, s.seq, s.amount, (SELECT count(*) FROM clicks AS c "
+                 "WHERE c.event_id = s.event_id AND c.clicked_at >= s.created_at "
+                 "AND c.clicked_at - s.created_at < interval '1 hour')::text AS note FROM source AS s")
+    hours = "2024-11-03T00:00-0400"
+
+    def spec_for(after: str | None):
+        given = {"table": "public.clicks", "partition_key": "clicked_at", **({"after": after} if after else {})}
+        return events_spec(source={"table": "public.events_raw"}, inputs={"clicks": given}, transform_sql=transform,
+                           name=f"events_clicks_{after or 'none'}")
+
+    narrow = make_plan(spec_for(None), PartitionRequest(hours), factory)
+    widened, result = plan_approve_apply(conn, factory, spec_for("1h"), hours)
+    assert widened.document.snapshot.inputs[0].row_count == 2 and narrow.document.snapshot.inputs[0].row_count == 1
+    assert widened.document.partitions[0].stage_a != narrow.document.partitions[0].stage_a
+    assert [p["status"] for p in result.partitions] == ["verified"]
+    assert conn.execute("SELECT note FROM public.events_hourly WHERE event_id = 1").fetchall() == [("1",)]

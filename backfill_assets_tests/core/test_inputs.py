@@ -223,3 +223,34 @@ def test_a_second_fact_read_per_window_reaches_after_it_by_its_offset(conn, fact
     assert widened.document.partitions[0].stage_a != narrow.document.partitions[0].stage_a
     assert [p["status"] for p in result.partitions] == ["verified"]
     assert conn.execute("SELECT note FROM public.events_hourly WHERE event_id = 1").fetchall() == [("1",)]
+
+
+def test_the_source_sensor_requests_the_partitions_a_moved_input_feeds_once(conn, factory, url_env):
+    """After the plan, a tick finds nothing; a dimension updated since makes the next tick
+    request every partition that snapshot read it for, naming the input, and only once; the
+    source's own gates are unchanged."""
+    from backfill_assets.core.build import open_build_engine
+    from backfill_assets_tests.support.source_writes import write
+    _load(conn)
+    spec = spec_from_mapping(SPEC)
+    assert make_plan(spec, PartitionRequest(DAYS), factory).status == "ready"
+
+    def tick(state):
+        with factory() as c, open_build_engine(c, factory, spec) as engine:
+            return engine.source_moves(state, None)
+
+    first = tick(None)
+    assert first.changed == {}
+    assert tick(first.state).changed == {}
+    write(factory, conn, "UPDATE public.customers SET region = 'east' WHERE customer_id = 12")
+    moved = tick(first.state)
+    assert sorted(moved.changed) == ["2024-01-01", "2024-01-02", "2024-01-03"]
+    assert {v.split()[:2] == ["input", "customers"] for v in moved.changed.values()} == {True}
+    assert any("input customers (public.customers) moved" in n for n in moved.notes), moved.notes
+    assert tick(moved.state).changed == {}  # reported once
+    # A payment of a day outside the plan moves no pin; one on a planned day does.
+    write(factory, conn, "INSERT INTO public.payments VALUES ('2024-01-09', 1, 1.00)")
+    quiet = tick(moved.state)
+    assert quiet.changed == {}
+    write(factory, conn, "INSERT INTO public.payments VALUES ('2024-01-02', 3, 1.00)")
+    assert sorted(tick(quiet.state).changed) == ["2024-01-01", "2024-01-02", "2024-01-03"]

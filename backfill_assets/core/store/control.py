@@ -32,13 +32,13 @@ _DDL = (
         "snapshot_table text, partition_key text NOT NULL, partitions jsonb NOT NULL, "
         "fingerprint text NOT NULL, created_at timestamptz NOT NULL)"
     ),
-    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS scope jsonb"),  # added later
-    # When the snapshot was last taken: an identical snapshot taken again (a source that went
-    # A -> B -> A) keeps its id and created_at, but is the newest again.
-    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS taken_at timestamptz"),  # added later
-    # The fingerprint format of the snapshot's content hashes (core.fingerprint.rows.FORMAT;
-    # NULL: taken before format 3). Only snapshots of the current format are found or used.
-    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS fingerprint_format integer"),  # added later
+    # Added later: the scope; when last taken (the same snapshot again, of a source that went
+    # A -> B -> A, keeps its id and created_at but is the newest again); its hashes' fingerprint
+    # format (core.fingerprint.rows.FORMAT; NULL: before format 3, never used); the spec's other
+    # inputs as it read them (core.store.inputs; NULL: none).
+    sql.SQL("ALTER TABLE {schema}.snapshots ADD COLUMN IF NOT EXISTS scope jsonb, ADD COLUMN IF NOT EXISTS "
+            "taken_at timestamptz, ADD COLUMN IF NOT EXISTS fingerprint_format integer, "
+            "ADD COLUMN IF NOT EXISTS inputs jsonb"),
     # The seal of each snapshot copy: every row was written by one transaction (writer_xid,
     # the rows' xmin), so a later change to any row, or a new or missing row, shows.
     # writer_txid: the same transaction's 64-bit id, to tell when its 32-bit xmin could have

@@ -25,6 +25,7 @@ from backfill_assets.core.errors import TiedRowsError
 from backfill_assets.core.pg.db import ConnectionFactory, export_snapshot, transient_errors
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.store import control as store
+from backfill_assets.core.store.inputs import record_inputs
 
 
 @contextlib.contextmanager
@@ -87,3 +88,4 @@ def record_exported(conn: psycopg.Connection, ctx: PostgresContext, snapshot: Sn
         partitions=[{"partition": k, **snapshot.partitions[k]} for k in ctx.labels],
         fingerprint=snapshot.fingerprint, scope=scope_document(ctx, snapshot.requested), created_at=clock(),
     )
+    record_inputs(conn, spec.control_schema, snapshot.snapshot_id, snapshot.inputs)

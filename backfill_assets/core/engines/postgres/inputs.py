@@ -167,3 +167,4 @@ def input_problems(conn: psycopg.Connection, spec: Spec, inspection: Inspection)
         except SpecError:
             pass  # the source's own problem, which inspection names
     return read_inputs(conn, spec, key, windowing)[1]
+

@@ -22,6 +22,11 @@ before it let through:
    never checked before and those snapshotted again since, within a time budget; what the
    budget leaves is carried to the next tick (``pending``), never dropped.
 
+The spec's other inputs (core.spec_inputs) are watched after the source, by gate 1 alone: an
+input whose counters moved (or that is not counted) is read again as each newest snapshot read
+it; where its pin no longer holds, every partition of that snapshot is requested (an input
+read whole feeds them all).
+
 A first tick (no state kept: a new sensor, a reset cursor) fingerprints every snapshotted
 partition once, as the sensor used to at every tick. A source whose writes PostgreSQL does
 not count (a view, a foreign table, a table with inheritance children, ``track_counts``
@@ -53,10 +58,12 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import psycopg
 
 from backfill_assets.core.catalog import windowing_of
+from backfill_assets.core.engines.postgres.inputs import input_pins
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.snapshot import changes_against
 from backfill_assets.core.engines.postgres.watch_state import (
@@ -70,11 +77,13 @@ from backfill_assets.core.engines.postgres.watch_state import (
     read_relation,
 )
 from backfill_assets.core.errors import SpecError
+from backfill_assets.core.fingerprint.rows import FORMAT
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import has_ordered_index, table_columns, table_kind
 from backfill_assets.core.pg.db import repeatable_read, transient_errors
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
+from backfill_assets.core.store.inputs import newest_with_inputs
 from backfill_assets.core.windows import Windowing
 
 # Base types (domains resolved) a change column may have: ordered, and exact.
@@ -269,6 +278,41 @@ def _gate2_flags(
     return flagged, signalled
 
 
+def _input_moves(conn: psycopg.Connection, spec: Spec, before: dict[str, Any] | None
+                ) -> tuple[dict[str, str], dict[str, Any], list[str]]:
+    """The source sensor's look at the spec's other inputs: each input's change counters
+    (core.engines.postgres.watch_state.read_relation: no row read); where they moved since
+    ``before`` (or on a first tick, or an input whose writes are not counted), the input read
+    again as each newest snapshot read it and compared with that snapshot's pin. Returns the
+    partitions an input that differs feeds (label -> ``input <name> <digest>``, every partition
+    of that snapshot: an input read whole feeds them all), the readings to keep, and a note
+    naming each input that moved."""
+    if not spec.inputs:
+        return {}, {}, []
+    before = before or {}
+    readings, moved = {}, []
+    for name, given in spec.inputs.items():
+        reading = read_relation(conn, given.ref, "input")
+        readings[name] = None if reading is None else reading.as_json()
+        if reading is None or reading.blind is not None or before.get(name) != readings[name]:
+            moved.append(name)
+    snapshots = newest_with_inputs(conn, spec.control_schema, str(spec.source_ref), FORMAT) if moved else []
+    changed: dict[str, str] = {}
+    notes: list[str] = []
+    if not snapshots:
+        return changed, readings, notes
+    ctx = resolve(conn, spec, sorted({label for _, labels, _ in snapshots for label in labels}))
+    for _, labels, pins in snapshots:
+        now = {p["name"]: p for p in input_pins(conn, dataclasses.replace(
+            ctx, partitions=[ctx.value_of(label) for label in labels])) or ()}
+        for pin in pins:
+            if pin["name"] in moved and now.get(pin["name"], {}).get("content_hash") != pin["content_hash"]:
+                digest = now.get(pin["name"], {}).get("content_hash", "gone")
+                changed.update({label: f"input {pin['name']} {digest[:16]}" for label in labels})
+                notes.append(f"input {pin['name']} ({pin['table']}) moved since the snapshot of {', '.join(labels)}")
+    return changed, readings, notes
+
+
 def watch_tick(
     conn: psycopg.Connection, spec: Spec, before: WatchState | None, *,
     budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
@@ -329,5 +373,8 @@ def watch_tick(
         watched[label] = replace(old, snapshot=_short(known[label]), seen=seen)
     done = set(checked)
     pending = tuple(p for p in due if p not in done)
-    state = WatchState(table, {k: v for k, v in watched.items() if k in known}, pending)
-    return Tick(changed, state, mode, reason, signalled, flagged, checked, notes)
+    # The other inputs after the source: a change in one requests every partition it fed.
+    moved, inputs, input_notes = _input_moves(conn, spec, before.inputs)
+    changed.update({label: found for label, found in moved.items() if label not in changed})
+    state = WatchState(table, {k: v for k, v in watched.items() if k in known}, pending, inputs)
+    return Tick(changed, state, mode, reason, signalled, flagged, checked, [*notes, *input_notes])

@@ -116,12 +116,14 @@ class WatchState:
     table: TableReading | None = None
     partitions: dict[str, PartitionWatch] = field(default_factory=dict)
     pending: tuple[str, ...] = ()
+    # The spec's other inputs as gate 1 read them (input name -> TableReading's JSON, or None).
+    inputs: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "format": STATE_FORMAT, "table": None if self.table is None else self.table.as_json(),
             "partitions": {k: v.as_json() for k, v in sorted(self.partitions.items())},
-            "pending": list(self.pending),
+            "pending": list(self.pending), **({"inputs": self.inputs} if self.inputs else {}),
         }
 
     @classmethod
@@ -136,6 +138,7 @@ class WatchState:
                 None if table is None else TableReading.from_json(table),
                 {str(k): PartitionWatch.from_json(v) for k, v in data["partitions"].items()},
                 tuple(str(p) for p in data["pending"]),
+                dict(data.get("inputs", {})),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None

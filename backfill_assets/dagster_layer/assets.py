@@ -165,9 +165,14 @@ def spec_assets(spec: Spec) -> list[Any]:
                      "preview and an approve link, and the approvals not yet applied, each with its age. "
                      "Observed by the approvals_board sensor; not data."),
     )
+    inputs = [dg.AssetSpec(key, group_name=spec.name, kinds={_kind(spec)},
+                           description=f"The input {name} ({spec.inputs[name].display_name}) the transform reads beside "
+                                       "the source, pinned with it in each snapshot; read only, never written.",
+                           metadata={"table": spec.inputs[name].display_name})
+              for name, key in shape.keys.inputs.items()]
     if snapshot_with_builds(spec):  # the snapshot is taken by the step that builds from it
-        return [source, _stages_asset(shape), _target_asset(shape), approvals]
-    return [source, _snapshot_asset(shape), _stages_asset(shape), _target_asset(shape), approvals]
+        return [source, *inputs, _stages_asset(shape), _target_asset(shape), approvals]
+    return [source, *inputs, _snapshot_asset(shape), _stages_asset(shape), _target_asset(shape), approvals]
 
 
 def _require_build_pool(context: dg.AssetExecutionContext, spec: Spec) -> None:
@@ -185,7 +190,8 @@ def _snapshot_spec(shape: _Shape) -> dg.AssetSpec:
     spec = shape.spec
     held = snapshot_with_builds(spec)
     return dg.AssetSpec(
-        shape.keys.snapshot, deps=[shape.keys.source], group_name=spec.name, kinds={_kind(spec)},
+        shape.keys.snapshot, deps=[shape.keys.source, *shape.keys.inputs.values()], group_name=spec.name,
+        kinds={_kind(spec)},
         description=("The source partitions as one snapshot the stages step holds while it builds both stages "
                      "(materialized with them), identified by their fingerprints." if held else
                      "A fixed copy (or pinned fingerprint) of the source partitions."))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote, urlencode
 
 import dagster as dg
@@ -43,10 +43,14 @@ class Keys:
     # by approvals_board.
     approvals: dg.AssetKey
 
+    # The spec's other inputs (core.spec_inputs), by name: upstream of the snapshot, as the source.
+    inputs: dict[str, dg.AssetKey] = field(default_factory=dict)
+
     @classmethod
     def of(cls, spec: Spec) -> Keys:
         return cls(*(dg.AssetKey([spec.name, n])
-                     for n in ("source", "snapshot", "stage_a", "stage_b", "target", "approvals")))
+                     for n in ("source", "snapshot", "stage_a", "stage_b", "target", "approvals")),
+                   inputs={name: dg.AssetKey([spec.name, f"input_{name}"]) for name in spec.inputs})
 
 
 def build_pool(spec: Spec) -> str:

@@ -6,7 +6,6 @@ plan; an undeclared relation is refused with its name."""
 
 from __future__ import annotations
 
-import datetime as dt
 from decimal import Decimal
 
 import psycopg
@@ -17,51 +16,8 @@ from backfill_assets.core.plan import make_plan
 from backfill_assets.core.progress import ProgressEvent
 from backfill_assets.core.spec import spec_from_mapping
 from backfill_assets.core.vocabulary import PartitionRequest
-from backfill_assets_tests.support.specs import URL_ENV
+from backfill_assets_tests.support.inputs import COLUMNS, DAYS, INPUTS_SPEC, TRANSFORM, load_inputs
 from backfill_assets_tests.support.windows import plan_approve_apply
-
-DAYS = "2024-01-01..2024-01-03"
-COLUMNS = ["order_date", "order_id", "customer_id", "region", "paid", "updated_at", "seq", "amount"]
-TRANSFORM = (
-    "SELECT s.order_date, s.order_id, s.customer_id, c.region, coalesce(p.paid, 0) AS paid, s.updated_at, s.seq, "
-    "s.amount FROM source AS s LEFT JOIN customers AS c ON c.customer_id = s.customer_id "
-    "LEFT JOIN (SELECT order_id, paid_on, sum(paid) AS paid FROM payments GROUP BY order_id, paid_on) AS p "
-    "ON p.order_id = s.order_id AND p.paid_on = s.order_date"
-)
-SPEC = {
-    "name": "orders_enriched", "database_url_env": URL_ENV,
-    "source": {"table": "public.orders_raw"},
-    "inputs": {"customers": {"table": "public.customers"},
-               "payments": {"table": "public.payments", "partition_key": "paid_on"}},
-    "target": {"table": "public.orders_enriched"},
-    "partition_key": "order_date", "business_key": ["order_id"],
-    "ordering": [{"column": "updated_at", "direction": "desc"}, {"column": "seq", "direction": "desc"}],
-    "columns": COLUMNS, "total": "amount", "transform_version": "v1", "transform_sql": TRANSFORM,
-}
-T = dt.datetime(2024, 1, 5, tzinfo=dt.timezone.utc)
-# order_date, order_id, customer_id, updated_at, seq, amount: order 2 has two versions, 6 lies
-# outside the plan's days.
-ORDERS = [("2024-01-01", 1, 10, T, 1, "5.00"), ("2024-01-01", 2, 11, T, 1, "6.00"),
-          ("2024-01-01", 2, 11, T, 2, "7.00"), ("2024-01-02", 3, 12, T, 1, "8.00"),
-          ("2024-01-03", 4, 99, T, 1, "9.00"), ("2024-01-04", 6, 10, T, 1, "1.00")]
-CUSTOMERS = [(10, "north ünïcödé"), (11, "south\ttab"), (12, None)]
-PAYMENTS = [("2024-01-01", 1, "2.00"), ("2024-01-01", 1, "3.00"), ("2024-01-02", 3, "8.00"),
-            ("2024-01-04", 4, "9.00")]  # order 4 paid a day late: not its day's payment
-
-
-def _load(conn: psycopg.Connection) -> None:
-    conn.execute("CREATE TABLE public.orders_raw (order_date date, order_id bigint, customer_id bigint, "
-                 "updated_at timestamptz, seq int, amount numeric(12,2))")
-    conn.execute("CREATE TABLE public.customers (customer_id bigint PRIMARY KEY, region text)")
-    conn.execute("CREATE TABLE public.payments (paid_on date, order_id bigint, paid numeric(12,2))")
-    conn.execute("CREATE TABLE public.orders_enriched (order_date date, order_id bigint, customer_id bigint, "
-                 "region text, paid numeric(12,2), updated_at timestamptz, seq int, amount numeric(12,2), "
-                 "UNIQUE (order_date, order_id))")
-    with conn.cursor() as cur:
-        cur.executemany("INSERT INTO public.orders_raw VALUES (%s, %s, %s, %s, %s, %s)", ORDERS)
-        cur.executemany("INSERT INTO public.customers VALUES (%s, %s)", CUSTOMERS)
-        cur.executemany("INSERT INTO public.payments VALUES (%s, %s, %s)", PAYMENTS)
-    conn.commit()
 
 
 def _naive(conn: psycopg.Connection) -> list[tuple]:
@@ -81,8 +37,8 @@ def _written(conn: psycopg.Connection) -> list[tuple]:
 
 
 def test_a_fact_joined_with_a_dimension_and_a_second_fact_equals_the_naive_join(conn, factory, url_env):
-    _load(conn)
-    spec = spec_from_mapping(SPEC)
+    load_inputs(conn)
+    spec = spec_from_mapping(INPUTS_SPEC)
     plan, result = plan_approve_apply(conn, factory, spec, DAYS)
     assert plan.status == "ready", plan.problems
     assert {p["status"] for p in result.partitions} == {"verified"}
@@ -104,8 +60,8 @@ def test_a_fact_joined_with_a_dimension_and_a_second_fact_equals_the_naive_join(
 
 
 def test_a_writer_changing_an_input_during_the_builds_reaches_neither(conn, factory, url_env, db_url):
-    _load(conn)
-    spec = spec_from_mapping(SPEC)
+    load_inputs(conn)
+    spec = spec_from_mapping(INPUTS_SPEC)
     expected = make_plan(spec, PartitionRequest(DAYS), factory)
     wrote = []
 
@@ -126,7 +82,7 @@ def test_a_truncate_of_an_input_once_the_snapshot_is_taken_waits_for_the_plan(co
     """TRUNCATE is not MVCC-safe: committed after the snapshot was taken and before the plan
     first read the input, the snapshot would see the input empty. Each input is locked as a
     SELECT locks it before the snapshot is taken, so a TRUNCATE just after it waits."""
-    _load(conn)
+    load_inputs(conn)
     outcome = []
 
     def truncate_once(event: ProgressEvent) -> None:
@@ -139,7 +95,7 @@ def test_a_truncate_of_an_input_once_the_snapshot_is_taken_waits_for_the_plan(co
                 except psycopg.errors.LockNotAvailable:
                     outcome.append("waited")
 
-    plan = make_plan(spec_from_mapping(SPEC), PartitionRequest(DAYS), factory, progress=truncate_once)
+    plan = make_plan(spec_from_mapping(INPUTS_SPEC), PartitionRequest(DAYS), factory, progress=truncate_once)
     assert outcome == ["waited"] and plan.status == "ready"
 
 
@@ -151,21 +107,21 @@ def test_a_truncate_of_an_input_once_the_snapshot_is_taken_waits_for_the_plan(co
 ])
 def test_a_relation_that_is_not_a_declared_input_is_refused_with_its_name(conn, factory, url_env, transform,
                                                                            refused):
-    _load(conn)
+    load_inputs(conn)
     with pytest.raises(SpecError, match=refused.replace("(", r"\(").replace(")", r"\)")):
-        make_plan(spec_from_mapping({**SPEC, "transform_sql": transform}), PartitionRequest(DAYS), factory)
+        make_plan(spec_from_mapping({**INPUTS_SPEC, "transform_sql": transform}), PartitionRequest(DAYS), factory)
 
 
 def test_a_dimension_that_repeats_a_key_is_refused_as_a_tie(conn, factory, url_env):
     """A join with an input holding two rows for one customer doubles that customer's orders:
     rows that differ and tie on the whole ordering, which newest-wins cannot choose between."""
-    _load(conn)
+    load_inputs(conn)
     conn.execute("ALTER TABLE public.customers DROP CONSTRAINT customers_pkey")
     conn.execute("INSERT INTO public.customers VALUES (10, 'west')")
     conn.commit()
     with pytest.raises(SourceDataError, match="the transform's join repeats source rows, as input customers holds "
                        "customer_id=10 in 2 rows.*Join each input on a key it holds once") as err:
-        make_plan(spec_from_mapping(SPEC), PartitionRequest(DAYS), factory)
+        make_plan(spec_from_mapping(INPUTS_SPEC), PartitionRequest(DAYS), factory)
     assert "partition 2024-01-01, key (order_id=1): 2 different rows" in str(err.value)
 
 
@@ -176,19 +132,19 @@ def test_a_dimension_that_repeats_a_key_is_refused_as_a_tie(conn, factory, url_e
 ])
 def test_the_spec_refuses_inputs_it_cannot_read(inputs, refused):
     with pytest.raises(SpecError, match=refused):
-        spec_from_mapping({**SPEC, "inputs": inputs})
+        spec_from_mapping({**INPUTS_SPEC, "inputs": inputs})
     with pytest.raises(SpecError, match="are read by transform_sql"):
-        spec_from_mapping({**{k: v for k, v in SPEC.items() if k != "transform_sql"}})
+        spec_from_mapping({**{k: v for k, v in INPUTS_SPEC.items() if k != "transform_sql"}})
     with pytest.raises(SpecError, match="`snapshot: copy` with inputs is not built yet"):
-        spec_from_mapping({**SPEC, "source": {"table": "public.orders_raw", "snapshot": "copy"}})
+        spec_from_mapping({**INPUTS_SPEC, "source": {"table": "public.orders_raw", "snapshot": "copy"}})
 
 
 def test_inspect_names_each_input_it_cannot_read(conn, factory, url_env):
     from backfill_assets.core.resolve import inspect
-    _load(conn)
+    load_inputs(conn)
     conn.execute("ALTER TABLE public.payments ALTER COLUMN paid_on TYPE timestamptz")
     conn.commit()
-    spec = spec_from_mapping({**SPEC, "inputs": {**SPEC["inputs"], "devices": {"table": "public.devices"}}})
+    spec = spec_from_mapping({**INPUTS_SPEC, "inputs": {**INPUTS_SPEC["inputs"], "devices": {"table": "public.devices"}}})
     problems = inspect(spec, factory).problems
     assert problems == [
         "input payments: its partition_key paid_on is timestamp with time zone, the source's order_date is date; an "
@@ -231,8 +187,8 @@ def test_the_source_sensor_requests_the_partitions_a_moved_input_feeds_once(conn
     source's own gates are unchanged."""
     from backfill_assets.core.build import open_build_engine
     from backfill_assets_tests.support.source_writes import write
-    _load(conn)
-    spec = spec_from_mapping(SPEC)
+    load_inputs(conn)
+    spec = spec_from_mapping(INPUTS_SPEC)
     assert make_plan(spec, PartitionRequest(DAYS), factory).status == "ready"
 
     def tick(state):

@@ -362,12 +362,14 @@ GROUPS = {
     "windows": "16: a year of hourly time windows (8,760) through the CLI vs the naive per-window DELETE+INSERT, "
                "the fixed cost per window; the same rows by New York's days as windows and as a date column's values",
     "lakewin": "16c: New York's days into a Delta table, as day windows of a time stamp and as a date column's values",
+    "inputs": "17: a transform joining a dimension a tenth the source's size, through the CLI, vs the naive join "
+              "and vs the same backfill without the join",
 }
 _NEED_FIG3 = {"fp", "dagster", "scaling"}
 # Rows and notes are written in this order, whatever order the figures ran in.
 FIGURES = ("1", "2", "3", "4", "5", "6", "4b", "7a", "7b", "7c", "7c+batch", "8", "8b", "9", "15a", "15b", "10a", "10b",
-           "11", "12", "13a", "13b", "14", "16a", "16b", "16c")
-SECTIONS = ("fp", "fig3", "shapes", "big", "sensor", "lake", "diff", "duckdb", "spark", "windows")
+           "11", "12", "13a", "13b", "14", "16a", "16b", "16c", "17a", "17b")
+SECTIONS = ("fp", "fig3", "shapes", "big", "sensor", "lake", "diff", "duckdb", "spark", "windows", "inputs")
 
 
 @dataclass
@@ -833,7 +835,8 @@ def main() -> int:
                  ("memory", figure_5), ("scaling", figure_6), ("big", figure_big), ("year", figure_4b),
                  ("sensor", figure_sensor_alone), ("lake", figure_lake), ("lake", figure_lake_fingerprint),
                  ("diff", figure_diff), ("duckdb", figure_duckdb), ("spark", figure_spark),
-                 ("windows", figure_windows), ("lakewin", figure_lake_windows), ("pgdefault", figures_default_server)]
+                 ("windows", figure_windows), ("lakewin", figure_lake_windows), ("inputs", figure_inputs),
+                 ("pgdefault", figures_default_server)]
         for group, figure in steps:
             if group in only:
                 t, _ = timed(lambda: figure(b, report))
@@ -938,6 +941,59 @@ def figure_lake_windows(b: Bench, report: Report, n: int = 60) -> None:
     report.note("windows", f"   - 16c. the first {n} of those days into a Delta table: as day windows (a table not "
                 f"partitioned, each window overwritten by its range) {days.ours:.2f} s ({days.detail.shares()}), as the "
                 f"values of `d` (a table partitioned by them) {days.naive:.2f} s; {days.ratio:.2f}x ({days.spread()})")
+
+
+def figure_inputs(b: Bench, report: Report) -> None:
+    """Figure 17: a transform over two inputs. small's 365 days (~385k rows), each row's status
+    its customer's region from a dimension a tenth the source's size (38,500 customers), read
+    whole in the source's exported snapshot and pinned in the plan: plan, approve and apply as
+    processes. 17a against the naive way (per day, DELETE and INSERT ... DISTINCT ON over the
+    source joined with the dimension as it is); 17b against the same backfill without the join
+    (the dimension's cost: its read and pin, and the join, in both builds)."""
+    joined, unjoined = shapes.joined(), shapes.joined(spec=shapes.UNJOINED_SPEC)
+    with b.factory() as conn:
+        t_load, rows = timed(lambda: shapes.load(conn, joined))
+        print(f"generated {rows} source rows and {shapes.JOINED_CUSTOMERS} customers in {t_load:.1f} s", flush=True)
+
+        def reset() -> None:
+            for shape in (joined, unjoined):
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(shape.control_schema)))
+            for name in ("tgt", "tgt_unjoined", "tgt_naive"):
+                conn.execute(sql.SQL("TRUNCATE {}").format(joined.table(name)))
+            conn.execute(sql.SQL("CHECKPOINT"))
+
+        def naive() -> float:
+            reset()
+            return shapes.naive_join_backfill(conn, joined)
+
+        def ours(shape: shapes.Shape) -> Callable[[], tuple[float, shapes.CliRun]]:
+            def run() -> tuple[float, shapes.CliRun]:
+                reset()
+                done = shapes.run_cli(shape, b.url.reveal(), b.folder)
+                return done.seconds, done
+            return run
+
+        vs_naive = pairs.alternated(b.args.pairs, naive, ours(joined))
+        shapes.naive_join_backfill(conn, joined)  # the naive rows beside ours (the last run, ours, emptied them)
+        same = conn.execute(sql.SQL(
+            "SELECT count(*) FROM (SELECT d, k, updated_at, seq, amount, status, note FROM bench_joined.tgt "
+            "EXCEPT ALL SELECT d, k, updated_at, seq, amount, status, note FROM bench_joined.tgt_naive) AS x")).fetchone()
+        written = int(conn.execute(sql.SQL("SELECT count(*) FROM bench_joined.tgt")).fetchone()[0])
+        unjoined_run = ours(unjoined)
+        vs_unjoined = pairs.alternated(b.args.pairs, lambda: unjoined_run()[0], ours(joined))
+    run = vs_naive.detail
+    report.row("17a. CLI backfill with a dimension join vs the naive join (365 x ~1k rows)", run.seconds,
+               vs_naive.naive, "s", "-", vs_naive.ratio, None)
+    report.row("17b. the same backfill with the dimension join vs without it", vs_unjoined.ours, vs_unjoined.naive,
+               "s", "-", vs_unjoined.ratio, None)
+    report.note("inputs", "Several inputs (figure 17; benchmarks/shapes.py `joined`: small's 365 days, each row's "
+                f"status its customer's region, {shapes.JOINED_CUSTOMERS} customers read whole; each run from empty "
+                "targets and no control schema, after a CHECKPOINT):",
+                f"   - 17a. {rows} source rows, {written} written ({same[0]} rows differ from the naive join's): "
+                f"ours {run.seconds:.2f} s ({run.shares()}; the {vs_naive.spread()}), naive per-day DELETE+INSERT over "
+                f"the join {vs_naive.naive:.2f} s; peak RSS {run.peak_mib:.0f} MiB",
+                f"   - 17b. with the join {vs_unjoined.ours:.2f} s ({vs_unjoined.detail.shares()}), without it "
+                f"{vs_unjoined.naive:.2f} s: the dimension costs {vs_unjoined.ratio:.2f}x ({vs_unjoined.spread()})")
 
 
 def figure_lake(b: Bench, report: Report) -> None:

@@ -253,6 +253,87 @@ def small(days: int = 365) -> Shape:
                  _SMALL_GENERATE, {"days": days}, days)
 
 
+# --- a fact joined with a dimension (several inputs) --------------------------------------------
+
+# small's rows with a customer id `c`, and a dimension of customers holding a tenth as many rows
+# as the source: each row's status is its customer's region. Read with and without the join.
+JOINED_CUSTOMERS = 38_500
+JOINED_TRANSFORM = ("SELECT s.d, s.k, s.updated_at, s.seq, s.amount, c.region AS status, s.note "
+                    "FROM source AS s LEFT JOIN customers AS c ON c.id = s.c")
+JOINED_SPEC: dict[str, Any] = {
+    **SMALL_SPEC, "name": "bench_joined", "control_schema": "bench_joined_control",
+    "source": {"table": "bench_joined.src"}, "target": {"table": "bench_joined.tgt"},
+    "inputs": {"customers": {"table": "bench_joined.customers"}}, "transform_sql": JOINED_TRANSFORM,
+    "transform_version": "bench-joined-v1",
+}
+# The same backfill without the join: the same transform's shape over the source alone.
+UNJOINED_SPEC: dict[str, Any] = {
+    **{k: v for k, v in JOINED_SPEC.items() if k != "inputs"}, "name": "bench_unjoined",
+    "control_schema": "bench_unjoined_control", "target": {"table": "bench_joined.tgt_unjoined"},
+    "transform_sql": "SELECT s.d, s.k, s.updated_at, s.seq, s.amount, s.status, s.note FROM source AS s",
+    "transform_version": "bench-unjoined-v1",
+}
+# The customers first (a tenth as many as the source's rows), then small's rows, each with the
+# customer (seq * 7919) % customers.
+_JOINED_CUSTOMERS = sql.SQL(
+    "INSERT INTO bench_joined.customers (id, region) SELECT n, 'region ' || (n % 97) || CASE n % 3 WHEN 0 "
+    "THEN ' ü' ELSE '' END FROM generate_series(0, {} - 1) AS n").format(sql.Literal(JOINED_CUSTOMERS))
+_JOINED_DDL = (
+    sql.SQL("DROP SCHEMA IF EXISTS bench_joined CASCADE"),
+    sql.SQL("CREATE SCHEMA bench_joined"),
+    sql.SQL("CREATE TABLE bench_joined.src (d date NOT NULL, k bigint, c bigint, updated_at timestamptz NOT NULL, "
+            "seq bigint NOT NULL, amount numeric(12,2), status text, note text)"),
+    sql.SQL("CREATE INDEX ON bench_joined.src (d)"),
+    sql.SQL("CREATE TABLE bench_joined.customers (id bigint PRIMARY KEY, region text NOT NULL)"),
+    sql.SQL("CREATE TABLE bench_joined.tgt (d date NOT NULL, k bigint NOT NULL, updated_at timestamptz, "
+            "seq bigint, amount numeric(12,2), status text, note text, UNIQUE (d, k))"),
+    sql.SQL("CREATE TABLE bench_joined.tgt_unjoined (LIKE bench_joined.tgt INCLUDING ALL)"),
+    sql.SQL("CREATE TABLE bench_joined.tgt_naive (LIKE bench_joined.tgt INCLUDING ALL)"),
+    _JOINED_CUSTOMERS,
+)
+_JOINED_GENERATE = sql.SQL(
+    "INSERT INTO bench_joined.src (d, k, c, updated_at, seq, amount, status, note) "
+    "SELECT date '2024-01-01' + i, x.key, ((i * 10000::bigint + r) * 7919) %% %(customers)s, "
+    "timestamptz '2024-01-01 00:00+00' + make_interval(days => i, secs => x.key * 60) "
+    "+ CASE WHEN x.restated THEN interval '1 day' ELSE interval '0' END, "
+    "i * 10000::bigint + r, ((x.key * 37 + i) %% 100000) / 100.0, "
+    "CASE WHEN x.restated THEN 'restated' ELSE 'placed' END, "
+    "'note ' || x.key || CASE x.key %% 5 WHEN 0 THEN E'\\t☕' WHEN 1 THEN E'\\nline' WHEN 2 THEN 'é' ELSE '' END "
+    "FROM generate_series(0, %(days)s - 1) AS i, LATERAL (SELECT 920 + (i * 37) %% 81 AS n) AS p, "
+    "LATERAL generate_series(0, p.n + p.n / 10 - 1) AS r, "
+    "LATERAL (SELECT r >= p.n AS restated, CASE WHEN r < p.n THEN r ELSE ((r - p.n) * 7919) %% p.n END AS key) AS x"
+)
+
+
+def joined(days: int = 365, spec: dict[str, Any] | None = None) -> Shape:
+    """small's ``days`` partitions, each row with a customer of a dimension a tenth the source's
+    size (``spec``: JOINED_SPEC, which joins it, or UNJOINED_SPEC, which does not)."""
+    spec = JOINED_SPEC if spec is None else spec
+    return Shape(spec["name"], f"{days} x ~1k rows joined with {JOINED_CUSTOMERS} customers", spec, _JOINED_DDL,
+                 _JOINED_GENERATE, {"days": days, "customers": JOINED_CUSTOMERS}, days)
+
+
+_NAIVE_JOIN = sql.SQL(
+    "INSERT INTO bench_joined.tgt_naive (d, k, updated_at, seq, amount, status, note) "
+    "SELECT DISTINCT ON (s.d, s.k) s.d, s.k, s.updated_at, s.seq, s.amount, c.region, s.note "
+    "FROM bench_joined.src AS s LEFT JOIN bench_joined.customers AS c ON c.id = s.c "
+    "WHERE s.d = %(partition)s AND s.k IS NOT NULL ORDER BY s.d, s.k, s.updated_at DESC, s.seq DESC"
+)
+
+
+def naive_join_backfill(conn: psycopg.Connection, shape: Shape) -> float:
+    """The naive way with the join: per partition, one transaction of DELETE + INSERT ...
+    SELECT DISTINCT ON over the source joined with the dimension as it is now. Seconds."""
+    delete = _NAIVE_DELETE.format(target=shape.table("tgt_naive"), in_part=_AT_VALUE.format(sql.Identifier("d")))
+    server_defaults(conn)
+    start = time.perf_counter()
+    for day in shape.days_list(None):
+        with conn.transaction():
+            conn.execute(delete, {"partition": day})
+            conn.execute(_NAIVE_JOIN, {"partition": day})
+    return time.perf_counter() - start
+
+
 # --- time windows: New York's hours of 2023 -------------------------------------------------
 
 HOURLY_START = dt.datetime(2023, 1, 1, 5, tzinfo=dt.timezone.utc)  # midnight EST, 1 January 2023

@@ -13,7 +13,7 @@ from backfill_assets.core.differences import DiffResult
 from backfill_assets.core.fingerprint.rows import Fingerprint
 from backfill_assets.core.profile.propose import Profile
 from backfill_assets.core.spec import ParallelSpec
-from backfill_assets.core.store.plan_document import Plan, PlanDocument
+from backfill_assets.core.store.plan_document import InputPin, Plan, PlanDocument
 
 
 def _readings_cells(fp: Fingerprint) -> str:
@@ -31,6 +31,14 @@ def parallel_note(parallel: ParallelSpec) -> str:
     )
 
 
+def _read_of(pin: InputPin) -> str:
+    """What a plan read of an input: all of it, or its partitions' rows by its own column."""
+    if pin.partition_key is None:
+        return "read whole"
+    wider = "".join(f", {name} {value}" for name, value in (("before", pin.before), ("after", pin.after)) if value)
+    return f"the plan's partitions by {pin.partition_key}{wider}"
+
+
 def render_plan(plan: Plan, parallel: ParallelSpec | None = None) -> str:
     """The plan as text; with the spec's ``parallel``, what multi-run means for applying it."""
     w = _width(plan.document.labels)
@@ -43,6 +51,8 @@ def render_plan(plan: Plan, parallel: ParallelSpec | None = None) -> str:
         f"  snapshot:          {snap.id} ({snap.mode}, "
         + ("" if snap.version is None else f"version {snap.version[:16]}, ")
         + f"fingerprint {snap.fingerprint[:16]}...)",
+        *[f"  input {i.name + ':':<12} {i.table}, {_read_of(i)}: {i.row_count} rows, hash {i.content_hash[:16]}"
+          for i in snap.inputs or ()],
         f"  transform version: {doc.transform_version}",
         "",
         f"  {'partition':<{w}} {'A=B':<4} {'rows':>7} {'total':>14}  {'content hash':<18} "

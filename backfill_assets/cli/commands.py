@@ -291,7 +291,8 @@ def cmd_demo(args: argparse.Namespace, out: Output) -> int:
         raise SpecError(f"--spark-spec {args.spark_spec}: its source is not a Parquet folder "
                         "(source.format: parquet); name a spec whose source is, or 'none'")
     windows = None if args.windows_spec == "none" else load_spec(args.windows_spec)
-    run_demo(load_spec(args.spec), args.partitions, out, lake, duck, spark, windows)
+    inputs = None if args.inputs_spec == "none" else load_spec(args.inputs_spec)
+    run_demo(load_spec(args.spec), args.partitions, out, lake, duck, spark, windows, inputs)
     return 0
 
 
@@ -378,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.add_argument("--windows-spec", default="deploy/examples/events_hourly.yaml", metavar="FILE",
                           help="the spec of the demo's step 12: hours of a time stamp in New York over the night "
                                "its clocks fall back ('none' to skip it)")
+    demo_cmd.add_argument("--inputs-spec", default="deploy/examples/events_devices.yaml", metavar="FILE",
+                          help="the spec of the demo's step 13: those events joined with a dimension of their "
+                               "devices, every input pinned ('none' to skip it)")
     return parser
 
 

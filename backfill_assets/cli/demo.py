@@ -193,3 +193,26 @@ def load_events(conn: psycopg.Connection, schema: str = "public") -> None:
             cur.execute(ddl.format(src=src, tgt=tgt))
         cur.executemany(_INSERT.format(rel=src, cols=cols, values=values), event_rows())
         cur.execute(_INSERT.format(rel=tgt, cols=cols, values=values), stale)
+
+
+# --- several inputs: the events with their device's name, from a dimension table ------------
+
+DEVICES = [(1, "thermostat hall"), (2, "Küche"), (3, "garage door"), (4, "東京 office"), (5, "porch\tlight"),
+           (6, "basement pump"), (7, "attic fan"), (8, "Café sensor")]  # device 9 has no row: its name is NULL
+_DEVICES_DDL = (
+    sql.SQL("DROP TABLE IF EXISTS {dim}, {tgt}"),
+    sql.SQL("CREATE TABLE {dim} (device_id int PRIMARY KEY, name text NOT NULL)"),
+    sql.SQL("CREATE TABLE {tgt} (created_at timestamptz NOT NULL, event_id bigint NOT NULL, device_id int, "
+            "device text, updated_at timestamptz NOT NULL, ingest_seq bigint NOT NULL, reading numeric(10,3), "
+            "CONSTRAINT events_devices_key UNIQUE (created_at, event_id))"),
+)
+
+
+def load_devices(conn: psycopg.Connection, schema: str = "public") -> None:
+    """(Re)create ``devices`` (a dimension of the events' devices, one of them missing) and
+    the empty target ``events_devices`` in ``schema``."""
+    dim, tgt = sql.Identifier(schema, "devices"), sql.Identifier(schema, "events_devices")
+    with conn.transaction(), conn.cursor() as cur:
+        for ddl in _DEVICES_DDL:
+            cur.execute(ddl.format(dim=dim, tgt=tgt))
+        cur.executemany(sql.SQL("INSERT INTO {} (device_id, name) VALUES (%s, %s)").format(dim), DEVICES)

@@ -51,13 +51,16 @@ class Printer(Protocol):
 
 
 def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None = None,
-             duck_spec: Spec | None = None, spark_spec: Spec | None = None, windows_spec: Spec | None = None) -> None:
+             duck_spec: Spec | None = None, spark_spec: Spec | None = None, windows_spec: Spec | None = None,
+             inputs_spec: Spec | None = None) -> None:
     """Run the demo of ``spec`` over ``partitions`` on the embedded PostgreSQL; then, with
     ``lake_spec`` (a Delta target), the same backfill into a Delta Lake table; then, with
     ``duck_spec`` (engine duckdb), the whole process on DuckDB from a Delta source. With
     ``spark_spec`` (engine spark, a Parquet folder source), its source folder is written from
     the sample rows at the start, for the user to run on Spark (the demo starts no Spark). With
-    ``windows_spec`` (time windows of a time stamp), it ends with hours over a daylight-saving change.
+    ``windows_spec`` (time windows of a time stamp), hours over a daylight-saving change; with
+    ``inputs_spec`` (a transform over several inputs), it ends with those events joined with a
+    dimension.
 
     Raises:
         DeterminismError: the plan was refused.
@@ -98,6 +101,42 @@ def run_demo(spec: Spec, partitions: str, out: Printer, lake_spec: Spec | None =
     _audit_demo(spec, lake_spec, factory, out)
     if windows_spec is not None:
         _windows_demo(windows_spec, factory, out)
+    if inputs_spec is not None:
+        _inputs_demo(inputs_spec, factory, out, events_loaded=windows_spec is not None)
+
+
+def _inputs_demo(spec: Spec, factory: ConnectionFactory, out: Printer, *, events_loaded: bool) -> None:
+    """A transform over two inputs: the events of the hours demo, each with its device's name
+    from a dimension, both read in one snapshot and pinned in the plan; a device renamed after
+    the backfill gives another plan, which differs only in the hours holding its events."""
+    with factory() as conn:
+        if not events_loaded:
+            demo.load_events(conn)
+        demo.load_devices(conn)
+    out.result(f"\n-- 13. several inputs: {spec.target_name}, the events of {demo.EVENTS_DAY} by the hour with "
+               f"their device's name from {', '.join(i.display_name for i in spec.inputs.values())}")
+    request = PartitionRequest(demo.EVENTS_DAY)
+    first = make_plan(spec, request, factory, progress=out.progress)
+    out.result(render_plan(first))
+    if first.status != "ready":
+        raise first.refusal()
+    with factory() as conn, factory.control(conn) as control:
+        confirm(control, review(conn, factory, spec, first.plan_id), "demo")
+    out.result(render_apply(apply_plan(spec, first.plan_id, factory, run_id=uuid.uuid4().hex, progress=out.progress)))
+    with factory() as conn:
+        conn.execute(sql.SQL("UPDATE public.devices SET name = 'garage door (replaced)' WHERE device_id = 3"))
+        hours = {r[0] for r in conn.execute(sql.SQL(
+            "SELECT DISTINCT created_at FROM public.events_devices WHERE device_id = 3")).fetchall()}
+    again = make_plan(spec, request, factory, progress=out.progress)
+    before = {p.partition: p.stage_a for p in first.document.partitions}
+    moved = [p.partition for p in again.document.partitions if p.stage_a != before[p.partition]]
+    (pin,) = again.document.snapshot.inputs or (None,)
+    out.result(f"device 3 renamed: plan {again.plan_id[:16]} (another plan: the devices' pin is now "
+               f"{pin.content_hash[:16] if pin else '?'}), its stages differ in {len(moved)} of "
+               f"{len(again.document.partitions)} hours: those holding device 3's events")
+    if again.plan_id == first.plan_id or not moved or len(moved) > len(hours):
+        raise VerificationError(demo.EVENTS_DAY, "the demo's several inputs", "another plan, differing in device 3's hours",
+                                f"plan {again.plan_id[:16]}, {len(moved)} hour(s) differ")
 
 
 def _windows_demo(spec: Spec, factory: ConnectionFactory, out: Printer) -> None:

@@ -245,7 +245,8 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path, server_di
              "--lake-spec", str(REPO / "deploy/examples/orders_delta.yaml"),
              "--duckdb-spec", str(REPO / "deploy/examples/orders_duckdb.yaml"),
              "--spark-spec", str(REPO / "deploy/examples/orders_spark.yaml"),
-             "--windows-spec", str(REPO / "deploy/examples/events_hourly.yaml")]
+             "--windows-spec", str(REPO / "deploy/examples/events_hourly.yaml"),
+             "--inputs-spec", str(REPO / "deploy/examples/events_devices.yaml")]
     done = subprocess.run(
         [sys.executable, "-m", "backfill_assets.cli", "demo", *specs], cwd=work, env=env,
         capture_output=True, text=True, timeout=300,
@@ -263,6 +264,11 @@ def test_demo_runs_end_to_end_on_its_own_embedded_postgresql(tmp_path, server_di
     windows = done.stdout[done.stdout.index("-- 12. time windows"):]
     assert "25 partition(s); windows 2024-11-03T01:00-0400 [2024-11-03T05:00:00+00:00, " in windows
     assert "plan e8d3360f1488a7e4 (the same plan), 25 of 25 window(s) already carry the approved fingerprint" in windows
+    # Then those events with their device's name from a dimension: the plan names its pin, and a
+    # renamed device gives another plan, which differs in the hours of that device's events.
+    inputs = done.stdout[done.stdout.index("-- 13. several inputs"):]
+    assert "input devices:     public.devices, read whole: 8 rows, hash " in inputs
+    assert "device 3 renamed: plan " in inputs and "those holding device 3's events" in inputs
     assert (server_dir / "home" / "pgdata").is_dir()
     # status then says when each partition was last audited.
     status = subprocess.run([sys.executable, "-m", "backfill_assets.cli", "status", "--spec",

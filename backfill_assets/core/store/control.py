@@ -297,32 +297,22 @@ _PLANS_BY_PREFIX = sql.SQL(
     "SELECT plan_id, status, plan FROM {schema}.plans WHERE plan_id LIKE %(pattern)s "
     "ORDER BY plan_id LIMIT 2"
 )
+# The columns added to the control schema after its tables (table's name in _SCHEMA_STATE, column):
+# a schema without one of them was made by an older version, and is brought up to date.
+_ADDED_COLUMNS = (("snapshots", "scope"), ("snapshots", "taken_at"), ("snapshots", "fingerprint_format"),
+                  ("snapshots", "inputs"), ("builds", "writer_xid"), ("copies", "writer_txid"),
+                  ("builds", "writer_txid"), ("builds", "kept"), ("approvals", "target_readings"),
+                  ("approvals", "review"), ("ledger", "target_version"), ("ledger", "window_start"),
+                  ("ledger", "window_end"))
 _SCHEMA_STATE = sql.SQL(
     "SELECT to_regclass(%(plans)s) IS NOT NULL, "
     "to_regclass(%(ledger)s) IS NOT NULL AND to_regclass(%(builds)s) IS NOT NULL "
     "AND to_regclass(%(copies)s) IS NOT NULL AND to_regclass(%(previews)s) IS NOT NULL "
-    "AND to_regclass(%(audits)s) IS NOT NULL "
-    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
-    "AND attname = 'scope' AND NOT attisdropped) "
-    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
-    "AND attname = 'taken_at' AND NOT attisdropped) "
-    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(snapshots)s) "
-    "AND attname = 'fingerprint_format' AND NOT attisdropped) "
-    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
-    "AND attname = 'writer_xid' AND NOT attisdropped) "
-    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(copies)s) "
-    "AND attname = 'writer_txid' AND NOT attisdropped) "
-    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
-    "AND attname = 'writer_txid' AND NOT attisdropped) "
-    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(builds)s) "
-    "AND attname = 'kept' AND NOT attisdropped) "
-    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(approvals)s) "
-    "AND attname = 'target_readings' AND NOT attisdropped) "
-    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(approvals)s) "
-    "AND attname = 'review' AND NOT attisdropped) "
-    "AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%(ledger)s) "
-    "AND attname = 'target_version' AND NOT attisdropped)"
-)
+    "AND to_regclass(%(audits)s) IS NOT NULL AND {}"
+).format(sql.SQL(" AND ").join(
+    sql.SQL("EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass({}) AND attname = {} "
+            "AND NOT attisdropped)").format(sql.Placeholder(table), sql.Literal(column))
+    for table, column in _ADDED_COLUMNS))
 
 
 def control_ready(conn: psycopg.Connection, schema: str) -> bool:

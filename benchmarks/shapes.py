@@ -233,9 +233,7 @@ _SMALL_DDL = (
 )
 # Day i has n = 920 + (i * 37) % 81 keys, then n / 10 restatements: a later version (one day
 # later, a higher seq) of key (j * 7919) % n.
-_SMALL_GENERATE = sql.SQL(
-    "INSERT INTO bench_small.src (d, k, updated_at, seq, amount, status, note) "
-    "SELECT date '2024-01-01' + i, x.key, "
+_SMALL_ROWS = (  # each row's values after its day and key, and where they come from
     "timestamptz '2024-01-01 00:00+00' + make_interval(days => i, secs => x.key * 60) "
     "+ CASE WHEN x.restated THEN interval '1 day' ELSE interval '0' END, "
     "i * 10000::bigint + r, ((x.key * 37 + i) %% 100000) / 100.0, "
@@ -245,6 +243,8 @@ _SMALL_GENERATE = sql.SQL(
     "LATERAL generate_series(0, p.n + p.n / 10 - 1) AS r, "
     "LATERAL (SELECT r >= p.n AS restated, CASE WHEN r < p.n THEN r ELSE ((r - p.n) * 7919) %% p.n END AS key) AS x"
 )
+_SMALL_GENERATE = sql.SQL("INSERT INTO bench_small.src (d, k, updated_at, seq, amount, status, note) "
+                          "SELECT date '2024-01-01' + i, x.key, " + _SMALL_ROWS)
 
 
 def small(days: int = 365) -> Shape:
@@ -291,18 +291,9 @@ _JOINED_DDL = (
     sql.SQL("CREATE TABLE bench_joined.tgt_naive (LIKE bench_joined.tgt INCLUDING ALL)"),
     _JOINED_CUSTOMERS,
 )
-_JOINED_GENERATE = sql.SQL(
-    "INSERT INTO bench_joined.src (d, k, c, updated_at, seq, amount, status, note) "
-    "SELECT date '2024-01-01' + i, x.key, ((i * 10000::bigint + r) * 7919) %% %(customers)s, "
-    "timestamptz '2024-01-01 00:00+00' + make_interval(days => i, secs => x.key * 60) "
-    "+ CASE WHEN x.restated THEN interval '1 day' ELSE interval '0' END, "
-    "i * 10000::bigint + r, ((x.key * 37 + i) %% 100000) / 100.0, "
-    "CASE WHEN x.restated THEN 'restated' ELSE 'placed' END, "
-    "'note ' || x.key || CASE x.key %% 5 WHEN 0 THEN E'\\t☕' WHEN 1 THEN E'\\nline' WHEN 2 THEN 'é' ELSE '' END "
-    "FROM generate_series(0, %(days)s - 1) AS i, LATERAL (SELECT 920 + (i * 37) %% 81 AS n) AS p, "
-    "LATERAL generate_series(0, p.n + p.n / 10 - 1) AS r, "
-    "LATERAL (SELECT r >= p.n AS restated, CASE WHEN r < p.n THEN r ELSE ((r - p.n) * 7919) %% p.n END AS key) AS x"
-)
+_JOINED_GENERATE = sql.SQL("INSERT INTO bench_joined.src (d, k, c, updated_at, seq, amount, status, note) "
+                           "SELECT date '2024-01-01' + i, x.key, ((i * 10000::bigint + r) * 7919) %% %(customers)s, "
+                           + _SMALL_ROWS)
 
 
 def joined(days: int = 365, spec: dict[str, Any] | None = None) -> Shape:

@@ -27,6 +27,8 @@ from backfill_assets.core.pg.catalog import table_columns
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.windows import Windowing
 
+_ZERO = dt.timedelta(0)  # no widening
+
 
 def input_reads(conn: psycopg.Connection, spec: Spec, key: ColumnInfo | None,
                 windowing: Windowing | None) -> tuple[sqlbuild.InputRead, ...]:
@@ -75,8 +77,6 @@ def read_inputs(conn: psycopg.Connection, spec: Spec, key: ColumnInfo | None,
         reads.append(sqlbuild.InputRead(name, given.ref, tuple(c.name for c in columns), by))
     return tuple(reads), problems
 
-
-_ZERO = dt.timedelta(0)
 
 
 def input_pins(conn: psycopg.Connection, ctx: PostgresContext) -> tuple[dict[str, Any], ...] | None:

@@ -210,3 +210,30 @@ def test_the_source_sensor_requests_the_partitions_a_moved_input_feeds_once(conn
     assert quiet.changed == {}
     write(factory, conn, "INSERT INTO public.payments VALUES ('2024-01-02', 3, 1.00)")
     assert sorted(tick(quiet.state).changed) == ["2024-01-01", "2024-01-02", "2024-01-03"]
+
+
+def test_a_pin_is_read_again_for_every_partition_its_snapshot_read(conn, factory, url_env):
+    """Days 1-3 planned, then day 3 again alone: the first snapshot is still the newest of days
+    1 and 2, and its pin of payments covers days 1-3, so it is read again over days 1-3, not
+    over the two days alone (which would differ from the pin with nothing moved); a payment on
+    day 1 then requests days 1 and 2 only."""
+    from backfill_assets.core.build import open_build_engine
+    from backfill_assets_tests.support.source_writes import write
+    load_inputs(conn)
+    conn.execute("INSERT INTO public.payments VALUES ('2024-01-03', 4, 9.00)")  # day 3 has a payment too
+    conn.commit()
+    spec = spec_from_mapping(INPUTS_SPEC)
+    assert make_plan(spec, PartitionRequest(DAYS), factory).status == "ready"
+    assert make_plan(spec, PartitionRequest("2024-01-03"), factory).status == "ready"
+
+    def tick(state):
+        with factory() as c, open_build_engine(c, factory, spec) as engine:
+            return engine.source_moves(state, None)
+
+    first = tick(None)
+    assert first.changed == {}
+    write(factory, conn, "INSERT INTO public.payments VALUES ('2024-01-20', 1, 1.00)")
+    quiet = tick(first.state)
+    assert quiet.changed == {}
+    write(factory, conn, "INSERT INTO public.payments VALUES ('2024-01-01', 1, 1.00)")
+    assert sorted(tick(quiet.state).changed) == ["2024-01-01", "2024-01-02"]

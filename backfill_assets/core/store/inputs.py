@@ -14,15 +14,16 @@ from psycopg.types.json import Jsonb
 _RECORD = sql.SQL("UPDATE {schema}.snapshots SET inputs = %(inputs)s WHERE snapshot_id = %(snapshot_id)s")
 
 # The snapshots that are the newest of some partition of the source and read other inputs:
-# each with those partitions and its inputs' pins.
+# each with those partitions, every partition it read, and its inputs' pins.
 _NEWEST_WITH_INPUTS = sql.SQL(
-    "SELECT n.snapshot_id, array_agg(n.partition ORDER BY n.partition), s.inputs FROM ("
+    "SELECT n.snapshot_id, array_agg(n.partition ORDER BY n.partition), "
+    "(SELECT array_agg(e ->> 'partition') FROM jsonb_array_elements(s.partitions) AS e), s.inputs FROM ("
     "SELECT DISTINCT ON (e ->> 'partition') e ->> 'partition' AS partition, s.snapshot_id "
     "FROM {schema}.snapshots AS s, jsonb_array_elements(s.partitions) AS e "
     "WHERE s.source_table = %(source_table)s AND s.fingerprint_format = %(format)s "
     "ORDER BY e ->> 'partition', coalesce(s.taken_at, s.created_at) DESC) AS n "
     "JOIN {schema}.snapshots AS s ON s.snapshot_id = n.snapshot_id WHERE s.inputs IS NOT NULL "
-    "GROUP BY n.snapshot_id, s.inputs ORDER BY n.snapshot_id"
+    "GROUP BY n.snapshot_id, s.partitions, s.inputs ORDER BY n.snapshot_id"
 )
 
 
@@ -34,10 +35,11 @@ def record_inputs(conn: psycopg.Connection, schema: str, snapshot_id: str,
                      {"inputs": Jsonb(list(inputs)), "snapshot_id": snapshot_id})
 
 
-def newest_with_inputs(conn: psycopg.Connection, schema: str, source_table: str,
-                       fingerprint_format: int) -> list[tuple[str, list[str], list[dict[str, Any]]]]:
-    """(snapshot id, the partitions it is the newest snapshot of, its inputs' pins) for each
-    snapshot of the source that read other inputs and is still the newest of a partition."""
+def newest_with_inputs(conn: psycopg.Connection, schema: str, source_table: str, fingerprint_format: int
+                       ) -> list[tuple[list[str], list[str], list[dict[str, Any]]]]:
+    """(the partitions it is the newest snapshot of, every partition it read, its inputs'
+    pins) for each snapshot of the source that read other inputs and is still the newest of a
+    partition (a pin is of the rows read for every partition of its snapshot)."""
     rows = conn.execute(_NEWEST_WITH_INPUTS.format(schema=sql.Identifier(schema)),
                         {"source_table": source_table, "format": fingerprint_format}).fetchall()
-    return [(r[0], list(r[1]), list(r[2])) for r in rows]
+    return [(list(r[1]), list(r[2]), list(r[3])) for r in rows]

@@ -301,15 +301,16 @@ def _input_moves(conn: psycopg.Connection, spec: Spec, before: dict[str, Any] | 
     notes: list[str] = []
     if not snapshots:
         return changed, readings, notes
-    ctx = resolve(conn, spec, sorted({label for _, labels, _ in snapshots for label in labels}))
-    for _, labels, pins in snapshots:
+    ctx = resolve(conn, spec, sorted({label for _, read, _ in snapshots for label in read}))
+    for newest, read, pins in snapshots:  # each pin read again for every partition its snapshot read
         now = {p["name"]: p for p in input_pins(conn, dataclasses.replace(
-            ctx, partitions=[ctx.value_of(label) for label in labels])) or ()}
+            ctx, partitions=[ctx.value_of(label) for label in read])) or ()}
         for pin in pins:
             if pin["name"] in moved and now.get(pin["name"], {}).get("content_hash") != pin["content_hash"]:
                 digest = now.get(pin["name"], {}).get("content_hash", "gone")
-                changed.update({label: f"input {pin['name']} {digest[:16]}" for label in labels})
-                notes.append(f"input {pin['name']} ({pin['table']}) moved since the snapshot of {', '.join(labels)}")
+                changed.update({label: f"input {pin['name']} {digest[:16]}" for label in newest})
+                shown = ", ".join(newest[:3]) + (f" and {len(newest) - 3} more" if len(newest) > 3 else "")
+                notes.append(f"input {pin['name']} ({pin['table']}) moved since the snapshot of {shown}")
     return changed, readings, notes
 
 

@@ -168,9 +168,12 @@ class WidenedBy:
 
     def among(self, alias: str | None, param: str = "partitions") -> sql.Composable:
         w = self.windows
+        # In seconds: an interval of days moves a timestamptz by the session zone's calendar
+        # (23 or 25 hours across a clock change), one of seconds by exactly that long.
         return _WIDE.format(c=_column(alias, w.column), lo=w._p(param, "lo"), hi=w._p(param, "hi"),
-                            t=_TYPES[w.windowing.column_kind], before=sql.Literal(self.before),
-                            after=sql.Literal(self.after))
+                            t=_TYPES[w.windowing.column_kind],
+                            before=sql.Literal(f"{self.before.total_seconds():.6f} seconds"),
+                            after=sql.Literal(f"{self.after.total_seconds():.6f} seconds"))
 
 
 @dataclass(frozen=True)

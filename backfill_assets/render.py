@@ -33,10 +33,11 @@ def parallel_note(parallel: ParallelSpec) -> str:
 
 def _read_of(pin: InputPin) -> str:
     """What a plan read of an input: all of it, or its partitions' rows by its own column."""
+    copied = "" if pin.copied_to is None else f", copied to {pin.copied_to}"
     if pin.partition_key is None:
-        return "read whole"
+        return f"read whole{copied}"
     wider = "".join(f", {name} {value}" for name, value in (("before", pin.before), ("after", pin.after)) if value)
-    return f"the plan's partitions by {pin.partition_key}{wider}"
+    return f"the plan's partitions by {pin.partition_key}{wider}{copied}"
 
 
 def render_plan(plan: Plan, parallel: ParallelSpec | None = None) -> str:

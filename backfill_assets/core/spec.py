@@ -139,9 +139,9 @@ class Spec(BaseModel):
         problems = [*self._column_problems(), *self._engine_problems(), *self._option_problems(),
                     *input_problems(self.inputs, self.transform_sql,
                                     self.source.display_name if isinstance(self.source, SourceSpec) else None)]
-        if self.inputs and isinstance(self.source, SourceSpec) and self.source.snapshot != "exported":
-            problems.append(f"inputs are read in the source's exported snapshot; `snapshot: {self.source.snapshot}` "
-                            "with inputs is not built yet: use `snapshot: exported` (the default)")
+        if self.inputs and isinstance(self.source, SourceSpec) and self.source.snapshot == "immutable":
+            problems.append("inputs are pinned in the source's snapshot; `snapshot: immutable` with inputs is not "
+                            "built yet: use `snapshot: exported` (the default) or `snapshot: copy`")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -135,8 +135,8 @@ def test_the_spec_refuses_inputs_it_cannot_read(inputs, refused):
         spec_from_mapping({**INPUTS_SPEC, "inputs": inputs})
     with pytest.raises(SpecError, match="are read by transform_sql"):
         spec_from_mapping({**{k: v for k, v in INPUTS_SPEC.items() if k != "transform_sql"}})
-    with pytest.raises(SpecError, match="`snapshot: copy` with inputs is not built yet"):
-        spec_from_mapping({**INPUTS_SPEC, "source": {"table": "public.orders_raw", "snapshot": "copy"}})
+    with pytest.raises(SpecError, match="`snapshot: immutable` with inputs is not built yet"):
+        spec_from_mapping({**INPUTS_SPEC, "source": {"table": "public.orders_raw", "snapshot": "immutable"}})
 
 
 def test_inspect_names_each_input_it_cannot_read(conn, factory, url_env):
@@ -237,3 +237,46 @@ def test_a_pin_is_read_again_for_every_partition_its_snapshot_read(conn, factory
     assert quiet.changed == {}
     write(factory, conn, "INSERT INTO public.payments VALUES ('2024-01-01', 1, 1.00)")
     assert sorted(tick(quiet.state).changed) == ["2024-01-01", "2024-01-02"]
+
+
+COPY_SPEC = {**INPUTS_SPEC, "source": {"table": "public.orders_raw", "snapshot": "copy"}}
+
+
+def test_with_snapshot_copy_each_input_is_copied_sealed_and_read_from_its_copy_in_a_later_step(conn, factory, url_env):
+    """`snapshot: copy`: the snapshot step copies each input beside the source (the rows the
+    builds read: the dimension whole, the payments of the plan's days), seals it and names it
+    in the pins; a dimension changed before the stages step reaches neither stage; a copy
+    changed by hand is refused by the stages step and by approval."""
+    from backfill_assets.core.approve import approve_plan
+    from backfill_assets.core.errors import ApprovalError, SnapshotError
+    from backfill_assets.core.plan import snapshot_step, stages_step
+    load_inputs(conn)
+    spec = spec_from_mapping(COPY_SPEC)
+    expected = make_plan(spec, PartitionRequest(DAYS), factory)
+    assert expected.status == "ready", expected.problems
+    pins = {p.name: p for p in expected.document.snapshot.inputs}
+    assert pins["customers"].copied_to.startswith("backfill_control.snap_") and pins["payments"].row_count == 3
+    assert _written_after_apply(conn, factory, spec, expected) == _naive(conn)
+
+    snap = snapshot_step(spec, PartitionRequest(DAYS), factory)
+    conn.execute("UPDATE public.customers SET region = 'moved'")
+    conn.execute("INSERT INTO public.payments VALUES ('2024-01-01', 2, 100.00)")
+    conn.commit()
+    _, plan, _, _ = stages_step(spec, snap.snapshot_id, factory)
+    assert plan.plan_id == expected.plan_id  # built from the copies, as before the change
+
+    conn.execute(f"UPDATE {pins['customers'].copied_to} SET region = 'tampered' WHERE customer_id = 10")
+    conn.commit()
+    with pytest.raises(SnapshotError, match="of input customers changed since it was taken"):
+        stages_step(spec, snap.snapshot_id, factory)
+    with factory() as c, pytest.raises(ApprovalError, match="of input customers changed since it was taken"):
+        approve_plan(c, factory, spec, plan, "tester")
+
+
+def _written_after_apply(conn, factory, spec, plan) -> list[tuple]:
+    from backfill_assets.core.apply import apply_plan
+    from backfill_assets.core.approve import approve_plan
+    with factory() as c:
+        approve_plan(c, factory, spec, plan, "tester")
+    assert {p["status"] for p in apply_plan(spec, plan.plan_id, factory, run_id="copy-1").partitions} == {"verified"}
+    return _written(conn)

@@ -138,8 +138,8 @@ def test_a_later_plan_reuses_an_intact_copy_and_copies_again_when_its_seal_broke
     "ALTER TABLE {copy} ALTER COLUMN amount TYPE numeric(14,4)",
 ])
 def test_any_change_to_a_copy_breaks_its_seal(demo_db, factory, change):
+    from backfill_assets.core.engines.postgres.copies import copy_intact
     from backfill_assets.core.engines.postgres.resolve import resolve
-    from backfill_assets.core.engines.postgres.snapshot import copy_intact
 
     plan = make_plan(make_spec(), ALL_DAYS, factory)
     copy = TableRef("backfill_control", f"snap_{plan.as_json()['snapshot']['fingerprint'][:16]}")

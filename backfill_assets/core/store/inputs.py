@@ -43,3 +43,12 @@ def newest_with_inputs(conn: psycopg.Connection, schema: str, source_table: str,
     rows = conn.execute(_NEWEST_WITH_INPUTS.format(schema=sql.Identifier(schema)),
                         {"source_table": source_table, "format": fingerprint_format}).fetchall()
     return [(list(r[1]), list(r[2]), list(r[3])) for r in rows]
+
+
+_OF_SNAPSHOT = sql.SQL("SELECT inputs FROM {schema}.snapshots WHERE snapshot_id = %(snapshot_id)s")
+
+
+def snapshot_inputs(conn: psycopg.Connection, schema: str, snapshot_id: str) -> tuple[dict[str, Any], ...] | None:
+    """The inputs' pins a recorded snapshot read (None: it read no other input)."""
+    row = conn.execute(_OF_SNAPSHOT.format(schema=sql.Identifier(schema)), {"snapshot_id": snapshot_id}).fetchone()
+    return None if row is None or row[0] is None else tuple(row[0])

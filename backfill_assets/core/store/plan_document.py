@@ -73,6 +73,7 @@ class InputPin(_Frozen):
     after: str | None
     row_count: int
     content_hash: str
+    copied_to: str | None = None  # snapshot: copy: the table it was copied into
 
 
 class SnapshotRef(_Frozen):

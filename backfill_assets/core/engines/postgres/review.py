@@ -9,9 +9,10 @@ import psycopg
 
 from backfill_assets.core.differences import Change, FirstKey, PartitionDiff, example_text
 from backfill_assets.core.engines.postgres.context import PostgresContext
+from backfill_assets.core.engines.postgres.copies import copy_problem, input_copy_problems
 from backfill_assets.core.engines.postgres.diff import diff_against, diff_counts, first_added, rows_per_partition
 from backfill_assets.core.engines.postgres.resolve import resolve
-from backfill_assets.core.engines.postgres.snapshot import copy_problem, immutable_source_changes
+from backfill_assets.core.engines.postgres.snapshot import immutable_source_changes
 from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.engines.postgres.stages import stage_partitions_changed
 from backfill_assets.core.errors import ApprovalError, VerificationError
@@ -20,6 +21,7 @@ from backfill_assets.core.pg.db import repeatable_read
 from backfill_assets.core.planning import DIFFERING_KEYS, require_ready, spec_document_drift, target_readings
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
+from backfill_assets.core.store.inputs import snapshot_inputs
 from backfill_assets.core.store.plan_document import Plan
 from backfill_assets.core.vocabulary import parse_table_name
 
@@ -45,7 +47,7 @@ def check_data_unchanged(
     read the target as it is now.
 
     A copied snapshot is not hashed again: its seal is checked (one pass, no sort; see
-    snapshot.copy_problem). It reaches the target only through the stage, which is checked here
+    copies.copy_problem). It reaches the target only through the stage, which is checked here
     by its seal too, or hashed where the seal does not hold (stages.stage_partitions_changed),
     checked the same way again under the lock before each replace, and what it gives the
     target fingerprinted in full before the commit.
@@ -71,6 +73,9 @@ def check_data_unchanged(
         problem = None if copy is None else copy_problem(conn, ctx, parse_table_name(copy), snap.fingerprint)
         if problem is not None:
             raise ApprovalError(f"the copy {copy} of snapshot {snap.id} {problem}; plan again")
+        problems = input_copy_problems(conn, ctx, snapshot_inputs(conn, spec.control_schema, snap.id))
+        if problems:
+            raise ApprovalError(f"{'; '.join(problems)}: plan again")
         source_changed = list(immutable_source_changes(conn, ctx, stored.pinned_source())) if immutable else []
         stage = ctx.stage("a")
         approved = {label: stored.approved(label) for label in ctx.labels}

@@ -5,7 +5,7 @@ either copies exactly those rows into a sealed table (``copy``) or pins their fi
 (``immutable``). ``exported`` (the default) copies nothing: engines.postgres.exported holds
 one REPEATABLE READ transaction open for the whole plan and exports its snapshot for the
 builds to import. A copy is reused, approved and built from only while its seal holds
-(:func:`copy_problem`); an immutable source is rechecked by :func:`immutable_source_changes`,
+(core.engines.postgres.copies.copy_problem); an immutable source is rechecked by :func:`immutable_source_changes`,
 the one recheck plan, approval and apply share. ``source_changes`` tells a sensor which
 snapshotted partitions moved on.
 """
@@ -23,6 +23,7 @@ from psycopg import sql
 
 from backfill_assets.core.context import Clock
 from backfill_assets.core.engines.postgres.context import PostgresContext
+from backfill_assets.core.engines.postgres.copies import PENDING_COPY, copy_inputs, input_copies, name_copy
 from backfill_assets.core.engines.postgres.resolve import resolve
 from backfill_assets.core.engines.postgres.staged import keys_relation, staged
 from backfill_assets.core.errors import SnapshotError
@@ -37,12 +38,13 @@ from backfill_assets.core.fingerprint.rows import FORMAT as FINGERPRINT_FORMAT
 from backfill_assets.core.fingerprint.rows import Digest
 from backfill_assets.core.moves import Scope, close_scope
 from backfill_assets.core.pg import sqlbuild
-from backfill_assets.core.pg.catalog import table_columns, table_kind
+from backfill_assets.core.pg.catalog import table_kind
 from backfill_assets.core.pg.db import repeatable_read, transient_errors
 from backfill_assets.core.planning import Outside, Tie, Ties, check_source_counts
 from backfill_assets.core.progress import Progress, ProgressEvent
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.store import control as store
+from backfill_assets.core.store.inputs import record_inputs, snapshot_inputs
 from backfill_assets.core.vocabulary import TableRef, parse_table_name, partition_label
 
 
@@ -213,7 +215,7 @@ def take_snapshot(
     All of it happens in one REPEATABLE READ transaction: ``copy`` copies the rows, then
     fingerprints and checks the copy; ``immutable`` pins the source's fingerprint. The
     snapshot id is derived from the content, so an unchanged source gives the same id (and
-    the same copy, reused only while its seal holds; see :func:`copy_intact`). A refused
+    the same copy, reused only while its seal holds; see core.engines.postgres.copies). A refused
     source rolls back everything, the control schema included.
 
     Returns the snapshot and the context, whose partitions now include those that moved
@@ -243,9 +245,10 @@ def take_snapshot(
         parts = source_fingerprints(conn, ctx, fingerprinted)
         outside = outside_fingerprint(conn, ctx, fingerprinted) if spec.records_can_move else None
         scope_doc = scope_document(ctx, requested)
-        snapshot_id, fingerprint = identity_of(ctx, parts, outside, scope_doc)
+        ctx, inputs = copy_inputs(conn, ctx, clock, progress)  # the other inputs too, each a copy of its own
+        snapshot_id, fingerprint = identity_of(ctx, parts, outside, scope_doc, inputs)
         if spec.source.snapshot != "immutable":
-            relation = _name_copy(conn, ctx, fingerprinted, copied, fingerprint, snapshot_id, clock, progress)
+            relation = name_copy(conn, ctx, fingerprinted, copied, fingerprint, snapshot_id, clock, progress)
         reports = check_source(conn, ctx, ctx.input_relation(relation, filtered=filtered), ctx.bound())
         store.record_snapshot(
             conn, spec.control_schema, snapshot_id=snapshot_id, source_table=str(src),
@@ -254,8 +257,9 @@ def take_snapshot(
             partitions=[{"partition": k, **parts[k]} for k in ctx.labels],
             fingerprint=fingerprint, scope=scope_doc, created_at=clock(),
         )
+        record_inputs(conn, spec.control_schema, snapshot_id, inputs)
     snapshot = Snapshot(snapshot_id, spec.source.snapshot, relation, filtered, fingerprint, parts, requested,
-                        reports=reports)
+                        reports=reports, inputs=inputs)
     return snapshot, ctx
 
 
@@ -292,24 +296,26 @@ def load_snapshot(conn: psycopg.Connection, spec: Spec, snapshot_id: str) -> tup
         ))
     parts = {p["partition"]: Digest(row_count=p["row_count"], content_hash=p["content_hash"]) for p in found["partitions"]}
     table = found["snapshot_table"]
+    inputs = snapshot_inputs(conn, spec.control_schema, snapshot_id)  # each read from its copy
+    if sorted(spec.inputs) != sorted(p["name"] for p in inputs or ()):
+        raise SnapshotError(f"snapshot {snapshot_id} was taken with other inputs than the spec declares now; take a "
+                            "snapshot again (plan again)")
+    ctx = dataclasses.replace(ctx, inputs=input_copies(conn, inputs))
     snapshot = Snapshot(
         snapshot_id, found["mode"], spec.source_ref if table is None else parse_table_name(table),
-        table is None, found["fingerprint"], parts, list(scope.get("requested", labels)),
+        table is None, found["fingerprint"], parts, list(scope.get("requested", labels)), inputs=inputs,
     )
     return snapshot, ctx
 
 
-_PENDING_COPY = "snap_new_{}"
-
-
 def _copy_snapshot(conn: psycopg.Connection, ctx: PostgresContext, progress: Progress) -> tuple[TableRef, int]:
     """Copy the scope's rows (the transaction's snapshot of the source) into a new table,
-    named after the transaction until its content names it (see :func:`_name_copy`)."""
+    named after the transaction until its content names it (see core.engines.postgres.copies.name_copy)."""
     spec, src = ctx.spec, ctx.spec.source_ref
     names = ctx.source_column_names
     txid = conn.execute(sqlbuild.current_txid()).fetchone()
     assert txid is not None
-    pending = TableRef(spec.control_schema, _PENDING_COPY.format(txid[0]))
+    pending = TableRef(spec.control_schema, PENDING_COPY.format(txid[0]))
     progress(ProgressEvent("snapshot", f"copying the declared partitions of {src}", status="copying"))
     # Unlogged, like the stages: no WAL for a table that is only ever read back, and after a
     # crash it is empty, so its seal fails and the plan is refused, never built from it.
@@ -324,70 +330,6 @@ def _copy_snapshot(conn: psycopg.Connection, ctx: PostgresContext, progress: Pro
     conn.execute(sqlbuild.create_index(pending, [sqlbuild.OrderKey(spec.partition_key)]))
     progress(ProgressEvent("snapshot", f"copied {rows} row(s)", rows=rows, status="copied"))
     return pending, rows
-
-
-def _name_copy(
-    conn: psycopg.Connection, ctx: PostgresContext, pending: TableRef, rows: int, fingerprint: str,
-    snapshot_id: str, clock: Clock, progress: Progress,
-) -> TableRef:
-    """Give the new copy its content's name and seal it, or keep an intact copy of the same
-    content made earlier (plans built from it stay valid) and drop the new one."""
-    spec = ctx.spec
-    relation = TableRef(spec.control_schema, f"snap_{fingerprint[:16]}")
-    if copy_intact(conn, ctx, relation, fingerprint):
-        conn.execute(sqlbuild.drop_table(pending))
-        progress(ProgressEvent("snapshot", f"{snapshot_id}: the copy {relation} is intact; reusing it",
-                               status="reused"))
-        return relation
-    conn.execute(sqlbuild.drop_table(relation))
-    conn.execute(sqlbuild.rename_table(pending, relation.name))
-    # One statement filled the new table, so every row carries that statement's xmin.
-    writer = conn.execute(sqlbuild.copy_writer(relation)).fetchone()
-    store.record_copy(
-        conn, spec.control_schema, snapshot_table=str(relation), fingerprint=fingerprint,
-        writer_xid=writer[0] if writer else None, row_count=rows,
-        columns=[[c.name, c.type_name] for c in table_columns(conn, relation)], copied_at=clock(),
-    )
-    return relation
-
-
-# A 32-bit transaction id comes round again after 2^32 more; trust a seal for half of that.
-SEAL_HORIZON = 2**31
-
-
-
-def copy_problem(conn: psycopg.Connection, ctx: PostgresContext, relation: TableRef, fingerprint: str) -> str | None:
-    """Why a snapshot copy may no longer hold exactly the rows it was made with, or None.
-
-    Checked by its seal: the same columns, the same row count, and every row still written
-    by the one transaction that made the copy (an UPDATE, INSERT or DELETE and INSERT leaves
-    another xmin; a DELETE changes the count). One pass over the copy without a sort, instead
-    of hashing it again. xmin survives VACUUM FREEZE (the raw id is kept); a seal older than
-    2^31 transactions is not trusted, as its id could have been reused."""
-    kind = table_kind(conn, relation)
-    if kind is None:
-        return "is gone"
-    if kind != "r":
-        return "is no longer a plain table"
-    seal = store.copy_seal(conn, ctx.spec.control_schema, str(relation))
-    if seal is None or seal["transactions_since"] is None:
-        return "has no seal (an earlier version made it)"
-    if seal["fingerprint"] != fingerprint:
-        return "was made for another snapshot"
-    if seal["transactions_since"] >= SEAL_HORIZON:
-        return "is too old for its seal to be trusted"
-    dropped = conn.execute(*sqlbuild.dropped_columns(relation)).fetchone()
-    if [[c.name, c.type_name] for c in table_columns(conn, relation)] != seal["columns"] or (dropped and dropped[0]):
-        return "changed its columns since it was taken"
-    rows, foreign = conn.execute(*sqlbuild.copy_seal_check(relation, seal["writer_xid"])).fetchone() or (None, None)
-    if rows != seal["row_count"] or foreign != 0:
-        return "changed since it was taken"
-    return None
-
-
-def copy_intact(conn: psycopg.Connection, ctx: PostgresContext, relation: TableRef, fingerprint: str) -> bool:
-    """Whether a snapshot copy's seal holds (see :func:`copy_problem`)."""
-    return copy_problem(conn, ctx, relation, fingerprint) is None
 
 
 def source_changes(conn: psycopg.Connection, spec: Spec, labels: list[str] | None = None) -> dict[str, str]:

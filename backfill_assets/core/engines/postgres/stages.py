@@ -14,13 +14,9 @@ from psycopg import sql
 
 from backfill_assets.core.context import Clock, set_local
 from backfill_assets.core.engines.postgres.context import PostgresContext
+from backfill_assets.core.engines.postgres.copies import SEAL_HORIZON, copy_problem, input_copy_problems
 from backfill_assets.core.engines.postgres.exported import exported_identity, record_exported
-from backfill_assets.core.engines.postgres.snapshot import (
-    SEAL_HORIZON,
-    Snapshot,
-    copy_problem,
-    immutable_source_changes,
-)
+from backfill_assets.core.engines.postgres.snapshot import Snapshot, immutable_source_changes
 from backfill_assets.core.engines.postgres.staged import staged
 from backfill_assets.core.errors import SnapshotError, StageError, VerificationError
 from backfill_assets.core.fingerprint.partition import written, written_partitions
@@ -298,6 +294,11 @@ def build_both(
                     f"the copy {snapshot.relation} of snapshot {snapshot.snapshot_id} {problem}; "
                     "take the snapshot again (plan again)"
                 )
+            for read in ctx.inputs:  # the other inputs' copies, held and checked alike
+                guard.execute(sqlbuild.lock_against_writers(read.table))
+            problems = input_copy_problems(guard, ctx, snapshot.inputs)
+            if problems:
+                raise SnapshotError(f"{'; '.join(problems)}: take the snapshot again (plan again)")
         a, b, _ = _both(ctx, snapshot, factory, clock, progress, b_hashed_only(guard, ctx, snapshot))
         with factory() as own:
             keep_differing(own, ctx, snapshot, a, b, clock)

@@ -44,7 +44,7 @@ class Keys:
     approvals: dg.AssetKey
 
     # The spec's other inputs (core.spec_inputs), by name: upstream of the snapshot, as the source.
-    inputs: dict[str, dg.AssetKey] = field(default_factory=dict)
+    inputs: dict[str, dg.AssetKey] = field(default_factory=dict, hash=False)
 
     @classmethod
     def of(cls, spec: Spec) -> Keys:

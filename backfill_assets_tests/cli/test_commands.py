@@ -298,7 +298,8 @@ def test_the_spark_example_plans_ready_from_the_parquet_folder_the_demo_writes(s
     monkeypatch.delenv("DATABASE_URL", raising=False)
     example = str(REPO / "deploy" / "examples" / "orders_spark.yaml")
     code, out, err = run(capsys, "demo", "--spec", str(REPO / "backfills" / "orders_daily.yaml"),
-                         "--lake-spec", "none", "--duckdb-spec", "none", "--spark-spec", example, "--windows-spec", "none")
+                         "--lake-spec", "none", "--duckdb-spec", "none", "--spark-spec", example, "--windows-spec", "none",
+                         "--inputs-spec", "none")
     folder = tmp_path / ".backfill_assets" / "lake" / "orders_raw_parquet"
     assert code == 0, err
     assert f"the same 254 rows as a Parquet folder, the source of spec orders_daily_spark on Spark: {folder}" in out

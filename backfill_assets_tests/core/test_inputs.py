@@ -78,15 +78,18 @@ def test_a_writer_changing_an_input_during_the_builds_reaches_neither(conn, fact
     assert [e.stage_b for e in plan.document.partitions] == [e.stage_a for e in expected.document.partitions]
 
 
-def test_a_truncate_of_an_input_once_the_snapshot_is_taken_waits_for_the_plan(conn, factory, url_env, db_url):
+@pytest.mark.parametrize(("snapshot", "status"), [("exported", "exported"), ("copy", "copying")])
+def test_a_truncate_of_an_input_once_the_snapshot_is_taken_waits_for_the_plan(conn, factory, url_env, db_url,
+                                                                              snapshot, status):
     """TRUNCATE is not MVCC-safe: committed after the snapshot was taken and before the plan
     first read the input, the snapshot would see the input empty. Each input is locked as a
-    SELECT locks it before the snapshot is taken, so a TRUNCATE just after it waits."""
+    SELECT locks it before the snapshot is taken, so a TRUNCATE just after it waits (with
+    `snapshot: copy`, while the source is being copied, before any input is)."""
     load_inputs(conn)
     outcome = []
 
     def truncate_once(event: ProgressEvent) -> None:
-        if event.step == "snapshot" and event.status == "exported" and not outcome:
+        if event.step == "snapshot" and event.status == status and not outcome:
             with psycopg.connect(db_url.reveal(), autocommit=True) as other:
                 other.execute("SET lock_timeout = '200ms'")
                 try:
@@ -95,7 +98,8 @@ def test_a_truncate_of_an_input_once_the_snapshot_is_taken_waits_for_the_plan(co
                 except psycopg.errors.LockNotAvailable:
                     outcome.append("waited")
 
-    plan = make_plan(spec_from_mapping(INPUTS_SPEC), PartitionRequest(DAYS), factory, progress=truncate_once)
+    spec = spec_from_mapping({**INPUTS_SPEC, "source": {"table": "public.orders_raw", "snapshot": snapshot}})
+    plan = make_plan(spec, PartitionRequest(DAYS), factory, progress=truncate_once)
     assert outcome == ["waited"] and plan.status == "ready"
 
 

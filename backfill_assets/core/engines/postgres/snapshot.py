@@ -224,7 +224,7 @@ def take_snapshot(
     spec = ctx.spec
     src = spec.source_ref
     requested = ctx.labels
-    with transient_errors("taking the snapshot"), source_held(conn, src):
+    with transient_errors("taking the snapshot"), source_held(conn, src, *[i.table for i in ctx.inputs]):
         if spec.records_can_move:
             ctx = staged(ctx).with_target_keys(conn, ctx)  # the target's keys, for this transaction's SQL
             scope = close_scope(conn, spec, ctx.kind, ctx.partitions, ctx.ordering_keys(), keys_relation(ctx), ctx.by)

@@ -141,6 +141,9 @@ class PlanDocument(_Frozen):
         for optional in ("version", "inputs"):  # absent where unused: those plans' ids unchanged
             if out["snapshot"][optional] is None:
                 del out["snapshot"][optional]
+        for pin in out["snapshot"].get("inputs", ()):
+            if pin["copied_to"] is None:  # an input read in the exported snapshot, not copied
+                del pin["copied_to"]
         for entry in out["partitions"]:
             if entry["start"] is None:  # absent for value partitions: their plan ids unchanged
                 del entry["start"], entry["end"]

@@ -76,17 +76,21 @@ def stages_match(keys: Keys, partition: str, passed: bool, a: dict[str, Any], b:
 
 
 def snapshot_events(keys: Keys, parts: dg.PartitionsDefinition, snap: Any) -> Iterator[Any]:
-    """The step's result (the whole snapshot), then one materialization per partition."""
+    """The step's result (the whole snapshot), then one materialization per partition; each
+    names the pins of the spec's other inputs, where it has some."""
+    pins = getattr(snap, "inputs", None)
+    inputs = {} if not pins else {"inputs": dg.MetadataValue.json(
+        {p["name"]: {k: v for k, v in p.items() if k != "name" and v is not None} for p in pins})}
     yield dg.MaterializeResult(asset_key=keys.snapshot, metadata={
         "snapshot_id": snap.snapshot_id, "snapshot_fingerprint": snap.fingerprint,
-        "partitions": ", ".join(snap.partitions)})
+        "partitions": ", ".join(snap.partitions), **inputs})
     for label, readings in snap.partitions.items():
         if parts.has_partition_key(label):
             yield dg.AssetMaterialization(keys.snapshot, partition=label, metadata={
                 "snapshot_id": snap.snapshot_id, "snapshot_fingerprint": snap.fingerprint,
                 "mode": snap.mode, "source_rows": readings["row_count"],
                 "source_hash": readings["content_hash"],
-                "requested": label in snap.requested,
+                "requested": label in snap.requested, **inputs,
             })
 
 

@@ -35,6 +35,9 @@ def test_each_input_is_upstream_of_the_snapshot_and_a_moved_one_restages_what_it
     assert staged.success
     matched = {e.partition: e.passed for e in staged.get_asset_check_evaluations() if e.check_name == "stages_match"}
     assert matched == {"2024-01-01": True, "2024-01-02": True, "2024-01-03": True}
+    snapshots = [m for m in staged.get_asset_materialization_events() if m.asset_key == KEY["snapshot"]]
+    pinned = snapshots[-1].materialization.metadata["inputs"].value  # each input's pin, in the UI
+    assert set(pinned) == {"customers", "payments"} and pinned["customers"]["row_count"] == 3
 
     sensor = defs.resolve_sensor_def("source_snapshot_sensor")
     with dg.build_sensor_context(instance=instance, resources=resources, definitions=defs) as context:

@@ -14,7 +14,7 @@ from typing import Any
 
 from backfill_assets.core.errors import SpecError
 from backfill_assets.core.spec import Spec
-from backfill_assets.core.vocabulary import PartitionKind
+from backfill_assets.core.vocabulary import PartitionKind, PartitionRequest, PartitionValue, parse_labels
 from backfill_assets.core.windows import ColumnKind, Windowing, zone
 
 PARTITION_KINDS: dict[str, PartitionKind] = {
@@ -154,6 +154,22 @@ def windowing_of(spec: Spec, column: ColumnInfo) -> Windowing:
     assert window.every is not None  # the spec's validator derives it from a cron
     return Windowing(window.every, zone(window.time_zone), kind,
                      zone(window.column_time_zone) if window.column_time_zone else None, window.offset)
+
+
+def requested_partitions(spec: Spec, inspection: Inspection, request: PartitionRequest | list[str]
+                         ) -> list[PartitionValue]:
+    """The partitions ``request`` names (the command line's, or the labels a plan stored), as
+    the inspected partition key holds them: values, or for time windows their labels.
+
+    Raises:
+        SpecError: the inspection found problems, or the partitions are malformed.
+    """
+    kind = inspection.require_plannable()
+    if kind == "window":  # windows are named by their labels
+        windowing = windowing_of(spec, inspection.column(spec.partition_key))
+        return list(windowing.request(request.text) if isinstance(request, PartitionRequest)
+                    else windowing.labels(request))
+    return request.resolve(kind) if isinstance(request, PartitionRequest) else parse_labels(request, kind)
 
 
 def partition_kind_of(column: ColumnInfo, problems: list[str], spec: Spec | None = None) -> PartitionKind | None:

@@ -41,7 +41,21 @@ class Strict(BaseModel):
     model_config = STRICT
 
 
-class SourceSpec(Strict):
+class NamesTable:
+    """What a part of a spec that names a PostgreSQL table (``table: schema.table``) says of it:
+    its ``ref`` and how messages name it (mixed into the part's model)."""
+
+    @property
+    def ref(self) -> TableRef:
+        return parse_table_name(self.table)  # type: ignore[attr-defined]
+
+    @property
+    def display_name(self) -> str:
+        """``schema.table``."""
+        return str(self.ref)
+
+
+class SourceSpec(NamesTable, Strict):
     """A PostgreSQL table in the spec's database (``format`` may be left out)."""
 
     format: Literal["postgres"] = "postgres"
@@ -54,15 +68,6 @@ class SourceSpec(Strict):
     # Its type is checked against the catalog by core.engines.postgres.watch (an integer, numeric,
     # date or timestamp).
     change_column: Identifier | None = None
-
-    @property
-    def ref(self) -> TableRef:
-        return parse_table_name(self.table)
-
-    @property
-    def display_name(self) -> str:
-        """``schema.table``."""
-        return str(self.ref)
 
 
 class IcebergCatalogSpec(Strict):
@@ -105,7 +110,7 @@ def _only(given: object, fmt: str, allowed: set[str], shape: str, what: str = "t
     return given
 
 
-class PostgresTargetSpec(Strict):
+class PostgresTargetSpec(NamesTable, Strict):
     """A PostgreSQL table in the spec's database (``format`` may be left out)."""
 
     format: Literal["postgres"] = "postgres"
@@ -115,15 +120,6 @@ class PostgresTargetSpec(Strict):
     @classmethod
     def _fields(cls, given: object) -> object:
         return _only(given, "postgres", {"table"}, "`table: schema.table` and no location or catalog")
-
-    @property
-    def ref(self) -> TableRef:
-        return parse_table_name(self.table)
-
-    @property
-    def display_name(self) -> str:
-        """``schema.table``."""
-        return str(self.ref)
 
 
 class DeltaTargetSpec(Strict):
@@ -214,7 +210,7 @@ class ParquetSourceSpec(_LocatedSource):
     format: Literal["parquet"]
 
 
-class JdbcSourceSpec(Strict):
+class JdbcSourceSpec(NamesTable, Strict):
     """A PostgreSQL table read by Spark over JDBC (``engine: {type: spark}``), copied once into
     the engine's staging folder in one consistent read; ``url_env`` names the environment
     variable that holds its JDBC URL (``jdbc:postgresql://host:port/db?user=...``)."""
@@ -232,10 +228,6 @@ class JdbcSourceSpec(Strict):
         return _only(given, "jdbc", {"table", "url_env", "change_column"},
                      "`table: schema.table`, `url_env: <NAME of a variable holding the JDBC URL>` and optionally "
                      "`change_column`", "source")
-
-    @property
-    def ref(self) -> TableRef:
-        return parse_table_name(self.table)
 
     @property
     def display_name(self) -> str:

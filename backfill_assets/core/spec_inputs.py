@@ -12,15 +12,15 @@ from typing import Literal
 
 import pydantic
 
-from backfill_assets.core.spec_formats import Strict
+from backfill_assets.core.spec_formats import NamesTable, Strict
 from backfill_assets.core.spec_settings import Duration
-from backfill_assets.core.vocabulary import Identifier, TableName, TableRef, parse_table_name
+from backfill_assets.core.vocabulary import Identifier, TableName
 
 # The name the transform reads the partitioned source by (core.pg.sqlbuild.SOURCE_CTE).
 SOURCE_NAME = "source"
 
 
-class InputSpec(Strict):
+class InputSpec(NamesTable, Strict):
     """A PostgreSQL table in the spec's database, read in the source's snapshot."""
 
     format: Literal["postgres"] = "postgres"
@@ -43,14 +43,6 @@ class InputSpec(Strict):
             if value is not None and not dt.timedelta(0) <= value <= dt.timedelta(days=366):
                 raise ValueError(f"{name} must be between 0 and 366 days (for example 1d or 6h)")
         return self
-
-    @property
-    def ref(self) -> TableRef:
-        return parse_table_name(self.table)
-
-    @property
-    def display_name(self) -> str:
-        return str(self.ref)
 
 
 def input_problems(inputs: dict[str, InputSpec], transform_sql: str | None, source_table: str | None) -> list[str]:

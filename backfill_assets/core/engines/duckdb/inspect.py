@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from backfill_assets.core.catalog import Inspection, ServerInfo, windowing_of
+from backfill_assets.core.catalog import Inspection, ServerInfo, requested_partitions
 from backfill_assets.core.context import Context
 from backfill_assets.core.engines.duckdb import statements
 from backfill_assets.core.errors import SpecError
@@ -25,7 +25,7 @@ from backfill_assets.core.pinned.duck_types import column_info, source_types, un
 from backfill_assets.core.pinned.source import LakeSource
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
-from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, parse_labels
+from backfill_assets.core.vocabulary import PartitionRequest
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -77,14 +77,7 @@ def resolve(conn: psycopg.Connection | None, spec: Spec, request: PartitionReque
             partitions are malformed.
     """
     inspection, transform = inspect(conn, spec, source, duck)
-    kind = inspection.require_plannable()
-    partitions: list[PartitionValue]
-    if kind == "window":  # windows are named by their labels
-        windowing = windowing_of(spec, inspection.column(spec.partition_key))
-        partitions = list(windowing.request(request.text) if isinstance(request, PartitionRequest)
-                          else windowing.labels(request))
-    else:
-        partitions = request.resolve(kind) if isinstance(request, PartitionRequest) else parse_labels(request, kind)
+    partitions = requested_partitions(spec, inspection, request)
     engine = engine_for(spec)
     engine.check_partitions(partitions)
     return Context(spec, engine, inspection, partitions, transform)

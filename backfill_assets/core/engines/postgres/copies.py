@@ -16,6 +16,7 @@ from psycopg import sql
 
 from backfill_assets.core.context import Clock
 from backfill_assets.core.engines.postgres.context import PostgresContext
+from backfill_assets.core.engines.postgres.inputs import input_pin
 from backfill_assets.core.fingerprint.partition import rows_digest
 from backfill_assets.core.pg import sqlbuild
 from backfill_assets.core.pg.catalog import table_columns, table_kind
@@ -112,11 +113,7 @@ def copy_inputs(conn: psycopg.Connection, ctx: PostgresContext, clock: Clock, pr
                             ctx.bound()).rowcount  # one statement: every row carries its xmin (the seal)
         count, digest = rows_digest(conn, pending, table_columns(conn, pending), sql.SQL("true"), {}, utf8=ctx.utf8)
         relation = name_copy(conn, ctx, pending, rows, digest, f"input {read.name}", clock, progress)
-        given = spec.inputs[read.name]
-        pins.append({"name": read.name, "table": str(read.table), "partition_key": given.partition_key,
-                     "before": None if given.before is None else str(given.before),
-                     "after": None if given.after is None else str(given.after),
-                     "row_count": count, "content_hash": digest, "copied_to": str(relation)})
+        pins.append(input_pin(spec, read, count, digest, copied_to=str(relation)))
         reads.append(sqlbuild.InputRead(read.name, relation, read.columns))
     progress(ProgressEvent("snapshot", f"copied {len(pins)} other input(s)", status="copied"))
     return dataclasses.replace(ctx, inputs=tuple(reads)), tuple(pins)

@@ -79,23 +79,36 @@ def read_inputs(conn: psycopg.Connection, spec: Spec, key: ColumnInfo | None,
 
 
 
-def input_pins(conn: psycopg.Connection, ctx: PostgresContext) -> tuple[dict[str, Any], ...] | None:
+def input_pins(conn: psycopg.Connection, ctx: PostgresContext,
+               whole: dict[str, tuple[int, str]] | None = None) -> tuple[dict[str, Any], ...] | None:
     """Each input's rows as the builds read them, fingerprinted in ``conn``'s transaction (one
     that imported the source's snapshot): the pins of core.store.plan_document.InputPin, in
-    the spec's order (None: the spec has no other input)."""
+    the spec's order (None: the spec has no other input). ``whole``: the digests of inputs read
+    whole already taken in this transaction, by name (the same for any partitions), kept there
+    for the next call."""
     if not ctx.inputs:
         return None
-    spec, pins = ctx.spec, []
+    spec, pins, whole = ctx.spec, [], {} if whole is None else whole
     for read in ctx.inputs:
-        given = spec.inputs[read.name]
-        where = sql.SQL("true") if read.by is None else read.by.among("t")
-        rows, digest = rows_digest(conn, read.table, table_columns(conn, read.table), where, ctx.bound(),
-                                   utf8=ctx.utf8)
-        pins.append({"name": read.name, "table": str(read.table), "partition_key": given.partition_key,
-                     "before": None if given.before is None else str(given.before),
-                     "after": None if given.after is None else str(given.after),
-                     "row_count": rows, "content_hash": digest})
+        if read.by is None and read.name in whole:
+            rows, digest = whole[read.name]
+        else:
+            where = sql.SQL("true") if read.by is None else read.by.among("t")
+            rows, digest = rows_digest(conn, read.table, table_columns(conn, read.table), where, ctx.bound(),
+                                       utf8=ctx.utf8)
+            if read.by is None:
+                whole[read.name] = rows, digest
+        pins.append(input_pin(spec, read, rows, digest))
     return tuple(pins)
+
+
+def input_pin(spec: Spec, read: sqlbuild.InputRead, rows: int, digest: str, **more: str) -> dict[str, Any]:
+    """An input's pin (core.store.plan_document.InputPin): what was read of it, and the digest."""
+    given = spec.inputs[read.name]
+    return {"name": read.name, "table": str(read.table), "partition_key": given.partition_key,
+            "before": None if given.before is None else str(given.before),
+            "after": None if given.after is None else str(given.after),
+            "row_count": rows, "content_hash": digest, **more}
 
 
 def join_keys(transform: str, inputs: Collection[str]) -> dict[str, list[str]]:

@@ -9,14 +9,14 @@ import dataclasses
 
 import psycopg
 
-from backfill_assets.core.catalog import windowing_of
+from backfill_assets.core.catalog import requested_partitions
 from backfill_assets.core.engines.postgres.context import PostgresContext
 from backfill_assets.core.engines.postgres.guard.transform import GUARD, validate_transform_text
 from backfill_assets.core.engines.postgres.inputs import input_reads
 from backfill_assets.core.engines.postgres.staged import staged_engine
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
-from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, parse_labels
+from backfill_assets.core.vocabulary import PartitionRequest
 
 
 def resolve(
@@ -37,16 +37,7 @@ def resolve(
     target = engine_for(spec)
     engine = staged_engine(target)
     inspection = engine.inspect(conn, transform, GUARD)
-    kind = inspection.require_plannable()
-    partitions: list[PartitionValue]
-    if kind == "window":  # windows are named by their labels
-        windowing = windowing_of(spec, inspection.column(spec.partition_key))
-        partitions = list(windowing.request(request.text) if isinstance(request, PartitionRequest)
-                          else windowing.labels(request))
-    elif isinstance(request, PartitionRequest):
-        partitions = request.resolve(kind)
-    else:
-        partitions = parse_labels(request, kind)
+    partitions = requested_partitions(spec, inspection, request)
     engine.check(conn, inspection, partitions, transform, GUARD)
     ctx = PostgresContext(spec, target, inspection, partitions, transform)
     if not spec.inputs:

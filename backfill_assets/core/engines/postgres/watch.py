@@ -302,12 +302,14 @@ def _input_moves(conn: psycopg.Connection, spec: Spec, before: dict[str, Any] | 
     if not snapshots:
         return changed, readings, notes
     ctx = resolve(conn, spec, sorted({label for _, read, _ in snapshots for label in read}))
+    ctx = dataclasses.replace(ctx, inputs=tuple(i for i in ctx.inputs if i.name in moved))  # the others held
+    whole: dict[str, tuple[int, str]] = {}  # an input read whole is read once, whatever the snapshots
     for newest, read, pins in snapshots:  # each pin read again for every partition its snapshot read
         now = {p["name"]: p for p in input_pins(conn, dataclasses.replace(
-            ctx, partitions=[ctx.value_of(label) for label in read])) or ()}
+            ctx, partitions=[ctx.value_of(label) for label in read]), whole) or ()}
         for pin in pins:
-            if pin["name"] in moved and now.get(pin["name"], {}).get("content_hash") != pin["content_hash"]:
-                digest = now.get(pin["name"], {}).get("content_hash", "gone")
+            if pin["name"] in now and now[pin["name"]]["content_hash"] != pin["content_hash"]:
+                digest = now[pin["name"]]["content_hash"]
                 changed.update({label: f"input {pin['name']} {digest[:16]}" for label in newest})
                 shown = ", ".join(newest[:3]) + (f" and {len(newest) - 3} more" if len(newest) > 3 else "")
                 notes.append(f"input {pin['name']} ({pin['table']}) moved since the snapshot of {shown}")

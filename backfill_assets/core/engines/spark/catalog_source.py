@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from backfill_assets.core.engines.spark.catalog import CatalogTable
 
 
-def _data_files(location: Path | None) -> list[Path]:
+def data_files(location: Path | None) -> list[Path]:
     """Every file Spark reads at a location, whatever its name."""
     if location is None or not location.is_dir():
         return []
@@ -91,7 +91,7 @@ class CatalogSource(SparkSource):
         """Per window, the files that can hold its rows, with the label each lies under."""
         spans = spans_in(values)
         under = {str(p): label for label, location in self.every_location(session).items()
-                 for p in _data_files(location)}
+                 for p in data_files(location)}
         held = window_files(self.partition_key, spans, sorted(under))
         return {label: [(under[p], Path(p)) for p in paths] for label, paths in held.items()}
 
@@ -108,7 +108,7 @@ class CatalogSource(SparkSource):
             found = sorted({entry for held in self.window_files(session, values).values() for entry in held})
         else:
             found = [(label, p) for label, location in self._catalog(session).locations(values).items()
-                     for p in _data_files(location)]
+                     for p in data_files(location)]
         digests = self.sha256([p for _, p in found])
         files = [(f"{label}\t{p}", p.stat().st_size, digests[p]) for label, p in found]
         return Pin(files_digest(files), tuple(files))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from backfill_assets.core.catalog import ColumnInfo, Inspection, ServerInfo, windowing_of
+from backfill_assets.core.catalog import ColumnInfo, Inspection, ServerInfo, requested_partitions
 from backfill_assets.core.context import Context
 from backfill_assets.core.engines.spark.session import column_info, unsupported
 from backfill_assets.core.engines.spark.source import SparkSource
@@ -19,7 +19,7 @@ from backfill_assets.core.fingerprint import rows
 from backfill_assets.core.lake.engine import inspect_input
 from backfill_assets.core.spec import Spec
 from backfill_assets.core.targets import engine_for
-from backfill_assets.core.vocabulary import PartitionRequest, PartitionValue, parse_labels
+from backfill_assets.core.vocabulary import PartitionRequest
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -104,17 +104,11 @@ def resolve(conn: psycopg.Connection | None, spec: Spec, request: PartitionReque
             "would be lost, so engine spark does not window it yet; read a view that converts it "
             f"({spec.partition_key} AT TIME ZONE '<its zone>' AS {spec.partition_key}, a timestamptz), "
             "or plan on engine postgres")
-    kind = inspection.require_plannable()
-    partitions: list[PartitionValue]
-    if kind == "window":  # windows are named by their labels
-        if spec.partition_key + "_" + (spec.partition_window.every or "") in {c.name for c in inspection.source_columns}:
-            raise SpecError(f"the source has a column named {spec.partition_key}_{spec.partition_window.every}, the "
-                            "name engine spark gives each window's folder; rename that column")
-        windowing = windowing_of(spec, inspection.column(spec.partition_key))
-        partitions = list(windowing.request(request.text) if isinstance(request, PartitionRequest)
-                          else windowing.labels(request))
-    else:
-        partitions = request.resolve(kind) if isinstance(request, PartitionRequest) else parse_labels(request, kind)
+    inspection.require_plannable()  # its problems first
+    if spec.partition_window is not None and key_column(spec) in {c.name for c in inspection.source_columns}:
+        raise SpecError(f"the source has a column named {key_column(spec)}, the name engine spark gives each window's "
+                        "folder; rename that column")
+    partitions = requested_partitions(spec, inspection, request)
     engine = engine_for(spec)
     engine.check_partitions(partitions)
     return Context(spec, engine, inspection, partitions, transform)

@@ -11,7 +11,6 @@ are Spark's (typed, as PostgreSQL's DISTINCT).
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,7 @@ from backfill_assets.core.catalog import ColumnInfo, windowing_of
 from backfill_assets.core.engines.spark.inspect import types_of
 from backfill_assets.core.engines.spark.session import column_info
 from backfill_assets.core.engines.spark.source import SparkSource
-from backfill_assets.core.engines.spark.windows import key_column, labelled, restricted, windows_frame
+from backfill_assets.core.engines.spark.windows import collected, key_column, labelled, restricted, windows_frame
 from backfill_assets.core.lake.parts import span_of
 from backfill_assets.core.profiling import first_windows
 from backfill_assets.core.spec import Spec
@@ -28,8 +27,6 @@ from backfill_assets.core.vocabulary import PartitionValue
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def _text_hash(F: Any, name: str) -> Any:  # noqa: N803 - pyspark.sql.functions, passed in
@@ -89,7 +86,7 @@ class SparkProfiler:
                 first, last = self.frame.agg(F.min(pk), F.max(pk)).collect()[0]
             else:  # as instants: Spark hands a time stamp to Python in the driver's own zone
                 micros = self.frame.agg(F.unix_micros(F.min(pk)), F.unix_micros(F.max(pk))).collect()[0]
-                first, last = (None if m is None else _EPOCH + dt.timedelta(microseconds=m) for m in micros)
+                first, last = (collected(m, micros=True) for m in micros)
             return first_windows(self._windowing, first, last, self.partition_counts, limit)
         rows = self.frame.where(F.col(pk).isNotNull()).select(pk).distinct().orderBy(pk).limit(limit).collect()
         return [r[0] for r in rows]

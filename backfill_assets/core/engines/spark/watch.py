@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from backfill_assets.core.catalog import partition_kind_of, windowing_of
-from backfill_assets.core.engines.spark.catalog_source import CatalogSource
+from backfill_assets.core.engines.spark.catalog_source import CatalogSource, data_files
 from backfill_assets.core.engines.spark.session import column_info
 from backfill_assets.core.engines.spark.source import JdbcSource, SparkSource
 from backfill_assets.core.engines.spark.windows import key_column, labelled, restricted, windows_frame
@@ -55,33 +56,33 @@ def _kind(frame: Any, partition_key: str) -> PartitionKind:
 
 
 class CatalogSignatures:
-    """A catalog table's partitions by their locations' files (names and sizes)."""
+    """A catalog table's partitions by their locations' files (names and sizes); made for one
+    tick, which reads the table's columns once."""
 
     def __init__(self, spec: Spec, source: CatalogSource, session: SparkSession) -> None:
         self.spec, self.source, self.session = spec, source, session
 
+    @functools.cached_property
+    def _frame(self) -> Any:
+        return self.source.schema_frame(self.session)
+
     def kind(self) -> PartitionKind:
         if self.spec.partition_window is not None:
             return "text"  # windows are named by their labels
-        return _kind(self.source.schema_frame(self.session), self.spec.partition_key)
+        return _kind(self._frame, self.spec.partition_key)
 
     def now(self, values: Sequence[PartitionValue]) -> dict[str, str]:
         if self.spec.partition_window is not None:
-            spans = _spans(self.spec, self.source.schema_frame(self.session), values)
+            spans = _spans(self.spec, self._frame, values)
             return {label: files_digest([(str(p), str(p.stat().st_size)) for _, p in held])
                     for label, held in self.source.window_files(self.session, spans).items()}
-        out = {}
-        for label, location in self.source.locations(self.session, values).items():
-            files = [] if location is None or not location.is_dir() else [
-                (str(p), str(p.stat().st_size)) for p in sorted(location.iterdir())
-                if p.is_file() and not p.name.startswith(("_", "."))]
-            out[label] = files_digest(files)
-        return out
+        return {label: files_digest([(str(p), str(p.stat().st_size)) for p in data_files(location)])
+                for label, location in self.source.locations(self.session, values).items()}
 
     def at(self, pin: Pin, values: Sequence[PartitionValue]) -> dict[str, str]:
         parts: Sequence[Part] = values
         if self.spec.partition_window is not None:
-            parts = _spans(self.spec, self.source.schema_frame(self.session), values)
+            parts = _spans(self.spec, self._frame, values)
         return {label: files_digest(sorted((path, str(size)) for path, size, _ in held))
                 for label, held in self.source.pinned_per_part(pin, parts).items()}
 
